@@ -1,0 +1,123 @@
+"""Compile any Triton kernel for any target from a CPU-only machine, and summarize its ISA.
+
+Triton cross-compiles: ``triton.compile(ASTSource(...), target=GPUTarget(...))``
+needs no GPU. This module is what ``fa.inspect`` and the CI corpus use to prove
+that every kernel builds for MI350 (gfx950), MI300 (gfx942) and Hopper (sm_90),
+which matrix instructions it uses, and whether it spills.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGETS = {
+    "gfx950": GPUTarget("hip", "gfx950", 64),
+    "gfx942": GPUTarget("hip", "gfx942", 64),
+    "sm_90": GPUTarget("cuda", 90, 32),
+}
+
+# Matrix instructions worth naming: AMD MFMA (incl. scaled MX MFMA on gfx950),
+# NVIDIA warpgroup MMA (wgmma in PTX, HGMMA/QGMMA in SASS) and the older mma.sync.
+_MATRIX_RE = re.compile(r"\b(v_mfma\w*|v_smfmac\w*|wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One kernel specialization: what ``triton.compile`` needs besides the target.
+
+    ``signature`` maps every argument name to a Triton type string ('*fp32',
+    'i32', 'fp32', 'constexpr', ...); ``constexprs`` gives the value of every
+    'constexpr' argument.
+    """
+    name: str
+    fn: Any  # a triton JITFunction
+    signature: dict
+    constexprs: dict
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclasses.dataclass
+class KernelReport:
+    name: str
+    target: str
+    triton_source: str
+    asm: str  # AMDGCN for hip targets, PTX for cuda
+    matrix_instructions: list
+    registers: int  # VGPRs on AMD, registers per thread on NVIDIA
+    shared_bytes: int  # LDS on AMD, shared memory on NVIDIA
+    spills: int  # scratch bytes (AMD) / spill stores (NVIDIA); 0 is required
+    num_warps: int
+
+    def summary(self) -> dict:
+        d = dataclasses.asdict(self)
+        del d["asm"], d["triton_source"]
+        return d
+
+
+def compile_for(spec: KernelSpec, target: str) -> KernelReport:
+    """Compile ``spec`` for ``target`` ('gfx950', 'gfx942' or 'sm_90') on any machine."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
+    src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs)
+    opts = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    compiled = triton.compile(src, target=TARGETS[target], options=opts)
+    if TARGETS[target].backend == "hip":
+        return _amd_report(spec, target, compiled)
+    return _nvidia_report(spec, target, compiled)
+
+
+def _source_of(spec: KernelSpec) -> str:
+    return getattr(spec.fn, "src", "") or ""
+
+
+def _amd_report(spec, target, compiled) -> KernelReport:
+    asm = compiled.asm["amdgcn"]
+    return KernelReport(
+        name=spec.name, target=target, triton_source=_source_of(spec), asm=asm,
+        matrix_instructions=sorted(set(m.group(1) for m in _MATRIX_RE.finditer(asm))),
+        registers=_last_int(r"\.vgpr_count:\s+(\d+)", asm),
+        shared_bytes=max(int(compiled.metadata.shared), _last_int(r"LDSByteSize: (\d+)", asm)),
+        spills=_last_int(r"ScratchSize: (\d+)", asm) + _last_int(r"\.vgpr_spill_count:\s+(\d+)", asm),
+        num_warps=spec.num_warps,
+    )
+
+
+def _nvidia_report(spec, target, compiled) -> KernelReport:
+    ptx = compiled.asm["ptx"]
+    usage = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage")
+    sass = _cuobjdump(compiled.asm["cubin"], "--dump-sass")
+    matrix = set(m.group(1) for m in _MATRIX_RE.finditer(ptx))
+    matrix |= set(re.findall(r"\b([HQ]GMMA\.[\w.]+|HMMA\.[\w.]+)", sass))
+    return KernelReport(
+        name=spec.name, target=target, triton_source=_source_of(spec), asm=ptx,
+        matrix_instructions=sorted(matrix),
+        registers=_last_int(r"REG:(\d+)", usage),
+        shared_bytes=max(int(compiled.metadata.shared), _last_int(r"SHARED:(\d+)", usage)),
+        spills=_last_int(r"STACK:(\d+)", usage) + len(re.findall(r"\bSTL\b", sass)),
+        num_warps=spec.num_warps,
+    )
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([tool, flag, f.name], capture_output=True, text=True)
+    return res.stdout
+
+
+def _last_int(pattern: str, text: str) -> int:
+    found = re.findall(pattern, text)
+    return int(found[-1]) if found else 0
