@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-SUITES = ["elementwise", "norms", "gemm", "attention", "mx"]
+SUITES = ["elementwise", "norms", "topk", "gemm", "attention", "mx"]
 
 
 @dataclasses.dataclass

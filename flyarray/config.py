@@ -1,0 +1,38 @@
+"""Settings read from the environment, in one place.
+
+FLYARRAY_BACKEND    gpu | reference | interpret (default: gpu when torch sees one, else reference)
+FLYARRAY_CACHE_DIR  where compiled kernels and tuning results live on disk
+FLYARRAY_LOG        1: print each compile (with its cache-miss reason) and launch; 2: also the Triton source
+FLYARRAY_CHECK      1: re-run every fused kernel on the reference backend and raise on mismatch
+FLYARRAY_EAGER_ROUNDING  1: round fused intermediates to their dtype as eager torch would
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+CACHE_VERSION = "1"
+
+
+def cache_dir() -> pathlib.Path:
+    """The versioned on-disk cache: plain text and JSON only, never pickle."""
+    root = os.environ.get("FLYARRAY_CACHE_DIR")
+    base = pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "flyarray"
+    path = base / f"v{CACHE_VERSION}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log_level() -> int:
+    try:
+        return int(os.environ.get("FLYARRAY_LOG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def check_mode() -> bool:
+    return os.environ.get("FLYARRAY_CHECK", "") not in ("", "0")
+
+
+def eager_rounding() -> bool:
+    return os.environ.get("FLYARRAY_EAGER_ROUNDING", "") not in ("", "0")
