@@ -1,0 +1,446 @@
+"""OCP Microscaling (MX v1.0) formats: quantize and dequantize as Triton kernels.
+
+An MX block is 32 consecutive values along one axis that share one E8M0 scale
+(a bare power of two, 2^(code - 127); code 255 is NaN). The element formats:
+
+    format  element dtype                  storage
+    e4m3    float8_e4m3fn   (MXFP8)        torch.float8_e4m3fn, one a byte
+    e5m2    float8_e5m2     (MXFP8)        torch.float8_e5m2, one a byte
+    e2m1    float4_e2m1fn   (MXFP4)        torch.uint8, two a byte: the element
+                                           with the lower index in the low nibble
+                                           (tl.dot_scaled's and torch.float4_e2m1fn_x2's order)
+    scales  float8_e8m0fnu                 torch.uint8 (torch.float8_e8m0fnu accepted as input)
+
+The conversion follows the spec exactly; its choices where the spec leaves one
+to the implementation (saturation, zero blocks, Inf/NaN) are written down in
+``mx_reference.py``, the numpy oracle the kernels are tested against bit for
+bit. Lengths along the quantized axis must be a multiple of 32: we refuse
+rather than pad, because a padded tensor would need its true length carried
+beside it everywhere.
+
+The kernels do all the rounding in integer arithmetic on the float32 bit
+pattern, so the result is the same on the interpreter, AMD and NVIDIA, and
+does not depend on any hardware float8 conversion's rounding or saturation.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from flyarray.kernels._triton import current_arch, pick_config, runner
+
+BLOCK_SIZE = 32
+E8M0_BIAS = 127
+E8M0_NAN = 255
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFormat:
+    """Facts about one MX element format (OCP MX v1.0, section 5.3)."""
+    name: str            # the name tl.dot_scaled uses
+    exp_bits: int
+    mantissa_bits: int
+    bias: int
+    emax: int            # exponent of the largest normal value
+    max_normal: float
+    min_normal: float
+    min_subnormal: float
+    max_code: int        # bit pattern (sign excluded) of the largest normal
+    bits: int            # storage bits per element
+    torch_dtype: torch.dtype  # what mx_quantize returns the data as
+    ml_dtype: str        # the ml_dtypes name for the element type
+
+
+FORMATS = {
+    "e4m3": MXFormat("e4m3", 4, 3, 7, 8, 448.0, 2.0**-6, 2.0**-9, 0x7E, 8,
+                     torch.float8_e4m3fn, "float8_e4m3fn"),
+    "e5m2": MXFormat("e5m2", 5, 2, 15, 15, 57344.0, 2.0**-14, 2.0**-16, 0x7B, 8,
+                     torch.float8_e5m2, "float8_e5m2"),
+    "e2m1": MXFormat("e2m1", 2, 1, 1, 2, 6.0, 1.0, 0.5, 0x7, 4,
+                     torch.uint8, "float4_e2m1fn"),
+}
+# The shared scale: E8M0, unsigned, no zero, no Inf; 255 is NaN.
+SCALE_FORMAT = {"name": "e8m0", "bias": E8M0_BIAS, "emin": -127, "emax": 127, "nan_code": E8M0_NAN,
+                "torch_dtype": torch.uint8, "ml_dtype": "float8_e8m0fnu"}
+
+_ALIASES = {
+    "e4m3": "e4m3", "fp8_e4m3": "e4m3", "float8_e4m3fn": "e4m3", "mxfp8": "e4m3", "mxfp8_e4m3": "e4m3",
+    "e5m2": "e5m2", "fp8_e5m2": "e5m2", "float8_e5m2": "e5m2", "mxfp8_e5m2": "e5m2",
+    "e2m1": "e2m1", "fp4": "e2m1", "fp4_e2m1": "e2m1", "float4_e2m1fn": "e2m1", "mxfp4": "e2m1",
+}
+
+
+def mx_format(fmt: str) -> MXFormat:
+    """The MXFormat for a name ('e4m3', 'mxfp8', 'float4_e2m1fn', ...); ValueError otherwise."""
+    key = _ALIASES.get(str(fmt).lower())
+    if key is None:
+        raise ValueError(f"fmt: unknown MX element format {fmt!r}; known: {sorted(_ALIASES)}")
+    return FORMATS[key]
+
+
+# ----------------------------------------------------------------------------
+# Launching on the interpreter with nested @triton.jit calls
+# ----------------------------------------------------------------------------
+
+_INTERPRETED_HELPERS: dict = {}
+
+
+def _interpreted_helper(jit_fn):
+    # keyed by id: hashing a JITFunction computes its cache key, which fails mid-interpretation
+    key = id(jit_fn)
+    if key not in _INTERPRETED_HELPERS:
+        from triton.runtime.interpreter import InterpretedFunction
+        _INTERPRETED_HELPERS[key] = (jit_fn, InterpretedFunction(jit_fn.fn))
+    return _INTERPRETED_HELPERS[key][1]
+
+
+@contextlib.contextmanager
+def _nested_jit_calls_interpreted():
+    """Let an interpreted kernel call other @triton.jit functions.
+
+    ``runner`` interprets only the top kernel; a call inside it to another
+    compiled @triton.jit function (our helpers, and tl.max/tl.sum, which are
+    @jit in triton.language.standard) raises "Cannot call @triton.jit'd outside
+    of the scope of a kernel". For the duration of an interpreted launch, such
+    calls run through the interpreter too.
+    """
+    from triton.runtime.jit import JITFunction
+    original = JITFunction.__call__
+    JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted_helper(self)(*args, **kwargs)
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
+def launch(kernel, device, grid, *args, **kwargs):
+    """runner(kernel, device)[grid](*args, **kwargs), nested jit calls included on the CPU."""
+    fn = runner(kernel, device)
+    if torch.device(device).type != "cpu":
+        return fn[grid](*args, **kwargs)
+    with _nested_jit_calls_interpreted():
+        return fn[grid](*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------
+
+@triton.jit
+def _normalize_step(mant, exp, WIDTH: tl.constexpr):
+    """Shift a nonzero mantissa whose top WIDTH bits (of 24) are clear up by WIDTH."""
+    short = (mant > 0) & (mant < (1 << (24 - WIDTH)))
+    return tl.where(short, mant << WIDTH, mant), tl.where(short, exp - WIDTH, exp)
+
+
+@triton.jit
+def _encode_elements(bits, shared_exp, MANT: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr,
+                     SIGN_SHIFT: tl.constexpr):
+    """float32 bit patterns (int32) / 2^shared_exp -> element codes, RNE and saturating.
+
+    Works on the bits so that the division is exact (only the exponent moves)
+    and the rounding is the same everywhere.
+    """
+    sign = (bits >> 31) & 1
+    exp_field = (bits >> 23) & 0xFF
+    mant = (bits & 0x7FFFFF) | tl.where(exp_field > 0, 0x800000, 0)
+    exp = tl.maximum(exp_field, 1) - 127
+    # A float32 subnormal has no leading one: shift it up to bit 23 (binary
+    # search for the leading one), lowering the exponent to match.
+    mant, exp = _normalize_step(mant, exp, 16)
+    mant, exp = _normalize_step(mant, exp, 8)
+    mant, exp = _normalize_step(mant, exp, 4)
+    mant, exp = _normalize_step(mant, exp, 2)
+    mant, exp = _normalize_step(mant, exp, 1)
+    exp = exp - shared_exp                                      # unbiased exponent of V_i / X
+    # Keep MANT bits below the leading one (more below EMIN: subnormals), round off the rest.
+    shift = 23 - MANT + tl.maximum(EMIN - exp, 0)
+    shift = tl.minimum(shift, 26)                               # beyond 25 everything rounds to 0
+    kept = mant >> shift
+    rest = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    round_up = (rest > half) | ((rest == half) & ((kept & 1) == 1))
+    kept = kept + round_up.to(tl.int32)
+    # Exponent field and mantissa add up: a carry out of the mantissa bumps the exponent.
+    magnitude = ((tl.maximum(exp, EMIN) - EMIN) << MANT) + kept
+    magnitude = tl.where(kept == 0, 0, magnitude)               # rounded to zero (or was zero)
+    magnitude = tl.minimum(magnitude, MAX_CODE)                 # saturate to the max normal
+    return magnitude | (sign << SIGN_SHIFT)
+
+
+@triton.jit
+def _mx_quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks,
+                        MANT: tl.constexpr, EMIN: tl.constexpr, EMAX_ELEM: tl.constexpr,
+                        MAX_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr, PACK_FP4: tl.constexpr,
+                        BLOCKS_PER_PROGRAM: tl.constexpr):
+    """Each row of the [n_blocks, 32] view of x is one MX block."""
+    pid = tl.program_id(0)
+    blk = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
+    live = blk < n_blocks
+    # Even and odd elements are loaded apart so FP4 codes pack without a reshape.
+    half = tl.arange(0, 16)
+    even_offs = blk.to(tl.int64)[:, None] * 32 + 2 * half[None, :]
+    mask = live[:, None]
+    even = tl.load(x_ptr + even_offs, mask=mask, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+    odd = tl.load(x_ptr + even_offs + 1, mask=mask, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+    # |x| bit patterns order like the values; Inf/NaN are >= 0x7F800000, so an
+    # integer max finds the block max and whether it holds a special value.
+    amax_bits = tl.maximum(tl.max(even & 0x7FFFFFFF, axis=1), tl.max(odd & 0x7FFFFFFF, axis=1))
+    special = amax_bits >= 0x7F800000
+    # floor(log2(amax)) is the exponent field; a zero or subnormal max lands
+    # below -127 once emax_elem is taken off, and is clamped to -127.
+    shared_exp = tl.maximum(((amax_bits >> 23) & 0xFF) - 127 - EMAX_ELEM, -127)
+    shared_exp = tl.where(special, 0, shared_exp)
+    even_code = _encode_elements(even, shared_exp[:, None], MANT, EMIN, MAX_CODE, SIGN_SHIFT)
+    odd_code = _encode_elements(odd, shared_exp[:, None], MANT, EMIN, MAX_CODE, SIGN_SHIFT)
+    even_code = tl.where(special[:, None], 0, even_code)
+    odd_code = tl.where(special[:, None], 0, odd_code)
+    scale = tl.where(special, 255, shared_exp + 127)
+    tl.store(scale_ptr + blk, scale.to(tl.uint8), mask=live)
+    if PACK_FP4:
+        packed = (even_code | (odd_code << 4)).to(tl.uint8)
+        offs = blk.to(tl.int64)[:, None] * 16 + half[None, :]
+        tl.store(data_ptr + offs, packed, mask=mask)
+    else:
+        tl.store(data_ptr + even_offs, even_code.to(tl.uint8), mask=mask)
+        tl.store(data_ptr + even_offs + 1, odd_code.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _decode_elements(code, MANT: tl.constexpr, BIAS: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                     NAN_CODE: tl.constexpr, INF_CODE: tl.constexpr):
+    """Element codes (int32) -> float32 values, specials included.
+
+    NAN_CODE/INF_CODE: the magnitude code at and above which the format holds
+    NaN (resp. Inf); -1 when it has none.
+    """
+    sign = (code >> SIGN_SHIFT) & 1
+    magnitude = code & ((1 << SIGN_SHIFT) - 1)
+    exp_field = magnitude >> MANT
+    mant = magnitude & ((1 << MANT) - 1)
+    # value = mant * 2^(1-BIAS-MANT) for subnormals, (2^MANT + mant) * 2^(e-BIAS-MANT) otherwise.
+    integer = tl.where(exp_field == 0, mant, mant + (1 << MANT))
+    exp = tl.maximum(exp_field, 1) - BIAS - MANT
+    value = integer.to(tl.float32) * _pow2(exp)               # exp >= -126 for every format here
+    if INF_CODE >= 0:
+        value = tl.where(magnitude == INF_CODE, float("inf"), value)
+    if NAN_CODE >= 0:
+        value = tl.where(magnitude >= NAN_CODE, float("nan"), value)
+    return tl.where(sign == 1, -value, value)
+
+
+@triton.jit
+def _pow2(exp):
+    """float32 2^exp for an int32 exp in [-126, 127], built from its bits."""
+    return ((exp + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _apply_e8m0(value, scale):
+    """value * 2^(scale - 127) rounded once; scale 255 (NaN) -> NaN.
+
+    The power of two is applied as two normal factors, so no operand is ever
+    a float32 subnormal (2^-127 is one) and flush-to-zero hardware agrees.
+    """
+    exp = scale - 127
+    first = tl.maximum(exp, -63)
+    out = value * _pow2(first) * _pow2(exp - first)
+    return tl.where(scale == 255, float("nan"), out)
+
+
+@triton.jit
+def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
+                          MANT: tl.constexpr, BIAS: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                          NAN_CODE: tl.constexpr, INF_CODE: tl.constexpr, PACK_FP4: tl.constexpr,
+                          BLOCKS_PER_PROGRAM: tl.constexpr):
+    pid = tl.program_id(0)
+    blk = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
+    live = blk < n_blocks
+    half = tl.arange(0, 16)
+    mask = live[:, None]
+    even_offs = blk.to(tl.int64)[:, None] * 32 + 2 * half[None, :]
+    if PACK_FP4:
+        packed = tl.load(data_ptr + blk.to(tl.int64)[:, None] * 16 + half[None, :], mask=mask, other=0)
+        packed = packed.to(tl.int32)
+        even_code = packed & 0xF
+        odd_code = (packed >> 4) & 0xF
+    else:
+        even_code = tl.load(data_ptr + even_offs, mask=mask, other=0).to(tl.int32)
+        odd_code = tl.load(data_ptr + even_offs + 1, mask=mask, other=0).to(tl.int32)
+    scale = tl.load(scale_ptr + blk, mask=live, other=127).to(tl.int32)[:, None]
+    even = _apply_e8m0(_decode_elements(even_code, MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE), scale)
+    odd = _apply_e8m0(_decode_elements(odd_code, MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE), scale)
+    tl.store(out_ptr + even_offs, even.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + even_offs + 1, odd.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------
+# Launch functions
+# ----------------------------------------------------------------------------
+
+# Blocks of 32 per program. Memory-bound and tiny per block: enough blocks per
+# program to issue wide loads, few enough for many programs.
+CONFIGS = {
+    "sm_90": {"blocks_per_program": 32, "num_warps": 4},
+    "gfx950": {"blocks_per_program": 64, "num_warps": 4},
+    "cpu": {"blocks_per_program": 16, "num_warps": 1},
+    "default": {"blocks_per_program": 32, "num_warps": 4},
+}
+
+_FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _element_constants(f: MXFormat) -> dict:
+    return dict(MANT=f.mantissa_bits, SIGN_SHIFT=f.bits - 1)
+
+
+def _special_codes(f: MXFormat) -> tuple:
+    """(NAN_CODE, INF_CODE): lowest magnitude code that decodes to NaN / the Inf code; -1: none."""
+    if f.name == "e4m3":
+        return 0x7F, -1
+    if f.name == "e5m2":
+        return 0x7D, 0x7C
+    return -1, -1
+
+
+def _check_block_size(block_size) -> None:
+    if block_size != BLOCK_SIZE:
+        raise ValueError(f"block_size: OCP MX v1.0 blocks are {BLOCK_SIZE} elements; got {block_size}")
+
+
+def _normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}: {axis} is out of range for a tensor of rank {ndim}")
+    return axis % ndim
+
+
+def mx_quantize(x: torch.Tensor, fmt: str, axis: int = -1, block_size: int = 32):
+    """(data, scales): ``x`` in MX format ``fmt`` along ``axis`` (OCP MX v1.0 conversion).
+
+    data: fmt's storage dtype (float8_e4m3fn / float8_e5m2, or uint8 with two
+    FP4 codes a byte for e2m1), x's shape with the axis halved for e2m1.
+    scales: uint8 E8M0 codes, x's shape with the axis divided by 32.
+    x: float32, float16 or bfloat16; x.shape[axis] must be a multiple of 32.
+    """
+    f = mx_format(fmt)
+    _check_block_size(block_size)
+    if not isinstance(x, torch.Tensor) or x.dtype not in _FLOAT_INPUTS:
+        raise TypeError(f"x: expected a float32/float16/bfloat16 tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if x.ndim == 0:
+        raise ValueError("x: needs at least one dimension to quantize along")
+    axis = _normalize_axis(axis, x.ndim)
+    length = x.shape[axis]
+    if length % BLOCK_SIZE:
+        raise ValueError(f"x: length {length} along axis {axis} is not a multiple of {BLOCK_SIZE} "
+                         f"(MX blocks are not padded; pad x with zeros yourself)")
+    moved = x.movedim(axis, -1).contiguous()
+    n_blocks = moved.numel() // BLOCK_SIZE
+    packed_len = length // 2 if f.name == "e2m1" else length
+    data = torch.empty(moved.shape[:-1] + (packed_len,), dtype=torch.uint8, device=x.device)
+    scales = torch.empty(moved.shape[:-1] + (length // BLOCK_SIZE,), dtype=torch.uint8, device=x.device)
+    if n_blocks:
+        cfg = pick_config(CONFIGS, current_arch(x.device))
+        grid = (triton.cdiv(n_blocks, cfg["blocks_per_program"]),)
+        launch(_mx_quantize_kernel, x.device, grid,
+            moved, data, scales, n_blocks, EMIN=1 - f.bias, EMAX_ELEM=f.emax, MAX_CODE=f.max_code,
+            PACK_FP4=f.name == "e2m1", BLOCKS_PER_PROGRAM=cfg["blocks_per_program"],
+            num_warps=cfg["num_warps"], **_element_constants(f))
+    if f.torch_dtype != torch.uint8:
+        data = data.view(f.torch_dtype)
+    return _move_back(data, axis), _move_back(scales, axis)
+
+
+def _move_back(t: torch.Tensor, axis: int) -> torch.Tensor:
+    return t if axis == t.ndim - 1 else t.movedim(-1, axis).contiguous()
+
+
+def _data_as_uint8(data: torch.Tensor, f: MXFormat, name: str = "data") -> torch.Tensor:
+    """The raw codes of ``data`` as uint8, after checking its dtype fits format ``f``."""
+    fp4_x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    allowed = {torch.uint8, f.torch_dtype} | ({fp4_x2} if f.name == "e2m1" and fp4_x2 else set())
+    if not isinstance(data, torch.Tensor) or data.dtype not in allowed:
+        raise TypeError(f"{name}: format {f.name} needs dtype in {sorted(map(str, allowed))}, "
+                        f"got {getattr(data, 'dtype', type(data).__name__)}")
+    return data.view(torch.uint8)
+
+
+def scales_as_uint8(scales: torch.Tensor, name: str = "scales") -> torch.Tensor:
+    """E8M0 scales as uint8 codes; accepts uint8 or torch.float8_e8m0fnu."""
+    e8m0 = getattr(torch, "float8_e8m0fnu", None)
+    if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.uint8, e8m0):
+        raise TypeError(f"{name}: E8M0 scales must be uint8 codes or float8_e8m0fnu, got "
+                        f"{getattr(scales, 'dtype', type(scales).__name__)}")
+    return scales.view(torch.uint8)
+
+
+def logical_length(data: torch.Tensor, f: MXFormat, axis: int) -> int:
+    """Number of elements along ``axis`` (twice the bytes for packed FP4)."""
+    return data.shape[axis] * (2 if f.name == "e2m1" else 1)
+
+
+def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int = -1,
+                  block_size: int = 32, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The values X * P_i of an MX tensor, as ``dtype``, in the logical (unpacked) shape."""
+    f = mx_format(fmt)
+    _check_block_size(block_size)
+    codes = _data_as_uint8(data, f)
+    scale_codes = scales_as_uint8(scales)
+    if codes.ndim == 0:
+        raise ValueError("data: needs at least one dimension")
+    axis = _normalize_axis(axis, codes.ndim)
+    length = logical_length(codes, f, axis)
+    expected = codes.shape[:axis] + (length // BLOCK_SIZE,) + codes.shape[axis + 1:]
+    if length % BLOCK_SIZE or tuple(scale_codes.shape) != tuple(expected):
+        raise ValueError(f"scales: expected shape {tuple(expected)} for data of shape {tuple(codes.shape)} "
+                         f"({f.name}, axis {axis}), got {tuple(scale_codes.shape)}")
+    if scale_codes.device != codes.device:
+        raise ValueError(f"scales: on {scale_codes.device}, data on {codes.device}")
+    moved = codes.movedim(axis, -1).contiguous()
+    moved_scales = scale_codes.movedim(axis, -1).contiguous()
+    out = torch.empty(moved.shape[:-1] + (length,), dtype=dtype, device=codes.device)
+    n_blocks = out.numel() // BLOCK_SIZE
+    if n_blocks:
+        nan_code, inf_code = _special_codes(f)
+        cfg = pick_config(CONFIGS, current_arch(codes.device))
+        grid = (triton.cdiv(n_blocks, cfg["blocks_per_program"]),)
+        launch(_mx_dequantize_kernel, codes.device, grid,
+            moved, moved_scales, out, n_blocks, BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code,
+            PACK_FP4=f.name == "e2m1", BLOCKS_PER_PROGRAM=cfg["blocks_per_program"],
+            num_warps=cfg["num_warps"], **_element_constants(f))
+    return _move_back(out, axis)
+
+
+def reference_mx_dequantize(data, scales, fmt: str, axis: int = -1) -> torch.Tensor:
+    """float64 values of an MX tensor, through the numpy spec reference (the oracle)."""
+    from flyarray.kernels import mx_reference
+    f = mx_format(fmt)
+    codes = _data_as_uint8(data, f).cpu().numpy()
+    values = mx_reference.dequantize(codes, scales_as_uint8(scales).cpu().numpy(), f.name, axis)
+    return torch.from_numpy(values).to(data.device)
+
+
+def compile_specs() -> list:
+    """Representative specializations for the cross-compile report (one per format and direction)."""
+    from flyarray.targets import KernelSpec
+    specs = []
+    for f in FORMATS.values():
+        nan_code, inf_code = _special_codes(f)
+        common = dict(BLOCKS_PER_PROGRAM=32, PACK_FP4=f.name == "e2m1", **_element_constants(f))
+        specs.append(KernelSpec(
+            f"mx_quantize_{f.name}", _mx_quantize_kernel,
+            {"x_ptr": "*fp32", "data_ptr": "*u8", "scale_ptr": "*u8", "n_blocks": "i32",
+             **{k: "constexpr" for k in ("MANT", "EMIN", "EMAX_ELEM", "MAX_CODE", "SIGN_SHIFT",
+                                           "PACK_FP4", "BLOCKS_PER_PROGRAM")}},
+            dict(EMIN=1 - f.bias, EMAX_ELEM=f.emax, MAX_CODE=f.max_code, **common)))
+        specs.append(KernelSpec(
+            f"mx_dequantize_{f.name}", _mx_dequantize_kernel,
+            {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "n_blocks": "i32",
+             **{k: "constexpr" for k in ("MANT", "BIAS", "SIGN_SHIFT", "NAN_CODE", "INF_CODE",
+                                           "PACK_FP4", "BLOCKS_PER_PROGRAM")}},
+            dict(BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code, **common)))
+    return specs
