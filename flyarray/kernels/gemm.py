@@ -1,0 +1,755 @@
+"""Dense GEMM with a fused epilogue: ``act(a @ b * scales + bias) + residual``.
+
+One persistent Triton kernel serves every dtype (fp32, fp16, bf16, fp8 e4m3fn /
+e5m2), any strides and broadcast batch dims. Design choices, and why:
+
+* Persistent schedule: ``min(tiles, programs that fit)`` programs walk the tile
+  list with a stride, so no tail wave of tiny launches, and tiles are visited in
+  super-grouped order (``GROUP_M`` row-tiles share a column of ``b``) so that
+  operands are re-read from L2, not HBM.
+* Any strides: each operand passes both of its strides, so a transposed view
+  (``w.t()``) is read in place; Triton specializes strides equal to 1, so the
+  contiguous case still vectorizes.
+* Batch dims are broadcast by stride 0 and collapsed on the host: a batch dim
+  that only ``a`` has and that is contiguous with M is folded into M (a
+  ``[B, S, H] @ [H, N]`` linear layer is one 2-D GEMM). Up to two batch dims go
+  to the kernel; more are looped over on the host.
+* On sm_90, when strides allow it (16-byte aligned bases and strides, unit last
+  stride of a tile), operands are loaded through TMA tensor descriptors built on
+  the device (``tl.make_tensor_descriptor``, needs ``triton.set_allocator``);
+  elsewhere, and on Triton versions without descriptors, plain pointer loads.
+* Memory-bound decode shapes (M <= 64) use a small BLOCK_M, wide K tiles and
+  optionally split-K: partial sums go to an fp32 workspace and a second small
+  kernel adds them and runs the epilogue.
+* The epilogue runs in fp32 in a fixed order: ``acc * a_scale * b_scale`` ->
+  ``+ bias`` -> activation -> ``+ residual`` -> cast. The graph scheduler
+  pattern-matches exactly this vocabulary into one call.
+
+1-D operands (vector-matrix products) are the caller's business: unsqueeze
+them to 2-D first, as ``torch.matmul`` does internally.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from flyarray.kernels._triton import current_arch, runner
+from flyarray.targets import KernelSpec
+
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+HAS_TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+# Scale modes (constexpr): no scale, one scalar, one value per row (a) / column (b).
+SCALE_NONE, SCALE_TENSOR, SCALE_VECTOR = 0, 1, 2
+
+
+# --------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _activate(x, ACTIVATION: tl.constexpr):
+    """Activation in fp32; tanh is written with exp so it exists on every backend."""
+    if ACTIVATION == 1:
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == 2:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACTIVATION == 3:
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+        x = 0.5 * x * (1.0 + tanh)
+    elif ACTIVATION == 4:
+        x = x / (1.0 + tl.exp(-x))
+    return x
+
+
+@triton.jit
+def _batch_offset(batch, B1, stride0, stride1):
+    """Element offset (int64) of flat batch index ``batch`` in a [B0, B1, ...] view."""
+    b0 = (batch // B1).to(tl.int64)
+    b1 = (batch % B1).to(tl.int64)
+    return b0 * stride0 + b1 * stride1
+
+
+@triton.jit
+def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn,
+                    bias_ptr, s_biasm, s_biasn, res_ptr, s_rm, s_rn,
+                    a_scale_ptr, b_scale_ptr,
+                    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr):
+    """acc * scales -> + bias -> activation -> + residual -> cast, stored under the bounds mask.
+
+    ``c_ptr``/``bias_ptr``/``res_ptr`` already point at this tile's batch.
+    Offsets are int32 unless INDEX_64 (a matrix spans >= 2**31 elements):
+    int64 offset tiles double the registers the epilogue needs.
+    """
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    if A_SCALE == 1:
+        acc = acc * tl.load(a_scale_ptr).to(tl.float32)
+    elif A_SCALE == 2:
+        acc = acc * tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)[:, None]
+    if B_SCALE == 1:
+        acc = acc * tl.load(b_scale_ptr).to(tl.float32)
+    elif B_SCALE == 2:
+        acc = acc * tl.load(b_scale_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    rows = offs_m[:, None]
+    cols = offs_n[None, :]
+    if INDEX_64:
+        rows = rows.to(tl.int64)
+        cols = cols.to(tl.int64)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows * s_biasm + cols * s_biasn, mask=mask, other=0.0).to(tl.float32)
+    acc = _activate(acc, ACTIVATION)
+    if HAS_RESIDUAL:
+        acc += tl.load(res_ptr + rows * s_rm + cols * s_rn, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + rows * s_cm + cols * s_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _epilogue(acc, offs_m, pid_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
+              res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr,
+              BLOCK_N: tl.constexpr, EPI_SPLIT: tl.constexpr,
+              A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+              ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr):
+    """The epilogue on a full tile, or (EPI_SPLIT=2) on its two column halves one
+    after the other: half the pointer/operand tiles live at once, so a 128x256
+    fp32 accumulator does not push the epilogue into spills."""
+    if EPI_SPLIT == 2:
+        HALF: tl.constexpr = BLOCK_N // 2
+        halves = tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1))
+        acc_lo, acc_hi = tl.split(halves)
+        offs_lo = pid_n * BLOCK_N + tl.arange(0, HALF)
+        _epilogue_store(acc_lo, offs_m, offs_lo, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
+                        res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE, HAS_BIAS,
+                        ACTIVATION, HAS_RESIDUAL, INDEX_64)
+        _epilogue_store(acc_hi, offs_m, offs_lo + HALF, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
+                        s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
+                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
+                        res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE, HAS_BIAS,
+                        ACTIVATION, HAS_RESIDUAL, INDEX_64)
+
+
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Super-grouped order: GROUP_M row-tiles walk a column of b together (L2 reuse)."""
+    in_group = GROUP_M * num_pid_n
+    group = tile // in_group
+    first_m = group * GROUP_M
+    rows_here = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % in_group) % rows_here
+    pid_n = (tile % in_group) // rows_here
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gemm_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, a_scale_ptr, b_scale_ptr, ws_ptr,
+    M, N, K, B1, BATCH,
+    s_a0, s_a1, s_am, s_ak,
+    s_b0, s_b1, s_bk, s_bn,
+    s_c0, s_c1, s_cm, s_cn,
+    s_bias0, s_bias1, s_biasm, s_biasn,
+    s_r0, s_r1, s_rm, s_rn,
+    NUM_PROGRAMS,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, EPI_SPLIT: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+):
+    """Persistent GEMM. With SPLIT_K > 1 it writes fp32 partials to ``ws_ptr``
+    ([SPLIT_K, BATCH, M, N], contiguous) and ``_splitk_reduce_kernel`` finishes.
+
+    USE_TMA (sm_90, BATCH == 1): A_KMAJOR/B_KMAJOR say which stride of a/b is 1
+    (True: the K stride), so the descriptor is built on the contiguous axis.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_batch = num_pid_m * num_pid_n
+    total = tiles_per_batch * BATCH * SPLIT_K
+    k_tiles_all = tl.cdiv(K, BLOCK_K)
+    k_tiles_split = tl.cdiv(k_tiles_all, SPLIT_K)
+
+    if USE_TMA:
+        if A_KMAJOR:
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[s_am, 1],
+                                               block_shape=[BLOCK_M, BLOCK_K])
+        else:
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[s_ak, 1],
+                                               block_shape=[BLOCK_K, BLOCK_M])
+        if B_KMAJOR:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[s_bn, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[s_bk, 1],
+                                               block_shape=[BLOCK_K, BLOCK_N])
+
+    for work in tl.range(pid, total, NUM_PROGRAMS):
+        split = work % SPLIT_K
+        tile_flat = work // SPLIT_K
+        batch = tile_flat // tiles_per_batch
+        pid_m, pid_n = _tile_coords(tile_flat % tiles_per_batch, num_pid_m, num_pid_n, GROUP_M)
+        kt_begin = split * k_tiles_split
+        kt_end = tl.minimum(kt_begin + k_tiles_split, k_tiles_all)
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if USE_TMA:
+            for kt in tl.range(kt_begin, kt_end):
+                k0 = kt * BLOCK_K
+                if A_KMAJOR:
+                    a = a_desc.load([pid_m * BLOCK_M, k0])
+                else:
+                    a = a_desc.load([k0, pid_m * BLOCK_M]).T
+                if B_KMAJOR:
+                    b = b_desc.load([pid_n * BLOCK_N, k0]).T
+                else:
+                    b = b_desc.load([k0, pid_n * BLOCK_N])
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        else:
+            # Rows/columns past a ragged edge wrap around (modulo) instead of
+            # being masked, so loads stay unmasked; the store mask drops the
+            # wrapped results. On even edges the plain arange keeps the
+            # contiguity Triton needs for vector (and async) loads.
+            rows_a = offs_m if EVEN_M else offs_m % M
+            cols_b = offs_n if EVEN_N else offs_n % N
+            if INDEX_64:
+                rows_a = rows_a.to(tl.int64)
+                cols_b = cols_b.to(tl.int64)
+            a_ptrs = (a_ptr + _batch_offset(batch, B1, s_a0, s_a1) + rows_a[:, None] * s_am
+                      + (kt_begin * BLOCK_K + offs_k)[None, :] * s_ak)
+            b_ptrs = (b_ptr + _batch_offset(batch, B1, s_b0, s_b1) + cols_b[None, :] * s_bn
+                      + (kt_begin * BLOCK_K + offs_k)[:, None] * s_bk)
+            for kt in tl.range(kt_begin, kt_end):
+                if EVEN_K:
+                    a = tl.load(a_ptrs)
+                    b = tl.load(b_ptrs)
+                else:
+                    k_left = K - kt * BLOCK_K
+                    a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                    b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                a_ptrs += BLOCK_K * s_ak
+                b_ptrs += BLOCK_K * s_bk
+
+        if SPLIT_K == 1:
+            _epilogue(acc, offs_m, pid_n, M, N,
+                      c_ptr + _batch_offset(batch, B1, s_c0, s_c1), s_cm, s_cn,
+                      bias_ptr + _batch_offset(batch, B1, s_bias0, s_bias1), s_biasm, s_biasn,
+                      res_ptr + _batch_offset(batch, B1, s_r0, s_r1), s_rm, s_rn,
+                      a_scale_ptr, b_scale_ptr, BLOCK_N, EPI_SPLIT, A_SCALE, B_SCALE, HAS_BIAS,
+                      ACTIVATION, HAS_RESIDUAL, INDEX_64)
+        else:
+            # One fp32 partial tile per split; the workspace is [SPLIT_K, BATCH, M, N].
+            part = ws_ptr + (split * BATCH + batch).to(tl.int64) * M * N
+            mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+            tl.store(part + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    ws_ptr, c_ptr, bias_ptr, res_ptr, a_scale_ptr, b_scale_ptr,
+    M, N, B1, BATCH,
+    s_c0, s_c1, s_cm, s_cn,
+    s_bias0, s_bias1, s_biasm, s_biasn,
+    s_r0, s_r1, s_rm, s_rn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr,
+):
+    """Sum the SPLIT_K fp32 partials of one tile, then the same epilogue as the GEMM."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_batch = tl.cdiv(M, BLOCK_M) * num_pid_n
+    batch = pid // tiles_per_batch
+    pid_m = (pid % tiles_per_batch) // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    offsets = offs_m[:, None] * N + offs_n[None, :]  # the host keeps M * N < 2**31 for split-K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for split in range(SPLIT_K):
+        part = ws_ptr + (split * BATCH + batch).to(tl.int64) * M * N
+        acc += tl.load(part + offsets, mask=mask, other=0.0)
+    _epilogue_store(acc, offs_m, offs_n, M, N,
+                    c_ptr + _batch_offset(batch, B1, s_c0, s_c1), s_cm, s_cn,
+                    bias_ptr + _batch_offset(batch, B1, s_bias0, s_bias1), s_biasm, s_biasn,
+                    res_ptr + _batch_offset(batch, B1, s_r0, s_r1), s_rm, s_rn,
+                    a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL,
+                    INDEX_64)
+
+
+# --------------------------------------------------------------------------- launching
+
+_interpreted_helpers: dict = {}
+
+
+@contextlib.contextmanager
+def _nested_jit_interpreted():
+    """While an interpreted kernel runs, let its calls to other @triton.jit
+    functions (our helpers; tl.cdiv, tl.cumsum are @jit too) be interpreted.
+
+    ``runner`` wraps only the top kernel, and calling a compiled JITFunction
+    from Python raises "Cannot call @triton.jit'd outside of the scope of a
+    kernel". (This belongs in ``_triton.runner``; kept here until it moves.)
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    def call(self, *args, **kwargs):
+        key = id(self)  # hashing a JITFunction mid-interpretation fails: key by id
+        if key not in _interpreted_helpers:
+            _interpreted_helpers[key] = (self, InterpretedFunction(self.fn))
+        return _interpreted_helpers[key][1](*args, **kwargs)
+
+    original = JITFunction.__call__
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
+def launch(kernel, device: torch.device, grid: tuple, *args, **kwargs):
+    """``runner(kernel, device)[grid](...)``; on the CPU with nested jit calls interpreted."""
+    fn = runner(kernel, device)
+    if torch.device(device).type != "cpu":
+        return fn[grid](*args, **kwargs)
+    with _nested_jit_interpreted():
+        return fn[grid](*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- configs
+
+def _cfg(bm, bn, bk, group_m, warps, stages, split_k=1, **extra):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m,
+            "SPLIT_K": split_k, "num_warps": warps, "num_stages": stages, **extra}
+
+
+# Keyed arch -> shape class -> dtype class ('16': fp16/bf16, 'fp8', 'fp32').
+# sm_90: 128x256 tiles with 2 warpgroups feed wgmma at full width; decode is
+# memory bound: 16-row tiles with deep K stages keep enough bytes in flight.
+# gfx950: 256x128x64 with 8 waves, two LDS stages (~100 KiB of the 160 KiB LDS);
+# 256x256 spills there (cross-compiled). gfx942 has 64 KiB of LDS: smaller tiles.
+CONFIGS = {
+    "sm_90": {
+        "square": {"16": _cfg(128, 256, 64, 8, 8, 3), "fp8": _cfg(128, 256, 128, 8, 8, 3),
+                   "fp32": _cfg(128, 128, 32, 8, 8, 3)},
+        "tall": {"16": _cfg(128, 128, 64, 8, 4, 4), "fp8": _cfg(128, 128, 128, 8, 4, 4),
+                 "fp32": _cfg(64, 128, 32, 8, 4, 3)},
+        "decode": {"16": _cfg(16, 64, 128, 1, 4, 5), "fp8": _cfg(16, 64, 256, 1, 4, 5),
+                   "fp32": _cfg(16, 64, 64, 1, 4, 4)},
+    },
+    "gfx950": {
+        "square": {"16": _cfg(256, 128, 64, 8, 8, 2), "fp8": _cfg(256, 128, 128, 8, 8, 2),
+                   "fp32": _cfg(128, 128, 32, 8, 8, 2)},
+        "tall": {"16": _cfg(128, 128, 64, 8, 4, 2), "fp8": _cfg(128, 128, 128, 8, 4, 2),
+                 "fp32": _cfg(64, 128, 32, 8, 4, 2)},
+        "decode": {"16": _cfg(16, 64, 256, 1, 4, 2), "fp8": _cfg(16, 64, 512, 1, 4, 2),
+                   "fp32": _cfg(16, 64, 64, 1, 4, 2)},
+    },
+    "gfx942": {
+        "square": {"16": _cfg(128, 128, 32, 8, 4, 2), "fp8": _cfg(128, 128, 64, 8, 4, 2),
+                   "fp32": _cfg(128, 128, 32, 8, 8, 2)},
+        "tall": {"16": _cfg(128, 128, 64, 8, 4, 2), "fp8": _cfg(128, 128, 128, 8, 4, 2),
+                 "fp32": _cfg(64, 128, 32, 8, 4, 2)},
+        "decode": {"16": _cfg(16, 64, 256, 1, 4, 2), "fp8": _cfg(16, 64, 256, 1, 4, 2),
+                   "fp32": _cfg(16, 64, 64, 1, 4, 2)},
+    },
+    "default": {
+        "square": {"16": _cfg(128, 128, 32, 8, 4, 3), "fp8": _cfg(128, 128, 64, 8, 4, 3),
+                   "fp32": _cfg(64, 64, 32, 8, 4, 3)},
+        "tall": {"16": _cfg(64, 128, 32, 8, 4, 3), "fp8": _cfg(64, 128, 64, 8, 4, 3),
+                 "fp32": _cfg(64, 64, 32, 8, 4, 3)},
+        "decode": {"16": _cfg(16, 64, 64, 1, 4, 3), "fp8": _cfg(16, 64, 128, 1, 4, 3),
+                   "fp32": _cfg(16, 64, 32, 1, 4, 3)},
+    },
+    # The interpreter: small tiles keep numpy work small; few programs so the
+    # persistent loop really loops.
+    "cpu": {cls: {d: _cfg(16, 16, 16, 2, 1, 1) for d in ("16", "fp8", "fp32")}
+            for cls in ("square", "tall", "decode")},
+}
+
+# Candidates the autotuner times on the device (flyarray/kernels/tuning.py).
+TUNING_CANDIDATES = {
+    "sm_90": {
+        "square": [_cfg(128, 256, 64, 8, 8, 3), _cfg(128, 256, 64, 8, 8, 4), _cfg(256, 128, 64, 8, 8, 3),
+                   _cfg(128, 128, 64, 8, 4, 4), _cfg(128, 128, 64, 8, 8, 4), _cfg(128, 256, 128, 8, 8, 3)],
+        "tall": [_cfg(128, 128, 64, 8, 4, 4), _cfg(128, 256, 64, 8, 8, 3), _cfg(64, 128, 64, 8, 4, 4),
+                 _cfg(128, 64, 64, 8, 4, 4)],
+        "decode": [_cfg(16, 64, 128, 1, 4, 5), _cfg(16, 32, 256, 1, 4, 4), _cfg(16, 64, 256, 1, 4, 4),
+                   _cfg(16, 128, 128, 1, 4, 4, split_k=2), _cfg(16, 64, 128, 1, 4, 4, split_k=2),
+                   _cfg(16, 128, 128, 1, 4, 4, split_k=4), _cfg(32, 64, 128, 1, 4, 5),
+                   _cfg(64, 64, 128, 1, 4, 4)],
+    },
+    "gfx950": {
+        "square": [_cfg(256, 128, 64, 8, 8, 2), _cfg(128, 256, 64, 8, 8, 2), _cfg(128, 128, 64, 8, 4, 2),
+                   _cfg(256, 128, 64, 8, 8, 2, matrix_instr_nonkdim=16)],
+        "tall": [_cfg(128, 128, 64, 8, 4, 2), _cfg(256, 128, 64, 8, 8, 2), _cfg(64, 128, 64, 8, 4, 2)],
+        "decode": [_cfg(16, 64, 256, 1, 4, 2), _cfg(16, 128, 256, 1, 4, 2),
+                   _cfg(16, 64, 256, 1, 4, 2, split_k=2), _cfg(32, 64, 256, 1, 4, 2)],
+    },
+}
+
+
+def shape_class(M: int, N: int, K: int) -> str:
+    """'decode' (few rows: memory bound), 'tall' (few tiles or a thin side), else 'square'."""
+    if M <= 64:
+        return "decode"
+    if min(M, N) < 1024 or M * N < 4096 * 4096:
+        return "tall"
+    return "square"
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    if dtype in FP8_DTYPES:
+        return "fp8"
+    return "fp32" if dtype == torch.float32 else "16"
+
+
+def default_config(arch: str, M: int, N: int, K: int, dtype: torch.dtype) -> dict:
+    from flyarray.kernels._triton import pick_config
+    return dict(pick_config(CONFIGS, arch)[shape_class(M, N, K)][dtype_class(dtype)])
+
+
+# --------------------------------------------------------------------------- host side
+
+def _scale_mode(scale: Optional[torch.Tensor], length: int) -> int:
+    if scale is None:
+        return SCALE_NONE
+    if scale.numel() == 1:
+        return SCALE_TENSOR
+    if scale.numel() == length:
+        return SCALE_VECTOR
+    raise ValueError(f"scale of shape {tuple(scale.shape)}: expected a scalar or {length} values")
+
+
+def _collapse_rows(sizes: list, operands: list) -> tuple:
+    """Merge adjacent row dims (batch dims + M) that every operand walks contiguously.
+
+    ``operands`` holds, per operand, its strides over those dims. Returns the
+    new sizes and strides. A size-1 dim is dropped (its stride never matters).
+    """
+    dims = [(s, [st[i] for st in operands]) for i, s in enumerate(sizes)]
+    keep = [d for d in dims[:-1] if d[0] != 1] + [dims[-1]]  # M itself always stays
+    merged = [keep[-1]]
+    for size, strides in reversed(keep[:-1]):
+        inner_size, inner_strides = merged[0]
+        if all(o == i * inner_size for o, i in zip(strides, inner_strides)):
+            merged[0] = (size * inner_size, inner_strides)
+        else:
+            merged.insert(0, (size, strides))
+    new_sizes = [d[0] for d in merged]
+    new_strides = [[d[1][j] for d in merged] for j in range(len(operands))]
+    return new_sizes, new_strides
+
+
+def _plan_views(a, b, out, bias, residual, a_scale_mode):
+    """Views of a, b, out, bias, residual as [B0, B1, rows, cols] with collapsed batch.
+
+    Returns a list of view tuples (one per host-loop step; almost always one).
+    """
+    batch_shape = tuple(out.shape[:-2])
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    a_e = a.expand(*batch_shape, M, K)
+    b_e = b.expand(*batch_shape, K, N)
+    extras = [t.expand(out.shape) for t in (bias, residual) if t is not None]
+    tensors = [a_e, out] + extras
+    row_strides = [list(t.stride()[:-1]) for t in tensors]
+    row_strides.append(list(b_e.stride()[:-2]) + [0])
+    # A per-row a_scale is indexed by M alone: it forbids folding batch into M.
+    row_strides.append([0] * len(batch_shape) + [1 if a_scale_mode == SCALE_VECTOR else 0])
+    sizes, strides = _collapse_rows(list(batch_shape) + [M], row_strides)
+    batch_sizes = sizes[:-1]
+    while len(batch_sizes) < 2:  # the kernel takes exactly two batch dims
+        batch_sizes.insert(0, 1)
+        for st in strides:
+            st.insert(0, 0)
+    rows = sizes[-1]
+
+    def view(t, st, cols, col_stride, last_row_stride=None):
+        return t.as_strided(batch_sizes + [rows, cols], st[:-1] + [last_row_stride if last_row_stride is not None else st[-1], col_stride],
+                            t.storage_offset())
+
+    views = [view(t, st, t.shape[-1], t.stride(-1)) for t, st in zip(tensors, strides)]
+    b_strides = strides[len(tensors)]
+    b_view = b_e.as_strided(batch_sizes + [K, N], b_strides[:-1] + [b_e.stride(-2), b_e.stride(-1)],
+                            b_e.storage_offset())
+    a_v, out_v = views[0], views[1]
+    rest = iter(views[2:])
+    bias_v = next(rest) if bias is not None else None
+    res_v = next(rest) if residual is not None else None
+    steps = [(a_v, b_view, out_v, bias_v, res_v)]
+    # More than two batch dims survive collapsing: loop over the leading ones.
+    while steps[0][0].dim() > 4:
+        steps = [tuple(None if t is None else t[i] for t in step)
+                 for step in steps for i in range(step[0].shape[0])]
+    return steps
+
+
+def _tma_layout(t: torch.Tensor, k_dim: int) -> Optional[bool]:
+    """Whether t (2-D after the batch) can be a TMA descriptor, and along which axis.
+
+    Returns True if the K axis is the contiguous one, False if the other axis
+    is, None if neither (or the alignment rules of TMA fail)."""
+    elem = t.element_size()
+    if t.data_ptr() % 16:
+        return None
+    s_rows, s_cols = t.stride(-2), t.stride(-1)
+    k_is_cols = k_dim == 1
+    if s_cols == 1 and (s_rows * elem) % 16 == 0 and s_rows > 0:
+        return k_is_cols
+    if s_rows == 1 and (s_cols * elem) % 16 == 0 and s_cols > 0:
+        return not k_is_cols
+    return None
+
+
+_allocator_set = False
+
+
+def _ensure_tma_allocator():
+    """Device-side descriptors need a little global scratch; Triton asks for it here."""
+    global _allocator_set
+    if _allocator_set:
+        return
+    from triton.runtime import _allocation
+    current = _allocation._allocator.get()
+    if isinstance(current, _allocation.NullAllocator):
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    _allocator_set = True
+
+
+def _num_programs(device: torch.device, arch: str, cfg: dict) -> int:
+    if device.type == "cpu":
+        return 3
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    # Decode tiles are light (one warpgroup, small smem): several share an SM.
+    per_sm = 1 if cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 128 * 128 else 4
+    return sms * per_sm
+
+
+def _span(t: torch.Tensor) -> int:
+    """One past the largest element offset a view reaches within one batch (the
+    last two dims); batch offsets are int64 in the kernel anyway."""
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape[-2:], t.stride()[-2:]))
+
+
+def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    if dtype == torch.float32:
+        return "tf32" if allow_tf32 else "ieee"
+    return "ieee"  # ignored for 16-bit and fp8 inputs
+
+
+def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
+    """Launch the GEMM (+ split-K reduction) on one [B0, B1, M, K] x [B0, B1, K, N] step."""
+    a, b, out, bias, res = step
+    B0, B1, M, K = a.shape
+    N = b.shape[-1]
+    batch = B0 * B1
+    device = a.device
+    a_mode = _scale_mode(a_scale, M)
+    b_mode = _scale_mode(b_scale, N)
+    dummy = out  # any pointer: the constexpr flags keep unused ones unread
+    split_k = int(cfg.get("SPLIT_K", 1))
+    k_tiles = triton.cdiv(K, cfg["BLOCK_K"])
+    split_k = max(1, min(split_k, k_tiles))
+    if M * N >= 2**31:
+        split_k = 1  # the workspace is indexed with int32 offsets per batch
+    use_tma, a_kmajor, b_kmajor = False, True, False
+    if cfg.get("TMA", True) and arch == "sm_90" and HAS_TENSOR_DESCRIPTORS and batch == 1:
+        a_layout, b_layout = _tma_layout(a, 1), _tma_layout(b, 0)
+        if a_layout is not None and b_layout is not None:
+            use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
+            _ensure_tma_allocator()
+    ws = (torch.empty((split_k, batch, M, N), dtype=torch.float32, device=device)
+          if split_k > 1 else dummy)
+    tiles = batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    programs = max(1, min(tiles * split_k, _num_programs(device, arch, cfg)))
+    bias_t, res_t = (bias if bias is not None else dummy), (res if res is not None else dummy)
+    bias_st = bias.stride() if bias is not None else (0, 0, 0, 0)
+    res_st = res.stride() if res is not None else (0, 0, 0, 0)
+    epilogue = dict(A_SCALE=a_mode, B_SCALE=b_mode, HAS_BIAS=bias is not None,
+                    ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=res is not None)
+    index_64 = max(_span(t) for t in (a, b, out, bias, res) if t is not None) >= 2**31
+    epi_split = int(cfg.get("EPI_SPLIT", 2 if cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 128 * 256 else 1))
+    epilogue["INDEX_64"] = index_64
+    hip_extra = {k: cfg[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in cfg}
+    launch(_gemm_kernel, device, (programs,),
+        a, b, out, bias_t, res_t,
+        a_scale if a_scale is not None else dummy, b_scale if b_scale is not None else dummy, ws,
+        M, N, K, B1, batch,
+        *a.stride(), *b.stride(), *out.stride(), *bias_st, *res_st,
+        programs,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=split_k, EVEN_M=(M % cfg["BLOCK_M"] == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
+        INDEX_64=index_64, EPI_SPLIT=epi_split, EVEN_K=(K % cfg["BLOCK_K"] == 0), DOT_PRECISION=_dot_precision(a.dtype, allow_tf32),
+        USE_TMA=use_tma, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **hip_extra,
+        **{k: v for k, v in epilogue.items() if k != "INDEX_64"},
+    )
+    if split_k > 1:
+        rbm, rbn = min(64, triton.next_power_of_2(M)), 64
+        grid = (batch * triton.cdiv(M, rbm) * triton.cdiv(N, rbn),)
+        launch(_splitk_reduce_kernel, device, grid,
+            ws, out, bias_t, res_t,
+            a_scale if a_scale is not None else dummy, b_scale if b_scale is not None else dummy,
+            M, N, B1, batch, *out.stride(), *bias_st, *res_st,
+            BLOCK_M=rbm, BLOCK_N=rbn, SPLIT_K=split_k, num_warps=4, **epilogue,
+        )
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None, residual: Optional[torch.Tensor] = None,
+           out_dtype: Optional[torch.dtype] = None, a_scale: Optional[torch.Tensor] = None,
+           b_scale: Optional[torch.Tensor] = None, allow_tf32: bool = False,
+           tune: Optional[bool] = None, config: Optional[dict] = None) -> torch.Tensor:
+    """``activation(a @ b * a_scale * b_scale + bias) + residual`` in one kernel.
+
+    a [..., M, K], b [..., K, N] (batch dims broadcast; both at least 2-D: the
+    caller unsqueezes 1-D operands). Any strides. bias and residual broadcast to
+    [..., M, N]. a_scale: scalar or [M]; b_scale: scalar or [N] (fp32).
+    out_dtype defaults to the input dtype, bf16 for fp8 inputs. ``tune``
+    (default: env FLYARRAY_AUTOTUNE=1) times candidate configs on the device
+    once per shape bucket; ``config`` forces one (tests, tuning).
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}; expected one of {list(ACTIVATIONS)}")
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError("matmul takes operands of rank >= 2; unsqueeze 1-D operands first")
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if a.dtype in FP8_DTYPES else a.dtype
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = torch.empty(*batch_shape, M, N, dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    a_mode = _scale_mode(a_scale, M)
+    _scale_mode(b_scale, N)
+    a_scale = a_scale.reshape(-1) if a_scale is not None else None
+    b_scale = b_scale.reshape(-1) if b_scale is not None else None
+    steps = _plan_views(a, b, out, bias, residual, a_mode)
+    arch = current_arch(a.device)
+    cfg = config or _choose_config(arch, steps[0], a_scale, b_scale, activation, allow_tf32, tune)
+    for step in steps:
+        launch_gemm(step, cfg, a_scale=a_scale, b_scale=b_scale, activation=activation, arch=arch,
+                    allow_tf32=allow_tf32)
+    return out
+
+
+def _choose_config(arch, step, a_scale, b_scale, activation, allow_tf32, tune) -> dict:
+    from flyarray.kernels import tuning
+    a, b = step[0], step[1]
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    default = default_config(arch, M, N, K, a.dtype)
+    if arch == "cpu" or not tuning.enabled(tune):
+        return default
+    candidates = tuning.candidates_for(TUNING_CANDIDATES, arch, shape_class(M, N, K), default)
+
+    def run(cfg):
+        launch_gemm(step, cfg, a_scale=a_scale, b_scale=b_scale, activation=activation, arch=arch,
+                    allow_tf32=allow_tf32)
+
+    key = tuning.make_key("gemm", arch, str(a.dtype).replace("torch.", ""),
+                          (M, N, K, a.shape[0] * a.shape[1]), extra=[_tma_layout(a, 1), _tma_layout(b, 0)])
+    return tuning.tune("gemm", key, candidates, run, default)
+
+
+# --------------------------------------------------------------------------- reference
+
+def reference_matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None,
+                     a_scale=None, b_scale=None, allow_tf32=False) -> torch.Tensor:
+    """The same function in float64 (the oracle), cast to out_dtype at the end."""
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if a.dtype in FP8_DTYPES else a.dtype
+    acc = torch.matmul(a.double(), b.double())
+    if a_scale is not None:
+        s = a_scale.double().reshape(-1)
+        acc = acc * (s if s.numel() == 1 else s[:, None])
+    if b_scale is not None:
+        acc = acc * b_scale.double().reshape(-1)
+    if bias is not None:
+        acc = acc + bias.double()
+    acc = reference_activation(acc, activation)
+    if residual is not None:
+        acc = acc + residual.double()
+    return acc.to(out_dtype)
+
+
+def reference_activation(x: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+    if activation is None:
+        return x
+    if activation == "relu":
+        return torch.relu(x)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(x)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(x, approximate="tanh")
+    if activation == "silu":
+        return torch.nn.functional.silu(x)
+    raise ValueError(activation)
+
+
+# --------------------------------------------------------------------------- compile specs
+
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+                 torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
+
+
+def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=False, scales=SCALE_NONE,
+          tma=False, b_kmajor=False):
+    """A KernelSpec for contiguous (or, with b_kmajor, transposed-b) operands."""
+    pointers = {"a_ptr": dtype, "b_ptr": dtype, "c_ptr": out_dtype, "bias_ptr": out_dtype,
+                "res_ptr": out_dtype, "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32,
+                "ws_ptr": torch.float32}
+    constexprs = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                      GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg["SPLIT_K"], EVEN_M=True, EVEN_N=True, EVEN_K=True,
+                      INDEX_64=False, EPI_SPLIT=2 if cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 128 * 256 else 1,
+                      A_SCALE=scales, B_SCALE=scales, HAS_BIAS=bias, ACTIVATION=ACTIVATIONS[activation],
+                      HAS_RESIDUAL=residual, DOT_PRECISION="ieee", USE_TMA=tma, A_KMAJOR=True,
+                      B_KMAJOR=b_kmajor)
+    # Unit strides are what Triton specializes at run time for contiguous data.
+    for unit in ("s_ak", "s_cn", "s_biasn", "s_rn", "s_bk" if b_kmajor else "s_bn"):
+        constexprs[unit] = 1
+    signature = {}
+    for arg in _gemm_kernel.arg_names:
+        if arg in constexprs:
+            signature[arg] = "constexpr"
+        elif arg in pointers:
+            signature[arg] = "*" + _TRITON_TYPES[pointers[arg]]
+        else:
+            signature[arg] = "i32"
+    return KernelSpec(name=name, fn=_gemm_kernel, signature=signature, constexprs=constexprs,
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def compile_specs(target: Optional[str] = None) -> list:
+    """Representative specializations with ``target``'s configs (default: gfx950's):
+    bf16/fp16 square tiles with fused epilogues, decode tiles, fp8 e4m3 with
+    per-row scales; for sm_90 also the TMA-descriptor variant."""
+    table = CONFIGS.get(target or "gfx950", CONFIGS["default"])
+    bf16, fp16, e4m3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+    specs = [
+        _spec("gemm_bf16_square_bias_silu", bf16, bf16, table["square"]["16"], activation="silu", bias=True),
+        _spec("gemm_fp16_square_residual", fp16, fp16, table["square"]["16"], residual=True),
+        _spec("gemm_bf16_decode", bf16, bf16, table["decode"]["16"]),
+        _spec("gemm_fp8e4m3_square_rowscale", e4m3, torch.bfloat16, table["square"]["fp8"],
+              scales=SCALE_VECTOR, b_kmajor=True),
+    ]
+    if target == "sm_90" and HAS_TENSOR_DESCRIPTORS:
+        specs.append(_spec("gemm_bf16_square_tma", bf16, bf16, table["square"]["16"], tma=True))
+        specs.append(_spec("gemm_fp8e4m3_square_tma", e4m3, torch.bfloat16, table["square"]["fp8"],
+                           tma=True, b_kmajor=True, scales=SCALE_TENSOR))
+    return specs

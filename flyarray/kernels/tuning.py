@@ -1,0 +1,148 @@
+"""A small autotuner for the hand-written kernels.
+
+For a key (kernel, arch, dtype, shape bucket) it times a short per-arch list of
+candidate configs on the real device with ``triton.testing.do_bench``, keeps
+the fastest, and remembers it in memory and on disk as plain JSON under
+``flyarray.config.cache_dir() / "tuning" / "<kernel>.json"`` (never pickle; a
+corrupt file is ignored with a warning and rewritten).
+
+Tuning runs only when asked for: env ``FLYARRAY_AUTOTUNE=1`` or an explicit
+``tune=True`` from the caller; otherwise kernels use their default tables, so
+a first call is never slow by surprise. It never runs on the CPU (the
+interpreter's timings mean nothing).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from flyarray import config
+
+_memory: dict = {}  # kernel -> {key: config}
+
+
+def enabled(tune: Optional[bool] = None) -> bool:
+    """An explicit argument wins; otherwise env FLYARRAY_AUTOTUNE=1."""
+    if tune is not None:
+        return bool(tune)
+    return os.environ.get("FLYARRAY_AUTOTUNE", "") not in ("", "0")
+
+
+def bucket(n: int) -> int:
+    """Shapes within a power of two share a tuned config (bounded tuning work)."""
+    n = max(int(n), 1)
+    return 1 << (n - 1).bit_length()
+
+
+def make_key(kernel: str, arch: str, dtype: str, shape: Iterable[int], extra: Iterable = ()) -> str:
+    dims = "x".join(str(bucket(d)) for d in shape)
+    tail = ",".join(str(e) for e in extra)
+    return f"{kernel}|{arch}|{dtype}|{dims}|{tail}"
+
+
+def candidates_for(table: dict, arch: str, shape_class: str, default: dict) -> list:
+    """The default config first, then the arch's candidates for the shape class (deduplicated)."""
+    listed = table.get(arch) or next((v for k, v in table.items() if k[:4] == arch[:4]), {})
+    out = [default]
+    for cfg in listed.get(shape_class, []):
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _path(kernel: str):
+    return config.cache_dir() / "tuning" / f"{kernel}.json"
+
+
+def load(kernel: str) -> dict:
+    """The tuned configs of ``kernel`` on disk; a corrupt file warns and counts as empty."""
+    if kernel in _memory:
+        return _memory[kernel]
+    path = _path(kernel)
+    table = {}
+    if path.exists():
+        try:
+            table = json.loads(path.read_text())
+            if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+                raise ValueError("expected an object of objects")
+        except (ValueError, OSError) as exc:
+            warnings.warn(f"flyarray: ignoring corrupt tuning file {path} ({exc}); it will be rewritten")
+            table = {}
+    _memory[kernel] = table
+    return table
+
+
+def save(kernel: str, key: str, cfg: dict) -> None:
+    table = load(kernel)
+    table[key] = cfg
+    path = _path(kernel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+    os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+
+
+class _Progress:
+    """A one-line progress bar on stderr, shown only once tuning has taken over a second."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.start, self.shown = label, total, time.perf_counter(), False
+
+    def step(self, done: int) -> None:
+        if time.perf_counter() - self.start < 1.0 and not self.shown:
+            return
+        self.shown = True
+        width = 30
+        filled = int(width * done / max(self.total, 1))
+        sys.stderr.write(f"\rtuning {self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def time_config(run: Callable[[dict], None], cfg: dict) -> float:
+    """Median ms of ``run(cfg)``; inf if the config fails (e.g. out of shared memory)."""
+    import triton.testing
+    try:
+        run(cfg)  # compile outside the timed region
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=25, return_mode="median"))
+    except Exception as exc:  # a candidate that cannot compile or launch is skipped
+        if config.log_level() >= 1:
+            print(f"flyarray tuning: candidate {cfg} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return float("inf")
+
+
+def tune(kernel: str, key: str, candidates: list, run: Callable[[dict], None], default: dict) -> dict:
+    """The fastest of ``candidates`` for ``key`` (timed once, then remembered on disk).
+
+    ``run(cfg)`` launches the kernel with ``cfg`` on the real inputs. Output
+    buffers are overwritten by every candidate, so the caller's result is
+    whatever the final launch (with the winning config) writes.
+    """
+    table = load(kernel)
+    if key in table:
+        return table[key]
+    if not torch.cuda.is_available():
+        return default  # never tune on the CPU / interpreter
+    progress = _Progress(key, len(candidates))
+    timings = []
+    for i, cfg in enumerate(candidates):
+        timings.append(time_config(run, cfg))
+        progress.step(i + 1)
+    progress.close()
+    best_ms, best = min(zip(timings, range(len(candidates))))
+    chosen = candidates[best] if best_ms != float("inf") else default
+    if config.log_level() >= 1:
+        print(f"flyarray tuning: {key} -> {chosen} ({best_ms:.4f} ms)", file=sys.stderr)
+    save(kernel, key, chosen)
+    return chosen
