@@ -29,18 +29,23 @@ from flyarray.targets import KernelSpec
 # elems_per_thread: sets num_warps = tile / (elems_per_thread * warp size); 16 bf16 = two 16-byte loads.
 # max_single_block: the longest row done in one pass; longer rows loop in `chunk`-sized pieces.
 # bwd_programs_per_sm: how many programs share the rows in backward (each writes one dweight partial row).
+# bwd_elems_per_thread: backward keeps dy, h, weight and the dweight accumulator live, so it spreads a
+#   row over twice the threads to stay clear of spills and keep two programs per SM.
 CONFIGS = {
     "sm_90": {  # 32-lane warps, 64 warps/SM: 8 programs of 8 warps keep ~64 KiB of loads in flight per SM
         "warp_size": 32, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "bwd_programs_per_sm": 4,
+        "bwd_elems_per_thread": 8,
     },
     "gfx950": {  # wave64, 160 KiB LDS (only the cross-wave reduction uses it): 4 waves = 256 lanes per 4096 row
         "warp_size": 64, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "bwd_programs_per_sm": 4,
+        "bwd_elems_per_thread": 8,
     },
     "default": {
         "warp_size": 32, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "bwd_programs_per_sm": 4,
+        "bwd_elems_per_thread": 8,
     },
 }
 
@@ -236,7 +241,7 @@ def _warps_for(tile_elems: int, cfg: dict) -> int:
     return max(1, min(16, next_pow2(warps)))
 
 
-def _plan(M: int, N: int, arch: str, block_n: int | None) -> dict:
+def _plan(M: int, N: int, arch: str, block_n: int | None, backward: bool = False) -> dict:
     """Block shape and warps for an (M, N) problem. `block_n` forces the longest one-pass
     row (and the loop chunk), so tests can reach the looped kernels with tiny rows."""
     cfg = pick_config(CONFIGS, arch)
@@ -244,6 +249,8 @@ def _plan(M: int, N: int, arch: str, block_n: int | None) -> dict:
     if N <= max_single:
         block = next_pow2(N)
         rows = max(1, min(cfg["tile_elems"] // block, cfg["max_rows"], next_pow2(M)))
+        if backward:
+            cfg = {**cfg, "elems_per_thread": cfg["bwd_elems_per_thread"]}
         return {"looped": False, "BLOCK_M": rows, "BLOCK_N": block, "num_warps": _warps_for(rows * block, cfg)}
     chunk = next_pow2(block_n or cfg["chunk"])
     return {"looped": True, "BLOCK_M": 1, "BLOCK_N": chunk, "num_warps": cfg["looped_warps"]}
@@ -312,7 +319,7 @@ def rms_norm_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None,
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx.reshape(h.shape), dw
     extra2 = _rows_view(dh_extra, N) if dh_extra is not None else dy2
-    plan = _plan(M, N, current_arch(h.device), block_n)
+    plan = _plan(M, N, current_arch(h.device), block_n, backward=True)
     cfg = pick_config(CONFIGS, current_arch(h.device))
     programs = num_programs or _sm_count(h.device) * cfg["bwd_programs_per_sm"]
     programs = max(1, min(programs, triton.cdiv(M, plan["BLOCK_M"])))
@@ -342,11 +349,12 @@ def rms_norm_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None,
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """Differentiable fused (residual add +) RMSNorm. forward returns (y, h); h is x when no
-    residual is given (returned as a view-free alias only through the wrapper)."""
+    """Differentiable fused (residual add +) RMSNorm: apply(x, weight, residual, eps) returns
+    y, or (y, h) when a residual is given; gradients for x, weight and residual."""
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps):
+        ctx.set_materialize_grads(False)  # an unused h output sends None, not a tensor of zeros to read
         y, h, rstd = rms_norm_fwd(x, weight, eps, residual)
         ctx.has_residual = residual is not None
         ctx.save_for_backward(h if h is not None else x, weight, rstd)
@@ -358,6 +366,8 @@ class RMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy, *maybe_dh):
         h, weight, rstd = ctx.saved_tensors
         dh_extra = maybe_dh[0] if maybe_dh else None
+        if dy is None:  # only h was used downstream
+            dy = torch.zeros_like(h)
         dx, dw = rms_norm_bwd(dy, h, weight, rstd, dh_extra)
         need_w = weight is not None and ctx.needs_input_grad[1]
         dres = dx if ctx.has_residual and ctx.needs_input_grad[2] else None
@@ -405,7 +415,7 @@ def compile_specs() -> list:
         {"HAS_RESIDUAL": False, "HAS_WEIGHT": True, "BLOCK_M": 16, "BLOCK_N": 256}, num_warps=8))
     specs.append(KernelSpec(
         "rms_norm_bwd_rows_bf16_4096", _rms_norm_bwd_rows_kernel, _bwd_signature("bf16", rows=True),
-        {"HAS_WEIGHT": True, "HAS_EXTRA": True, "BLOCK_M": 1, "BLOCK_N": 4096}, num_warps=8))
+        {"HAS_WEIGHT": True, "HAS_EXTRA": True, "BLOCK_M": 1, "BLOCK_N": 4096}, num_warps=16))
     specs.append(KernelSpec(
         "rms_norm_bwd_looped_bf16", _rms_norm_bwd_looped_kernel, _bwd_signature("bf16", rows=False),
         {"HAS_WEIGHT": True, "HAS_EXTRA": False, "BLOCK_N": 4096}, num_warps=8))

@@ -69,9 +69,10 @@ def _softmax_rows_kernel(x_ptr, y_ptr, M, N, x_stride, y_stride,
     """BLOCK_M whole rows per program: one read, one write."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows64 * x_stride + cols[None, :], mask=mask, other=_NEG_INF,
+    col_ok = (cols < N)[None, :]
+    # rows past M re-read row M-1 (never stored) so they hold no NaN or 0/0
+    rows64 = tl.minimum(rows, M - 1).to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows64 * x_stride + cols[None, :], mask=col_ok, other=_NEG_INF,
                 eviction_policy="evict_first").to(tl.float32)
     m = tl.reduce(x, 1, _MAX)
     m = tl.where(m == _NEG_INF, 0.0, m)  # an all -inf row: exp gives 0, 0/0 gives NaN as torch does
@@ -81,6 +82,7 @@ def _softmax_rows_kernel(x_ptr, y_ptr, M, N, x_stride, y_stride,
         y = x - (m + tl.log(s))[:, None]
     else:
         y = e * (1.0 / s)[:, None]
+    mask = (rows < M)[:, None] & col_ok
     tl.store(y_ptr + rows64 * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
