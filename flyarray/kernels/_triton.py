@@ -9,6 +9,7 @@ interpreter, so ``runner`` wraps the plain Python function of the kernel in an
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 import triton
@@ -17,7 +18,26 @@ from triton.runtime.interpreter import InterpretedFunction
 
 @functools.lru_cache(maxsize=None)
 def _interpreted(kernel) -> InterpretedFunction:
-    return InterpretedFunction(kernel.fn)
+    return InterpretedFunction(_with_interpreted_globals(kernel.fn, {}))
+
+
+def _with_interpreted_globals(fn, memo: dict):
+    """``fn`` re-bound to a copy of its globals where every @triton.jit helper is interpreted too.
+
+    The interpreter only rewrites the kernel it is handed; a nested @triton.jit
+    call would otherwise refuse to run outside a compiled kernel. Copying the
+    globals (rather than patching the module) keeps the compiled path intact.
+    """
+    if fn in memo:
+        return memo[fn]
+    env = dict(fn.__globals__)
+    clone = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
+    clone.__kwdefaults__ = fn.__kwdefaults__
+    memo[fn] = clone
+    for name, value in list(env.items()):
+        if isinstance(value, triton.runtime.JITFunction):
+            env[name] = InterpretedFunction(_with_interpreted_globals(value.fn, memo))
+    return clone
 
 
 def runner(kernel, device: torch.device):
