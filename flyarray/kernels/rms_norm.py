@@ -52,15 +52,11 @@ CONFIGS = {
 
 # ----------------------------------------------------------------------------- kernels
 
-# Reductions go through tl.reduce with Triton's own combine function rather than tl.sum:
-# tl.sum is itself a @jit function, which a kernel interpreted by `runner` (without
-# TRITON_INTERPRET set globally) cannot call, while the interpreter reduces with numpy
-# when it sees exactly this combine function. Compiled code is the same as tl.sum's.
-_ADD = getattr(tl.standard, "_sum_combine", None)
-if _ADD is None:  # pragma: no cover - older/newer Triton without the private name
-    @triton.jit
-    def _ADD(a, b):
-        return a + b
+# Reductions are written tl.reduce(x, axis, tl.standard._sum_combine / _elementwise_max)
+# rather than tl.sum / tl.max: those are @jit functions themselves, which a kernel run by
+# `runner`'s interpreter cannot call, while the interpreter reduces with numpy when it
+# sees exactly these combine functions (named by attribute, so runner leaves them as they
+# are). The compiled code is the same as tl.sum's / tl.max's on floats.
 
 
 @triton.jit
@@ -84,7 +80,7 @@ def _rms_norm_fwd_rows_kernel(
         h = (x + r).to(h_ptr.dtype.element_ty)  # rounded as torch rounds x + residual
         tl.store(h_ptr + rows64 * h_stride + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)
-    rstd = tl.rsqrt(tl.reduce(x * x, 1, _ADD) / N + eps)
+    rstd = tl.rsqrt(tl.reduce(x * x, 1, tl.standard._sum_combine) / N + eps)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
     y = x * rstd[:, None]
     if HAS_WEIGHT:
@@ -116,7 +112,7 @@ def _rms_norm_fwd_looped_kernel(
             tl.store(h_row + cols, h, mask=mask)
             x = h.to(tl.float32)
         acc += x * x
-    rstd = tl.rsqrt(tl.reduce(acc, 0, _ADD) / N + eps)
+    rstd = tl.rsqrt(tl.reduce(acc, 0, tl.standard._sum_combine) / N + eps)
     tl.store(rstd_ptr + row, rstd)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
@@ -161,7 +157,7 @@ def _rms_norm_bwd_rows_kernel(
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
         xhat = h * rstd[:, None]
         g = dy * w[None, :] if HAS_WEIGHT else dy
-        c = tl.reduce(g * xhat, 1, _ADD) / N
+        c = tl.reduce(g * xhat, 1, tl.standard._sum_combine) / N
         dx = (g - xhat * c[:, None]) * rstd[:, None]
         if HAS_EXTRA:
             dx += tl.load(dhx_ptr + rows64 * dhx_stride + cols[None, :], mask=mask, other=0.0,
@@ -170,7 +166,7 @@ def _rms_norm_bwd_rows_kernel(
         if HAS_WEIGHT:
             dw_acc += dy * xhat
     if HAS_WEIGHT:
-        tl.store(dw_part_ptr + pid.to(tl.int64) * N + cols, tl.reduce(dw_acc, 0, _ADD), mask=col_ok)
+        tl.store(dw_part_ptr + pid.to(tl.int64) * N + cols, tl.reduce(dw_acc, 0, tl.standard._sum_combine), mask=col_ok)
 
 
 @triton.jit
@@ -199,7 +195,7 @@ def _rms_norm_bwd_looped_kernel(
             if HAS_WEIGHT:
                 g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             acc += g * h
-        c = tl.reduce(acc, 0, _ADD) * rstd / N  # mean(g * xhat)
+        c = tl.reduce(acc, 0, tl.standard._sum_combine) * rstd / N  # mean(g * xhat)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < N
@@ -230,7 +226,7 @@ def _sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N
         rows = first + tl.arange(0, BLOCK_P)
         mask = (rows < P)[:, None] & col_ok[None, :]
         acc += tl.load(part_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + cols, tl.reduce(acc, 0, _ADD).to(out_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(out_ptr + cols, tl.reduce(acc, 0, tl.standard._sum_combine).to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 # ----------------------------------------------------------------------------- planning

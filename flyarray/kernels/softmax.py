@@ -43,19 +43,11 @@ CONFIGS = {
     },
 }
 
-# Reductions use tl.reduce with Triton's own combine functions instead of tl.sum/tl.max:
-# those are @jit functions that a kernel interpreted by `runner` cannot call, and the
-# interpreter reduces with numpy when it sees exactly these combine functions.
-_ADD = getattr(tl.standard, "_sum_combine", None)
-_MAX = getattr(tl.standard, "_elementwise_max", None)
-if _ADD is None:  # pragma: no cover - a Triton without the private names
-    @triton.jit
-    def _ADD(a, b):
-        return a + b
-if _MAX is None:  # pragma: no cover
-    @triton.jit
-    def _MAX(a, b):
-        return tl.maximum(a, b)
+# Reductions are written tl.reduce(x, axis, tl.standard._sum_combine / _elementwise_max)
+# rather than tl.sum / tl.max: those are @jit functions themselves, which a kernel run by
+# `runner`'s interpreter cannot call, while the interpreter reduces with numpy when it
+# sees exactly these combine functions (named by attribute, so runner leaves them as they
+# are). The compiled code is the same as tl.sum's / tl.max's on floats.
 
 _NEG_INF = tl.constexpr(float("-inf"))  # a jit function may only read constexpr globals
 
@@ -74,10 +66,10 @@ def _softmax_rows_kernel(x_ptr, y_ptr, M, N, x_stride, y_stride,
     rows64 = tl.minimum(rows, M - 1).to(tl.int64)[:, None]
     x = tl.load(x_ptr + rows64 * x_stride + cols[None, :], mask=col_ok, other=_NEG_INF,
                 eviction_policy="evict_first").to(tl.float32)
-    m = tl.reduce(x, 1, _MAX)
+    m = tl.reduce(x, 1, tl.standard._elementwise_max)
     m = tl.where(m == _NEG_INF, 0.0, m)  # an all -inf row: exp gives 0, 0/0 gives NaN as torch does
     e = tl.exp(x - m[:, None])
-    s = tl.reduce(e, 1, _ADD)
+    s = tl.reduce(e, 1, tl.standard._sum_combine)
     if LOG:
         y = x - (m + tl.log(s))[:, None]
     else:
@@ -110,9 +102,9 @@ def _softmax_online_kernel(x_ptr, y_ptr, m_part_ptr, s_part_ptr, N, x_stride, y_
         m_ref = tl.where(m_new == _NEG_INF, 0.0, m_new)  # lanes that saw only -inf keep s = 0, not NaN
         s = s * tl.exp(m - m_ref) + tl.exp(x - m_ref)
         m = m_new
-    m_row = tl.reduce(m, 0, _MAX)
+    m_row = tl.reduce(m, 0, tl.standard._elementwise_max)
     m_row = tl.where(m_row == _NEG_INF, 0.0, m_row)
-    s_row = tl.reduce(s * tl.exp(m - m_row), 0, _ADD)
+    s_row = tl.reduce(s * tl.exp(m - m_row), 0, tl.standard._sum_combine)
     if WRITE:
         y_row = y_ptr + row * y_stride
         inv_s = 1.0 / s_row
@@ -142,9 +134,9 @@ def _softmax_segment_write_kernel(x_ptr, y_ptr, m_part_ptr, s_part_ptr, N, x_str
     seg_ok = segs < num_seg
     m_seg = tl.load(m_part_ptr + row * num_seg + segs, mask=seg_ok, other=_NEG_INF)
     s_seg = tl.load(s_part_ptr + row * num_seg + segs, mask=seg_ok, other=0.0)
-    m_row = tl.reduce(m_seg, 0, _MAX)
+    m_row = tl.reduce(m_seg, 0, tl.standard._elementwise_max)
     m_row = tl.where(m_row == _NEG_INF, 0.0, m_row)
-    s_row = tl.reduce(s_seg * tl.exp(m_seg - m_row), 0, _ADD)
+    s_row = tl.reduce(s_seg * tl.exp(m_seg - m_row), 0, tl.standard._sum_combine)
     inv_s = 1.0 / s_row
     log_z = m_row + tl.log(s_row)
     begin = (pid % num_seg) * seg_len
@@ -177,9 +169,9 @@ def _softmax_bwd_rows_kernel(dy_ptr, y_ptr, dx_ptr, M, N, dy_stride, y_stride, d
     y = tl.load(y_ptr + rows64 * y_stride + cols[None, :], mask=mask, other=0.0,
                 eviction_policy="evict_first").to(tl.float32)
     if LOG:
-        dx = dy - tl.exp(y) * tl.reduce(dy, 1, _ADD)[:, None]
+        dx = dy - tl.exp(y) * tl.reduce(dy, 1, tl.standard._sum_combine)[:, None]
     else:
-        dx = y * (dy - tl.reduce(dy * y, 1, _ADD)[:, None])
+        dx = y * (dy - tl.reduce(dy * y, 1, tl.standard._sum_combine)[:, None])
     tl.store(dx_ptr + rows64 * dx_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -199,7 +191,7 @@ def _softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, M, N, dy_stride, y_stride,
         else:
             acc += dy * tl.load(y_ptr + row * y_stride + cols, mask=mask, other=0.0,
                                 eviction_policy="evict_last").to(tl.float32)
-    c = tl.reduce(acc, 0, _ADD)
+    c = tl.reduce(acc, 0, tl.standard._sum_combine)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
