@@ -110,30 +110,51 @@ def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn,
 
 
 @triton.jit
+def _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
+                   res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, WIDTH: tl.constexpr, HALVES: tl.constexpr,
+                   A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr):
+    """The epilogue on columns [col0, col0 + WIDTH) of a tile, as one piece or
+    (HALVES) as its two column halves one after the other."""
+    if HALVES:
+        HALF: tl.constexpr = WIDTH // 2
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
+        _epilogue_store(lo, offs_m, col0 + tl.arange(0, HALF), M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
+                        s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
+                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+        _epilogue_store(hi, offs_m, col0 + HALF + tl.arange(0, HALF), M, N, c_ptr, s_cm, s_cn, bias_ptr,
+                        s_biasm, s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE,
+                        B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+    else:
+        _epilogue_store(acc, offs_m, col0 + tl.arange(0, WIDTH), M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
+                        s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
+                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+
+
+@triton.jit
 def _epilogue(acc, offs_m, pid_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
               res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr,
               BLOCK_N: tl.constexpr, EPI_SPLIT: tl.constexpr,
               A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
               ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr):
-    """The epilogue on a full tile, or (EPI_SPLIT=2) on its two column halves one
-    after the other: half the pointer/operand tiles live at once, so a 128x256
-    fp32 accumulator does not push the epilogue into spills."""
-    if EPI_SPLIT == 2:
-        HALF: tl.constexpr = BLOCK_N // 2
-        halves = tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1))
-        acc_lo, acc_hi = tl.split(halves)
-        offs_lo = pid_n * BLOCK_N + tl.arange(0, HALF)
-        _epilogue_store(acc_lo, offs_m, offs_lo, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
-                        res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE, HAS_BIAS,
-                        ACTIVATION, HAS_RESIDUAL, INDEX_64)
-        _epilogue_store(acc_hi, offs_m, offs_lo + HALF, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
-                        s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
-                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+    """The epilogue on a full tile, or on EPI_SPLIT (2 or 4) column chunks one
+    after the other: the pointer and operand tiles of only one chunk live at
+    once (they sit in the MMA layout, one 64-bit pointer per element), so a
+    large fp32 accumulator does not push the epilogue into spills."""
+    col0 = pid_n * BLOCK_N
+    if EPI_SPLIT == 1:
+        _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn, res_ptr,
+                       s_rm, s_rn, a_scale_ptr, b_scale_ptr, BLOCK_N, False, A_SCALE, B_SCALE, HAS_BIAS,
+                       ACTIVATION, HAS_RESIDUAL, INDEX_64)
     else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
-                        res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE, HAS_BIAS,
-                        ACTIVATION, HAS_RESIDUAL, INDEX_64)
+        HALF: tl.constexpr = BLOCK_N // 2
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
+        _epilogue_cols(lo, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn, res_ptr,
+                       s_rm, s_rn, a_scale_ptr, b_scale_ptr, HALF, EPI_SPLIT == 4, A_SCALE, B_SCALE,
+                       HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+        _epilogue_cols(hi, offs_m, col0 + HALF, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
+                       res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, HALF, EPI_SPLIT == 4, A_SCALE,
+                       B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
 
 
 @triton.jit
@@ -340,15 +361,18 @@ def _cfg(bm, bn, bk, group_m, warps, stages, split_k=1, **extra):
 
 
 # Keyed arch -> shape class -> dtype class ('16': fp16/bf16, 'fp8', 'fp32').
+# FALLBACK: the config to use where TMA cannot be (pointer loads of a 128x256
+# tile need more registers than sm_90 has: cross-compiled, it spills).
 # sm_90: 128x256 tiles with 2 warpgroups feed wgmma at full width; decode is
 # memory bound: 16-row tiles with deep K stages keep enough bytes in flight.
 # gfx950: 256x128x64 with 8 waves, two LDS stages (~100 KiB of the 160 KiB LDS);
 # 256x256 spills there (cross-compiled). gfx942 has 64 KiB of LDS: smaller tiles.
 CONFIGS = {
     "sm_90": {
-        "square": {"16": _cfg(128, 256, 64, 8, 8, 3), "fp8": _cfg(128, 256, 128, 8, 8, 3),
+        "square": {"16": _cfg(128, 256, 64, 8, 8, 3, FALLBACK=_cfg(128, 128, 64, 8, 8, 4)),
+                   "fp8": _cfg(128, 256, 128, 8, 8, 3, FALLBACK=_cfg(128, 128, 128, 8, 8, 4)),
                    "fp32": _cfg(128, 128, 32, 8, 8, 3)},
-        "tall": {"16": _cfg(128, 128, 64, 8, 4, 4), "fp8": _cfg(128, 128, 128, 8, 4, 4),
+        "tall": {"16": _cfg(128, 128, 64, 8, 8, 4), "fp8": _cfg(128, 128, 128, 8, 8, 4),
                  "fp32": _cfg(64, 128, 32, 8, 4, 3)},
         "decode": {"16": _cfg(16, 64, 128, 1, 4, 5), "fp8": _cfg(16, 64, 256, 1, 4, 5),
                    "fp32": _cfg(16, 64, 64, 1, 4, 4)},
@@ -541,6 +565,14 @@ def _num_programs(device: torch.device, arch: str, cfg: dict) -> int:
     return sms * per_sm
 
 
+def _default_epi_split(cfg: dict) -> int:
+    """Epilogue column chunks: enough that one chunk is at most 128x64."""
+    area = cfg["BLOCK_M"] * cfg["BLOCK_N"]
+    if cfg["BLOCK_N"] >= 128 and area >= 128 * 256:
+        return 4
+    return 2 if cfg["BLOCK_N"] >= 64 and area >= 128 * 128 else 1
+
+
 def _span(t: torch.Tensor) -> int:
     """One past the largest element offset a view reaches within one batch (the
     last two dims); batch offsets are int64 in the kernel anyway."""
@@ -574,6 +606,8 @@ def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
         if a_layout is not None and b_layout is not None:
             use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
             _ensure_tma_allocator()
+    if not use_tma and "FALLBACK" in cfg:
+        cfg = cfg["FALLBACK"]
     ws = (torch.empty((split_k, batch, M, N), dtype=torch.float32, device=device)
           if split_k > 1 else dummy)
     tiles = batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
@@ -584,7 +618,7 @@ def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
     epilogue = dict(A_SCALE=a_mode, B_SCALE=b_mode, HAS_BIAS=bias is not None,
                     ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=res is not None)
     index_64 = max(_span(t) for t in (a, b, out, bias, res) if t is not None) >= 2**31
-    epi_split = int(cfg.get("EPI_SPLIT", 2 if cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 128 * 256 else 1))
+    epi_split = int(cfg.get("EPI_SPLIT", _default_epi_split(cfg)))
     epilogue["INDEX_64"] = index_64
     hip_extra = {k: cfg[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in cfg}
     launch(_gemm_kernel, device, (programs,),
@@ -716,7 +750,7 @@ def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=
                 "ws_ptr": torch.float32}
     constexprs = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                       GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg["SPLIT_K"], EVEN_M=True, EVEN_N=True, EVEN_K=True,
-                      INDEX_64=False, EPI_SPLIT=2 if cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 128 * 256 else 1,
+                      INDEX_64=False, EPI_SPLIT=_default_epi_split(cfg),
                       A_SCALE=scales, B_SCALE=scales, HAS_BIAS=bias, ACTIVATION=ACTIVATIONS[activation],
                       HAS_RESIDUAL=residual, DOT_PRECISION="ieee", USE_TMA=tma, A_KMAJOR=True,
                       B_KMAJOR=b_kmajor)
@@ -738,18 +772,24 @@ def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=
 def compile_specs(target: Optional[str] = None) -> list:
     """Representative specializations with ``target``'s configs (default: gfx950's):
     bf16/fp16 square tiles with fused epilogues, decode tiles, fp8 e4m3 with
-    per-row scales; for sm_90 also the TMA-descriptor variant."""
-    table = CONFIGS.get(target or "gfx950", CONFIGS["default"])
+    per-row scales. On sm_90 the square ones are the TMA variant (what runs for
+    aligned 2-D operands) plus the pointer-load fallback."""
+    arch = target or "gfx950"
+    table = CONFIGS.get(arch, CONFIGS["default"])
+    tma = arch == "sm_90" and HAS_TENSOR_DESCRIPTORS
     bf16, fp16, e4m3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+    sq16, sq8 = table["square"]["16"], table["square"]["fp8"]
     specs = [
-        _spec("gemm_bf16_square_bias_silu", bf16, bf16, table["square"]["16"], activation="silu", bias=True),
-        _spec("gemm_fp16_square_residual", fp16, fp16, table["square"]["16"], residual=True),
+        _spec("gemm_bf16_square_bias_silu", bf16, bf16, sq16, activation="silu", bias=True, tma=tma),
+        _spec("gemm_fp16_square_bias_gelu_residual", fp16, fp16, sq16, activation="gelu", bias=True,
+              residual=True, tma=tma),
         _spec("gemm_bf16_decode", bf16, bf16, table["decode"]["16"]),
-        _spec("gemm_fp8e4m3_square_rowscale", e4m3, torch.bfloat16, table["square"]["fp8"],
-              scales=SCALE_VECTOR, b_kmajor=True),
+        _spec("gemm_bf16_decode_splitk", bf16, bf16, dict(table["decode"]["16"], SPLIT_K=4)),
+        _spec("gemm_fp8e4m3_square_rowscale", e4m3, bf16, sq8, scales=SCALE_VECTOR, b_kmajor=True, tma=tma),
     ]
-    if target == "sm_90" and HAS_TENSOR_DESCRIPTORS:
-        specs.append(_spec("gemm_bf16_square_tma", bf16, bf16, table["square"]["16"], tma=True))
-        specs.append(_spec("gemm_fp8e4m3_square_tma", e4m3, torch.bfloat16, table["square"]["fp8"],
-                           tma=True, b_kmajor=True, scales=SCALE_TENSOR))
+    if tma:
+        specs.append(_spec("gemm_bf16_square_pointer_residual", bf16, bf16, sq16["FALLBACK"],
+                           activation="silu", bias=True, residual=True))
+        specs.append(_spec("gemm_fp8e4m3_square_pointer", e4m3, bf16, sq8["FALLBACK"],
+                           scales=SCALE_TENSOR, b_kmajor=True))
     return specs
