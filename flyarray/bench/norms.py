@@ -100,6 +100,44 @@ def softmax_cases(device, small):
     return cases
 
 
+PROBE_SIZES = {"rms": (32768, 4096), "softmax": (16384, 8192), "long": (64, 1 << 20)}
+
+
+def config_variants(device, small, sizes=PROBE_SIZES):
+    """The same rows with other configs (no torch.compile column): one GPU run then says
+    which config the tables should hold. Real sizes only (`sizes` lets a CPU test shrink them)."""
+    if small:
+        return []
+    out = []
+    m, n = sizes["rms"]
+    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x, r, w = _randn((m, n), dt, device, 0), _randn((m, n), dt, device, 1), _randn((n,), dt, device, 2)
+    size = x.element_size()
+    for cfg in ({"num_warps": 4}, {"num_warps": 16}, {"BLOCK_M": 2, "num_warps": 8}, {"BLOCK_M": 2, "num_warps": 16}):
+        out.append(Case(
+            name=f"  rms_norm {cfg}", ours=lambda cfg=cfg: rms_norm_fwd(x, w, EPS, config=cfg)[0],
+            eager=lambda: _eager_rms_norm(x, w), bytes_moved=(2 * m * n + n) * size, goal="config probe"))
+    for cfg in ({"num_warps": 4}, {"num_warps": 16}):
+        out.append(Case(
+            name=f"  add+rms_norm {cfg}",
+            ours=lambda cfg=cfg: (lambda y, h, _: (h, y))(*rms_norm_fwd(x, w, EPS, r, config=cfg)),
+            eager=lambda: _eager_add_rms_norm(x, r, w), bytes_moved=(4 * m * n + n) * size, goal="config probe"))
+    xs = _randn(sizes["softmax"], dt, device, 3)
+    for cfg in ({"num_warps": 4}, {"num_warps": 8}, {"num_warps": 32}):
+        out.append(Case(
+            name=f"  softmax {xs.shape[0]}x{xs.shape[1]} {cfg}", ours=lambda cfg=cfg: softmax(xs, -1, config=cfg),
+            eager=lambda: torch.softmax(xs, -1), bytes_moved=2 * xs.numel() * xs.element_size(), goal="config probe"))
+    xl = _randn(sizes["long"], torch.float32, device, 4)
+    for label, kw in (("one program per row", {"num_segments": 1}), ("8 segments", {"num_segments": 8}),
+                      ("128 segments", {"num_segments": 128}),
+                      ("chunk 8192 x16 warps", {"block_n": 8192, "config": {"num_warps": 16}}),
+                      ("chunk 2048 x4 warps", {"block_n": 2048, "config": {"num_warps": 4}})):
+        out.append(Case(
+            name=f"  softmax {xl.shape[0]}x{xl.shape[1]} {label}", ours=lambda kw=kw: softmax(xl, -1, **kw),
+            eager=lambda: torch.softmax(xl, -1), bytes_moved=8 * xl.numel(), goal="config probe"))
+    return out
+
+
 def cases(device, small):
     device = torch.device(device)
-    return rms_norm_cases(device, small) + softmax_cases(device, small)
+    return rms_norm_cases(device, small) + softmax_cases(device, small) + config_variants(device, small)

@@ -32,14 +32,17 @@ CONFIGS = {
     "sm_90": {  # 8192 bf16 per row -> 16 warps x 16 elements: two 16-byte loads per thread
         "warp_size": 32, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "programs_per_sm": 4,
+        "segment_elems": 32768,
     },
     "gfx950": {  # wave64: the same tile needs half as many waves
         "warp_size": 64, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "programs_per_sm": 4,
+        "segment_elems": 32768,
     },
     "default": {
         "warp_size": 32, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "programs_per_sm": 4,
+        "segment_elems": 32768,
     },
 }
 
@@ -109,7 +112,10 @@ def _softmax_online_kernel(x_ptr, y_ptr, m_part_ptr, s_part_ptr, N, x_stride, y_
         y_row = y_ptr + row * y_stride
         inv_s = 1.0 / s_row
         log_z = m_row + tl.log(s_row)
-        for start in range(0, N, BLOCK_N):
+        # last chunk first: the most recently read chunks are the likeliest still in L2
+        num_chunks = (N + BLOCK_N - 1) // BLOCK_N
+        for i in range(0, num_chunks):
+            start = (num_chunks - 1 - i) * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             mask = cols < N
             x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -143,7 +149,10 @@ def _softmax_segment_write_kernel(x_ptr, y_ptr, m_part_ptr, s_part_ptr, N, x_str
     end = tl.minimum(begin + seg_len, N)
     x_row = x_ptr + row.to(tl.int64) * x_stride
     y_row = y_ptr + row.to(tl.int64) * y_stride
-    for start in range(begin, end, BLOCK_N):
+    # last chunk first: the most recently read chunks are the likeliest still in L2
+    num_chunks = (end - begin + BLOCK_N - 1) // BLOCK_N
+    for i in range(0, num_chunks):
+        start = begin + (num_chunks - 1 - i) * BLOCK_N
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < end
         x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -192,7 +201,10 @@ def _softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, M, N, dy_stride, y_stride,
             acc += dy * tl.load(y_ptr + row * y_stride + cols, mask=mask, other=0.0,
                                 eviction_policy="evict_last").to(tl.float32)
     c = tl.reduce(acc, 0, tl.standard._sum_combine)
-    for start in range(0, N, BLOCK_N):
+    # last chunk first: the most recently read chunks are the likeliest still in L2
+    num_chunks = (N + BLOCK_N - 1) // BLOCK_N
+    for i in range(0, num_chunks):
+        start = (num_chunks - 1 - i) * BLOCK_N
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
         dy = tl.load(dy_ptr + row * dy_stride + cols, mask=mask, other=0.0,
@@ -228,12 +240,13 @@ def _plan(M: int, N: int, arch: str, block_n: int | None) -> dict:
 
 
 def _segments(M: int, N: int, chunk: int, arch: str, device: torch.device, num_segments: int | None):
-    """(num_seg, seg_len): enough segments per row that M * num_seg programs fill the GPU;
-    each segment a whole number of chunks."""
+    """(num_seg, seg_len): one segment per row when there are rows enough to fill the GPU,
+    else segments of about `segment_elems`; each segment a whole number of chunks."""
     if num_segments is None:
         cfg = pick_config(CONFIGS, arch)
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-        num_segments = triton.cdiv(cfg["programs_per_sm"] * sms, M)
+        few_rows = M < cfg["programs_per_sm"] * sms
+        num_segments = triton.cdiv(N, max(chunk, cfg["segment_elems"])) if few_rows else 1
     num_segments = max(1, min(num_segments, triton.cdiv(N, chunk)))
     seg_len = triton.cdiv(triton.cdiv(N, num_segments), chunk) * chunk
     return triton.cdiv(N, seg_len), seg_len
@@ -265,18 +278,19 @@ def _last_axis_rows(x: torch.Tensor, axis: int):
 
 
 def softmax(x: torch.Tensor, axis: int = -1, log: bool = False, *, block_n: int | None = None,
-            num_segments: int | None = None) -> torch.Tensor:
+            num_segments: int | None = None, config: dict | None = None) -> torch.Tensor:
     """softmax (or log_softmax with log=True) of x along `axis`, in x's dtype, fp32 inside.
 
-    `block_n` and `num_segments` override the planner (tests use them to reach the looped
-    and the segmented kernels with tiny rows)."""
+    `block_n` (longest one-block row and loop chunk), `num_segments` and `config`
+    ({"num_warps", "BLOCK_M"}) override the planner: tests use them to reach the looped
+    and segmented kernels with tiny rows, the benchmark to compare configs."""
     x2, restore = _last_axis_rows(x, axis)
     M, N = x2.shape
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return restore(y)
     arch = current_arch(x.device)
-    plan = _plan(M, N, arch, block_n)
+    plan = {**_plan(M, N, arch, block_n), **(config or {})}
     if not plan["looped"]:
         runner(_softmax_rows_kernel, x.device)[(triton.cdiv(M, plan["BLOCK_M"]),)](
             x2, y, M, N, x2.stride(0), y.stride(0),

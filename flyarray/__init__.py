@@ -1,0 +1,73 @@
+"""flyarray: lazy, fused, JAX-style arrays on Triton, with zero-copy torch interop.
+
+    import flyarray as fa
+    x = fa.asarray(torch_tensor)         # same memory, no copy
+    y = fa.nn.softmax(x * 2.0)           # recorded, not run
+    torch.from_dlpack(y)                 # one fused kernel, no copy out
+"""
+import os as _os
+
+_os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; this is its default
+
+from . import dtypes as _dtypes  # noqa: E402
+from ._array import Array  # noqa: E402
+from .dtypes import (DType, bfloat16, bool_, finfo, float8_e4m3fn, float8_e5m2, float16, float32, float64,  # noqa: E402
+                     iinfo, int8, int16, int32, int64, uint8)
+from .ops import *  # noqa: E402,F401,F403
+from .ops import nn  # noqa: E402
+from .runtime import reset_stats, set_backend, stats  # noqa: E402
+
+bool = bool_  # the array API spells it fa.bool
+__version__ = "0.1.0"
+
+
+def result_type(*args):
+    return _dtypes.result_type(*[a.dtype if isinstance(a, Array) else _dtypes.dtype(a)
+                                 if not isinstance(a, (int, float, bool)) else a for a in args])
+
+
+def can_cast(from_, to):
+    from_, to = _dtypes.dtype(from_), _dtypes.dtype(to)
+    try:
+        return _dtypes.promote(from_, to) == to
+    except TypeError:
+        return False
+
+
+def eval(*arrays):
+    """Compute the given arrays now (one schedule for all of them, so shared work runs once)."""
+    from .runtime import realize
+    flat = [a for a in arrays if isinstance(a, Array)]
+    realize(flat)
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def inspect(fn, *args, target="gfx950", **kwargs):
+    """Compile the kernels that ``fn(*args)`` would launch for ``target`` (from any machine)."""
+    from .inspection import inspect as _inspect
+    return _inspect(fn, *args, target=target, **kwargs)
+
+
+def _import_interop():
+    """``interop/`` ships as ``flyarray.interop`` (pyproject's package-dir); from a source tree, map it here."""
+    import importlib.util
+    import sys
+    name = __name__ + ".interop"
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        root = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "interop")
+        spec = importlib.util.spec_from_file_location(name, _os.path.join(root, "__init__.py"),
+                                                      submodule_search_locations=[root])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+def __getattr__(attr):
+    if attr == "interop":
+        return _import_interop()
+    raise AttributeError(f"module 'flyarray' has no attribute {attr!r}")

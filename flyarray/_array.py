@@ -1,0 +1,233 @@
+"""Array: an immutable, lazy handle on a graph node.
+
+Nothing computes when an op is recorded. Evaluation is triggered only by
+``fa.eval``, ``block_until_ready`` and data access (``__repr__``,
+``__array__``, ``__dlpack__``, ``item``, ``tolist``, ``__bool__``,
+``__int__``, ``__float__``, ``__index__``, ``__complex__``) -- that list is
+the whole of it (docs/semantics.md).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import dtypes as _dt
+from .ir import Node
+
+
+class Array:
+    __slots__ = ("_node", "__weakref__")
+    __array_priority__ = 100  # numpy defers to our reflected operators
+
+    def __init__(self, node: Node):
+        self._node = node
+
+    # ---- metadata (no evaluation) -------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._node.shape
+
+    @property
+    def dtype(self) -> _dt.DType:
+        return self._node.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._node.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self._node.shape)
+
+    @property
+    def size(self) -> int:
+        return self._node.size
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    @property
+    def T(self) -> "Array":
+        if self.ndim != 2:
+            raise ValueError(f".T needs a 2-D array (got shape {self.shape}); use .mT or permute_dims")
+        return _ops().permute_dims(self, (1, 0))
+
+    @property
+    def mT(self) -> "Array":
+        if self.ndim < 2:
+            raise ValueError(f".mT needs at least 2 dimensions (got shape {self.shape})")
+        axes = list(range(self.ndim))
+        axes[-1], axes[-2] = axes[-2], axes[-1]
+        return _ops().permute_dims(self, tuple(axes))
+
+    # ---- evaluation triggers ----------------------------------------------------------------
+    def block_until_ready(self) -> "Array":
+        from .runtime import realize, synchronize
+        realize([self])
+        synchronize(self.device)
+        return self
+
+    def _tensor(self) -> torch.Tensor:
+        """The realized value as a torch tensor (a view of the buffer where torch can express it)."""
+        from .runtime import realize, tensor_of
+        realize([self])
+        return tensor_of(self._node)
+
+    def __repr__(self):
+        t = self._tensor().detach().cpu()
+        text = repr(t)
+        inner = text[len("tensor("):text.rindex(")")]
+        for marker in (", dtype=", ", device="):
+            if marker in inner:
+                inner = inner[:inner.index(marker)]
+        return f"Array({inner}, dtype={self.dtype.name})"
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+        t = self._tensor()
+        if t.dtype == torch.bfloat16:
+            raise TypeError("numpy has no bfloat16; use x.astype(fa.float32) first")
+        if t.device.type != "cpu":
+            t = t.cpu()
+            if copy is False:
+                raise ValueError("copy=False: the array is on a GPU, numpy needs host memory")
+        arr = t.numpy() if t.requires_grad is False else t.detach().numpy()
+        if dtype is not None:
+            arr = arr.astype(dtype, copy=bool(copy))
+        return arr.copy() if copy else arr
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        from .dlpack import export_dlpack
+        return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self):
+        return self._tensor().__dlpack_device__()
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError(f"item() needs an array of one element, got shape {self.shape}")
+        return self._tensor().item()
+
+    def tolist(self):
+        return self._tensor().tolist()
+
+    def __bool__(self):
+        if self.size != 1:
+            raise ValueError(f"the truth value of an array of shape {self.shape} is ambiguous; use any() or all()")
+        return bool(self._tensor().item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __complex__(self):
+        return complex(self.item())
+
+    def __index__(self):
+        if self.dtype.kind not in "iu":
+            raise TypeError(f"only integer arrays can be used as an index, got {self.dtype}")
+        return int(self.item())
+
+    def __hash__(self):
+        raise TypeError("Array is unhashable (it is a value, not an identity)")
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self.shape[0]))
+
+    # ---- indexing ---------------------------------------------------------------------------------
+    def __getitem__(self, key):
+        return _ops().getitem(self, key)
+
+    def __setitem__(self, key, value):
+        raise TypeError("flyarray arrays are immutable; use x.at[...] style functional updates (fa.where) instead")
+
+    # ---- conversions ------------------------------------------------------------------------------
+    def astype(self, dtype, copy=True):
+        return _ops().astype(self, dtype, copy=copy)
+
+    def to_device(self, device, stream=None):
+        return _ops().asarray(self, device=device)
+
+    def reshape(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return _ops().reshape(self, tuple(shape))
+
+    def sum(self, axis=None, keepdims=False, dtype=None):
+        return _ops().sum(self, axis=axis, keepdims=keepdims, dtype=dtype)
+
+    def mean(self, axis=None, keepdims=False):
+        return _ops().mean(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return _ops().max(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return _ops().min(self, axis=axis, keepdims=keepdims)
+
+    def prod(self, axis=None, keepdims=False):
+        return _ops().prod(self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis=None, keepdims=False):
+        return _ops().argmax(self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis=None, keepdims=False):
+        return _ops().argmin(self, axis=axis, keepdims=keepdims)
+
+    def var(self, axis=None, correction=0.0, keepdims=False):
+        return _ops().var(self, axis=axis, correction=correction, keepdims=keepdims)
+
+    def std(self, axis=None, correction=0.0, keepdims=False):
+        return _ops().std(self, axis=axis, correction=correction, keepdims=keepdims)
+
+    def any(self, axis=None, keepdims=False):
+        return _ops().any(self, axis=axis, keepdims=keepdims)
+
+    def all(self, axis=None, keepdims=False):
+        return _ops().all(self, axis=axis, keepdims=keepdims)
+
+    def flatten(self):
+        return _ops().reshape(self, (-1,))
+
+
+def _ops():
+    from . import ops
+    return ops
+
+
+def _binary(name, reflected=False):
+    def method(self, other):
+        if not _operand_ok(other):
+            return NotImplemented
+        fn = getattr(_ops(), name)
+        return fn(other, self) if reflected else fn(self, other)
+    method.__name__ = name
+    return method
+
+
+def _operand_ok(x) -> bool:
+    return isinstance(x, (Array, bool, int, float))
+
+
+def _unary(name):
+    def method(self):
+        return getattr(_ops(), name)(self)
+    return method
+
+
+for _dunder, _fn in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), ("truediv", "divide"),
+                     ("floordiv", "floor_divide"), ("mod", "remainder"), ("pow", "pow"),
+                     ("and", "bitwise_and"), ("or", "bitwise_or"), ("xor", "bitwise_xor"),
+                     ("lshift", "bitwise_left_shift"), ("rshift", "bitwise_right_shift"),
+                     ("matmul", "matmul")]:
+    setattr(Array, f"__{_dunder}__", _binary(_fn))
+    setattr(Array, f"__r{_dunder}__", _binary(_fn, reflected=True))
+for _dunder, _fn in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
+                     ("eq", "equal"), ("ne", "not_equal")]:
+    setattr(Array, f"__{_dunder}__", _binary(_fn))
+for _dunder, _fn in [("neg", "negative"), ("pos", "positive"), ("abs", "abs"), ("invert", "bitwise_invert")]:
+    setattr(Array, f"__{_dunder}__", _unary(_fn))

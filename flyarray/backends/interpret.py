@@ -1,0 +1,50 @@
+"""The interpret backend: generated and library Triton code through Triton's interpreter, on the CPU.
+
+Triton's interpreter has no extern math library (libdevice), so generated
+kernels call transcendental functions through a name ``ext`` that the gpu
+backend binds to libdevice and this backend binds to ``InterpreterMath``:
+numpy functions over the interpreter's tensors. The kernel source is the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+import triton.language as tl
+from triton.runtime.interpreter import TensorHandle
+
+
+def _lift(np_fn, result_bool=False):
+    def fn(*args):
+        first = next(a for a in args if isinstance(a, tl.tensor))
+        datas = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
+        with np.errstate(all="ignore"):
+            out = np_fn(*datas)
+        if result_bool:
+            return tl.tensor(TensorHandle(np.asarray(out).astype(np.int32), tl.int32), first.type.with_element_ty(tl.int32)
+                             if hasattr(first.type, "with_element_ty") else tl.int32)
+        out = np.asarray(out).astype(first.handle.data.dtype)
+        return tl.tensor(TensorHandle(out, first.handle.dtype.scalar), first.type)
+    return fn
+
+
+class InterpreterMath:
+    tan = staticmethod(_lift(np.tan))
+    tanh = staticmethod(_lift(np.tanh))
+    acos = staticmethod(_lift(np.arccos))
+    acosh = staticmethod(_lift(np.arccosh))
+    asin = staticmethod(_lift(np.arcsin))
+    asinh = staticmethod(_lift(np.arcsinh))
+    atan = staticmethod(_lift(np.arctan))
+    atanh = staticmethod(_lift(np.arctanh))
+    cosh = staticmethod(_lift(np.cosh))
+    sinh = staticmethod(_lift(np.sinh))
+    expm1 = staticmethod(_lift(np.expm1))
+    log1p = staticmethod(_lift(np.log1p))
+    log10 = staticmethod(_lift(np.log10))
+    trunc = staticmethod(_lift(np.trunc))
+    rint = staticmethod(_lift(np.rint))
+    signbit = staticmethod(_lift(np.signbit, result_bool=True))
+    pow = staticmethod(_lift(np.power))
+    atan2 = staticmethod(_lift(np.arctan2))
+    hypot = staticmethod(_lift(np.hypot))
+    copysign = staticmethod(_lift(np.copysign))
+    nextafter = staticmethod(_lift(np.nextafter))

@@ -1,0 +1,607 @@
+"""One Kernel (schedule.py) -> Triton source, plus the run-time arguments to launch it.
+
+What is baked into the source (and so into the cache key): the ops and their
+dtypes, the rank of the kept and reduced index spaces after coalescing, which
+loads read per-row values, whether the row fits one block, and whether
+indices need 64 bits. Everything else -- sizes, strides, offsets, scalar
+constants -- is a run-time argument, so one source serves every shape. Triton
+further specializes integer arguments equal to 1 (unit strides) on its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import struct
+
+from . import config
+from . import dtypes as dt
+from .primitives import ELEMENTWISE, REDUCE
+from .schedule import Const, Elementwise, Iota, Kernel, Load, Reduce
+
+ROW_BLOCK_LIMIT = 16384  # widest row kept in registers in one pass
+ELEMENTWISE_BLOCK = 1024
+
+
+@dataclasses.dataclass
+class Plan:
+    key: str
+    source: str
+    args: list  # run-time arguments after the buffers (sizes, offsets, strides, scalars)
+    constexprs: dict
+    grid: tuple
+    num_warps: int
+    empty: bool  # nothing to launch (no rows or no elements)
+
+
+PRELUDE = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _argmax(v1, i1, v2, i2):
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    better = (v1 > v2) | (nan1 & ~nan2)
+    tie = ((v1 == v2) | (nan1 & nan2)) & (i1 < i2)
+    take = better | tie
+    return tl.where(take, v1, v2), tl.where(take, i1, i2)
+
+
+@triton.jit
+def _argmin(v1, i1, v2, i2):
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    better = (v1 < v2) | (nan1 & ~nan2)
+    tie = ((v1 == v2) | (nan1 & nan2)) & (i1 < i2)
+    take = better | tie
+    return tl.where(take, v1, v2), tl.where(take, i1, i2)
+
+
+@triton.jit
+def _ifloordiv(a, b):
+    q = a // b
+    r = a % b
+    return q - ((r != 0) & ((r < 0) != (b < 0))).to(q.dtype)
+
+
+@triton.jit
+def _iremainder(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _fremainder(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _ipow(a, b):
+    result = a * 0 + 1
+    base = a
+    e = b
+    for _ in tl.static_range(63):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    return result
+
+
+@triton.jit
+def _logaddexp(a, b):
+    m = _maximum(a, b)
+    d = tl.abs(a - b)
+    return tl.where(tl.abs(m) == float("inf"), m, m + tl.log(1.0 + tl.exp(-d)))
+'''
+
+
+def plan(kernel: Kernel) -> Plan:
+    return _Emitter(kernel, _Layout(kernel)).plan()
+
+
+class _Layout:
+    """The kernel's views, permuted so reduced axes come last and coalesced.
+
+    After this, the kept index space has rank p and the reduced one rank q;
+    every view (loads, iotas, stores) has an offset and p + q strides.
+    """
+
+    def __init__(self, kernel: Kernel):
+        full, axes = kernel.full_shape, kernel.axes
+        kept = [i for i in range(len(full)) if i not in axes]
+        perm = kept + list(axes)
+        self.views = []
+        for op in kernel.ops:
+            if isinstance(op, (Load, Iota)):
+                self.views.append(op.view)
+        for st in kernel.stores:
+            self.views.append(st.view)
+        sizes = [full[i] for i in perm]
+        strides = [[_stride_in_full(v, i, full) for i in perm] for v in self.views]
+        self.kept_sizes, kept_strides = _coalesce(sizes[:len(kept)], [s[:len(kept)] for s in strides])
+        self.red_sizes, red_strides = _coalesce(sizes[len(kept):], [s[len(kept):] for s in strides])
+        self.offsets = [v.offset for v in self.views]
+        self.kept_strides = kept_strides
+        self.red_strides = red_strides
+        self.M = math.prod(self.kept_sizes)
+        self.N = math.prod(self.red_sizes)
+        reach = max([self.M * self.N] + [abs(o) + sum(abs(s) * (n - 1) for s, n in zip(ks + rs, self.kept_sizes + self.red_sizes))
+                                         for o, ks, rs in zip(self.offsets, kept_strides, red_strides)])
+        self.index64 = reach >= 2 ** 31 - 1
+
+
+def _stride_in_full(view, axis, full):
+    """A view's stride along ``axis`` of the full domain: outer views repeat along reduced axes."""
+    if view.shape[axis] == 1 and full[axis] != 1:
+        return 0
+    return view.strides[axis]
+
+
+def _coalesce(sizes, strides_per_view):
+    """Drop size-1 axes and merge neighbours that every view walks contiguously."""
+    keep = [i for i, s in enumerate(sizes) if s != 1]
+    sizes = [sizes[i] for i in keep]
+    strides = [[st[i] for i in keep] for st in strides_per_view]
+    i = len(sizes) - 2
+    while i >= 0:
+        if all(st[i] == st[i + 1] * sizes[i + 1] for st in strides):
+            sizes[i] *= sizes[i + 1]
+            del sizes[i + 1]
+            for st in strides:
+                st[i] = st[i + 1]
+                del st[i + 1]
+        i -= 1
+    return sizes, strides
+
+
+def _tl(d: dt.DType) -> str:
+    return f"tl.{d.triton}"
+
+
+def _cdt(d: dt.DType) -> dt.DType:
+    return dt.compute_dtype(d)
+
+
+_NEUTRAL = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
+
+
+class _Emitter:
+    def __init__(self, kernel: Kernel, layout: _Layout):
+        self.k = kernel
+        self.lay = layout
+        self.rows = bool(kernel.axes)
+        self.p = len(layout.kept_sizes)
+        self.q = len(layout.red_sizes)
+        self.view_of_op = {}
+        vi = 0
+        for i, op in enumerate(kernel.ops):
+            if isinstance(op, (Load, Iota)):
+                self.view_of_op[i] = vi
+                vi += 1
+        self.store_view = list(range(vi, vi + len(kernel.stores)))
+        self.one_pass = (not self.rows) or layout.N <= ROW_BLOCK_LIMIT
+        self.lines = []
+
+    # ---- the plan ------------------------------------------------------------------------------
+    def plan(self) -> Plan:
+        signature = self.signature()
+        cached = _SOURCES.get(signature)
+        if cached is None:
+            body = self.emit()
+            n_in, n_out = len(self.k.inputs), len(self.k.stores)
+            params = [f"in{i}" for i in range(n_in)] + [f"out{i}" for i in range(n_out)]
+            params += self.size_params() + self.view_params() + scalar_names(self.k)
+            if self.rows:
+                params += ["M", "N", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"]
+            else:
+                params += ["NUMEL", "BLOCK: tl.constexpr"]
+            sig = ",\n    ".join(params)
+            source = (PRELUDE + f"\n\n@triton.jit\ndef kernel(\n    {sig},\n):\n"
+                      + "\n".join("    " + line for line in body) + "\n")
+            cached = _SOURCES[signature] = (hashlib.sha256(source.encode()).hexdigest()[:32], source)
+        key, source = cached
+        args = self.size_args() + self.view_args() + scalar_values(self.k)
+        args += [self.lay.M, self.lay.N] if self.rows else [self.lay.M]
+        constexprs, grid, warps = self.launch_shape()
+        return Plan(key, source, args, constexprs, grid, warps, self.lay.M == 0)
+
+    def signature(self) -> tuple:
+        """Everything the source depends on; equal signatures give the same source."""
+        ops = tuple(_op_signature(op) for op in self.k.ops)
+        stores = tuple((st.op, st.domain, st.target.dtype.name) for st in self.k.stores)
+        return (self.rows, self.p, self.q, self.lay.index64, self.one_pass, ops, stores,
+                len(self.k.inputs), config.eager_rounding())
+
+    def launch_shape(self):
+        lay = self.lay
+        if not self.rows:
+            block = ELEMENTWISE_BLOCK if lay.M >= ELEMENTWISE_BLOCK else max(16, 1 << max(lay.M - 1, 0).bit_length())
+            return {"BLOCK": block}, (max(1, -(-lay.M // block)),), 4 if block >= 1024 else 1
+        n = max(lay.N, 1)
+        if self.one_pass:
+            block_n = max(16, 1 << (n - 1).bit_length())
+        else:
+            block_n = 4096
+        block_m = max(1, min(64, 4096 // block_n))
+        block_m = 1 << (block_m.bit_length() - 1)
+        warps = 4 if block_n * block_m <= 4096 else (8 if block_n * block_m <= 8192 else 16)
+        return {"BLOCK_M": block_m, "BLOCK_N": block_n}, (max(1, -(-lay.M // block_m)),), warps
+
+    def size_params(self):
+        return [f"K{i}" for i in range(1, self.p)] + [f"R{i}" for i in range(1, self.q)]
+
+    def size_args(self):
+        return list(self.lay.kept_sizes[1:]) + list(self.lay.red_sizes[1:])
+
+    def view_params(self):
+        out = []
+        for v in range(len(self.lay.views)):
+            out.append(f"o{v}")
+            out += [f"k{v}_{i}" for i in range(self.p)] + [f"r{v}_{i}" for i in range(self.q)]
+        return out
+
+    def view_args(self):
+        out = []
+        for v in range(len(self.lay.views)):
+            out.append(self.lay.offsets[v])
+            out += list(self.lay.kept_strides[v]) + list(self.lay.red_strides[v])
+        return out
+
+    # ---- the body ------------------------------------------------------------------------------
+    def emit(self) -> list:
+        L = self.lines
+        idx = "tl.int64" if self.lay.index64 else "tl.int32"
+        if not self.rows:
+            L.append(f"lin = tl.program_id(0).to({idx}) * BLOCK + tl.arange(0, BLOCK).to({idx})")
+            L.append("mask = lin < NUMEL")
+            self.unravel("lin", "K", self.p, "i")
+            self.offsets_for("i", "k", self.p, "off")
+            for i, op in enumerate(self.k.ops):
+                self.emit_op(i, op)
+            for s, st in enumerate(self.k.stores):
+                v = self.store_view[s]
+                L.append(f"tl.store(out{s} + off{v}, {self.value_for_store(st)}, mask=mask)")
+            return L
+        L.append(f"rows = tl.program_id(0).to({idx}) * BLOCK_M + tl.arange(0, BLOCK_M).to({idx})")
+        L.append("rmask = (rows < M)[:, None]")
+        self.unravel("rows", "K", self.p, "i")
+        self.offsets_for("i", "k", self.p, "ro", row=True)
+        if self.one_pass:
+            self.emit_cols("tl.arange(0, BLOCK_N)")
+            for i, op in enumerate(self.k.ops):
+                self.emit_op(i, op)
+            self.emit_stores(full=True)
+            self.emit_stores(full=False)
+        else:
+            self.emit_looped()
+        return L
+
+    def emit_cols(self, expr, indent=""):
+        L = self.lines
+        idx = "tl.int64" if self.lay.index64 else "tl.int32"
+        L.append(f"{indent}cols = ({expr}).to({idx})")
+        L.append(f"{indent}cmask = (cols < N)[None, :]")
+        L.append(f"{indent}mask = rmask & cmask")
+        self.unravel("cols", "R", self.q, "j", indent)
+        self.offsets_for("j", "r", self.q, "co", indent=indent)
+
+    def unravel(self, lin, size, rank, name, indent=""):
+        L = self.lines
+        if rank == 0:
+            return
+        rest = lin
+        for d in range(rank - 1, 0, -1):
+            L.append(f"{indent}{name}{d} = {rest} % {size}{d}")
+            L.append(f"{indent}{name}_q{d} = {rest} // {size}{d}")
+            rest = f"{name}_q{d}"
+        L.append(f"{indent}{name}0 = {rest}")
+
+    def offsets_for(self, idx, stride, rank, out, row=False, indent=""):
+        """Per-view offsets along one index space (kept for rows, reduced for columns)."""
+        L = self.lines
+        for v in range(len(self.lay.views)):
+            terms = [f"{idx}{d} * {stride}{v}_{d}" for d in range(rank)]
+            if row or not self.rows:
+                terms = [f"o{v}"] + terms
+            expr = " + ".join(terms) if terms else "0"
+            if self.rows and row:
+                L.append(f"{indent}{out}{v} = ({expr})[:, None]" if terms[1:] else f"{indent}{out}{v} = o{v} + rows[:, None] * 0")
+            elif self.rows:
+                L.append(f"{indent}{out}{v} = ({expr})[None, :]" if terms else f"{indent}{out}{v} = cols[None, :] * 0")
+            else:
+                L.append(f"{indent}{out}{v} = {expr}" if rank else f"{indent}{out}{v} = o{v} + lin * 0")
+
+    def address(self, v, domain):
+        if not self.rows:
+            return f"off{v}"
+        return f"ro{v}" if domain == "outer" else f"ro{v} + co{v}"
+
+    def mask_for(self, domain):
+        return "mask" if (not self.rows or domain == "full") else "rmask"
+
+    # ---- ops ---------------------------------------------------------------------------------------
+    def emit_op(self, i, op, indent=""):
+        L = self.lines
+        cdt = _cdt(op.dtype)
+        if isinstance(op, Load):
+            v = self.view_of_op[i]
+            value = f"tl.load(in{op.input} + ({self.address(v, op.domain)}), mask={self.mask_for(op.domain)}, other=0)"
+            L.append(f"{indent}v{i} = {value}" + ("" if op.dtype.kind == "b" else f".to({_tl(cdt)})"))
+        elif isinstance(op, Iota):
+            L.append(f"{indent}v{i} = {self.iota_expr(i, op)}")
+        elif isinstance(op, Const):
+            L.append(f"{indent}v{i} = {self.const_expr(i, op)}")
+        elif isinstance(op, Elementwise):
+            L.append(f"{indent}v{i} = {self.elementwise_expr(op)}")
+        elif isinstance(op, Reduce):
+            self.emit_reduce_one_pass(i, op, indent)
+
+    def const_expr(self, i, op: Const) -> str:
+        name = f"c{i}"
+        if op.dtype == dt.float64:
+            return f"tl.cast({name}, tl.int64).to(tl.float64, bitcast=True)"
+        if op.dtype.kind == "b":
+            return f"(tl.cast({name}, tl.int32) != 0)"
+        return f"tl.cast({name}, {_tl(_cdt(op.dtype))})"
+
+    def iota_expr(self, i, op: Iota) -> str:
+        v = self.view_of_op[i]
+        addr = f"({self.address(v, op.domain)})"
+        cdt = _cdt(op.dtype)
+        a, b = f"c{i}a", f"c{i}b"
+        if op.params[0] == "ramp":
+            if op.dtype == dt.float64:
+                a, b = (f"tl.cast({n}, tl.int64).to(tl.float64, bitcast=True)" for n in (a, b))
+            work = "tl.float64" if op.dtype == dt.float64 else ("tl.float32" if op.dtype.kind == "f" else "tl.int64")
+            value = f"(tl.cast({a}, {work}) + {addr}.to({work}) * tl.cast({b}, {work}))"
+        else:  # eye: ones where column - row == k
+            value = f"(({addr} % {b}) - ({addr} // {b}) == {a})"
+        if op.dtype.kind == "b":
+            return f"({value} != 0)"
+        return f"{value}.to({_tl(cdt)})"
+
+    def elementwise_expr(self, op: Elementwise) -> str:
+        args = [f"v{a}" for a in op.args]
+        in_cdt = _cdt(op.in_dtype)
+        out_cdt = _cdt(op.dtype)
+        if op.prim == "astype":
+            if op.dtype.kind == "b":
+                return f"({args[0]} != 0)"
+            expr = f"{args[0]}.to({_tl(out_cdt)})"
+        elif op.prim == "where":
+            expr = f"tl.where({args[0]}, {args[1]}, {args[2]})"
+        else:
+            expr = ELEMENTWISE[op.prim].lower(args, in_cdt)
+        if op.dtype.kind == "b":
+            return expr
+        if op.prim != "astype":
+            expr = f"({expr}).to({_tl(out_cdt)})"
+        if config.eager_rounding() and op.dtype in (dt.float16, dt.bfloat16):
+            expr = f"{expr}.to({_tl(op.dtype)}).to(tl.float32)"
+        return expr
+
+    # ---- reductions ------------------------------------------------------------------------------
+    def reduce_parts(self, op: Reduce):
+        """(combine fn, neutral literal, accumulate dtype, value prep) for a reduction."""
+        arg_op = self.k.ops[op.arg]
+        src = _cdt(arg_op.dtype)
+        if src.kind == "b":
+            src = dt.int32
+        prim = op.prim
+        if prim in ("any", "all"):
+            return ("_maximum" if prim == "any" else "_minimum"), _NEUTRAL[prim], dt.int32
+        if prim in ("sum", "prod"):
+            return REDUCE[prim].combine, _NEUTRAL[prim], _cdt(op.dtype)
+        if prim in ("max", "argmax"):
+            return REDUCE[prim].combine, _lowest(src), src
+        return REDUCE[prim].combine, _highest(src), src
+
+    def emit_reduce_one_pass(self, i, op: Reduce, indent=""):
+        L = self.lines
+        combine, neutral, acc = self.reduce_parts(op)
+        val = f"tl.where(mask, v{op.arg}.to({_tl(acc)}), {neutral})"
+        if op.prim in ("argmax", "argmin"):
+            L.append(f"{indent}v{i}_v, v{i} = tl.reduce(({val}, cols[None, :] + rows[:, None] * 0), 1, {combine}, keep_dims=True)")
+            L.append(f"{indent}v{i} = v{i}.to(tl.int64)")
+        else:
+            L.append(f"{indent}v{i} = tl.reduce({val}, 1, {combine}, keep_dims=True)")
+            L.append(f"{indent}v{i} = {self.finish_reduce(i, op)}")
+
+    def finish_reduce(self, i, op: Reduce) -> str:
+        if op.prim in ("any", "all"):
+            return f"(v{i} != 0)"
+        return f"v{i}.to({_tl(_cdt(op.dtype))})"
+
+    def emit_looped(self):
+        """Rows too long for one block: one loop over the row per stage of dependent reductions."""
+        L = self.lines
+        ops = self.k.ops
+        stage = self.stages()
+        done = set()
+        # per-row values that need no reduction
+        for i, op in enumerate(ops):
+            if op.domain == "outer" and stage[i] == 0 and not isinstance(op, Reduce):
+                self.emit_op(i, op)
+                done.add(i)
+        last = max(stage.values(), default=0)
+        for s in range(1, last + 1):
+            reds = [i for i, op in enumerate(ops) if isinstance(op, Reduce) and stage[i] == s]
+            for i in reds:
+                combine, neutral, acc = self.reduce_parts(ops[i])
+                L.append(f"acc{i} = tl.full([BLOCK_M, BLOCK_N], {neutral}, {_tl(acc)})")
+                if ops[i].prim in ("argmax", "argmin"):
+                    L.append(f"idx{i} = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)")
+            L.append("for n0 in range(0, N, BLOCK_N):")
+            self.emit_cols("n0 + tl.arange(0, BLOCK_N)", indent="    ")
+            needed = self.full_closure([ops[i].arg for i in reds], done)
+            for j in needed:
+                self.emit_op(j, ops[j], indent="    ")
+            for i in reds:
+                combine, neutral, acc = self.reduce_parts(ops[i])
+                val = f"tl.where(mask, v{ops[i].arg}.to({_tl(acc)}), {neutral})"
+                if ops[i].prim in ("argmax", "argmin"):
+                    L.append(f"    acc{i}, idx{i} = {combine}(acc{i}, idx{i}, {val}, (cols[None, :] + rows[:, None] * 0).to(tl.int64))")
+                else:
+                    L.append(f"    acc{i} = {combine}(acc{i}, {val})")
+            for i in reds:
+                combine, _, _ = self.reduce_parts(ops[i])
+                if ops[i].prim in ("argmax", "argmin"):
+                    L.append(f"v{i}_v, v{i} = tl.reduce((acc{i}, idx{i}), 1, {combine}, keep_dims=True)")
+                else:
+                    L.append(f"v{i} = tl.reduce(acc{i}, 1, {combine}, keep_dims=True)")
+                    L.append(f"v{i} = {self.finish_reduce(i, ops[i])}")
+                done.add(i)
+            for i, op in enumerate(ops):
+                if op.domain == "outer" and stage[i] == s and i not in done:
+                    self.emit_op(i, op)
+                    done.add(i)
+        full_stores = [s for s in self.k.stores if s.domain == "full"]
+        if full_stores:
+            L.append("for n0 in range(0, N, BLOCK_N):")
+            self.emit_cols("n0 + tl.arange(0, BLOCK_N)", indent="    ")
+            for j in self.full_closure([s.op for s in full_stores], done):
+                self.emit_op(j, ops[j], indent="    ")
+            self.emit_stores(full=True, indent="    ")
+        self.emit_stores(full=False)
+
+    def stages(self) -> dict:
+        stage = {}
+        for i, op in enumerate(self.k.ops):
+            deps = [op.arg] if isinstance(op, Reduce) else list(getattr(op, "args", ()))
+            below = max((stage[d] for d in deps), default=0)
+            if isinstance(op, Reduce):
+                stage[i] = self.max_outer_stage(op.arg, stage) + 1
+            else:
+                stage[i] = below
+        return stage
+
+    def max_outer_stage(self, i, stage) -> int:
+        op = self.k.ops[i]
+        if op.domain == "outer":
+            return stage[i]
+        deps = list(getattr(op, "args", ()))
+        return max((self.max_outer_stage(d, stage) for d in deps), default=0)
+
+    def full_closure(self, roots, done) -> list:
+        """Full-domain ops (in order) needed for ``roots``, stopping at per-row values already computed."""
+        need = set()
+        stack = list(roots)
+        while stack:
+            i = stack.pop()
+            if i in need or i in done:
+                continue
+            need.add(i)
+            stack.extend(getattr(self.k.ops[i], "args", ()))
+        return sorted(need)
+
+    def emit_stores(self, full: bool, indent=""):
+        for s, st in enumerate(self.k.stores):
+            if (st.domain == "full") != full:
+                continue
+            v = self.store_view[s]
+            value = self.value_for_store(st)
+            self.lines.append(f"{indent}tl.store(out{s} + ({self.address(v, st.domain)}), {value}, "
+                              f"mask={self.mask_for(st.domain)})")
+
+    def value_for_store(self, st) -> str:
+        op = self.k.ops[st.op]
+        value = f"v{st.op}"
+        target = st.target.dtype
+        if not self.rows:
+            shape = "lin"
+        else:
+            shape = "(rows[:, None] + cols[None, :])" if st.domain == "full" else "rows[:, None]"
+        if isinstance(op, Const) or (self.rows and st.domain == "full" and op.domain == "outer"):
+            value = f"({value} + {shape} * 0)"
+        if target.kind == "b":
+            return f"({value} != 0)"
+        return f"{value}.to({_tl(target)})"
+
+
+_SOURCES: dict = {}
+
+
+def _op_signature(op) -> tuple:
+    if isinstance(op, Load):
+        return ("L", op.input, op.domain, op.dtype.name)
+    if isinstance(op, Iota):
+        return ("I", op.params[0], op.domain, op.dtype.name)
+    if isinstance(op, Const):
+        return ("C", op.domain, op.dtype.name)
+    if isinstance(op, Elementwise):
+        return ("E", op.prim, op.args, op.domain, op.dtype.name, op.in_dtype.name)
+    return ("R", op.prim, op.arg, op.dtype.name)
+
+
+def scalar_names(kernel: Kernel) -> list:
+    names = []
+    for i, op in enumerate(kernel.ops):
+        if isinstance(op, Const):
+            names.append(f"c{i}")
+        elif isinstance(op, Iota):
+            names += [f"c{i}a", f"c{i}b"]
+    return names
+
+
+def scalar_values(kernel: Kernel) -> list:
+    values = []
+    for op in kernel.ops:
+        if isinstance(op, Const):
+            values.append(_scalar(op.value, op.dtype))
+        elif isinstance(op, Iota):
+            if op.params[0] == "ramp":
+                values += [_scalar(op.params[1], op.dtype), _scalar(op.params[2], op.dtype)]
+            else:
+                values += [int(op.params[1]), int(op.params[2])]
+    return values
+
+
+def _scalar(value, d: dt.DType):
+    """A run-time scalar: float64 travels as its bits (Triton would pass a Python float as fp32)."""
+    if d == dt.float64:
+        return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+    if d.kind == "f":
+        return float(value)
+    if d.kind == "b":
+        return int(bool(value))
+    return int(value)
+
+
+def _lowest(d: dt.DType) -> str:
+    if d.kind == "f":
+        return 'float("-inf")'
+    if d.kind == "b":
+        return "0"
+    import torch
+    return str(torch.iinfo(d.torch).min)
+
+
+def _highest(d: dt.DType) -> str:
+    if d.kind == "f":
+        return 'float("inf")'
+    if d.kind == "b":
+        return "1"
+    import torch
+    return str(torch.iinfo(d.torch).max)

@@ -1,0 +1,116 @@
+"""The graph: nodes that record an operation, its inputs, static params and result type.
+
+A Node is created once per recorded op and never changes, except that
+evaluation attaches its result (``buffer``, a torch tensor) so later graphs
+read it as a leaf. Kinds of node, by ``prim.kind``:
+
+  source      a buffer the user handed in (or a realized result)
+  constant    a scalar filled over a shape (zeros, full, a Python scalar operand)
+  iota        arange-like index ramps (arange, eye, linspace)
+  view        a chain of movement ops over a non-view base (views.py)
+  elementwise a primitive from primitives.py over same-shape inputs
+  reduce      a reduction with keepdims=True (the API squeezes with a view)
+  library     a hand-written kernel (matmul, attention, ...), one node per call,
+              its outputs read through ``output`` nodes
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Optional
+
+import torch
+
+from . import dtypes as _dt
+
+_ids = itertools.count()
+
+
+class Primitive:
+    """A named operation; subclasses in primitives.py carry its rules."""
+    kind = "abstract"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"<{self.kind} {self.name}>"
+
+
+class _Simple(Primitive):
+    def __init__(self, name, kind):
+        super().__init__(name)
+        self.kind = kind
+
+
+SOURCE = _Simple("source", "source")
+CONSTANT = _Simple("constant", "constant")
+IOTA = _Simple("iota", "iota")
+VIEW = _Simple("view", "view")
+OUTPUT = _Simple("output", "output")
+
+
+class Node:
+    __slots__ = ("id", "prim", "inputs", "params", "shape", "dtype", "device", "buffer", "__weakref__")
+
+    def __init__(self, prim: Primitive, inputs: tuple, params: Any, shape: tuple, dtype: _dt.DType,
+                 device: torch.device, buffer: Optional[torch.Tensor] = None):
+        self.id = next(_ids)
+        self.prim = prim
+        self.inputs = tuple(inputs)
+        self.params = params
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = device
+        self.buffer = buffer
+
+    @property
+    def kind(self) -> str:
+        return self.prim.kind
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def realized(self) -> bool:
+        return self.buffer is not None
+
+    def __repr__(self):
+        return f"Node#{self.id}({self.prim.name}, {self.shape}, {self.dtype.name})"
+
+
+def source(tensor: torch.Tensor) -> Node:
+    return Node(SOURCE, (), None, tuple(tensor.shape), _dt.from_torch(tensor.dtype), tensor.device, tensor)
+
+
+def constant(value, shape, dtype: _dt.DType, device) -> Node:
+    return Node(CONSTANT, (), value, shape, dtype, device)
+
+
+def view(base: Node, ops: tuple, shape: tuple) -> Node:
+    """A view node always sits on a non-view base; chains of views compose here."""
+    if base.kind == "view":
+        ops = base.params + tuple(ops)
+        base = base.inputs[0]
+    if not ops:
+        return base
+    return Node(VIEW, (base,), tuple(ops), shape, base.dtype, base.device)
+
+
+def toposort(roots) -> list:
+    """Nodes reachable from ``roots`` that are not realized, inputs before users."""
+    order, seen = [], set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if node.id in seen:
+            continue
+        seen.add(node.id)
+        stack.append((node, True))
+        if not node.realized:
+            stack.extend((i, False) for i in node.inputs)
+    return order

@@ -1,0 +1,862 @@
+"""Fused multi-head attention (flash style): forward, backward, decode.
+
+Layout is JAX's: q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), with any strides, so
+torch's (B, H, S, D) tensors passed as ``.transpose(1, 2)`` views need no copy.
+Outputs come back in the layout of their input (``torch.empty_like`` keeps the
+strides of a dense view), and the log-sum-exp is fp32 (B, Hq, Sq), contiguous.
+
+Semantics:
+  * ``bias`` is additive and ``mask`` boolean (True = keep, JAX's convention);
+    both broadcast to (B, Hq, Sq, Sk) (a stride of 0 per broadcast dim).
+  * GQA/MQA: Hkv divides Hq; query head h reads kv head h // (Hq // Hkv).
+  * ``is_causal`` aligns bottom-right when Sq != Sk: query i sees keys
+    j <= i + Sk - Sq (the last query sees every key).
+  * A query row that sees no key at all (mask all False, or causal with
+    Sq > Sk for the first Sq - Sk rows) gets output 0, lse -inf and zero
+    gradients, never NaN.
+  * head_dim: any size up to 256 (padded to the next power of two inside the
+    kernel); 64 and 128 are the tuned ones. 256 runs with smaller tiles.
+  * The gradient w.r.t. ``bias`` is not implemented (asking for it raises).
+
+Inside, the softmax runs in the log2 domain: ``scale * log2(e)`` is folded into
+one multiply of the q.k tile so each probability is a single ``exp2``.
+Causal work skips the key blocks no query of the tile can see and applies the
+mask only on the blocks that straddle the diagonal (and a ragged tail block):
+every kernel loops over an unmasked range and up to two masked ranges.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# ---------------------------------------------------------------------------
+# Per-arch configs, indexed by the padded head dim (64, 128, 256).
+#
+# sm_90 (H200, 228 KiB smem, 64K regs/SM): the forward wants BLOCK_M 128 so two
+# warpgroups (num_warps 8) each own 64 rows of the wgmma accumulator; for hd128
+# the q tile is 32 KiB and each k+v stage 2 x BLOCK_N x 256 B, so BLOCK_N 128
+# with 3 stages is ~160 KiB (one CTA/SM, latency hidden by the pipeline) and
+# BLOCK_N 64 halves the diagonal waste for causal. The backward holds two fp32
+# accumulators (dk, dv or dq) of BLOCK x D: 128 x 128 x 2 / 256 threads = 128
+# regs, so the key tile stays at 128 with 8 warps and the query step at 64.
+# gfx950 (MI350, wave64, 160 KiB LDS/CU, 512 VGPRs incl. AGPRs): BLOCK_M 128 /
+# BLOCK_N 64 with 4 waves (AMD's own recipe) and 2 stages keeps LDS well under
+# 160 KiB; the backward uses 64 x 64 tiles to stay spill-free.
+# 'cpu' (Triton's interpreter): tiny tiles so that tests exercise many blocks.
+# ---------------------------------------------------------------------------
+_SM90 = {
+    "fwd": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+            128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+            256: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+    "fwd_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+                   128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+                   256: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+    "bwd_dkdv": {64: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
+                 128: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+                 256: dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1)},
+    "bwd_dq": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+               128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+               256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1)},
+    "bwd_pre": dict(BLOCK_M=64, num_warps=4),
+    "decode": {64: dict(BLOCK_N=128, num_warps=4, num_stages=3),
+               128: dict(BLOCK_N=64, num_warps=4, num_stages=3),
+               256: dict(BLOCK_N=32, num_warps=4, num_stages=2)},
+    "decode_programs_per_sm": 4,
+}
+
+_GFX950 = {
+    "fwd": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
+            128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
+            256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)},
+    "fwd_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
+                   128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
+                   256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)},
+    "bwd_dkdv": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
+                 128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
+                 256: dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)},
+    "bwd_dq": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
+               128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1),
+               256: dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)},
+    "bwd_pre": dict(BLOCK_M=64, num_warps=4),
+    "decode": {64: dict(BLOCK_N=64, num_warps=4, num_stages=2),
+               128: dict(BLOCK_N=64, num_warps=4, num_stages=2),
+               256: dict(BLOCK_N=32, num_warps=4, num_stages=1)},
+    "decode_programs_per_sm": 2,
+}
+
+_CPU = {
+    "fwd": {d: dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1) for d in (64, 128, 256)},
+    "fwd_causal": {d: dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1) for d in (64, 128, 256)},
+    "bwd_dkdv": {d: dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1) for d in (64, 128, 256)},
+    "bwd_dq": {d: dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1) for d in (64, 128, 256)},
+    "bwd_pre": dict(BLOCK_M=16, num_warps=1),
+    "decode": {d: dict(BLOCK_N=16, num_warps=1, num_stages=1) for d in (64, 128, 256)},
+    "decode_programs_per_sm": 1,
+}
+
+CONFIGS = {"sm_90": _SM90, "gfx950": _GFX950, "cpu": _CPU, "default": _SM90}
+
+DECODE_MAX_QUERIES = 16  # attention_fwd takes the split-K decode path at or below this
+
+
+def _config(device, kind: str, head_block: int) -> dict:
+    table = pick_config(CONFIGS, current_arch(device))[kind]
+    return dict(table[max(64, head_block)]) if isinstance(next(iter(table)), int) else dict(table)
+
+
+# ---------------------------------------------------------------------------
+# Shared device helpers
+# ---------------------------------------------------------------------------
+@triton.jit
+def _load_tile(ptrs, rows, n_rows, cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """A [R, C] tile; bounds checks only where the caller cannot prove them."""
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & cols[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=cols[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _score_extras(s, rows, cols, Sq, Sk, causal_offset, bias_base, sbm, sbn, mask_base, smm, smn,
+                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Add the bias and apply bounds/causal/user masks to a [rows, cols] log2 score tile.
+
+    Returns the masked scores and whether any masking applied (for the caller
+    to zero probabilities that exp2 would make from an out-of-range score).
+    """
+    in_range = (rows[:, None] < Sq) & (cols[None, :] < Sk)
+    if HAS_BIAS:
+        b = tl.load(bias_base + rows[:, None] * sbm + cols[None, :] * sbn, mask=in_range, other=0.0)
+        s = s + b.to(tl.float32) * 1.4426950408889634
+    if MASKED:
+        keep = cols[None, :] < Sk
+        if IS_CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None] + causal_offset)
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_base + rows[:, None] * smm + cols[None, :] * smn,
+                                   mask=in_range, other=0) != 0)
+        s = tl.where(keep, s, float("-inf"))
+    elif HAS_MASK:
+        keep = tl.load(mask_base + rows[:, None] * smm + cols[None, :] * smn, mask=in_range, other=0) != 0
+        s = tl.where(keep, s, float("-inf"))
+    return s
+
+
+# ---------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------
+@triton.jit
+def _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
+              sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
+              bias_base, sbm, sbn, mask_base, smm, smn,
+              MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key block of the online softmax (log2 domain)."""
+    cols = start_n + offs_n
+    k = _load_tile(k_base + cols[:, None] * sks + offs_d[None, :] * skd, cols, Sk, d_ok, MASKED, not EVEN_D)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale_log2
+    s = _score_extras(s, offs_m, cols, Sq, Sk, causal_offset, bias_base, sbm, sbn, mask_base, smm, smn,
+                      MASKED, IS_CAUSAL, HAS_BIAS, HAS_MASK)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen only masked keys keeps m = -inf; subtract 0 instead so
+    # exp2 gives 0, not NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_tile(v_base + cols[:, None] * svs + offs_d[None, :] * svd, cols, Sk, d_ok, MASKED, not EVEN_D)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, Out, Lse, Bias, Mask,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sos, soh, sod,
+    sbb, sbh, sbm, sbn, smb, smh, smm, smn,
+    Hq, Sq, Sk, kv_group, qk_scale_log2,
+    IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:  # the heaviest query blocks of a head first: a shorter tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = pid_bh % Hq
+    hk = (h // kv_group).to(tl.int64)
+    h = h.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd,
+                   offs_m, Sq, d_ok, True, not EVEN_D)
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    bias_base = Bias + b * sbb + h * sbh
+    mask_base = Mask + b * smb + h * smh
+
+    # Key range: [0, full_hi) needs no bounds/causal mask, [full_hi, hi) does.
+    causal_offset = Sk - Sq
+    m0 = pid_m * BLOCK_M
+    hi = Sk
+    full_hi = (Sk // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = tl.maximum(tl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
+        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
+        full_hi = tl.minimum(full_hi, hi)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, full_hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
+                                  sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
+                                  bias_base, sbm, sbn, mask_base, smm, smn,
+                                  False, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC)
+    for start_n in range(full_hi, hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
+                                  sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
+                                  bias_base, sbm, sbn, mask_base, smm, smn,
+                                  True, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC)
+
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    row_ok = offs_m < Sq
+    tl.store(Lse + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)
+    o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+# ---------------------------------------------------------------------------
+# Backward: delta = rowsum(do * o) (and lse in log2 with -inf -> +inf), then
+# dk/dv over query blocks, then dq over key blocks. No atomics: deterministic.
+# ---------------------------------------------------------------------------
+@triton.jit
+def _attn_bwd_pre_kernel(
+    Out, DO, Lse, Delta, Lse2,
+    sob, sos, soh, sod, sdob, sdos, sdoh, sdod,
+    Hq, Sq,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = (pid_bh % Hq).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod, mask=ok, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :] * sdod, mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row = pid_bh.to(tl.int64) * Sq + offs_m
+    row_ok = offs_m < Sq
+    lse = tl.load(Lse + row, mask=row_ok, other=0.0)
+    # A row that saw no key has lse -inf; +inf makes every exp2(s - lse) exactly 0.
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(Delta + row, delta, mask=row_ok)
+    tl.store(Lse2 + row, lse2, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, edge, offs_m, offs_n, offs_d, d_ok,
+               sqs, sqd, sdos, sdod, Sq, Sk, causal_offset, qk_scale_log2,
+               bias_base, sbm, sbn, mask_base, smm, smn,
+               IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+               HAS_MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Accumulate one query block's contribution to dk, dv of a key block (transposed scores).
+
+    ``edge`` (run time) says whether the block needs the bounds/causal mask: one
+    loop with a branch keeps register pressure low where three specialized
+    loops spilled on sm_90.
+    """
+    rows = start_m + offs_m
+    row_ok = rows < Sq
+    q = _load_tile(q_base + rows[:, None] * sqs + offs_d[None, :] * sqd, rows, Sq, d_ok, True, not EVEN_D)
+    do = _load_tile(do_base + rows[:, None] * sdos + offs_d[None, :] * sdod, rows, Sq, d_ok, True, not EVEN_D)
+    lse2 = tl.load(lse2_base + rows, mask=row_ok, other=float("inf"))
+    delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+    sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale_log2  # [BLOCK_N, BLOCK_M]
+    if HAS_BIAS or HAS_MASK:
+        sT = tl.trans(_score_extras(tl.trans(sT), rows, offs_n, Sq, Sk, causal_offset, bias_base, sbm, sbn,
+                                    mask_base, smm, smn, False, IS_CAUSAL, HAS_BIAS, HAS_MASK))
+    if edge:
+        keep = offs_n[:, None] < Sk
+        if IS_CAUSAL:
+            keep = keep & (offs_n[:, None] <= rows[None, :] + causal_offset)
+        sT = tl.where(keep, sT, float("-inf"))
+    pT = tl.math.exp2(sT - lse2[None, :])
+    dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PREC)
+    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+    dsT = pT * (dpT - delta[None, :])
+    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, Lse2, Delta, DK, DV, Bias, Mask,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sdob, sdos, sdoh, sdod,
+    sdkb, sdks, sdkh, sdkd, sdvb, sdvs, sdvh, sdvd,
+    sbb, sbh, sbm, sbn, smb, smh, smm, smn,
+    Hq, Hkv, Sq, Sk, kv_group, sm_scale, qk_scale_log2,
+    IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hkv).to(tl.int64)
+    hk = (pid_bh % Hkv).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    k = _load_tile(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :] * skd,
+                   offs_n, Sk, d_ok, True, not EVEN_D)
+    v = _load_tile(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :] * svd,
+                   offs_n, Sk, d_ok, True, not EVEN_D)
+
+    # Query blocks: [lo, full_lo) straddle the diagonal, [full_lo, full_hi) see the
+    # whole key block, [full_hi, hi) is the ragged tail of Sq. All multiples of BLOCK_M.
+    causal_offset = Sk - Sq
+    hi = tl.cdiv(Sq, BLOCK_M) * BLOCK_M
+    full_hi = (Sq // BLOCK_M) * BLOCK_M
+    lo = 0
+    full_lo = 0
+    if IS_CAUSAL:
+        lo = (tl.maximum(n0 - causal_offset, 0) // BLOCK_M) * BLOCK_M
+        full_lo = tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
+    if n0 + BLOCK_N > Sk:  # a ragged key block needs the bounds mask everywhere
+        full_lo = full_hi
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), full_hi)
+    lo = tl.minimum(lo, full_lo)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for g in range(kv_group):  # GQA: the query heads of this kv head, summed in registers
+        h = hk * kv_group + g
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdob + h * sdoh
+        row_base = (b * Hq + h) * Sq
+        bias_base = Bias + b * sbb + h * sbh
+        mask_base = Mask + b * smb + h * smh
+        for start_m in range(lo, hi, BLOCK_M):
+            edge = (start_m < full_lo) | (start_m >= full_hi)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, Lse2 + row_base, Delta + row_base, start_m, edge,
+                                offs_m, offs_n, offs_d, d_ok, sqs, sqd, sdos, sdod, Sq, Sk, causal_offset,
+                                qk_scale_log2, bias_base, sbm, sbn, mask_base, smm, smn,
+                                IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC)
+
+    ok = (offs_n[:, None] < Sk) & d_ok[None, :]
+    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :] * sdkd,
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+    tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvs + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dq_step(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
+             sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
+             bias_base, sbm, sbn, mask_base, smm, smn,
+             MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+             HAS_MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Accumulate one key block's contribution to dq of a query block."""
+    cols = start_n + offs_n
+    k = _load_tile(k_base + cols[:, None] * sks + offs_d[None, :] * skd, cols, Sk, d_ok, MASKED, not EVEN_D)
+    v = _load_tile(v_base + cols[:, None] * svs + offs_d[None, :] * svd, cols, Sk, d_ok, MASKED, not EVEN_D)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale_log2
+    s = _score_extras(s, offs_m, cols, Sq, Sk, causal_offset, bias_base, sbm, sbn, mask_base, smm, smn,
+                      MASKED, IS_CAUSAL, HAS_BIAS, HAS_MASK)
+    p = tl.math.exp2(s - lse2[:, None])
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+    ds = p * (dp - delta[:, None])
+    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO, Lse2, Delta, DQ, Bias, Mask,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sdob, sdos, sdoh, sdod,
+    sdqb, sdqs, sdqh, sdqd,
+    sbb, sbh, sbm, sbn, smb, smh, smm, smn,
+    Hq, Sq, Sk, kv_group, sm_scale, qk_scale_log2,
+    IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = pid_bh % Hq
+    hk = (h // kv_group).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    row_ok = offs_m < Sq
+    q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd,
+                   offs_m, Sq, d_ok, True, not EVEN_D)
+    do = _load_tile(DO + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :] * sdod,
+                    offs_m, Sq, d_ok, True, not EVEN_D)
+    row = pid_bh.to(tl.int64) * Sq + offs_m
+    lse2 = tl.load(Lse2 + row, mask=row_ok, other=float("inf"))
+    delta = tl.load(Delta + row, mask=row_ok, other=0.0)
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    bias_base = Bias + b * sbb + h * sbh
+    mask_base = Mask + b * smb + h * smh
+
+    causal_offset = Sk - Sq
+    m0 = pid_m * BLOCK_M
+    hi = Sk
+    full_hi = (Sk // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = tl.maximum(tl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
+        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
+        full_hi = tl.minimum(full_hi, hi)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, full_hi, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
+                      sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
+                      bias_base, sbm, sbn, mask_base, smm, smn,
+                      False, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC)
+    for start_n in range(full_hi, hi, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
+                      sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
+                      bias_base, sbm, sbn, mask_base, smm, smn,
+                      True, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC)
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqs + offs_d[None, :] * sdqd,
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+# ---------------------------------------------------------------------------
+# Decode (flash-decoding): few queries, long keys. Each program takes one kv
+# head, every query head of its group (so K/V is read once per group) and one
+# slice of the keys; a second kernel merges the slices by their log-sum-exp.
+# ---------------------------------------------------------------------------
+@triton.jit
+def _attn_decode_split_kernel(
+    Q, K, V, OPart, LsePart,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
+    Hq, Hkv, Sq, Sk, kv_group, keys_per_split, num_splits, qk_scale_log2,
+    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    split = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hkv).to(tl.int64)
+    hk = pid_bh % Hkv
+    # Row r of the tile is query i = r % Sq of query head hk * kv_group + r // Sq.
+    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = r < kv_group * Sq
+    qi = r % Sq
+    h = (hk * kv_group + r // Sq).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q_ptrs = Q + b * sqb + h[:, None] * sqh + qi[:, None] * sqs + offs_d[None, :] * sqd
+    q = tl.load(q_ptrs, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = K + b * skb + hk.to(tl.int64) * skh
+    v_base = V + b * svb + hk.to(tl.int64) * svh
+
+    lo = split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, Sk)
+    causal_offset = Sk - Sq
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load_tile(k_base + cols[:, None] * sks + offs_d[None, :] * skd, cols, hi, d_ok, True, not EVEN_D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale_log2
+        keep = cols[None, :] < hi
+        if IS_CAUSAL:
+            keep = keep & (cols[None, :] <= qi[:, None] + causal_offset)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_tile(v_base + cols[:, None] * svs + offs_d[None, :] * svd, cols, hi, d_ok, True, not EVEN_D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    lse2 = tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf"))
+    row = (b * Hq + h) * Sq + qi  # (b, h, i) flattened
+    tl.store(LsePart + row * num_splits + split, lse2, mask=r_ok)
+    o_ptrs = OPart + (row[:, None] * num_splits + split) * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, acc / l_safe[:, None], mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _attn_decode_combine_kernel(
+    OPart, LsePart, Out, Lse,
+    sob, sos, soh, sod,
+    Hq, Sq, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # (b, h, i) flattened
+    qi = row % Sq
+    h = (row // Sq) % Hq
+    b = row // (Sq * Hq)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    d_ok = offs_d < HEAD_DIM
+    lse2 = tl.load(LsePart + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse2, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse2 - m_use)
+    total = tl.sum(w, 0)
+    o = tl.load(OPart + (row * num_splits + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+                mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    seen = total > 0.0
+    total_safe = tl.where(seen, total, 1.0)
+    out = tl.sum(o * w[:, None], 0) / total_safe
+    tl.store(Lse + row, tl.where(seen, (m_use + tl.math.log2(total_safe)) * 0.6931471805599453, float("-inf")))
+    tl.store(Out + b * sob + h * soh + qi * sos + offs_d * sod, out.to(Out.dtype.element_ty), mask=d_ok)
+
+
+# ---------------------------------------------------------------------------
+# Launchers (torch tensors in, torch tensors out)
+# ---------------------------------------------------------------------------
+_interpreted_helpers: dict = {}
+
+
+@contextlib.contextmanager
+def _nested_jit_interpreted():
+    """Let an interpreted kernel call other @triton.jit functions (our helpers,
+    and tl.sum/tl.max/tl.zeros/tl.cdiv, which are @jit too): ``runner`` wraps
+    only the top kernel, and a JITFunction called from Python raises. (The same
+    shim lives in gemm.py; it belongs in ``_triton.runner``.)"""
+    def call(self, *args, **kwargs):
+        key = id(self)  # hashing a JITFunction mid-interpretation fails: key by id
+        if key not in _interpreted_helpers:
+            _interpreted_helpers[key] = (self, InterpretedFunction(self.fn))
+        return _interpreted_helpers[key][1](*args, **kwargs)
+
+    original = JITFunction.__call__
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
+def _launch(kernel, grid, device, *args, **kwargs):
+    fn = runner(kernel, device)
+    if torch.device(device).type != "cpu":
+        return fn[grid](*args, **kwargs)
+    with _nested_jit_interpreted():
+        return fn[grid](*args, **kwargs)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs get true fp32 products (no silent tf32); 16-bit inputs take the
+    # target's default (gfx950 rejects the name 'tf32').
+    return "ieee" if dtype == torch.float32 else None
+
+
+def _broadcast_operand(t: Optional[torch.Tensor], shape, fallback: torch.Tensor):
+    """(tensor, 4 strides) for an optional bias/mask broadcast to (B, Hq, Sq, Sk)."""
+    if t is None:
+        return fallback, (0, 0, 0, 0)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)  # same bytes, a type Triton loads everywhere
+    t = t.expand(shape)
+    return t, tuple(t.stride())
+
+
+def _geometry(q, k, scale):
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    if Hq % Hkv:
+        raise ValueError(f"kv heads ({Hkv}) must divide query heads ({Hq})")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    return B, Sq, Sk, Hq, Hkv, D, next_pow2(max(D, 16)), scale
+
+
+def _extras(q, bias, mask, B, Hq, Sq, Sk):
+    bias_t, bias_s = _broadcast_operand(bias, (B, Hq, Sq, Sk), q)
+    mask_t, mask_s = _broadcast_operand(mask, (B, Hq, Sq, Sk), q)
+    return bias_t, bias_s, mask_t, mask_s
+
+
+def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False, config=None):
+    """(out, lse) of softmax(scale * q k^T + bias, masked) v; lse is fp32 (B, Hq, Sq).
+
+    q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); any strides. With at most
+    DECODE_MAX_QUERIES queries and no bias/mask this takes the split-K decode path.
+    ``config`` overrides the arch's tile config (for benchmarking).
+    """
+    B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
+    if Sq <= DECODE_MAX_QUERIES and bias is None and mask is None and config is None:
+        return attention_decode(q, k, v, scale=scale, is_causal=is_causal)
+    out = torch.empty_like(q)
+    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    if B * Hq * Sq == 0:
+        return out, lse
+    cfg = config or _config(q.device, "fwd_causal" if is_causal else "fwd", BLOCK_D)
+    bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
+    grid = (triton.cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
+    _launch(_attn_fwd_kernel, grid, q.device,
+        q, k, v, out, lse, bias_t, mask_t,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *bias_s, *mask_s,
+        Hq, Sq, Sk, Hq // Hkv, scale * LOG2E,
+        IS_CAUSAL=bool(is_causal), HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        DOT_PREC=_dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out, lse
+
+
+def _num_programs_target(device, cfg_table) -> int:
+    if torch.device(device).type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        sms = 2
+    return sms * cfg_table["decode_programs_per_sm"]
+
+
+def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
+    """(out, lse) for few queries over many keys: split-K over the keys, then merge.
+
+    Same layout and semantics as attention_fwd (no bias/mask). The key sequence
+    is cut into ``num_splits`` slices (default: enough programs to fill the GPU).
+    """
+    B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
+    G = Hq // Hkv
+    out = torch.empty_like(q)
+    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    if B * Hq * Sq == 0:
+        return out, lse
+    table = pick_config(CONFIGS, current_arch(q.device))
+    cfg = dict(table["decode"][max(64, BLOCK_D)])
+    BLOCK_R = min(64, max(16, next_pow2(G * Sq)))
+    row_blocks = triton.cdiv(G * Sq, BLOCK_R)
+    key_blocks = triton.cdiv(max(Sk, 1), cfg["BLOCK_N"])
+    if num_splits is None:
+        num_splits = triton.cdiv(_num_programs_target(q.device, table), B * Hkv * row_blocks)
+    num_splits = max(1, min(int(num_splits), key_blocks))
+    keys_per_split = triton.cdiv(key_blocks, num_splits) * cfg["BLOCK_N"]
+    num_splits = triton.cdiv(max(Sk, 1), keys_per_split)  # every slice holds >= 1 key
+    o_part = torch.empty((B * Hq * Sq, num_splits, D), device=q.device, dtype=torch.float32)
+    lse_part = torch.empty((B * Hq * Sq, num_splits), device=q.device, dtype=torch.float32)
+    _launch(_attn_decode_split_kernel, (num_splits, B * Hkv, row_blocks), q.device,
+        q, k, v, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
+        Hq, Hkv, Sq, Sk, G, keys_per_split, num_splits, scale * LOG2E,
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R,
+        BLOCK_N=cfg["BLOCK_N"], DOT_PREC=_dot_precision(q.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    _launch(_attn_decode_combine_kernel, (B * Hq * Sq,), q.device,
+        o_part, lse_part, out, lse, *out.stride(), Hq, Sq, num_splits,
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=next_pow2(num_splits), num_warps=4 if q.is_cuda else 1,
+    )
+    return out, lse
+
+
+def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is_causal=False):
+    """(dq, dk, dv) for attention_fwd's (out, lse); dk/dv summed over each GQA group."""
+    B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if B * Hq * Sq == 0 or Sk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    table = pick_config(CONFIGS, current_arch(q.device))
+    delta = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    lse2 = torch.empty_like(delta)
+    pre = table["bwd_pre"]
+    _launch(_attn_bwd_pre_kernel, (triton.cdiv(Sq, pre["BLOCK_M"]), B * Hq), q.device,
+        out, do, lse, delta, lse2, *out.stride(), *do.stride(), Hq, Sq,
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=pre["BLOCK_M"], num_warps=pre["num_warps"],
+    )
+    bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
+    common = dict(IS_CAUSAL=bool(is_causal), HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
+                  HEAD_DIM=D, BLOCK_D=BLOCK_D, DOT_PREC=_dot_precision(q.dtype))
+    c = dict(table["bwd_dkdv"][max(64, BLOCK_D)])
+    _launch(_attn_bwd_dkdv_kernel, (triton.cdiv(Sk, c["BLOCK_N"]), B * Hkv), q.device,
+        q, k, v, do, lse2, delta, dk, dv, bias_t, mask_t,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *bias_s, *mask_s,
+        Hq, Hkv, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
+    )
+    c = dict(table["bwd_dq"][max(64, BLOCK_D)])
+    _launch(_attn_bwd_dq_kernel, (triton.cdiv(Sq, c["BLOCK_M"]), B * Hq), q.device,
+        q, k, v, do, lse2, delta, dq, bias_t, mask_t,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *bias_s, *mask_s,
+        Hq, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
+    )
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------
+# Autograd
+# ---------------------------------------------------------------------------
+class AttentionFunction(torch.autograd.Function):
+    """Differentiable in q, k, v; bias and mask are constants (a bias gradient raises)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, scale, is_causal):
+        out, lse = attention_fwd(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
+        ctx.save_for_backward(q, k, v, out, lse, bias, mask)
+        ctx.scale, ctx.is_causal = scale, is_causal
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse, bias, mask = ctx.saved_tensors
+        if ctx.needs_input_grad[3]:
+            raise NotImplementedError("attention: the gradient w.r.t. bias is not implemented")
+        dq, dk, dv = attention_bwd(do, q, k, v, out, lse, bias=bias, mask=mask,
+                                   scale=ctx.scale, is_causal=ctx.is_causal)
+        return dq, dk, dv, None, None, None, None
+
+
+def dot_product_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=False):
+    """JAX-style ``dot_product_attention`` on (B, S, H, D) torch tensors, differentiable."""
+    return AttentionFunction.apply(q, k, v, bias, mask, scale, is_causal)
+
+
+# ---------------------------------------------------------------------------
+# Reference (float64, the full score matrix)
+# ---------------------------------------------------------------------------
+def reference_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=False, return_lse=False):
+    """The oracle: explicit float64 softmax over (B, Hq, Sq, Sk); differentiable.
+
+    Rows that see no key give 0 (and lse -inf), as the kernels do.
+    """
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    qh = q.double().transpose(1, 2)
+    kh = k.double().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    vh = v.double().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    s = scale * qh @ kh.transpose(-1, -2)
+    if bias is not None:
+        s = s + bias.double()
+    keep = torch.ones((Sq, Sk), dtype=torch.bool, device=q.device)
+    if is_causal:
+        keep = torch.ones_like(keep).tril(diagonal=Sk - Sq)
+    keep = keep.expand(B, Hq, Sq, Sk)
+    if mask is not None:
+        keep = keep & mask.expand(B, Hq, Sq, Sk)
+    s = s.masked_fill(~keep, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    total = p.sum(-1, keepdim=True)
+    seen = total > 0
+    out = (p / torch.where(seen, total, torch.ones_like(total))) @ vh
+    out = out.transpose(1, 2)
+    if not return_lse:
+        return out
+    lse = torch.where(seen, m + torch.log(torch.where(seen, total, torch.ones_like(total))),
+                      torch.full_like(total, float("-inf"))).squeeze(-1)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
+# Cross-compile corpus
+# ---------------------------------------------------------------------------
+_UNIT_STRIDES = ("sqd", "skd", "svd", "sod", "sdod", "sdkd", "sdvd", "sdqd")
+_FP32_POINTERS = ("Lse", "Lse2", "Delta", "OPart", "LsePart")
+_FP32_SCALARS = ("qk_scale_log2", "sm_scale")
+
+
+def _spec(name, kernel, dtype: str, constexprs: dict, cfg: dict):
+    """A KernelSpec for contiguous head dims (Triton specializes unit strides at run time)."""
+    from flyarray.targets import KernelSpec
+
+    constexprs = dict(constexprs)
+    signature = {}
+    for arg in kernel.arg_names:
+        if arg in _UNIT_STRIDES:
+            constexprs[arg] = 1
+        if arg in constexprs:
+            signature[arg] = "constexpr"
+        elif arg in _FP32_POINTERS:
+            signature[arg] = "*fp32"
+        elif arg == "Mask":
+            signature[arg] = "*u8"
+        elif arg[0].isupper() and arg not in ("Hq", "Hkv", "Sq", "Sk"):
+            signature[arg] = f"*{dtype}"
+        elif arg in _FP32_SCALARS:
+            signature[arg] = "fp32"
+        else:
+            signature[arg] = "i32"
+    return KernelSpec(name, kernel, signature, constexprs, cfg.get("num_warps", 4), cfg.get("num_stages", 1))
+
+
+def _specs_for_arch(arch: str) -> list:
+    table = CONFIGS[arch]
+    specs = []
+    tiles = lambda cfg: dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
+    for dtype in ("fp16", "bf16"):
+        for D in (64, 128):
+            for causal in (False, True):
+                cfg = table["fwd_causal" if causal else "fwd"][D]
+                const = dict(IS_CAUSAL=causal, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,
+                             DOT_PREC=None, **tiles(cfg))
+                specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
+                                   _attn_fwd_kernel, dtype, const, cfg))
+    # Backward and decode in bf16 (the training/serving dtype), hd64 and hd128.
+    for D in (64, 128):
+        for kind, kernel in (("bwd_dkdv", _attn_bwd_dkdv_kernel), ("bwd_dq", _attn_bwd_dq_kernel)):
+            cfg = table[kind][D]
+            const = dict(IS_CAUSAL=True, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,
+                         DOT_PREC=None, **tiles(cfg))
+            specs.append(_spec(f"attn_{kind}_bf16_d{D}_causal", kernel, "bf16", const, cfg))
+        cfg = table["decode"][D]
+        const = dict(IS_CAUSAL=True, HEAD_DIM=D, BLOCK_D=D, BLOCK_R=16, BLOCK_N=cfg["BLOCK_N"], DOT_PREC=None)
+        specs.append(_spec(f"attn_decode_bf16_d{D}", _attn_decode_split_kernel, "bf16", const, cfg))
+    pre = table["bwd_pre"]
+    specs.append(_spec("attn_bwd_pre_bf16_d128", _attn_bwd_pre_kernel, "bf16",
+                       dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_M=pre["BLOCK_M"]), pre))
+    specs.append(_spec("attn_decode_combine_bf16_d128", _attn_decode_combine_kernel, "bf16",
+                       dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=16), dict(num_warps=4)))
+    return specs
+
+
+def compile_specs(target: Optional[str] = None) -> list:
+    """Representative specializations with ``target``'s configs (default: gfx950's):
+    forward hd64/128 x causal or not x fp16/bf16; bf16 causal backward (dk/dv,
+    dq) and decode for hd64/128; the delta preprocess and the decode combine."""
+    return _specs_for_arch(target if target in ("gfx950", "sm_90") else "gfx950")

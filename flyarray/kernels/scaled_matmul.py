@@ -1,0 +1,594 @@
+"""Block-scaled (OCP MX) matrix multiplication: ``scaled_matmul``.
+
+Convention (jax.nn.scaled_matmul's): both operands are K-major,
+
+    lhs        [M, K]       (e2m1: uint8 [M, K/2], two codes a byte, low nibble first)
+    rhs        [N, K]       (e2m1: uint8 [N, K/2])
+    lhs_scales [M, K/32]    E8M0 codes, uint8 (or torch.float8_e8m0fnu)
+    rhs_scales [N, K/32]
+    out        [M, N] = (lhs * repeat(lhs_scales, 32, -1)) @ (rhs * repeat(rhs_scales, 32, -1)).T
+
+A leading batch dimension (B, M, K) x (B, N, K) -> (B, M, N) is accepted too.
+A bf16/fp16 ``lhs`` with ``lhs_scales=None`` is the weight-only case
+(activations times MX weights). Accumulation is float32.
+
+Three kernels, picked per arch and shape (``method=None``) or by name:
+
+* ``"dot_scaled"``: a tiled GEMM on ``tl.dot_scaled``. On gfx950 (MI350) it
+  lowers to the native scaled MFMA ``v_mfma_scale_f32_{16x16x128,32x32x64}_f8f6f4``;
+  on Hopper Triton upcasts the MX operands to bf16 before ``wgmma``.
+* ``"decode"`` (for M <= 64, bf16/fp16 activations x MXFP4/MXFP8 weights):
+  weight bytes dominate, so the kernel streams the 4-bit (or 8-bit) weights,
+  decodes them to bf16 in registers next to the MMA, and spreads N over many
+  programs (and K over ``split_k`` programs when N is short) to keep every SM
+  loading. It moves ~4x (~2x) fewer bytes than a bf16 GEMV.
+* ``"fp8_blocks"`` (MXFP8 x MXFP8 on Hopper): feeds the fp8 tensor cores
+  directly, one K=32 MMA per scale block (wgmma's fp8 K is 32), and applies
+  the two E8M0 scales to each block's fp32 partial product:
+  ``acc += (dot(a_blk, b_blk) * sa[:, None]) * sb[None, :]``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flyarray.kernels._triton import current_arch, next_pow2, pick_config
+from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_format, scales_as_uint8
+
+_MX_FORMATS = ("e4m3", "e5m2", "e2m1")
+_PLAIN_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Per-arch tiles. "dot_scaled": BLOCK_K counts logical elements (e2m1 loads BLOCK_K/2 bytes).
+CONFIGS = {
+    "gfx950": {
+        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
+        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
+        "mxfp8_method": "dot_scaled",
+        "dot_scaled_wonly": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
+        "decode_candidates": [dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=256, GROUP_M=1, num_warps=4,
+                                   num_stages=2)],
+    },
+    "sm_90": {
+        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+        "fp8_blocks": dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=5),
+        "mxfp8_method": "fp8_blocks",
+        # timed once per shape on first use (the first is used where timing is impossible);
+        # "dot_scaled" entries run the tl.dot_scaled kernel with a small-M tile instead
+        "decode_candidates": [
+            dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8, num_stages=4),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=4),
+            dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),
+            dict(kernel="decode", BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=4),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
+            dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=4),
+            dict(kernel="dot_scaled", BLOCK_N=128, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=4),
+            dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=512, GROUP_M=1, num_warps=4, num_stages=3),
+        ],
+    },
+    "cpu": {
+        "dot_scaled": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, GROUP_M=2, num_warps=1, num_stages=1),
+        "dot_scaled_fp4": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, GROUP_M=2, num_warps=1, num_stages=1),
+        "fp8_blocks": dict(BLOCK_M=16, BLOCK_N=16, GROUP_M=2, num_warps=1, num_stages=1),
+        "mxfp8_method": "dot_scaled",
+        "decode_candidates": [dict(kernel="decode", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=1, num_stages=1)],
+    },
+    "default": {
+        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+        "fp8_blocks": dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=4),
+        "mxfp8_method": "dot_scaled",
+        "decode_candidates": [dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=3)],
+    },
+}
+DECODE_MAX_M = 64
+
+
+# ----------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row tiles share their column tiles while in L2."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % group_rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _dot_scaled_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
+                       stride_am, stride_ak, stride_bn, stride_bk, stride_sam, stride_sak,
+                       stride_sbn, stride_sbk, stride_cm, stride_cn,
+                       A_FORMAT: tl.constexpr, B_FORMAT: tl.constexpr, A_SCALED: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr):
+    """C = (A * sa) @ (B * sb)^T with A [M, K], B [N, K] stored K-major (e2m1 packed along K)."""
+    A_PACK: tl.constexpr = 2 if A_FORMAT == "e2m1" else 1
+    B_PACK: tl.constexpr = 2 if B_FORMAT == "e2m1" else 1
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ka = tl.arange(0, BLOCK_K // A_PACK)
+    kb = tl.arange(0, BLOCK_K // B_PACK)
+    ks = tl.arange(0, BLOCK_K // 32)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + ka[None, :] * stride_ak
+    b_ptrs = b_ptr + rn[None, :].to(tl.int64) * stride_bn + kb[:, None] * stride_bk   # [K, N] view
+    sa_ptrs = sa_ptr + rm[:, None].to(tl.int64) * stride_sam + ks[None, :] * stride_sak
+    sb_ptrs = sb_ptr + rn[:, None].to(tl.int64) * stride_sbn + ks[None, :] * stride_sbk
+    A_ZERO: tl.constexpr = 0 if A_FORMAT == "e2m1" else 0.0   # fp8 tensors take a float fill
+    B_ZERO: tl.constexpr = 0 if B_FORMAT == "e2m1" else 0.0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_left = K - k0
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (ka[None, :] < k_left // A_PACK), other=A_ZERO)
+        b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (kb[:, None] < k_left // B_PACK), other=B_ZERO)
+        sb = tl.load(sb_ptrs, mask=(rn[:, None] < N) & (ks[None, :] < k_left // 32), other=127)
+        if A_SCALED:
+            sa = tl.load(sa_ptrs, mask=(rm[:, None] < M) & (ks[None, :] < k_left // 32), other=127)
+            acc = tl.dot_scaled(a, sa, A_FORMAT, b, sb, B_FORMAT, acc)
+        else:
+            acc = tl.dot_scaled(a, None, A_FORMAT, b, sb, B_FORMAT, acc)
+        a_ptrs += (BLOCK_K // A_PACK) * stride_ak
+        b_ptrs += (BLOCK_K // B_PACK) * stride_bk
+        sa_ptrs += (BLOCK_K // 32) * stride_sak
+        sb_ptrs += (BLOCK_K // 32) * stride_sbk
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _e8m0_exp2(code, OFFSET: tl.constexpr):
+    """float32 2^(code - 127 + OFFSET) for uint8 E8M0 codes; 255 -> NaN.
+
+    Exact while the exponent stays >= -126; below that (codes < 1 - OFFSET,
+    data far under any bf16 activation's reach) it flushes to 0.
+    """
+    code = code.to(tl.int32)
+    biased = code + OFFSET
+    value = tl.where(biased > 0, (tl.maximum(biased, 1) << 23).to(tl.float32, bitcast=True), 0.0)
+    return tl.where(code == 255, float("nan"), value)
+
+
+@triton.jit
+def _fp4_half_units(code):
+    """E2M1 codes (int32, 0..15) -> value * 2 as float32 (exact small integers, signed)."""
+    magnitude = code & 7
+    exp = magnitude >> 1
+    mant = magnitude & 1
+    units = tl.where(exp == 0, mant, (2 + mant) << tl.maximum(exp - 1, 0))
+    units = tl.where((code & 8) != 0, -units, units)
+    return units.to(tl.float32)
+
+
+@triton.jit
+def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
+                      stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
+                      W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, weights decoded in registers.
+
+    x is contiguous along K, w along K (packed two a byte for FP4), scales [N, K/32].
+    Program (pid_n, split) covers BLOCK_N columns and K range [split*k_per_split, +k_per_split).
+    The next tile's weight bytes are loaded before the current one is decoded,
+    so each thread keeps two tiles of (still packed, hence cheap) loads in flight.
+    """
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    BYTES: tl.constexpr = 16 if W_FP4 else 32          # bytes of one 32-element group
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = tl.arange(0, GROUPS)
+    j = tl.arange(0, BYTES)
+    n_ok = rn < N
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    compute_ty = x_ptr.dtype.element_ty
+    w_row = w_ptr + rn[:, None, None].to(tl.int64) * stride_wn + (g * BYTES)[None, :, None] + j[None, None, :]
+    s_row = s_ptr + rn[:, None].to(tl.int64) * stride_sn + g[None, :]
+    ZERO: tl.constexpr = 0 if W_FP4 else 0.0             # fp8 tensors take a float fill
+    # first tile
+    group_ok = (k_start + g * 32) < k_end
+    w_raw = tl.load(w_row + k_start // 32 * BYTES, mask=n_ok[:, None, None] & group_ok[None, :, None], other=ZERO)
+    s_raw = tl.load(s_row + k_start // 32, mask=n_ok[:, None] & group_ok[None, :], other=0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k_next = k0 + BLOCK_K
+        next_ok = (k_next + g * 32) < k_end
+        w_next = tl.load(w_row + k_next // 32 * BYTES, mask=n_ok[:, None, None] & next_ok[None, :, None],
+                         other=ZERO)
+        s_next = tl.load(s_row + k_next // 32, mask=n_ok[:, None] & next_ok[None, :], other=0)
+        kx = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kx[None, :],
+                    mask=(rm[:, None] < M) & (kx[None, :] < k_end), other=0.0)
+        if W_FP4:
+            # Byte j of a group holds elements 2j (low nibble) and 2j+1 (high).
+            packed = w_raw.to(tl.int32)
+            scale = _e8m0_exp2(s_raw, -1)[:, :, None]           # the nibble decode gives 2x values
+            w_even = tl.reshape((_fp4_half_units(packed & 0xF) * scale).to(compute_ty), (BLOCK_N, BLOCK_K // 2))
+            w_odd = tl.reshape((_fp4_half_units(packed >> 4) * scale).to(compute_ty), (BLOCK_N, BLOCK_K // 2))
+            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = tl.dot(x_even, tl.trans(w_even), acc)
+            acc = tl.dot(x_odd, tl.trans(w_odd), acc)
+        else:
+            scale = _e8m0_exp2(s_raw, 0)[:, :, None]
+            w = tl.reshape((w_raw.to(tl.float32) * scale).to(compute_ty), (BLOCK_N, BLOCK_K))
+            acc = tl.dot(x, tl.trans(w), acc)
+        w_raw = w_next
+        s_raw = s_next
+    out_ptrs = out_ptr + split * stride_split + rm[:, None] * stride_om + rn[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & n_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        total += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fp8_blocks_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
+                       stride_am, stride_bn, stride_sam, stride_sbn, stride_cm, stride_cn,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """MXFP8 x MXFP8 on fp8 tensor cores: one K=32 MMA per scale block, scaled in fp32.
+
+    A [M, K] and B [N, K] are fp8, contiguous along K (K % 32 == 0);
+    sa [M, K/32], sb [N, K/32] contiguous along K/32.
+    """
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows past M/N read row 0 again (in bounds); their results are never stored.
+    rm_safe = tl.where(rm < M, rm, 0).to(tl.int64)
+    rn_safe = tl.where(rn < N, rn, 0).to(tl.int64)
+    kk = tl.arange(0, 32)
+    a_ptrs = a_ptr + rm_safe[:, None] * stride_am + kk[None, :]
+    b_ptrs = b_ptr + rn_safe[:, None] * stride_bn + kk[None, :]
+    sa_ptrs = sa_ptr + rm_safe * stride_sam
+    sb_ptrs = sb_ptr + rn_safe * stride_sbn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, K // 32):
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+        sa = _e8m0_exp2(tl.load(sa_ptrs), 0)
+        sb = _e8m0_exp2(tl.load(sb_ptrs), 0)
+        partial = tl.dot(a, tl.trans(b))
+        acc += (partial * sa[:, None]) * sb[None, :]
+        a_ptrs += 32
+        b_ptrs += 32
+        sa_ptrs += 1
+        sb_ptrs += 1
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# ----------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------
+
+def _infer_format(t: torch.Tensor, given, name: str) -> str:
+    """The element format of operand ``name``: given, or read off its dtype."""
+    if given is not None:
+        if str(given).lower() in _PLAIN_FORMATS:
+            return str(given).lower()
+        try:
+            return mx_format(given).name
+        except ValueError:
+            raise ValueError(f"{name}_format: unknown format {given!r}; use e4m3, e5m2, e2m1 (mxfp4), "
+                             f"bf16 or fp16") from None
+    by_dtype = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.uint8: "e2m1",
+                torch.bfloat16: "bf16", torch.float16: "fp16"}
+    fp4_x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4_x2 is not None:
+        by_dtype[fp4_x2] = "e2m1"
+    if t.dtype not in by_dtype:
+        raise TypeError(f"{name}: dtype {t.dtype} is not an MX element type (float8_e4m3fn, float8_e5m2, "
+                        f"uint8-packed e2m1) nor bf16/fp16")
+    return by_dtype[t.dtype]
+
+
+def _check_operand_dtype(t: torch.Tensor, fmt: str, name: str) -> None:
+    allowed = {"e4m3": (torch.float8_e4m3fn, torch.uint8), "e5m2": (torch.float8_e5m2, torch.uint8),
+               "e2m1": (torch.uint8, getattr(torch, "float4_e2m1fn_x2", torch.uint8)),
+               "bf16": (torch.bfloat16,), "fp16": (torch.float16,)}[fmt]
+    if t.dtype not in allowed:
+        raise TypeError(f"{name}: format {fmt} needs dtype in {[str(d) for d in allowed]}, got {t.dtype}")
+
+
+def _check_scales(scales, data: torch.Tensor, fmt: str, k: int, name: str):
+    """Scales as uint8 [..., rows, K/32], or None for bf16/fp16 data."""
+    if fmt in _PLAIN_FORMATS:
+        if scales is not None:
+            raise ValueError(f"{name}: must be None for an unscaled {fmt} operand")
+        return None
+    if scales is None:
+        raise ValueError(f"{name}: required for the MX operand (format {fmt})")
+    codes = scales_as_uint8(scales, name)
+    expected = tuple(data.shape[:-1]) + (k // BLOCK_SIZE,)
+    if tuple(codes.shape) != expected:
+        raise ValueError(f"{name}: expected shape {expected} (one E8M0 scale per 32 elements along K), "
+                         f"got {tuple(codes.shape)}")
+    if codes.device != data.device:
+        raise ValueError(f"{name}: on {codes.device}, its data on {data.device}")
+    return codes
+
+
+def _logical_k(t: torch.Tensor, fmt: str) -> int:
+    return t.shape[-1] * (2 if fmt == "e2m1" else 1)
+
+
+# ----------------------------------------------------------------------------
+# Launch functions
+# ----------------------------------------------------------------------------
+
+def scaled_matmul(lhs: torch.Tensor, rhs: torch.Tensor, lhs_scales, rhs_scales,
+                  preferred_element_type: torch.dtype = torch.bfloat16, lhs_format=None, rhs_format=None,
+                  block_size: int = 32, method=None) -> torch.Tensor:
+    """(lhs * lhs_scales) @ (rhs * rhs_scales)^T, both operands K-major (jax.nn.scaled_matmul's layout).
+
+    lhs: [M, K] e4m3/e5m2 (float8 or uint8 codes), [M, K/2] uint8 e2m1, or [M, K] bf16/fp16
+    with ``lhs_scales=None``. rhs: [N, K] / [N, K/2], an MX format. Scales: E8M0 uint8
+    (or float8_e8m0fnu) [M, K/32] and [N, K/32]. A leading batch dim on both is allowed.
+    Formats default from the dtypes (uint8 means e2m1). Returns [M, N] (or [B, M, N])
+    in ``preferred_element_type``. ``method``: None (per arch and shape), 'dot_scaled',
+    'decode' or 'fp8_blocks'.
+    """
+    if block_size != BLOCK_SIZE:
+        raise ValueError(f"block_size: OCP MX v1.0 blocks are {BLOCK_SIZE} elements; got {block_size}")
+    for name, t in (("lhs", lhs), ("rhs", rhs)):
+        if not isinstance(t, torch.Tensor) or t.ndim not in (2, 3):
+            raise ValueError(f"{name}: expected a 2-D [rows, K] or 3-D [B, rows, K] tensor, "
+                             f"got {getattr(t, 'shape', type(t).__name__)}")
+    if lhs.ndim != rhs.ndim or (lhs.ndim == 3 and lhs.shape[0] != rhs.shape[0]):
+        raise ValueError(f"lhs, rhs: batch dims differ: {tuple(lhs.shape)} vs {tuple(rhs.shape)}")
+    if lhs.device != rhs.device:
+        raise ValueError(f"rhs: on {rhs.device}, lhs on {lhs.device}")
+    a_fmt = _infer_format(lhs, lhs_format, "lhs")
+    b_fmt = _infer_format(rhs, rhs_format, "rhs")
+    _check_operand_dtype(lhs, a_fmt, "lhs")
+    _check_operand_dtype(rhs, b_fmt, "rhs")
+    if b_fmt not in _MX_FORMATS:
+        raise ValueError(f"rhs_format: rhs must be an MX operand (e4m3, e5m2, e2m1), got {b_fmt}")
+    k = _logical_k(lhs, a_fmt)
+    if _logical_k(rhs, b_fmt) != k:
+        raise ValueError(f"rhs: K differs: lhs {tuple(lhs.shape)} ({a_fmt}) has K={k}, "
+                         f"rhs {tuple(rhs.shape)} ({b_fmt}) has K={_logical_k(rhs, b_fmt)}")
+    if k % BLOCK_SIZE:
+        raise ValueError(f"lhs: K={k} is not a multiple of {BLOCK_SIZE}")
+    sa = _check_scales(lhs_scales, lhs, a_fmt, k, "lhs_scales")
+    sb = _check_scales(rhs_scales, rhs, b_fmt, k, "rhs_scales")
+    if preferred_element_type not in _OUT_DTYPES:
+        raise ValueError(f"preferred_element_type: one of {_OUT_DTYPES}, got {preferred_element_type}")
+    if lhs.ndim == 3:
+        return torch.stack([
+            _scaled_matmul_2d(lhs[i], rhs[i], None if sa is None else sa[i], sb[i], a_fmt, b_fmt,
+                              preferred_element_type, method) for i in range(lhs.shape[0])])
+    return _scaled_matmul_2d(lhs, rhs, sa, sb, a_fmt, b_fmt, preferred_element_type, method)
+
+
+def _pick_method(m: int, a_fmt: str, b_fmt: str, cfg: dict) -> str:
+    if a_fmt in _PLAIN_FORMATS and m <= DECODE_MAX_M:
+        return "decode"
+    if a_fmt in ("e4m3", "e5m2") and b_fmt in ("e4m3", "e5m2"):
+        return cfg["mxfp8_method"]
+    return "dot_scaled"
+
+
+def _scaled_matmul_2d(a, b, sa, sb, a_fmt, b_fmt, out_dtype, method):
+    m, n = a.shape[0], b.shape[0]
+    cfg = pick_config(CONFIGS, current_arch(a.device))
+    method = method or _pick_method(m, a_fmt, b_fmt, cfg)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if a.shape[1] == 0:
+        return out.zero_()
+    if method == "decode":
+        if a_fmt not in _PLAIN_FORMATS or m > DECODE_MAX_M:
+            raise ValueError(f"method: 'decode' needs bf16/fp16 lhs with M <= {DECODE_MAX_M}")
+        return _decode(a, b, sb, a_fmt, b_fmt, out, cfg)
+    if method == "fp8_blocks":
+        if a_fmt not in ("e4m3", "e5m2") or b_fmt not in ("e4m3", "e5m2"):
+            raise ValueError("method: 'fp8_blocks' needs MXFP8 (e4m3/e5m2) lhs and rhs")
+        return _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg)
+    if method != "dot_scaled":
+        raise ValueError(f"method: unknown {method!r}; use None, 'dot_scaled', 'decode' or 'fp8_blocks'")
+    return _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg)
+
+
+def _as_triton_operand(t: torch.Tensor, fmt: str) -> torch.Tensor:
+    """What the kernel loads: fp8 as its float8 dtype (so Triton sees the type), e2m1 as bytes."""
+    if fmt == "e4m3":
+        return t.view(torch.float8_e4m3fn)
+    if fmt == "e5m2":
+        return t.view(torch.float8_e5m2)
+    if fmt == "e2m1":
+        return t.view(torch.uint8)
+    return t
+
+
+def _dot_scaled_tile(cfg: dict, a_fmt: str, b_fmt: str) -> dict:
+    if a_fmt in _PLAIN_FORMATS and "dot_scaled_wonly" in cfg:
+        return cfg["dot_scaled_wonly"]
+    return cfg["dot_scaled_fp4" if "e2m1" in (a_fmt, b_fmt) else "dot_scaled"]
+
+
+def _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile=None):
+    m, n, k = a.shape[0], b.shape[0], _logical_k(a, a_fmt)
+    tile = tile or _dot_scaled_tile(cfg, a_fmt, b_fmt)
+    a_op, b_op = _as_triton_operand(a, a_fmt), _as_triton_operand(b, b_fmt)
+    sa_op = sa if sa is not None else sb  # a placeholder pointer when lhs is unscaled
+    grid = (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]),)
+    launch(_dot_scaled_kernel, a.device, grid,
+           a_op, b_op, sa_op, sb, out, m, n, k,
+           a_op.stride(0), a_op.stride(1), b_op.stride(0), b_op.stride(1),
+           sa_op.stride(0), sa_op.stride(1), sb.stride(0), sb.stride(1), out.stride(0), out.stride(1),
+           A_FORMAT=a_fmt, B_FORMAT=b_fmt, A_SCALED=sa is not None,
+           BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], BLOCK_K=tile["BLOCK_K"], GROUP_M=tile["GROUP_M"],
+           num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    return out
+
+
+def _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg):
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    tile = cfg["fp8_blocks"]
+    a_op = _as_triton_operand(a, a_fmt).contiguous()
+    b_op = _as_triton_operand(b, b_fmt).contiguous()
+    sa, sb = sa.contiguous(), sb.contiguous()
+    grid = (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]),)
+    launch(_fp8_blocks_kernel, a.device, grid,
+           a_op, b_op, sa, sb, out, m, n, k,
+           a_op.stride(0), b_op.stride(0), sa.stride(0), sb.stride(0), out.stride(0), out.stride(1),
+           BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], GROUP_M=tile["GROUP_M"],
+           num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    return out
+
+
+_DECODE_CHOICE: dict = {}
+
+
+def _decode(x, w, sw, x_fmt, w_fmt, out, cfg):
+    """Small-M activations x MX weights: the fastest candidate for this shape (timed once on a GPU)."""
+    x = x.contiguous()
+    w = w.contiguous()
+    sw = sw.contiguous()
+    candidates = cfg["decode_candidates"]
+    run = lambda c: _decode_candidate(x, w, sw, x_fmt, w_fmt, out, cfg, c)
+    if x.device.type == "cuda" and len(candidates) > 1:
+        key = (current_arch(x.device), next_pow2(x.shape[0]), w.shape[0], x.shape[1], w_fmt, x.dtype, out.dtype)
+        if key not in _DECODE_CHOICE:
+            _DECODE_CHOICE[key] = _fastest(candidates, run)
+        return run(_DECODE_CHOICE[key])
+    return run(candidates[0])
+
+
+def _decode_candidate(x, w, sw, x_fmt, w_fmt, out, cfg, c):
+    if c["kernel"] == "dot_scaled":
+        tile = dict(c, BLOCK_M=max(16, next_pow2(x.shape[0])))
+        return _dot_scaled(x, w, None, sw, x_fmt, w_fmt, out, cfg, tile)
+    return _decode_launch(x, _as_triton_operand(w, w_fmt), sw, w_fmt, out, c)
+
+
+def decode_choice(m: int, n: int, k: int, w_fmt: str, device, dtype=torch.bfloat16, out_dtype=torch.bfloat16):
+    """The decode candidate chosen for this shape so far (None before the first call): for reports."""
+    key = (current_arch(torch.device(device)), next_pow2(m), n, k, mx_format(w_fmt).name, dtype, out_dtype)
+    return _DECODE_CHOICE.get(key)
+
+
+def _fastest(candidates, run):
+    """The candidate config whose ``run`` is fastest (Triton's do_bench), skipping ones that fail."""
+    import triton.testing
+    best, best_ms = None, float("inf")
+    for c in candidates:
+        try:
+            ms = triton.testing.do_bench(lambda: run(c), warmup=5, rep=25, return_mode="median")
+        except Exception:  # a config that does not fit this GPU is simply not chosen
+            continue
+        if ms < best_ms:
+            best, best_ms = c, ms
+    if best is None:
+        raise RuntimeError("scaled_matmul decode: no candidate config ran on this device")
+    return best
+
+
+def _decode_launch(x, w, sw, w_fmt, out, c):
+    m, k = x.shape
+    n = w.shape[0]
+    block_k = c["BLOCK_K"]
+    split_k = max(1, min(c["SPLIT_K"], triton.cdiv(k, block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)
+    target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, c["BLOCK_N"]), split_k)
+    launch(_mx_decode_kernel, x.device, grid,
+           x, w, sw, target, m, n, k, k_per_split,
+           x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
+           target.stride(0) if split_k > 1 else 0,
+           W_FP4=w_fmt == "e2m1", BLOCK_M=max(16, next_pow2(m)), BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
+           num_warps=c["num_warps"], num_stages=c["num_stages"])
+    if split_k > 1:
+        numel = m * n
+        launch(_sum_splits_kernel, x.device, (triton.cdiv(numel, 1024),), target, out, numel,
+               SPLIT_K=split_k, BLOCK=1024, num_warps=4)
+    return out
+
+
+def reference_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, lhs_format=None, rhs_format=None) -> torch.Tensor:
+    """float64 (lhs * lhs_scales) @ (rhs * rhs_scales)^T through the numpy spec decode (the oracle)."""
+    from flyarray.kernels.mx import reference_mx_dequantize
+    a_fmt = _infer_format(lhs, lhs_format, "lhs")
+    b_fmt = _infer_format(rhs, rhs_format, "rhs")
+    a = lhs.double() if a_fmt in _PLAIN_FORMATS else reference_mx_dequantize(lhs, lhs_scales, a_fmt)
+    b = reference_mx_dequantize(rhs, rhs_scales, b_fmt)
+    return a @ b.transpose(-1, -2)
+
+
+_POINTER_TYPES = {"e4m3": "*fp8e4nv", "e5m2": "*fp8e5", "e2m1": "*u8", "bf16": "*bf16", "fp16": "*fp16"}
+
+
+def _dot_scaled_spec(arch: str, a_fmt: str, b_fmt: str, tile=None, tag: str = ""):
+    from flyarray.targets import KernelSpec
+    tile = dict(tile or _dot_scaled_tile(pick_config(CONFIGS, arch), a_fmt, b_fmt))
+    tile.pop("kernel", None)
+    launch_opts = {"num_warps": tile.pop("num_warps"), "num_stages": tile.pop("num_stages")}
+    unit = ("stride_ak", "stride_bk", "stride_sak", "stride_sbk", "stride_cn")  # Triton specializes 1s
+    ints = ("M", "N", "K", "stride_am", "stride_bn", "stride_sam", "stride_sbn", "stride_cm")
+    signature = {"a_ptr": _POINTER_TYPES[a_fmt], "b_ptr": _POINTER_TYPES[b_fmt], "sa_ptr": "*u8",
+                 "sb_ptr": "*u8", "c_ptr": "*bf16", **{k: "i32" for k in ints},
+                 **{k: "constexpr" for k in unit},
+                 **{k: "constexpr" for k in ("A_FORMAT", "B_FORMAT", "A_SCALED", *tile)}}
+    constexprs = {**{k: 1 for k in unit}, "A_FORMAT": a_fmt, "B_FORMAT": b_fmt,
+                  "A_SCALED": a_fmt in _MX_FORMATS, **tile}
+    return KernelSpec(f"scaled_matmul_dot_scaled{tag}_{a_fmt}x{b_fmt}_{arch}", _dot_scaled_kernel,
+                      signature, constexprs, **launch_opts)
+
+
+def _decode_spec(arch: str, w_fmt: str):
+    from flyarray.targets import KernelSpec
+    c = dict(next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
+    launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
+    c.pop("SPLIT_K"), c.pop("kernel")
+    ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
+    signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
+                 **{k: "i32" for k in ints}, "stride_on": "constexpr",
+                 **{k: "constexpr" for k in ("W_FP4", "BLOCK_M", *c)}}
+    constexprs = {"stride_on": 1, "W_FP4": w_fmt == "e2m1", "BLOCK_M": 16, **c}
+    return KernelSpec(f"scaled_matmul_decode_bf16x{w_fmt}_{arch}", _mx_decode_kernel,
+                      signature, constexprs, **launch_opts)
+
+
+def _fp8_blocks_spec(arch: str):
+    from flyarray.targets import KernelSpec
+    tile = dict(pick_config(CONFIGS, arch)["fp8_blocks"])
+    launch_opts = {"num_warps": tile.pop("num_warps"), "num_stages": tile.pop("num_stages")}
+    ints = ("M", "N", "K", "stride_am", "stride_bn", "stride_sam", "stride_sbn", "stride_cm")
+    signature = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "sa_ptr": "*u8", "sb_ptr": "*u8", "c_ptr": "*bf16",
+                 **{k: "i32" for k in ints}, "stride_cn": "constexpr", **{k: "constexpr" for k in tile}}
+    return KernelSpec(f"scaled_matmul_fp8_blocks_{arch}", _fp8_blocks_kernel, signature,
+                      {"stride_cn": 1, **tile}, **launch_opts)
+
+
+def compile_specs(arch: str | None = None) -> list:
+    """Representative specializations: every MX combination through dot_scaled with ``arch``'s
+    tiles (both gfx950 and sm_90 when None), plus the Hopper decode and fp8_blocks kernels."""
+    archs = [arch] if arch else ["gfx950", "sm_90"]
+    combos = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("bf16", "e2m1")]
+    specs = [_dot_scaled_spec(a, fa, fb) for a in archs for fa, fb in combos]
+    if "sm_90" in archs:
+        small_m = next(c for c in CONFIGS["sm_90"]["decode_candidates"] if c["kernel"] == "dot_scaled")
+        specs += [_decode_spec("sm_90", "e2m1"), _decode_spec("sm_90", "e4m3"), _fp8_blocks_spec("sm_90"),
+                  _dot_scaled_spec("sm_90", "bf16", "e2m1", dict(small_m, BLOCK_M=16), "_decode")]
+    return specs

@@ -1,0 +1,11 @@
+"""The public functional API, written on primitives (primitives.py) and library ops (library.py)."""
+from .core import astype, where  # noqa: F401
+from .creation import (arange, asarray, empty, empty_like, eye, from_dlpack, full, full_like, linspace,  # noqa: F401
+                       ones, ones_like, zeros, zeros_like)
+from .elementwise import *  # noqa: F401,F403
+from .elementwise import clip, conj, gelu, isclose, real, relu, silu  # noqa: F401
+from .linalg import matmul, vecdot  # noqa: F401
+from .manipulation import (broadcast_arrays, broadcast_to, concat, expand_dims, flip, getitem,  # noqa: F401
+                           matrix_transpose, moveaxis, permute_dims, reshape, squeeze, stack)
+from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
+from . import nn  # noqa: F401

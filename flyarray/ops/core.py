@@ -1,0 +1,166 @@
+"""Recording: turn an API call into a checked graph node.
+
+Every check happens here, when the op is recorded, before any work: dtypes
+the primitive accepts, shapes that broadcast, devices that match, scalars
+that fit. The resulting node's inputs already have the node's shape and
+compute dtype, so the scheduler and code generator never re-derive them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import dtypes as dt
+from .. import ir, views
+from .._array import Array
+from ..primitives import ELEMENTWISE, REDUCE, check_accepts, elementwise_out_dtype, reduce_dtype
+
+
+def node_of(x) -> ir.Node:
+    if not isinstance(x, Array):
+        raise TypeError(f"expected a flyarray Array, got {type(x).__name__}")
+    return x._node
+
+
+def common_device(args) -> torch.device:
+    devices = {a.device for a in args if isinstance(a, Array)}
+    if len(devices) > 1:
+        raise ValueError(f"arrays live on different devices: {', '.join(sorted(map(str, devices)))}; "
+                         "move them with fa.asarray(x, device=...) first")
+    if devices:
+        return devices.pop()
+    from ..runtime import default_device
+    return default_device()
+
+
+def check_scalar_fits(value, d: dt.DType):
+    if isinstance(value, bool) or not isinstance(value, int) or d.kind not in "iu":
+        return
+    info = torch.iinfo(d.torch)
+    if not info.min <= value <= info.max:
+        raise OverflowError(f"Python int {value} does not fit {d} (range {info.min}..{info.max})")
+
+
+def constant(value, shape, d: dt.DType, device) -> ir.Node:
+    check_scalar_fits(value, d)
+    if d.kind == "b":
+        value = bool(value)
+    elif d.kind in "iu":
+        value = int(value)
+    else:
+        value = float(value)
+    return ir.constant(value, tuple(shape), d, device)
+
+
+def broadcast_node(node: ir.Node, shape: tuple) -> ir.Node:
+    if node.shape == shape:
+        return node
+    if node.kind == "constant":
+        return ir.constant(node.params, shape, node.dtype, node.device)
+    views.broadcast_shapes(node.shape, shape)  # raises with both shapes
+    ops = []
+    if len(node.shape) < len(shape):
+        lead = (1,) * (len(shape) - len(node.shape)) + node.shape
+        ops.append(("reshape", lead))
+    ops.append(("expand", shape))
+    return ir.view(node, tuple(ops), shape)
+
+
+def cast_node(node: ir.Node, d: dt.DType) -> ir.Node:
+    if node.dtype == d:
+        return node
+    if node.kind == "constant":
+        return constant(node.params, node.shape, d, node.device)
+    return ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, d, node.device)
+
+
+def elementwise(name: str, *args) -> Array:
+    """Record elementwise primitive ``name`` over Arrays and Python scalars."""
+    prim = ELEMENTWISE[name]
+    for a in args:
+        if not isinstance(a, (Array, bool, int, float)):
+            raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
+    device = common_device(args)
+    in_dtype = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in args])
+    if prim.accepts == "float" and in_dtype.kind != "f":
+        in_dtype = dt.default_float()
+    if prim.out == "float" and in_dtype.kind != "f":
+        in_dtype = dt.default_float()
+    check_accepts(prim, in_dtype)
+    shape = views.broadcast_shapes(*[a.shape for a in args if isinstance(a, Array)])
+    inputs = []
+    for a in args:
+        if isinstance(a, Array):
+            inputs.append(broadcast_node(cast_node(a._node, in_dtype), shape))
+        else:
+            inputs.append(constant(a, shape, in_dtype, device))
+    out_dtype = elementwise_out_dtype(prim, in_dtype)
+    return Array(ir.Node(prim, tuple(inputs), None, shape, out_dtype, device))
+
+
+def where(cond, x, y) -> Array:
+    device = common_device((cond, x, y))
+    if not isinstance(cond, Array):
+        cond = Array(constant(bool(cond), (), dt.bool_, device))
+    d = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in (x, y)])
+    shape = views.broadcast_shapes(*[a.shape for a in (cond, x, y) if isinstance(a, Array)])
+    c = broadcast_node(cast_node(cond._node, dt.bool_), shape)
+    branches = [broadcast_node(cast_node(a._node, d), shape) if isinstance(a, Array) else constant(a, shape, d, device)
+                for a in (x, y)]
+    return Array(ir.Node(ELEMENTWISE["where"], (c, *branches), None, shape, d, device))
+
+
+def astype(x, dtype, copy=True) -> Array:
+    d = dt.dtype(dtype)
+    node = node_of(x)
+    if node.dtype == d and not copy:
+        return x
+    return Array(ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, d, node.device))
+
+
+def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
+    prim = REDUCE[name]
+    node = node_of(x)
+    axes = views.normalize_axes(axis, len(node.shape))
+    if name in ("max", "min", "argmax", "argmin") and any(node.shape[a] == 0 for a in axes):
+        raise ValueError(f"{name} of an empty slice: axes {axes} of shape {node.shape} have no elements "
+                         "and the reduction has no identity")
+    if name in ("any", "all"):
+        node = cast_node(node, dt.bool_)
+    elif dtype is not None:
+        node = cast_node(node, dt.dtype(dtype))
+    elif prim.out == "sum" and node.dtype.kind in "biu":
+        node = cast_node(node, dt.int64)
+    out_dtype = reduce_dtype(prim, node.dtype)
+    keep_shape = tuple(1 if i in axes else s for i, s in enumerate(node.shape))
+    if not axes:
+        return Array(cast_node(node, out_dtype)) if name not in ("argmax", "argmin") else \
+            Array(constant(0, node.shape, dt.int64, node.device))
+    red = ir.Node(prim, (node,), axes, keep_shape, out_dtype, node.device)
+    if keepdims:
+        return Array(red)
+    out_shape = tuple(s for i, s in enumerate(node.shape) if i not in axes)
+    return Array(ir.view(red, (("reshape", out_shape),), out_shape))
+
+
+def movement(x, ops, shape) -> Array:
+    """A view of ``x``; materializes first if no strided map can describe it."""
+    node = node_of(x)
+    ops = tuple(ops)
+    base, chain = (node.inputs[0], node.params + ops) if node.kind == "view" else (node, ops)
+    if views.apply_all(base_view(base), chain) is None:
+        node = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)  # a copy
+    return Array(ir.view(node, ops, tuple(shape)))
+
+
+def base_view(node: ir.Node) -> views.View:
+    """How a non-view node's elements lie in memory: a source's real strides, else contiguous."""
+    if node.kind == "source" or (node.realized and node.buffer is not None and node.kind != "view"):
+        t = node.buffer
+        return views.View(tuple(t.shape), tuple(t.stride()), 0)
+    return views.View.contiguous(node.shape)
+
+
+def numel(shape) -> int:
+    return math.prod(shape)

@@ -1,0 +1,175 @@
+"""Making arrays: from other libraries (zero copy through DLPack) and from nothing."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from .. import dtypes as dt
+from .. import ir
+from .._array import Array
+from .core import astype, constant
+
+
+def _device(device) -> torch.device:
+    if device is None:
+        from ..runtime import default_device
+        return default_device()
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}") from exc
+
+
+def asarray(obj, dtype=None, device=None, copy=None) -> Array:
+    """An Array over ``obj``; the same memory where device and layout allow (copy=None or False)."""
+    target_dtype = dt.dtype(dtype) if dtype is not None else None
+    if isinstance(obj, Array):
+        out = obj
+        if device is not None and _device(device) != obj.device:
+            if copy is False:
+                raise ValueError(f"copy=False, but the array is on {obj.device}, not {device}")
+            out = Array(ir.source(obj._tensor().to(_device(device))))
+        if target_dtype is not None and target_dtype != out.dtype:
+            if copy is False:
+                raise ValueError(f"copy=False, but dtype {out.dtype} differs from {target_dtype}")
+            return astype(out, target_dtype)
+        return astype(out, out.dtype, copy=True) if copy else out
+    tensor = _to_tensor(obj, target_dtype, copy)
+    if device is not None and tensor.device != _device(device):
+        if copy is False:
+            raise ValueError(f"copy=False, but the data is on {tensor.device}, not {device}")
+        tensor = tensor.to(_device(device))
+    if target_dtype is not None and tensor.dtype != target_dtype.torch:
+        if copy is False:
+            raise ValueError(f"copy=False, but dtype {dt.from_torch(tensor.dtype)} differs from {target_dtype}")
+        return astype(Array(ir.source(tensor)), target_dtype)
+    if copy:
+        tensor = tensor.clone()
+    return Array(ir.source(tensor))
+
+
+def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
+    if isinstance(obj, torch.Tensor):
+        _check_supported(obj.dtype)
+        return obj.detach()
+    if isinstance(obj, np.ndarray):
+        return _from_numpy(obj, copy)
+    if hasattr(obj, "__dlpack__"):
+        return from_dlpack(obj)._node.buffer
+    if isinstance(obj, (bool, numbers.Number, list, tuple, np.generic)):
+        if copy is False:
+            raise ValueError("copy=False, but Python scalars and sequences must be copied")
+        try:
+            t = torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
+        if t.dtype == torch.float64 and target_dtype is None and not isinstance(obj, np.generic):
+            t = t.float()  # the array API's default float is float32
+        _check_supported(t.dtype)
+        return t
+    raise TypeError(f"cannot make an array from {type(obj).__name__}: it is not a DLPack producer "
+                    "(no __dlpack__), a numpy array, or a (nested) sequence of numbers")
+
+
+def _from_numpy(arr: np.ndarray, copy) -> torch.Tensor:
+    if arr.dtype.name not in {d.name for d in dt.ALL} and arr.dtype != np.bool_:
+        raise TypeError(f"numpy dtype {arr.dtype} has no flyarray equivalent")
+    if not arr.flags.writeable or arr.dtype.byteorder not in "=|":
+        if copy is False:
+            raise ValueError("copy=False, but this numpy array is read-only or byte-swapped and must be copied")
+        arr = np.ascontiguousarray(arr).copy()
+    return torch.from_numpy(arr)
+
+
+def _check_supported(t: torch.dtype):
+    dt.from_torch(t)  # raises a clear TypeError for dtypes we do not model
+
+
+def from_dlpack(x, /, *, device=None, copy=None) -> Array:
+    """Take any DLPack producer (torch, numpy, JAX, CuPy) without a copy."""
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
+    if isinstance(x, Array):
+        return x
+    if isinstance(x, np.ndarray):
+        return Array(ir.source(_from_numpy(x, copy)))
+    t = torch.from_dlpack(x)
+    _check_supported(t.dtype)
+    if copy:
+        t = t.clone()
+    if device is not None and t.device != _device(device):
+        t = t.to(_device(device))
+    return Array(ir.source(t))
+
+
+def full(shape, fill_value, *, dtype=None, device=None) -> Array:
+    shape = _shape(shape)
+    d = dt.dtype(dtype) if dtype is not None else dt.result_type(fill_value)
+    return Array(constant(fill_value, shape, d, _device(device)))
+
+
+def zeros(shape, *, dtype=None, device=None) -> Array:
+    return full(shape, 0, dtype=dtype or dt.default_float(), device=device)
+
+
+def ones(shape, *, dtype=None, device=None) -> Array:
+    return full(shape, 1, dtype=dtype or dt.default_float(), device=device)
+
+
+def empty(shape, *, dtype=None, device=None) -> Array:
+    """Uninitialized in spirit; we hand back zeros, which costs nothing until read."""
+    return zeros(shape, dtype=dtype, device=device)
+
+
+def full_like(x, fill_value, *, dtype=None, device=None) -> Array:
+    return full(x.shape, fill_value, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def zeros_like(x, *, dtype=None, device=None) -> Array:
+    return full_like(x, 0, dtype=dtype, device=device)
+
+
+def ones_like(x, *, dtype=None, device=None) -> Array:
+    return full_like(x, 1, dtype=dtype, device=device)
+
+
+def empty_like(x, *, dtype=None, device=None) -> Array:
+    return zeros_like(x, dtype=dtype, device=device)
+
+
+def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be zero")
+    n = max(0, math.ceil((stop - start) / step))
+    if dtype is None:
+        dtype = dt.int64 if all(isinstance(v, int) for v in (start, stop, step)) else dt.default_float()
+    d = dt.dtype(dtype)
+    return Array(ir.Node(ir.IOTA, (), ("ramp", start, step), (n,), d, _device(device)))
+
+
+def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> Array:
+    if num < 0:
+        raise ValueError(f"linspace: num must be >= 0, got {num}")
+    d = dt.dtype(dtype) if dtype is not None else dt.default_float()
+    div = (num - 1) if endpoint else num
+    step = (stop - start) / div if div > 0 else 0.0
+    node = ir.Node(ir.IOTA, (), ("ramp", float(start), float(step)), (num,), d, _device(device))
+    return Array(node)
+
+
+def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
+    n_cols = n_rows if n_cols is None else n_cols
+    d = dt.dtype(dtype) if dtype is not None else dt.default_float()
+    return Array(ir.Node(ir.IOTA, (), ("eye", int(k), int(n_cols)), (n_rows, n_cols), d, _device(device)))
+
+
+def _shape(shape) -> tuple:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any((not isinstance(s, int)) or s < 0 for s in shape):
+        raise ValueError(f"invalid shape {shape}: sizes must be non-negative ints")
+    return shape

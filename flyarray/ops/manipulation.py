@@ -1,0 +1,208 @@
+"""Shape and layout: reshape, permute, expand, squeeze, broadcast, flip, indexing, concat, stack.
+
+All but concat are views (views.py): they record movement ops and run nothing.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+from .. import ir, views
+from .._array import Array
+from .core import movement, node_of
+
+
+def reshape(x, shape, copy=None) -> Array:
+    node = node_of(x)
+    shape = (shape,) if isinstance(shape, int) else tuple(operator.index(s) for s in shape)
+    shape = _infer_minus_one(node.shape, shape)
+    if shape == node.shape:
+        return x
+    return movement(x, [("reshape", shape)], shape)
+
+
+def _infer_minus_one(old, shape):
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: at most one -1 in the new shape, got {shape}")
+    if any(s < -1 for s in shape):
+        raise ValueError(f"reshape: negative size in {shape}")
+    known = math.prod(s for s in shape if s != -1)
+    total = math.prod(old)
+    if -1 in shape:
+        if known == 0 or total % known:
+            raise ValueError(f"cannot reshape array of shape {old} (size {total}) into shape {shape}")
+        shape = tuple(total // known if s == -1 else s for s in shape)
+    if math.prod(shape) != total:
+        raise ValueError(f"cannot reshape array of shape {old} (size {total}) into shape {shape} "
+                         f"(size {math.prod(shape)})")
+    return shape
+
+
+def permute_dims(x, axes) -> Array:
+    node = node_of(x)
+    axes = tuple(views.normalize_axis(a, len(node.shape)) for a in axes)
+    if sorted(axes) != list(range(len(node.shape))):
+        raise ValueError(f"permute_dims: axes {axes} are not a permutation of the {len(node.shape)} dims of shape "
+                         f"{node.shape}")
+    if axes == tuple(range(len(axes))):
+        return x
+    shape = tuple(node.shape[a] for a in axes)
+    return movement(x, [("permute", axes)], shape)
+
+
+def matrix_transpose(x) -> Array:
+    return x.mT
+
+
+def expand_dims(x, axis=0) -> Array:
+    node = node_of(x)
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    ndim = len(node.shape) + len(axes)
+    axes = sorted(views.normalize_axis(a, ndim) for a in axes)
+    shape = list(node.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return reshape(x, tuple(shape))
+
+
+def squeeze(x, axis=None) -> Array:
+    node = node_of(x)
+    if axis is None:
+        axes = tuple(i for i, s in enumerate(node.shape) if s == 1)
+    else:
+        axes = views.normalize_axes(axis, len(node.shape))
+    for a in axes:
+        if node.shape[a] != 1:
+            raise ValueError(f"squeeze: axis {a} of shape {node.shape} has size {node.shape[a]}, not 1")
+    return reshape(x, tuple(s for i, s in enumerate(node.shape) if i not in axes))
+
+
+def broadcast_to(x, shape) -> Array:
+    node = node_of(x)
+    shape = tuple(shape)
+    if views.broadcast_shapes(node.shape, shape) != shape:
+        raise ValueError(f"cannot broadcast shape {node.shape} to {shape}")
+    if shape == node.shape:
+        return x
+    lead = (1,) * (len(shape) - len(node.shape)) + node.shape
+    ops = ([("reshape", lead)] if lead != node.shape else []) + [("expand", shape)]
+    return movement(x, ops, shape)
+
+
+def broadcast_arrays(*arrays) -> list:
+    shape = views.broadcast_shapes(*[a.shape for a in arrays])
+    return [broadcast_to(a, shape) for a in arrays]
+
+
+def flip(x, axis=None) -> Array:
+    node = node_of(x)
+    axes = views.normalize_axes(axis, len(node.shape))
+    if not axes:
+        return x
+    return movement(x, [("flip", axes)], node.shape)
+
+
+def moveaxis(x, source, destination) -> Array:
+    nd = x.ndim
+    src = [views.normalize_axis(a, nd) for a in ((source,) if isinstance(source, int) else source)]
+    dst = [views.normalize_axis(a, nd) for a in ((destination,) if isinstance(destination, int) else destination)]
+    order = [a for a in range(nd) if a not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return permute_dims(x, tuple(order))
+
+
+def getitem(x, key) -> Array:
+    """Basic indexing (ints, slices with steps, None, ...) as a view; no copy."""
+    node = node_of(x)
+    key = key if isinstance(key, tuple) else (key,)
+    for k in key:
+        if isinstance(k, Array) or hasattr(k, "__array__") or isinstance(k, (list,)):
+            raise TypeError("advanced (array) indexing is not supported; use fa.take or fa.where")
+        if not (k is None or k is Ellipsis or isinstance(k, (int, slice)) or hasattr(k, "__index__")):
+            raise TypeError(f"unsupported index {k!r} of type {type(k).__name__}")
+    if sum(k is Ellipsis for k in key) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if consumed > len(node.shape):
+        raise IndexError(f"too many indices ({consumed}) for an array of shape {node.shape}")
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + (slice(None),) * (len(node.shape) - consumed) + key[i + 1:]
+    else:
+        key = key + (slice(None),) * (len(node.shape) - consumed)
+    starts, steps, sizes, flips, out_shape = [], [], [], [], []
+    axis = 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        size = node.shape[axis]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(size)
+            count = len(range(start, stop, step))
+            if step < 0:  # a negative step is a positive-step slice of the flipped axis
+                first = start + (count - 1) * step if count else 0
+                starts.append(first), steps.append(-step), flips.append(axis)
+            else:
+                starts.append(start if count else 0), steps.append(step)
+            sizes.append(count)
+            out_shape.append(count)
+        else:
+            i = operator.index(k)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {size}")
+            starts.append(i % size), steps.append(1), sizes.append(1)
+        axis += 1
+    ops = []
+    if any(s != 0 for s in starts) or any(s != 1 for s in steps) or tuple(sizes) != node.shape:
+        ops.append(("slice", tuple(starts), tuple(steps), tuple(sizes)))
+    if flips:
+        # flip axes of the sliced (pre-reshape) array: reversed slice == flip of the ascending slice
+        ops.append(("flip", tuple(flips)))
+    out_shape = tuple(out_shape)
+    if out_shape != tuple(sizes):
+        ops.append(("reshape", out_shape))
+    if not ops:
+        return x
+    return movement(x, ops, out_shape)
+
+
+def concat(arrays, axis=0) -> Array:
+    """Concatenate along ``axis``: one output buffer, each input copied into its slice by our kernel."""
+    from .. import dtypes as dt
+    from ..ir import Node
+    from .core import cast_node, common_device
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("concat needs at least one array")
+    if axis is None:
+        arrays, axis = [reshape(a, (-1,)) for a in arrays], 0
+    device = common_device(arrays)
+    first = arrays[0].shape
+    nd = len(first)
+    if nd == 0:
+        raise ValueError("concat: zero-dimensional arrays cannot be concatenated")
+    axis = views.normalize_axis(axis, nd)
+    for a in arrays:
+        if len(a.shape) != nd or any(s != f for i, (s, f) in enumerate(zip(a.shape, first)) if i != axis):
+            raise ValueError(f"concat: shapes {', '.join(str(b.shape) for b in arrays)} differ outside axis {axis}")
+    d = dt.result_type(*[a.dtype for a in arrays])
+    shape = list(first)
+    shape[axis] = sum(a.shape[axis] for a in arrays)
+    inputs = tuple(cast_node(a._node, d) for a in arrays)
+    return Array(Node(CONCAT, inputs, axis, tuple(shape), d, device))
+
+
+def stack(arrays, axis=0) -> Array:
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("stack needs at least one array")
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise ValueError(f"stack: all arrays need one shape, got {', '.join(map(str, (a.shape for a in arrays)))}")
+    axis = views.normalize_axis(axis, arrays[0].ndim + 1)
+    return concat([expand_dims(a, axis) for a in arrays], axis=axis)
+
+
+CONCAT = ir._Simple("concat", "concat")

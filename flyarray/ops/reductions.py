@@ -1,0 +1,78 @@
+"""Reductions over any axes, with keepdims. mean/var/std are compositions of sum."""
+from __future__ import annotations
+
+import math
+
+from .. import dtypes as dt
+from .. import views
+from .core import astype, reduce
+
+
+def sum(x, /, *, axis=None, keepdims=False, dtype=None):
+    return reduce("sum", x, axis, keepdims, dtype)
+
+
+def prod(x, /, *, axis=None, keepdims=False, dtype=None):
+    return reduce("prod", x, axis, keepdims, dtype)
+
+
+def max(x, /, *, axis=None, keepdims=False):
+    return reduce("max", x, axis, keepdims)
+
+
+def min(x, /, *, axis=None, keepdims=False):
+    return reduce("min", x, axis, keepdims)
+
+
+def any(x, /, *, axis=None, keepdims=False):
+    return reduce("any", x, axis, keepdims)
+
+
+def all(x, /, *, axis=None, keepdims=False):
+    return reduce("all", x, axis, keepdims)
+
+
+def argmax(x, /, *, axis=None, keepdims=False):
+    return _arg("argmax", x, axis, keepdims)
+
+
+def argmin(x, /, *, axis=None, keepdims=False):
+    return _arg("argmin", x, axis, keepdims)
+
+
+def _arg(name, x, axis, keepdims):
+    if axis is not None and not isinstance(axis, int):
+        raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
+    if x.ndim == 0:
+        return reduce(name, x, None, keepdims)
+    if axis is None:  # the index into the flattened array (all axes reduced in C order)
+        out = reduce(name, x, None, True)
+        return out if keepdims else out.reshape(())
+    return reduce(name, x, axis, keepdims)
+
+
+def _count(x, axis) -> int:
+    axes = views.normalize_axes(axis, x.ndim)
+    return math.prod(x.shape[a] for a in axes)
+
+
+def mean(x, /, *, axis=None, keepdims=False):
+    if x.dtype.kind != "f":
+        x = astype(x, dt.default_float())
+    n = _count(x, axis)
+    return sum(x, axis=axis, keepdims=keepdims) * (1.0 / n if n else float("nan"))
+
+
+def var(x, /, *, axis=None, correction=0.0, keepdims=False):
+    if x.dtype.kind != "f":
+        x = astype(x, dt.default_float())
+    n = _count(x, axis)
+    centered = x - mean(x, axis=axis, keepdims=True)
+    denom = n - correction
+    scale = 1.0 / denom if denom > 0 else float("nan")
+    return sum(centered * centered, axis=axis, keepdims=keepdims) * scale
+
+
+def std(x, /, *, axis=None, correction=0.0, keepdims=False):
+    from .core import elementwise
+    return elementwise("sqrt", var(x, axis=axis, correction=correction, keepdims=keepdims))

@@ -1,0 +1,210 @@
+"""Every primitive's rules, in one table per kind.
+
+An elementwise primitive states: its arity; which input kinds it accepts;
+how the output dtype follows from the (already promoted) input dtype; its
+reference implementation (torch eager: the CPU backend and the test oracle);
+and its lowering (a Triton expression over argument expressions, computed in
+``compute_dtype``). ``ext`` in a lowering is the extern math library:
+Triton's libdevice on a GPU, numpy under the interpreter (backends/interpret.py).
+
+A reduce primitive states its identity, its combine rule in Triton, its
+reference, and its result dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import dtypes as dt
+from .ir import Primitive
+
+
+class Elementwise(Primitive):
+    kind = "elementwise"
+
+    def __init__(self, name, arity, accepts, out, reference, lower):
+        super().__init__(name)
+        self.arity = arity
+        self.accepts = accepts  # 'any' | 'numeric' | 'float' | 'integer' | 'int_bool'
+        self.out = out  # 'same' | 'bool' | 'float' (integers promote to float32 first)
+        self.reference = reference
+        self.lower = lower  # (arg_exprs, compute DType) -> Triton expression
+
+
+class Reduce(Primitive):
+    kind = "reduce"
+
+    def __init__(self, name, reference, combine, out):
+        super().__init__(name)
+        self.reference = reference
+        self.combine = combine  # name of a combine function in codegen's prelude
+        self.out = out  # 'sum' (ints widen to int64) | 'same' | 'index' | 'bool'
+
+
+ELEMENTWISE: dict = {}
+REDUCE: dict = {}
+
+
+def _ew(name, arity, accepts, out, reference, lower):
+    ELEMENTWISE[name] = Elementwise(name, arity, accepts, out, reference, lower)
+
+
+def _f(expr):  # a lowering from a format string over a, b, c
+    return lambda args, cdt: expr.format(*args)
+
+
+def _float_only(fn_name):
+    return lambda args, cdt: f"ext.{fn_name}({args[0]})"
+
+
+# ---- unary, float results -------------------------------------------------------------
+for _name, _ref, _low in [
+    ("exp", torch.exp, _f("tl.exp({0})")),
+    ("exp2", torch.exp2, _f("tl.exp2({0})")),
+    ("log", torch.log, _f("tl.log({0})")),
+    ("log2", torch.log2, _f("tl.log2({0})")),
+    ("sqrt", torch.sqrt, _f("tl.sqrt({0})")),
+    ("rsqrt", torch.rsqrt, _f("tl.rsqrt({0})")),
+    ("sin", torch.sin, _f("tl.sin({0})")),
+    ("cos", torch.cos, _f("tl.cos({0})")),
+    ("erf", torch.erf, _f("tl.erf({0})")),
+    ("sigmoid", torch.sigmoid, _f("(1.0 / (1.0 + tl.exp(-{0})))")),
+    ("tan", torch.tan, _float_only("tan")),
+    ("tanh", torch.tanh, _float_only("tanh")),
+    ("acos", torch.acos, _float_only("acos")),
+    ("acosh", torch.acosh, _float_only("acosh")),
+    ("asin", torch.asin, _float_only("asin")),
+    ("asinh", torch.asinh, _float_only("asinh")),
+    ("atan", torch.atan, _float_only("atan")),
+    ("atanh", torch.atanh, _float_only("atanh")),
+    ("cosh", torch.cosh, _float_only("cosh")),
+    ("sinh", torch.sinh, _float_only("sinh")),
+    ("expm1", torch.expm1, _float_only("expm1")),
+    ("log1p", torch.log1p, _float_only("log1p")),
+    ("log10", torch.log10, _float_only("log10")),
+]:
+    _ew(_name, 1, "numeric", "float", _ref, _low)
+
+# ---- unary, same dtype ----------------------------------------------------------------
+_ew("negative", 1, "numeric", "same", torch.negative, _f("(-{0})"))
+_ew("positive", 1, "numeric", "same", torch.positive, _f("{0}"))
+_ew("abs", 1, "numeric", "same", torch.abs, _f("tl.abs({0})"))
+_ew("square", 1, "numeric", "same", torch.square, _f("({0} * {0})"))
+_ew("sign", 1, "numeric", "same", torch.sign,
+    lambda a, cdt: (f"tl.where({a[0]} > 0, 1.0, tl.where({a[0]} < 0, -1.0, {a[0]})).to(tl.{cdt.triton})"
+                    if cdt.kind == "f" else f"tl.where({a[0]} > 0, 1, tl.where({a[0]} < 0, -1, 0)).to(tl.{cdt.triton})"))
+_ew("floor", 1, "numeric", "same", torch.floor, lambda a, cdt: f"tl.floor({a[0]})" if cdt.kind == "f" else a[0])
+_ew("ceil", 1, "numeric", "same", torch.ceil, lambda a, cdt: f"tl.ceil({a[0]})" if cdt.kind == "f" else a[0])
+_ew("trunc", 1, "numeric", "same", torch.trunc, lambda a, cdt: f"ext.trunc({a[0]})" if cdt.kind == "f" else a[0])
+_ew("round", 1, "numeric", "same", torch.round, lambda a, cdt: f"ext.rint({a[0]})" if cdt.kind == "f" else a[0])
+_ew("reciprocal", 1, "float", "same", torch.reciprocal, _f("(1.0 / {0})"))
+_ew("bitwise_invert", 1, "int_bool", "same", torch.bitwise_not,
+    lambda a, cdt: f"({a[0]} == 0)" if cdt.kind == "b" else f"(~{a[0]})")
+_ew("logical_not", 1, "any", "bool", torch.logical_not, _f("({0} == 0)"))
+_ew("isnan", 1, "any", "bool", torch.isnan, lambda a, cdt: f"({a[0]} != {a[0]})" if cdt.kind == "f" else f"({a[0]} != {a[0]})")
+_ew("isinf", 1, "any", "bool", torch.isinf,
+    lambda a, cdt: f"(tl.abs({a[0]}) == float('inf'))" if cdt.kind == "f" else f"({a[0]} != {a[0]})")
+_ew("isfinite", 1, "any", "bool", torch.isfinite,
+    lambda a, cdt: f"(tl.abs({a[0]}) < float('inf'))" if cdt.kind == "f" else f"({a[0]} == {a[0]})")
+_ew("signbit", 1, "numeric", "bool", torch.signbit,
+    lambda a, cdt: f"(ext.signbit({a[0]}) != 0)" if cdt.kind == "f" else f"({a[0]} < 0)")
+
+# ---- binary -----------------------------------------------------------------------------
+_ew("add", 2, "any", "same", torch.add,
+    lambda a, cdt: f"({a[0]} | {a[1]})" if cdt.kind == "b" else f"({a[0]} + {a[1]})")
+_ew("subtract", 2, "numeric", "same", torch.subtract, _f("({0} - {1})"))
+_ew("multiply", 2, "any", "same", torch.multiply,
+    lambda a, cdt: f"({a[0]} & {a[1]})" if cdt.kind == "b" else f"({a[0]} * {a[1]})")
+_ew("divide", 2, "float", "same", torch.divide, _f("({0} / {1})"))
+_ew("floor_divide", 2, "numeric", "same", lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    lambda a, cdt: f"tl.floor({a[0]} / {a[1]})" if cdt.kind == "f" else f"_ifloordiv({a[0]}, {a[1]})")
+_ew("remainder", 2, "numeric", "same", torch.remainder,
+    lambda a, cdt: f"_fremainder({a[0]}, {a[1]})" if cdt.kind == "f" else f"_iremainder({a[0]}, {a[1]})")
+_ew("pow", 2, "numeric", "same", torch.pow,
+    lambda a, cdt: f"ext.pow({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ipow({a[0]}, {a[1]})")
+_ew("maximum", 2, "numeric", "same", torch.maximum, _f("_maximum({0}, {1})"))
+_ew("minimum", 2, "numeric", "same", torch.minimum, _f("_minimum({0}, {1})"))
+_ew("atan2", 2, "float", "same", torch.atan2, _f("ext.atan2({0}, {1})"))
+_ew("hypot", 2, "float", "same", torch.hypot, _f("ext.hypot({0}, {1})"))
+_ew("copysign", 2, "float", "same", torch.copysign, _f("ext.copysign({0}, {1})"))
+_ew("nextafter", 2, "float", "same", torch.nextafter, _f("ext.nextafter({0}, {1})"))
+_ew("logaddexp", 2, "float", "same", torch.logaddexp, _f("_logaddexp({0}, {1})"))
+for _name, _ref, _op in [("equal", torch.eq, "=="), ("not_equal", torch.ne, "!="), ("less", torch.lt, "<"),
+                         ("less_equal", torch.le, "<="), ("greater", torch.gt, ">"),
+                         ("greater_equal", torch.ge, ">=")]:
+    _ew(_name, 2, "any", "bool", _ref, _f("({0} %s {1})" % _op))
+_ew("logical_and", 2, "any", "bool", torch.logical_and, _f("(({0} != 0) & ({1} != 0))"))
+_ew("logical_or", 2, "any", "bool", torch.logical_or, _f("(({0} != 0) | ({1} != 0))"))
+_ew("logical_xor", 2, "any", "bool", torch.logical_xor, _f("(({0} != 0) ^ ({1} != 0))"))
+_ew("bitwise_and", 2, "int_bool", "same", torch.bitwise_and, _f("({0} & {1})"))
+_ew("bitwise_or", 2, "int_bool", "same", torch.bitwise_or, _f("({0} | {1})"))
+_ew("bitwise_xor", 2, "int_bool", "same", torch.bitwise_xor, _f("({0} ^ {1})"))
+_ew("bitwise_left_shift", 2, "integer", "same", torch.bitwise_left_shift, _f("({0} << {1})"))
+_ew("bitwise_right_shift", 2, "integer", "same", torch.bitwise_right_shift, _f("({0} >> {1})"))
+
+# ---- ternary and casts --------------------------------------------------------------------
+# where(cond, x, y): cond is bool, x and y share the output dtype (handled by the API).
+_ew("where", 3, "any", "same", torch.where, _f("tl.where({0}, {1}, {2})"))
+# astype's target dtype is the node's dtype; codegen emits the cast itself.
+_ew("astype", 1, "any", "same", lambda x: x, _f("{0}"))
+
+
+# ---- reductions ------------------------------------------------------------------------------
+def _ref_max(x, axes):
+    return torch.amax(x, dim=axes, keepdim=True) if x.numel() else x.sum(dim=axes, keepdim=True)
+
+
+REDUCE["sum"] = Reduce("sum", lambda x, axes: torch.sum(x, dim=axes, keepdim=True), "_add", "sum")
+REDUCE["prod"] = Reduce("prod", lambda x, axes: _prod(x, axes), "_mul", "sum")
+REDUCE["max"] = Reduce("max", lambda x, axes: torch.amax(x, dim=axes, keepdim=True), "_maximum", "same")
+REDUCE["min"] = Reduce("min", lambda x, axes: torch.amin(x, dim=axes, keepdim=True), "_minimum", "same")
+REDUCE["any"] = Reduce("any", lambda x, axes: torch.any(_flat(x, axes), dim=-1).reshape(_kept(x, axes)), "_or", "bool")
+REDUCE["all"] = Reduce("all", lambda x, axes: torch.all(_flat(x, axes), dim=-1).reshape(_kept(x, axes)), "_and", "bool")
+REDUCE["argmax"] = Reduce("argmax", lambda x, axes: _arg(x, axes, True), "_argmax", "index")
+REDUCE["argmin"] = Reduce("argmin", lambda x, axes: _arg(x, axes, False), "_argmin", "index")
+
+
+def _kept(x, axes):
+    return tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+
+
+def _flat(x, axes):
+    """Move ``axes`` last and flatten them into one."""
+    kept = [i for i in range(x.dim()) if i not in axes]
+    y = x.permute(*kept, *axes)
+    return y.reshape(*[x.shape[i] for i in kept], -1)
+
+
+def _prod(x, axes):
+    return torch.prod(_flat(x, axes), dim=-1).reshape(_kept(x, axes))
+
+
+def _arg(x, axes, largest):
+    flat = _flat(x, axes)
+    idx = torch.argmax(flat, dim=-1) if largest else torch.argmin(flat, dim=-1)
+    return idx.reshape(_kept(x, axes))
+
+
+def reduce_dtype(prim: Reduce, d: dt.DType) -> dt.DType:
+    if prim.out == "sum":
+        return dt.int64 if d.kind in "biu" else d
+    if prim.out == "index":
+        return dt.int64
+    if prim.out == "bool":
+        return dt.bool_
+    return d
+
+
+def elementwise_out_dtype(prim: Elementwise, d: dt.DType) -> dt.DType:
+    return dt.bool_ if prim.out == "bool" else d
+
+
+def check_accepts(prim: Elementwise, d: dt.DType):
+    ok = {
+        "any": True,
+        "numeric": d.kind != "b",
+        "float": d.kind == "f",
+        "integer": d.kind in "iu",
+        "int_bool": d.kind in "biu",
+    }[prim.accepts]
+    if not ok:
+        raise TypeError(f"{prim.name} does not accept {d} inputs")

@@ -1,0 +1,165 @@
+"""Movement ops as index maps: reshape, permute, expand, slice, flip. No kernel runs.
+
+A view of a lazy value is recorded as a chain of movement ops. When a kernel
+reads the view, the chain is folded into one strided map over the buffer it
+reads (``View``: shape, element strides, element offset; strides may be
+negative or zero). Folding can fail only for a reshape of a layout that no
+strides describe (e.g. flattening a transposed array); the scheduler then
+materializes the value first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+# A movement op is a tuple: ("reshape", shape) | ("permute", perm) |
+# ("expand", shape) | ("slice", starts, steps, shape) | ("flip", axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    shape: tuple
+    strides: tuple
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(shape) -> "View":
+        return View(tuple(shape), contiguous_strides(shape), 0)
+
+    def is_contiguous(self) -> bool:
+        return self.offset == 0 and all(
+            st == cs for sz, st, cs in zip(self.shape, self.strides, contiguous_strides(self.shape)) if sz != 1)
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def apply(view: View, op: tuple) -> Optional[View]:
+    """``view`` followed by the movement ``op``; None when no strided view describes it."""
+    kind = op[0]
+    if kind == "reshape":
+        return _reshape(view, op[1])
+    if kind == "permute":
+        perm = op[1]
+        return View(tuple(view.shape[p] for p in perm), tuple(view.strides[p] for p in perm), view.offset)
+    if kind == "expand":
+        shape = op[1]
+        strides = tuple(st if old == new else 0 for old, new, st in zip(view.shape, shape, view.strides))
+        return View(tuple(shape), strides, view.offset)
+    if kind == "slice":
+        _, starts, steps, shape = op
+        offset = view.offset + sum(s * st for s, st in zip(starts, view.strides))
+        strides = tuple(st * step for st, step in zip(view.strides, steps))
+        return View(tuple(shape), strides, offset)
+    if kind == "flip":
+        offset, strides = view.offset, list(view.strides)
+        for ax in op[1]:
+            if view.shape[ax] > 0:
+                offset += (view.shape[ax] - 1) * strides[ax]
+            strides[ax] = -strides[ax]
+        return View(view.shape, tuple(strides), offset)
+    raise ValueError(f"unknown movement op {kind}")
+
+
+def apply_all(view: View, ops) -> Optional[View]:
+    for op in ops:
+        view = apply(view, op)
+        if view is None:
+            return None
+    return view
+
+
+def _reshape(view: View, shape: tuple) -> Optional[View]:
+    """Strides for ``shape`` over the same elements, when some exist (torch's rule)."""
+    shape = tuple(shape)
+    if math.prod(shape) == 0:
+        return View(shape, contiguous_strides(shape), view.offset)
+    # Drop size-1 dims; they carry no stride information.
+    old = [(sz, st) for sz, st in zip(view.shape, view.strides) if sz != 1]
+    new_strides = []
+    oi = 0
+    ni = 0
+    new_dims = [i for i, s in enumerate(shape) if s != 1]
+    result = [0] * len(shape)
+    while ni < len(new_dims):
+        # Take a run of old dims that is contiguous among itself, and split it into new dims.
+        if oi >= len(old):
+            return None
+        run_size, run_stride = old[oi]
+        chunk = [old[oi]]
+        oi += 1
+        target = shape[new_dims[ni]]
+        # grow the run of old dims until the new dims that it must cover are covered
+        group = [new_dims[ni]]
+        covered = target
+        while covered != run_size:
+            if covered < run_size:
+                ni += 1
+                if ni >= len(new_dims):
+                    return None
+                group.append(new_dims[ni])
+                covered *= shape[new_dims[ni]]
+            else:
+                if oi >= len(old):
+                    return None
+                size, stride = old[oi]
+                if chunk[-1][1] != stride * size:
+                    return None  # the old dims are not contiguous with each other
+                chunk.append(old[oi])
+                oi += 1
+                run_size *= size
+        # strides of the new dims inside this run: innermost stride is the run's innermost stride
+        inner = chunk[-1][1]
+        for dim in reversed(group):
+            result[dim] = inner
+            inner *= shape[dim]
+        ni += 1
+    if oi != len(old):
+        return None
+    for i, s in enumerate(shape):
+        if s == 1:
+            result[i] = 0
+    del new_strides
+    return View(shape, tuple(result), view.offset)
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    """The array API's broadcast; the error names every shape."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(ndim):
+        size = 1
+        for s in shapes:
+            d = s[axis - ndim + len(s)] if axis - ndim + len(s) >= 0 else 1
+            if d != 1:
+                if size != 1 and size != d:
+                    raise ValueError(
+                        f"shapes {' and '.join(str(tuple(x)) for x in shapes)} do not broadcast "
+                        f"(axis {axis - ndim}: {size} vs {d})")
+                size = d
+        out.append(size)
+    return tuple(out)
+
+
+def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TypeError(f"{name} must be an int, got {axis!r}")
+    if not -ndim <= axis < max(ndim, 1) or (ndim == 0 and axis not in (0, -1)):
+        raise ValueError(f"{name} {axis} is out of range for an array of rank {ndim}")
+    return axis % ndim if ndim else 0
+
+
+def normalize_axes(axis, ndim: int) -> tuple:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = tuple(sorted(normalize_axis(a, ndim) for a in axes))
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {axis}")
+    return out
