@@ -84,8 +84,11 @@ def _log(level: int, message: str):
 
 
 # ---- evaluation ---------------------------------------------------------------------------------------
-def realize(arrays):
-    """Compute every array's value (once); afterwards its node holds a buffer."""
+def realize(arrays, observer=None):
+    """Compute every array's value (once); afterwards its node holds a buffer.
+
+    ``observer(step, launch)`` sees each step as it runs (transforms/jit.py records them).
+    """
     roots = []
     for a in arrays:
         node = a._node
@@ -97,19 +100,22 @@ def realize(arrays):
     with _lock:
         _stats["evaluations"] += 1
         for step in schedule(roots):
-            _execute(step)
+            launch = _execute(step)
+            if observer is not None:
+                observer(step, launch)
         for node in ir.toposort(roots):
             if node.realized:
                 node.inputs = ()  # free the graph above a value we now hold
 
 
 def _execute(step):
+    """Run one step; for a kernel, return ``launch(inputs, outputs)`` that runs it again on other buffers."""
     if isinstance(step, Allocate):
         step.node.buffer = torch.empty(step.node.shape, dtype=step.node.dtype.torch, device=step.node.device)
     elif isinstance(step, LibraryCall):
         _run_library(step.node)
     else:
-        _run_kernel(step)
+        return _run_kernel(step)
 
 
 def _run_library(node):
@@ -133,18 +139,32 @@ def _run_kernel(kernel: Kernel):
         if st.target.buffer is None:
             st.target.buffer = torch.empty(st.target.shape, dtype=st.target.dtype.torch, device=device)
         outputs.append(st.target.buffer)
-    _stats["kernels_launched"] += 1
+    launch = _launcher(kernel, backend)
+    launch(inputs, outputs)
+    return launch
+
+
+def _launcher(kernel: Kernel, backend: str):
     if backend == "reference":
         from .backends.reference import run_kernel
-        run_kernel(kernel, inputs, outputs)
-        return
+
+        def launch_reference(inputs, outputs):
+            _stats["kernels_launched"] += 1
+            run_kernel(kernel, inputs, outputs)
+        return launch_reference
     plan = codegen.plan(kernel)
     fn = _compiled(plan, backend)
-    _log(1, f"launch {plan.key[:12]} on {backend} grid={plan.grid} {plan.constexprs}")
-    if not plan.empty:
-        fn[plan.grid](*inputs, *outputs, *plan.args, num_warps=plan.num_warps, **plan.constexprs)
-    if config.check_mode():
-        _check_against_reference(kernel, inputs, outputs)
+    grid, args, warps, constexprs = plan.grid, plan.args, plan.num_warps, plan.constexprs
+    check = config.check_mode()
+
+    def launch(inputs, outputs):
+        _stats["kernels_launched"] += 1
+        _log(1, f"launch {plan.key[:12]} on {backend} grid={grid} {constexprs}")
+        if not plan.empty:
+            fn[grid](*inputs, *outputs, *args, num_warps=warps, **constexprs)
+        if check:
+            _check_against_reference(kernel, inputs, outputs)
+    return launch
 
 
 def _check_against_reference(kernel, inputs, outputs):

@@ -1,0 +1,52 @@
+"""python -m flyarray bench | info"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _info() -> dict:
+    import torch
+    import triton
+
+    import flyarray
+    from flyarray import config, runtime
+    from flyarray.targets import TARGETS
+    device = runtime.default_device()
+    info = {
+        "flyarray": flyarray.__version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "backend": runtime.backend_for(device),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cross_compile_targets": sorted(TARGETS),
+        "cache_dir": str(config.cache_dir()),
+    }
+    return info
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m flyarray")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="compare flyarray with torch eager and torch.compile")
+    bench.add_argument("--suite", action="append", help="only these suites (elementwise, norms, topk, gemm, attention, mx)")
+    bench.add_argument("--json", default="bench.json", help="where to write the results (default: bench.json)")
+    bench.add_argument("--small", action="store_true", help="small shapes even on a GPU")
+    sub.add_parser("info", help="versions, backend, device, targets, cache dir")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        for k, v in _info().items():
+            print(f"{k:22} {v}")
+        return 0
+    from flyarray.bench.harness import run
+    rows = run(args.suite, small=True if args.small else None, json_path=args.json)
+    print(f"\nwrote {args.json}")
+    bad = [r for r in rows if r["status"] != "ok"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
