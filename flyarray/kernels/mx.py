@@ -98,6 +98,23 @@ def _interpreted_helper(jit_fn):
     return _INTERPRETED_HELPERS[key][1]
 
 
+def _call_interpreted(jit_fn, *args, **kwargs):
+    """Run a @triton.jit helper through the interpreter, from inside an interpreted kernel.
+
+    The interpreter patches triton.language for the helper's module; the patch
+    is undone as soon as the helper returns (LIFO with the kernel's own patch),
+    so compiled kernels launched later in the process see the real language.
+    """
+    from triton.runtime import interpreter
+    helper = _interpreted_helper(jit_fn)
+    scope = interpreter._patch_lang(jit_fn.fn)
+    try:
+        return helper.rewrite()(*args, **kwargs)
+    finally:
+        if scope is not None and hasattr(scope, "restore"):
+            scope.restore()
+
+
 @contextlib.contextmanager
 def _nested_jit_calls_interpreted():
     """Let an interpreted kernel call other @triton.jit functions.
@@ -110,7 +127,7 @@ def _nested_jit_calls_interpreted():
     """
     from triton.runtime.jit import JITFunction
     original = JITFunction.__call__
-    JITFunction.__call__ = lambda self, *args, **kwargs: _interpreted_helper(self)(*args, **kwargs)
+    JITFunction.__call__ = _call_interpreted
     try:
         yield
     finally:

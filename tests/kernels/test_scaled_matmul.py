@@ -1,0 +1,128 @@
+"""scaled_matmul against dequantize-then-matmul in float64 (the numpy spec decode)."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from flyarray.kernels import mx, scaled_matmul as sm
+
+NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+MX_PAIRS = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3")]
+
+
+def _rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def _operands(m, n, k, a_fmt, b_fmt, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-6, 6, (m, 1), generator=g).float())
+    w = torch.randn(n, k, generator=g)
+    a, sa = (x.to(sm._PLAIN_FORMATS[a_fmt]), None) if a_fmt in sm._PLAIN_FORMATS else mx.mx_quantize(x, a_fmt)
+    b, sb = mx.mx_quantize(w, b_fmt)
+    to = lambda t: None if t is None else t.to(device)
+    return to(a), to(b), to(sa), to(sb)
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt", MX_PAIRS)
+@pytest.mark.parametrize("method", ["dot_scaled", "fp8_blocks"])
+def test_mx_times_mx_matches_dequantized_matmul(a_fmt, b_fmt, method):
+    if method == "fp8_blocks" and "e2m1" in (a_fmt, b_fmt):
+        pytest.skip("fp8_blocks is MXFP8 x MXFP8 only")
+    a, b, sa, sb = _operands(20, 24, 96, a_fmt, b_fmt)       # K=96: a partial K tile
+    out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.float32, method=method)
+    ref = sm.reference_scaled_matmul(a, b, sa, sb)
+    assert out.shape == (20, 24) and out.dtype == torch.float32
+    assert _rel_err(out, ref) < 1e-6    # exact products, fp32 accumulation
+
+
+@pytest.mark.parametrize("b_fmt", ["e2m1", "e4m3"])
+@pytest.mark.parametrize("method", ["decode", "dot_scaled"])
+def test_weight_only_matches_dequantized_matmul(b_fmt, method):
+    # fp16 activations: the interpreter has no bf16 arithmetic
+    a, b, sa, sb = _operands(5, 40, 160, "fp16", b_fmt, seed=1)
+    out = sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float32, method=method)
+    ref = sm.reference_scaled_matmul(a, b, None, sb)
+    # the decoded weights are rounded to fp16 before the MMA (exact unless a scale pushes them out of range)
+    assert _rel_err(out, ref) < 1e-3
+
+
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 33), n=st.integers(1, 40), kb=st.integers(1, 4),
+       pair=st.sampled_from(MX_PAIRS + [("fp16", "e2m1")]))
+def test_shapes(m, n, kb, pair):
+    a_fmt, b_fmt = pair
+    a, b, sa, sb = _operands(m, n, 32 * kb, a_fmt, b_fmt, seed=m * 100 + n)
+    out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.float16)
+    ref = sm.reference_scaled_matmul(a, b, sa, sb)
+    assert out.dtype == torch.float16 and out.shape == (m, n)
+    assert _rel_err(out, ref) < 2e-3
+
+
+def test_batched_and_defaults():
+    a, b, sa, sb = _operands(8, 16, 64, "e4m3", "e2m1")
+    out = sm.scaled_matmul(torch.stack([a, a]), torch.stack([b, b]), torch.stack([sa, sa]), torch.stack([sb, sb]))
+    assert out.shape == (2, 8, 16) and out.dtype == torch.bfloat16
+    ref = sm.reference_scaled_matmul(a, b, sa, sb)
+    assert _rel_err(out[1], ref) < 1e-2
+
+
+def test_nan_scale_poisons_its_rows():
+    a, b, sa, sb = _operands(4, 8, 64, "e4m3", "e4m3")
+    sa = sa.clone()
+    sa[1, 0] = 255
+    out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.float32)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2, 3]]).all()
+
+
+def test_bad_inputs_raise_naming_the_argument():
+    a, b, sa, sb = _operands(4, 8, 64, "e4m3", "e2m1")
+    with pytest.raises(ValueError, match="lhs_scales"):
+        sm.scaled_matmul(a, b, sa[:, :1], sb)
+    with pytest.raises(ValueError, match="rhs_scales"):
+        sm.scaled_matmul(a, b, sa, sb.t().contiguous())
+    with pytest.raises(TypeError, match="rhs_scales"):
+        sm.scaled_matmul(a, b, sa, sb.float())
+    with pytest.raises(ValueError, match="lhs_scales"):
+        sm.scaled_matmul(a, b, None, sb)
+    with pytest.raises(ValueError, match="lhs_format"):
+        sm.scaled_matmul(a, b, sa, sb, lhs_format="e3m4")
+    with pytest.raises(ValueError, match="block_size"):
+        sm.scaled_matmul(a, b, sa, sb, block_size=16)
+    with pytest.raises(ValueError, match="rhs"):
+        sm.scaled_matmul(a, b[:, :16], sa, sb[:, :1])        # K mismatch
+    with pytest.raises(TypeError, match="lhs"):
+        sm.scaled_matmul(a.float(), b, sa, sb)
+    with pytest.raises(ValueError, match="preferred_element_type"):
+        sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.int32)
+    with pytest.raises(ValueError, match="method"):
+        sm.scaled_matmul(a, b, sa, sb, method="decode")
+
+
+@pytest.mark.parametrize("pair", [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1")])
+def test_gfx950_uses_native_scaled_mfma(pair):
+    from flyarray.targets import compile_for
+    report = compile_for(sm._dot_scaled_spec("gfx950", *pair), "gfx950")
+    assert any(i.startswith("v_mfma_scale_f32_") and i.endswith("_f8f6f4") for i in report.matrix_instructions), \
+        report.matrix_instructions
+
+
+def test_hopper_kernels_use_tensor_cores():
+    from flyarray.targets import compile_for
+    fp8 = compile_for(sm._fp8_blocks_spec("sm_90"), "sm_90")
+    assert any("e4m3" in i.lower() for i in fp8.matrix_instructions), fp8.matrix_instructions
+    decode = compile_for(sm._decode_spec("sm_90", "e2m1"), "sm_90")
+    assert decode.matrix_instructions, "decode kernel should use mma"
+
+
+@NEEDS_GPU
+@pytest.mark.parametrize("a_fmt,b_fmt", MX_PAIRS + [("bf16", "e2m1"), ("bf16", "e4m3")])
+@pytest.mark.parametrize("m", [16, 512])
+def test_gpu_matches_dequantized_matmul(a_fmt, b_fmt, m):
+    a, b, sa, sb = _operands(m, 1024, 2048, a_fmt, b_fmt, device="cuda")
+    ref = sm.reference_scaled_matmul(a, b, sa, sb).float()
+    out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.float32)
+    # MX elements times E8M0 scales are exact in bf16, so only the fp32 accumulation order differs
+    assert _rel_err(out, ref.double()) < 1e-5
+    for method in (["fp8_blocks", "dot_scaled"] if "e2m1" not in (a_fmt, b_fmt) and a_fmt != "bf16" else []):
+        out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.bfloat16, method=method)
+        assert _rel_err(out, ref.double()) < 1e-2, method
