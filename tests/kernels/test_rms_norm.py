@@ -62,6 +62,13 @@ def test_one_row(n, block_n):
     check_forward(x, make((n,), torch.float32, seed=1), make((n,), torch.float32, seed=2), block_n)
 
 
+def test_config_override():
+    x, r, w = make((9, 40), torch.float32), make((9, 40), torch.float32, seed=2), make((40,), torch.float32, seed=1)
+    y, h, _ = K.rms_norm_fwd(x, w, 1e-6, r, config={"BLOCK_M": 2, "num_warps": 2})
+    y_ref, h_ref = K.reference_rms_norm(x, w, 1e-6, r)
+    assert rel_err(y, y_ref) < 2e-6 and rel_err(h, h_ref) < 2e-6
+
+
 def test_residual_sum_rounded_like_torch():
     """h is x + residual rounded to x's dtype: compare with torch's own fp16 add."""
     x, r = make((6, 40), torch.float16), make((6, 40), torch.float16, seed=3)

@@ -52,11 +52,17 @@ def test_one_long_row(log, plan):
     check(make((2, 70), torch.float16), log, **plan)
 
 
+def test_config_override():
+    check(make((9, 40), torch.float32), False, config={"BLOCK_M": 2, "num_warps": 2})
+    check(make((9, 40), torch.float32), True, block_n=16, config={"num_warps": 2})
+
+
 def test_segment_planner_fills_the_machine():
     """Few long rows are cut into segments of whole chunks; many rows are not."""
     dev = torch.device("cpu")
-    assert K._segments(1, 100, 8, "cpu", dev, None) == (7, 16)  # 2 "SMs" x 4 programs: 8 wanted, 16-wide segments need 7
-    assert K._segments(64, 1 << 20, 4096, "sm_90", dev, None)[0] == 1  # 64 rows >= 8 programs already
+    assert K._segments(1, 1 << 20, 4096, "cpu", dev, None) == (32, 32768)  # 1 row < 2 "SMs" x 4 programs
+    assert K._segments(64, 1 << 20, 4096, "cpu", dev, None)[0] == 1  # 64 rows fill 8 programs already
+    assert K._segments(1, 1000, 4096, "cpu", dev, None) == (1, 4096)  # never less than a chunk
     num_seg, seg_len = K._segments(3, 1000, 16, "cpu", dev, 5)
     assert seg_len % 16 == 0 and num_seg * seg_len >= 1000 and (num_seg - 1) * seg_len < 1000
 
