@@ -25,6 +25,7 @@ Fusion rules, in order:
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from typing import Optional
 
@@ -183,6 +184,8 @@ class _Scheduler:
             return root.inputs[0].shape, root.params
         for red in self._reachable_reductions(root):
             full, axes = red.inputs[0].shape, red.params
+            if not _worth_a_row_kernel(full, red.shape):
+                continue  # the reduction gets a kernel of its own; the rest stays elementwise
             if root.shape == full or _same_rows(root.shape, red.shape):
                 return full, axes
         return root.shape, ()
@@ -200,6 +203,17 @@ class _Scheduler:
             if node.kind in ("elementwise", "view"):
                 stack.extend(reversed(node.inputs))
         return found
+
+
+def _worth_a_row_kernel(full, keep) -> bool:
+    """Row kernels parallelize over rows: fine with many rows, or rows short enough for one block.
+
+    A few very long rows (a full reduction of a big array) would leave the GPU idle, so the
+    consumers of such a reduction run as a separate elementwise kernel instead.
+    """
+    from .codegen import ROW_BLOCK_LIMIT
+    rows = math.prod(keep)
+    return rows >= 128 or math.prod(full) // max(rows, 1) <= ROW_BLOCK_LIMIT
 
 
 def _same_rows(shape, keep_shape) -> bool:
