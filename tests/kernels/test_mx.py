@@ -194,3 +194,32 @@ def test_gpu_quantize_bit_exact(fmt):
     out = mx.mx_dequantize(data, scales, fmt)
     ref = mx_reference.dequantize(ref_codes, ref_scales, fmt).astype(np.float32)
     np.testing.assert_array_equal(out.cpu().numpy(), ref)
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.GELU(), torch.nn.Linear(32, 24, bias=False),
+                               torch.nn.Linear(24, 8))
+
+
+@pytest.mark.parametrize("weight_format,activation_format,bound", [("mxfp4", None, 0.3), ("e4m3", None, 0.06),
+                                                                    ("e4m3", "e4m3", 0.1)])
+def test_quantize_linear_weights(weight_format, activation_format, bound):
+    from flyarray.quant import MXLinear, quantize_linear_weights
+    model = _tiny_model()
+    x = torch.randn(3, 5, 64)
+    # what the swapped model must compute: the same layers with dequantized weights
+    expected = _tiny_model()
+    for layer in (expected[0], expected[2]):
+        data, scales = mx.mx_quantize(layer.weight.detach(), weight_format)
+        layer.weight.data = mx.reference_mx_dequantize(data, scales, weight_format).float()
+    report = quantize_linear_weights(model, x, weight_format=weight_format, activation_format=activation_format)
+    assert report["replaced"] == ["0", "2"] and report["skipped"] == ["3"]      # 24 is not a multiple of 32
+    assert isinstance(model[0], MXLinear) and isinstance(model[3], torch.nn.Linear)
+    assert 0 < report["rel_error"] < bound
+    assert report["weight_bytes_after"] < report["weight_bytes_before"] / 3
+    with torch.no_grad():
+        got, want = model(x), expected(x)
+    assert got.shape == (3, 5, 8) and got.dtype == torch.float32
+    tol = 2e-3 if activation_format is None else 0.1   # fp16 activations / MXFP8 activations
+    assert ((got - want).norm() / want.norm()).item() < tol
