@@ -20,7 +20,16 @@ from .primitives import ELEMENTWISE, REDUCE
 from .schedule import Const, Elementwise, Iota, Kernel, Load, Reduce
 
 ROW_BLOCK_LIMIT = 16384  # widest row kept in registers in one pass
-ELEMENTWISE_BLOCK = 1024
+
+# Launch shapes (per-arch tuned values replace these in launch_shape; benchmarks/tune_fused.py explores them).
+TUNING = {
+    "ew_block": 1024,  # elements per program, elementwise kernels
+    "ew_warps": 4,
+    "row_tile": 4096,  # elements per [BLOCK_M, BLOCK_N] tile in row kernels
+    "loop_block_n": 4096,  # chunk of a row too long for one block
+    "reduce_block_n": None,  # pure reductions loop over chunks of this width instead of one pass (None: off)
+    "row_warps": None,  # None: from the tile size
+}
 
 
 @dataclasses.dataclass
@@ -201,7 +210,10 @@ class _Emitter:
                 self.view_of_op[i] = vi
                 vi += 1
         self.store_view = list(range(vi, vi + len(kernel.stores)))
-        self.one_pass = (not self.rows) or layout.N <= ROW_BLOCK_LIMIT
+        chunk = TUNING["reduce_block_n"]
+        self.pure_reduce = self.rows and all(st.domain == "outer" for st in kernel.stores)
+        self.one_pass = (not self.rows) or (layout.N <= ROW_BLOCK_LIMIT and
+                                            not (self.pure_reduce and chunk and layout.N > chunk))
         self.lines = []
 
     # ---- the plan ------------------------------------------------------------------------------
@@ -237,16 +249,22 @@ class _Emitter:
     def launch_shape(self):
         lay = self.lay
         if not self.rows:
-            block = ELEMENTWISE_BLOCK if lay.M >= ELEMENTWISE_BLOCK else max(16, 1 << max(lay.M - 1, 0).bit_length())
-            return {"BLOCK": block}, (max(1, -(-lay.M // block)),), 4 if block >= 1024 else 1
+            block = TUNING["ew_block"]
+            if lay.M < block:
+                block = max(16, 1 << max(lay.M - 1, 0).bit_length())
+            warps = TUNING["ew_warps"] if block >= 1024 else max(1, block // 256)
+            return {"BLOCK": block}, (max(1, -(-lay.M // block)),), warps
         n = max(lay.N, 1)
         if self.one_pass:
             block_n = max(16, 1 << (n - 1).bit_length())
+        elif self.pure_reduce and TUNING["reduce_block_n"]:
+            block_n = TUNING["reduce_block_n"]
         else:
-            block_n = 4096
-        block_m = max(1, min(64, 4096 // block_n))
+            block_n = TUNING["loop_block_n"]
+        block_m = max(1, min(64, TUNING["row_tile"] // block_n))
         block_m = 1 << (block_m.bit_length() - 1)
-        warps = 4 if block_n * block_m <= 4096 else (8 if block_n * block_m <= 8192 else 16)
+        tile = block_n * block_m
+        warps = TUNING["row_warps"] or (4 if tile <= 4096 else (8 if tile <= 8192 else 16))
         return {"BLOCK_M": block_m, "BLOCK_N": block_n}, (max(1, -(-lay.M // block_m)),), warps
 
     def size_params(self):

@@ -31,7 +31,7 @@ def test_elementwise_chain_is_one_kernel(dtype):
     assert _rel(out, ref) < (1e-2 if dtype != torch.float32 else 1e-6)
 
 
-@pytest.mark.parametrize("shape", [(64, 1000), (8, 70000), (3, 5, 17)])
+@pytest.mark.parametrize("shape", [(64, 1000), (256, 20000), (3, 5, 17)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_rms_norm_match_torch(shape, dtype):
     x = torch.randn(shape, device="cuda", dtype=dtype)
