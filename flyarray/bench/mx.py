@@ -6,11 +6,13 @@ column, whose quantization may differ (per-tensor fp8).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from flyarray.bench.harness import Case, rel_error
 from flyarray.kernels.mx import mx_dequantize, mx_quantize
-from flyarray.kernels.scaled_matmul import scaled_matmul
+from flyarray.kernels.scaled_matmul import scaled_matmul, tuning_choices
 
 
 def _activation_dtype(device: torch.device) -> torch.dtype:
@@ -23,7 +25,17 @@ def _dequantized(data, scales, fmt, dtype):
 
 
 def _against(reference: torch.Tensor):
-    return lambda out, _eager: rel_error(out, reference)
+    """Check against dequantize-then-matmul; also log the configs on-device timing picked."""
+    def check(out, _eager):
+        for key, choice in tuning_choices().items():
+            if key not in _LOGGED:
+                _LOGGED.add(key)
+                print(f"[mx bench] tuned {key}: {choice}", file=sys.stderr, flush=True)
+        return rel_error(out, reference)
+    return check
+
+
+_LOGGED: set = set()
 
 
 def _decode_case(device, small, weight_fmt: str) -> Case:

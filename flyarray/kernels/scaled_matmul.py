@@ -26,6 +26,21 @@ Three kernels, picked per arch and shape (``method=None``) or by name:
   directly, one K=32 MMA per scale block (wgmma's fp8 K is 32), and applies
   the two E8M0 scales to each block's fp32 partial product:
   ``acc += (dot(a_blk, b_blk) * sa[:, None]) * sb[None, :]``.
+
+On a GPU, "decode" and "fp8_blocks" time their candidate configs once per
+shape on first use and keep the fastest (``tuning_choices()`` lists them).
+
+Numerics: MX products are exact and accumulate in fp32. "decode" rounds the
+decoded weights to the activations' dtype, which is exact for E2M1/E4M3
+values times a power of two in the bf16/fp16 range. "decode" and
+"fp8_blocks" build each scale as a normal float32, so a block with scale
+exponent below -126 (E8M0 codes 0..1, i.e. |values| under ~2^-118) counts as
+zero there; "dot_scaled" follows Triton. A NaN scale (255) makes its block,
+hence its output row/column, NaN.
+
+On the CPU every kernel runs in Triton's interpreter (3.9's interpreter
+implements tl.dot_scaled for all the combinations used here, so nothing is
+emulated outside the kernels); use fp16 activations there (no bf16 arithmetic).
 """
 from __future__ import annotations
 
@@ -54,6 +69,13 @@ CONFIGS = {
         "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
         "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
         "fp8_blocks": dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=5),
+        # timed once per shape on first use, like the decode candidates
+        "fp8_blocks_candidates": [
+            dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=5),
+            dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3),
+            dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=5),
+            dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=5),
+        ],
         "mxfp8_method": "fp8_blocks",
         # timed once per shape on first use (the first is used where timing is impossible);
         # "dot_scaled" entries run the tl.dot_scaled kernel with a small-M tile instead
@@ -442,14 +464,27 @@ def _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile=None):
     return out
 
 
+_FP8_BLOCKS_CHOICE: dict = {}
+
+
 def _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg):
-    m, n, k = a.shape[0], b.shape[0], a.shape[1]
-    tile = cfg["fp8_blocks"]
     a_op = _as_triton_operand(a, a_fmt).contiguous()
     b_op = _as_triton_operand(b, b_fmt).contiguous()
     sa, sb = sa.contiguous(), sb.contiguous()
+    run = lambda tile: _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile)
+    candidates = cfg.get("fp8_blocks_candidates", [])
+    if a.device.type == "cuda" and len(candidates) > 1:
+        key = (current_arch(a.device), a.shape[0], b.shape[0], a.shape[1], a_fmt, b_fmt, out.dtype)
+        if key not in _FP8_BLOCKS_CHOICE:
+            _FP8_BLOCKS_CHOICE[key] = _fastest(candidates, run)
+        return run(_FP8_BLOCKS_CHOICE[key])
+    return run(cfg["fp8_blocks"])
+
+
+def _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile):
+    m, n, k = a_op.shape[0], b_op.shape[0], a_op.shape[1]
     grid = (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]),)
-    launch(_fp8_blocks_kernel, a.device, grid,
+    launch(_fp8_blocks_kernel, a_op.device, grid,
            a_op, b_op, sa, sb, out, m, n, k,
            a_op.stride(0), b_op.stride(0), sa.stride(0), sb.stride(0), out.stride(0), out.stride(1),
            BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], GROUP_M=tile["GROUP_M"],
@@ -482,14 +517,17 @@ def _decode_candidate(x, w, sw, x_fmt, w_fmt, out, cfg, c):
     return _decode_launch(x, _as_triton_operand(w, w_fmt), sw, w_fmt, out, c)
 
 
-def decode_choice(m: int, n: int, k: int, w_fmt: str, device, dtype=torch.bfloat16, out_dtype=torch.bfloat16):
-    """The decode candidate chosen for this shape so far (None before the first call): for reports."""
-    key = (current_arch(torch.device(device)), next_pow2(m), n, k, mx_format(w_fmt).name, dtype, out_dtype)
-    return _DECODE_CHOICE.get(key)
+def tuning_choices() -> dict:
+    """Configs chosen so far by on-device timing, keyed by 'kernel shape...': for reports and logs."""
+    named = [("decode", _DECODE_CHOICE), ("fp8_blocks", _FP8_BLOCKS_CHOICE)]
+    return {f"{name} {' '.join(map(str, key))}": dict(choice) for name, table in named for key, choice in table.items()}
 
 
 def _fastest(candidates, run):
-    """The candidate config whose ``run`` is fastest (Triton's do_bench), skipping ones that fail."""
+    """The candidate config whose ``run`` is fastest (Triton's do_bench), skipping ones that fail.
+
+    The choice is cached per shape by the caller, so each shape pays this once.
+    """
     import triton.testing
     best, best_ms = None, float("inf")
     for c in candidates:
@@ -500,7 +538,7 @@ def _fastest(candidates, run):
         if ms < best_ms:
             best, best_ms = c, ms
     if best is None:
-        raise RuntimeError("scaled_matmul decode: no candidate config ran on this device")
+        raise RuntimeError("scaled_matmul: no candidate config ran on this device")
     return best
 
 
