@@ -292,6 +292,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
     N = x.shape[-1]
     x2 = _rows_view(x, N)
     M = x2.shape[0]
+    weight = weight.contiguous() if weight is not None else None  # the kernels read it with unit stride
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
     h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
@@ -319,6 +320,7 @@ def rms_norm_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None,
     dweight is reduced deterministically (fixed-order partial sums, no atomics)."""
     N = h.shape[-1]
     dy2, h2 = _rows_view(dy, N), _rows_view(h, N)
+    weight = weight.contiguous() if weight is not None else None
     M = h2.shape[0]
     dx = torch.empty((M, N), dtype=h.dtype, device=h.device)
     if M == 0:

@@ -86,6 +86,7 @@ def test_row_stride_is_used_without_copy():
     check_forward(x, w, None, block_n=16)
     xt = make((50, 7), torch.float32).t()  # last axis strided
     check_forward(xt, w, None)
+    check_forward(x, make((100,), torch.float32, seed=3)[::2], None)  # a strided weight
 
 
 def test_eps_and_large_scale():
