@@ -68,6 +68,16 @@ def _minimum(a, b):
 
 
 @triton.jit
+def _fmaximum(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _fminimum(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _argmax(v1, i1, v2, i2):
     nan1 = v1 != v1
     nan2 = v2 != v2
@@ -432,9 +442,11 @@ class _Emitter:
             return ("_maximum" if prim == "any" else "_minimum"), _NEUTRAL[prim], dt.int32
         if prim in ("sum", "prod"):
             return REDUCE[prim].combine, _NEUTRAL[prim], _cdt(op.dtype)
+        fast = src.kind == "f" and prim in ("max", "min")  # one NaN-propagating max instruction
+        combine = ("_f" + REDUCE[prim].combine[1:]) if fast else REDUCE[prim].combine
         if prim in ("max", "argmax"):
-            return REDUCE[prim].combine, _lowest(src), src
-        return REDUCE[prim].combine, _highest(src), src
+            return combine, _lowest(src), src
+        return combine, _highest(src), src
 
     def emit_reduce_one_pass(self, i, op: Reduce, indent=""):
         L = self.lines

@@ -121,8 +121,10 @@ _ew("remainder", 2, "numeric", "same", torch.remainder,
     lambda a, cdt: f"_fremainder({a[0]}, {a[1]})" if cdt.kind == "f" else f"_iremainder({a[0]}, {a[1]})")
 _ew("pow", 2, "numeric", "same", torch.pow,
     lambda a, cdt: f"ext.pow({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ipow({a[0]}, {a[1]})")
-_ew("maximum", 2, "numeric", "same", torch.maximum, _f("_maximum({0}, {1})"))
-_ew("minimum", 2, "numeric", "same", torch.minimum, _f("_minimum({0}, {1})"))
+_ew("maximum", 2, "numeric", "same", torch.maximum,
+    lambda a, cdt: f"_{'f' if cdt.kind == 'f' else ''}maximum({a[0]}, {a[1]})")
+_ew("minimum", 2, "numeric", "same", torch.minimum,
+    lambda a, cdt: f"_{'f' if cdt.kind == 'f' else ''}minimum({a[0]}, {a[1]})")
 _ew("atan2", 2, "float", "same", torch.atan2, _f("ext.atan2({0}, {1})"))
 _ew("hypot", 2, "float", "same", torch.hypot, _f("ext.hypot({0}, {1})"))
 _ew("copysign", 2, "float", "same", torch.copysign, _f("ext.copysign({0}, {1})"))

@@ -21,7 +21,7 @@ e5m2), any strides and broadcast batch dims. Design choices, and why:
 * Memory-bound decode shapes (M <= 64) use a small BLOCK_M, wide K tiles and
   optionally split-K: partial sums go to an fp32 workspace and a second small
   kernel adds them and runs the epilogue.
-* The epilogue runs in fp32 in a fixed order: ``acc * a_scale * b_scale`` ->
+* The epilogue runs in fp32 (fp64 for float64 operands) in a fixed order: ``acc * a_scale * b_scale`` ->
   ``+ bias`` -> activation -> ``+ residual`` -> cast. The graph scheduler
   pattern-matches exactly this vocabulary into one call.
 
@@ -89,23 +89,23 @@ def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn,
     mask_n = offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
     if A_SCALE == 1:
-        acc = acc * tl.load(a_scale_ptr).to(tl.float32)
+        acc = acc * tl.load(a_scale_ptr).to(acc.dtype)
     elif A_SCALE == 2:
-        acc = acc * tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0).to(tl.float32)[:, None]
+        acc = acc * tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0).to(acc.dtype)[:, None]
     if B_SCALE == 1:
-        acc = acc * tl.load(b_scale_ptr).to(tl.float32)
+        acc = acc * tl.load(b_scale_ptr).to(acc.dtype)
     elif B_SCALE == 2:
-        acc = acc * tl.load(b_scale_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        acc = acc * tl.load(b_scale_ptr + offs_n, mask=mask_n, other=0.0).to(acc.dtype)[None, :]
     rows = offs_m[:, None]
     cols = offs_n[None, :]
     if INDEX_64:
         rows = rows.to(tl.int64)
         cols = cols.to(tl.int64)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + rows * s_biasm + cols * s_biasn, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(bias_ptr + rows * s_biasm + cols * s_biasn, mask=mask, other=0.0).to(acc.dtype)
     acc = _activate(acc, ACTIVATION)
     if HAS_RESIDUAL:
-        acc += tl.load(res_ptr + rows * s_rm + cols * s_rn, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(res_ptr + rows * s_rm + cols * s_rn, mask=mask, other=0.0).to(acc.dtype)
     tl.store(c_ptr + rows * s_cm + cols * s_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
@@ -185,7 +185,7 @@ def _gemm_kernel(
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
-    B_KMAJOR: tl.constexpr,
+    B_KMAJOR: tl.constexpr, ACC_FP64: tl.constexpr = False,
 ):
     """Persistent GEMM. With SPLIT_K > 1 it writes fp32 partials to ``ws_ptr``
     ([SPLIT_K, BATCH, M, N], contiguous) and ``_splitk_reduce_kernel`` finishes.
@@ -226,7 +226,10 @@ def _gemm_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if ACC_FP64:  # float64 operands accumulate (and run the epilogue) in float64
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if USE_TMA:
             for kt in tl.range(kt_begin, kt_end):
                 k0 = kt * BLOCK_K
@@ -301,7 +304,7 @@ def _splitk_reduce_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     offsets = offs_m[:, None] * N + offs_n[None, :]  # the host keeps M * N < 2**31 for split-K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ws_ptr.dtype.element_ty)
     for split in range(SPLIT_K):
         part = ws_ptr + (split * BATCH + batch).to(tl.int64) * M * N
         acc += tl.load(part + offsets, mask=mask, other=0.0)
@@ -334,7 +337,11 @@ def _nested_jit_interpreted():
         key = id(self)  # hashing a JITFunction mid-interpretation fails: key by id
         if key not in _interpreted_helpers:
             _interpreted_helpers[key] = (self, InterpretedFunction(self.fn))
-        return _interpreted_helpers[key][1](*args, **kwargs)
+        # Call the rewritten function itself: InterpretedFunction.__call__ would
+        # patch triton.language for the interpreter and never restore it, which
+        # breaks every later real compile in the process. The launch around us
+        # has patched (and will restore) the language already.
+        return _interpreted_helpers[key][1].rewrite()(*args, **kwargs)
 
     original = JITFunction.__call__
     JITFunction.__call__ = call
@@ -441,11 +448,16 @@ def shape_class(M: int, N: int, K: int) -> str:
 def dtype_class(dtype: torch.dtype) -> str:
     if dtype in FP8_DTYPES:
         return "fp8"
-    return "fp32" if dtype == torch.float32 else "16"
+    return "fp32" if dtype in (torch.float32, torch.float64) else "16"
+
+
+FP64_CONFIG = _cfg(64, 64, 16, 8, 4, 2)  # float64 is for checking, not speed: small tiles, no spills
 
 
 def default_config(arch: str, M: int, N: int, K: int, dtype: torch.dtype) -> dict:
     from flyarray.kernels._triton import pick_config
+    if dtype == torch.float64 and arch != "cpu":
+        return dict(FP64_CONFIG)
     return dict(pick_config(CONFIGS, arch)[shape_class(M, N, K)][dtype_class(dtype)])
 
 
@@ -608,7 +620,8 @@ def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
             _ensure_tma_allocator()
     if not use_tma and "FALLBACK" in cfg:
         cfg = cfg["FALLBACK"]
-    ws = (torch.empty((split_k, batch, M, N), dtype=torch.float32, device=device)
+    acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
+    ws = (torch.empty((split_k, batch, M, N), dtype=torch.float64 if acc_fp64 else torch.float32, device=device)
           if split_k > 1 else dummy)
     tiles = batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
     programs = max(1, min(tiles * split_k, _num_programs(device, arch, cfg)))
@@ -630,7 +643,7 @@ def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
         SPLIT_K=split_k, EVEN_M=(M % cfg["BLOCK_M"] == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
         INDEX_64=index_64, EPI_SPLIT=epi_split, EVEN_K=(K % cfg["BLOCK_K"] == 0), DOT_PRECISION=_dot_precision(a.dtype, allow_tf32),
-        USE_TMA=use_tma, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+        USE_TMA=use_tma, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, ACC_FP64=acc_fp64,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **hip_extra,
         **{k: v for k, v in epilogue.items() if k != "INDEX_64"},
     )
@@ -753,7 +766,7 @@ def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=
                       INDEX_64=False, EPI_SPLIT=_default_epi_split(cfg),
                       A_SCALE=scales, B_SCALE=scales, HAS_BIAS=bias, ACTIVATION=ACTIVATIONS[activation],
                       HAS_RESIDUAL=residual, DOT_PRECISION="ieee", USE_TMA=tma, A_KMAJOR=True,
-                      B_KMAJOR=b_kmajor)
+                      B_KMAJOR=b_kmajor, ACC_FP64=False)
     # Unit strides are what Triton specializes at run time for contiguous data.
     for unit in ("s_ak", "s_cn", "s_biasn", "s_rn", "s_bk" if b_kmajor else "s_bn"):
         constexprs[unit] = 1
