@@ -1,102 +1,88 @@
-"""Quantize a torch model's nn.Linear weights to OCP MX formats.
+"""fa.quant: OCP Microscaling (MX) formats -- quantize, dequantize, and quantized linear layers.
 
-``quantize_linear_weights(model, sample_input)`` swaps every eligible
-``nn.Linear`` (in place, like torch.ao's module swaps) for an ``MXLinear``
-holding MX-quantized weights, and reports how much the model's output moved.
-The forward runs ``scaled_matmul``: weight-only (bf16/fp16 activations times
-MX weights; the small-M decode kernel on Hopper), or with ``activation_format``
-the activations are MX-quantized on the fly too (MXFP8 x MXFP{8,4}; the native
-scaled MFMA on MI350).
+The conversion is the OCP MX v1.0 one (kernels/mx.py; bit-exact against
+kernels/mx_reference.py, written from the spec). ``fmt`` is 'e4m3' (MXFP8),
+'e5m2' (MXFP8) or 'e2m1' (MXFP4, two codes per byte, low nibble first);
+scales are E8M0 codes stored as uint8.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
-from torch import nn
 
-from flyarray.kernels.mx import BLOCK_SIZE, mx_format, mx_quantize
-from flyarray.kernels.scaled_matmul import scaled_matmul
+from . import dtypes as dt
+from .ops.library import Library, call
 
-
-class MXLinear(nn.Module):
-    """y = x @ dequant(W)^T + b, with W stored as MX data [out, in(/2)] and E8M0 scales [out, in/32]."""
-
-    def __init__(self, linear: nn.Linear, weight_format: str = "e2m1", activation_format=None):
-        super().__init__()
-        if linear.in_features % BLOCK_SIZE:
-            raise ValueError(f"linear: in_features={linear.in_features} is not a multiple of {BLOCK_SIZE}")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight_format = mx_format(weight_format).name
-        self.activation_format = None if activation_format is None else mx_format(activation_format).name
-        data, scales = mx_quantize(linear.weight.detach().float(), self.weight_format)
-        self.register_buffer("weight_data", data)
-        self.register_buffer("weight_scales", scales)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
-                                                                   requires_grad=False)
-
-    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        if x.dtype in (torch.bfloat16, torch.float16):
-            return x.dtype
-        # the CPU runs kernels through Triton's interpreter, which has no bf16 arithmetic
-        return torch.bfloat16 if x.is_cuda else torch.float16
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-        if self.activation_format is None:
-            lhs, lhs_scales = rows.to(self._compute_dtype(x)), None
-        else:
-            lhs, lhs_scales = mx_quantize(rows.contiguous(), self.activation_format)
-        y = scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales,
-                          preferred_element_type=out_dtype, rhs_format=self.weight_format)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"weight_format={self.weight_format}, activation_format={self.activation_format}")
+BLOCK_SIZE = 32
 
 
-def _relative_error(after, before) -> float:
-    before64, after64 = before.detach().double(), after.detach().double()
-    return ((after64 - before64).norm() / before64.norm().clamp_min(1e-300)).item()
+def _mx():
+    return importlib.import_module("flyarray.kernels.mx")
 
 
-def quantize_linear_weights(model: nn.Module, sample_input=None, weight_format: str = "mxfp4",
-                            activation_format=None) -> dict:
-    """Replace each nn.Linear in ``model`` (in place) by an MXLinear; return a report.
-
-    Layers whose in_features is not a multiple of 32 are left alone and listed
-    under 'skipped'. With ``sample_input`` (a tensor, or a tuple of positional
-    arguments), the model runs before and after, and 'rel_error' is
-    ||after - before|| / ||before|| of its output (first output if a tuple).
-    """
-    mx_format(weight_format)  # fail early on a bad name
-    before = _run(model, sample_input) if sample_input is not None else None
-    replaced, skipped, bytes_before, bytes_after = [], [], 0, 0
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear):
-                continue
-            full = f"{parent_name}.{child_name}" if parent_name else child_name
-            if child.in_features % BLOCK_SIZE:
-                skipped.append(full)
-                continue
-            new = MXLinear(child, weight_format, activation_format)
-            setattr(parent, child_name, new)
-            replaced.append(full)
-            bytes_before += child.weight.numel() * child.weight.element_size()
-            bytes_after += new.weight_data.numel() * new.weight_data.element_size() + new.weight_scales.numel()
-    report = {"replaced": replaced, "skipped": skipped, "weight_format": mx_format(weight_format).name,
-              "activation_format": activation_format, "weight_bytes_before": bytes_before,
-              "weight_bytes_after": bytes_after, "rel_error": None}
-    if sample_input is not None:
-        report["rel_error"] = _relative_error(_run(model, sample_input), before)
-    return report
+def _quantize_abstract(x, *, fmt, axis, block_size):
+    f = _mx().mx_format(fmt)  # raises for an unknown format
+    if block_size != BLOCK_SIZE:
+        raise ValueError(f"mx_quantize: block_size must be {BLOCK_SIZE} (OCP MX), got {block_size}")
+    if x.dtype not in (dt.float32, dt.float16, dt.bfloat16):
+        raise TypeError(f"mx_quantize: x must be float32, float16 or bfloat16, got {x.dtype}")
+    if not x.shape:
+        raise ValueError("mx_quantize: x must have at least one dimension")
+    ax = axis % len(x.shape)
+    if x.shape[ax] % BLOCK_SIZE:
+        raise ValueError(f"mx_quantize: axis {axis} of shape {x.shape} has length {x.shape[ax]}, not a multiple "
+                         f"of {BLOCK_SIZE}; pad it first (fa.concat with zeros)")
+    data_shape = list(x.shape)
+    data_dtype = dt.from_torch(f.torch_dtype)
+    if fmt == "e2m1":
+        data_shape[ax] //= 2
+    scale_shape = list(x.shape)
+    scale_shape[ax] //= BLOCK_SIZE
+    return [(tuple(data_shape), data_dtype), (tuple(scale_shape), dt.uint8)]
 
 
-@torch.no_grad()
-def _run(model: nn.Module, sample_input):
-    args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
-    out = model(*args)
-    return out[0] if isinstance(out, (tuple, list)) else out
+def _quantize_kernel(x, *, fmt, axis, block_size):
+    data, scales = _mx().mx_quantize(x, fmt, axis, block_size)
+    return data, _mx().scales_as_uint8(scales)
+
+
+# torch has no MX conversion, so the reference backend runs our kernel too (through the interpreter
+# on CPU data); its oracle in the tests is kernels/mx_reference.py, written from the spec.
+MX_QUANTIZE = Library("mx_quantize", _quantize_abstract, _quantize_kernel, _quantize_kernel)
+
+
+def mx_quantize(x, fmt, axis=-1, block_size=BLOCK_SIZE):
+    """(data, scales) of ``x`` in MX format ``fmt`` along ``axis`` (OCP MX v1.0)."""
+    return tuple(call(MX_QUANTIZE, [x], fmt=fmt, axis=axis, block_size=block_size))
+
+
+def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
+    _mx().mx_format(fmt)
+    if block_size != BLOCK_SIZE:
+        raise ValueError(f"mx_dequantize: block_size must be {BLOCK_SIZE} (OCP MX), got {block_size}")
+    if scales.dtype != dt.uint8:
+        raise TypeError(f"mx_dequantize: scales must be E8M0 codes stored as uint8, got {scales.dtype}")
+    shape = list(data.shape)
+    ax = axis % len(shape)
+    if fmt == "e2m1":
+        shape[ax] *= 2
+    want = list(shape)
+    want[ax] //= BLOCK_SIZE
+    if list(scales.shape) != want:
+        raise ValueError(f"mx_dequantize: scales of shape {scales.shape} do not fit data {data.shape} "
+                         f"(expected {tuple(want)})")
+    return [(tuple(shape), dt.dtype(dtype))]
+
+
+def _dequantize_kernel(data, scales, *, fmt, axis, block_size, dtype):
+    return _mx().mx_dequantize(data, scales, fmt, axis, block_size, dt.dtype(dtype).torch)
+
+
+MX_DEQUANTIZE = Library("mx_dequantize", _dequantize_abstract, _dequantize_kernel, _dequantize_kernel)
+
+
+def mx_dequantize(data, scales, fmt, axis=-1, block_size=BLOCK_SIZE, dtype=dt.float32):
+    """The values of an MX tensor (data, scales) as ``dtype``."""
+    return call(MX_DEQUANTIZE, [data, scales], fmt=fmt, axis=axis, block_size=block_size,
+                dtype=dt.dtype(dtype).name)[0]

@@ -1,7 +1,7 @@
 """Neural-network building blocks written on primitives; the scheduler fuses each into one row kernel."""
 from __future__ import annotations
 
-from .. import views
+from .. import dtypes, views
 from .core import elementwise
 from .elementwise import gelu, relu, silu  # noqa: F401
 from .reductions import max, mean, sum
@@ -26,12 +26,26 @@ def log_softmax(x, axis=-1):
     return shifted - elementwise("log", sum(elementwise("exp", shifted), axis=axis, keepdims=True))
 
 
-def rms_norm(x, weight=None, eps=1e-6):
+def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, statistics in fp32, result in x's dtype.
+
+    With ``residual``: h = x + residual, returns (rms_norm(h) * weight, h) -- the pre-norm residual
+    of LLM blocks, computed in one pass (one fused kernel) when both are evaluated together.
+    Written on primitives: on the H200 the fused code beats our hand-written kernel
+    (docs/benchmarks.md); backward lives in flyarray.interop.torch.rms_norm.
+    """
     _check_float("rms_norm", x)
     if weight is not None and weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight shape {weight.shape} does not match the last axis of {x.shape}")
-    y = x * elementwise("rsqrt", mean(x * x, axis=-1, keepdims=True) + eps)
-    return y * weight if weight is not None else y
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"rms_norm: residual shape {residual.shape} differs from x's {x.shape}")
+    h = x + residual if residual is not None else x
+    hf = h.astype(dtypes.float32, copy=False)
+    y = hf * elementwise("rsqrt", mean(hf * hf, axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        y = y * weight.astype(dtypes.float32, copy=False)
+    y = y.astype(x.dtype, copy=False)
+    return (y, h) if residual is not None else y
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
@@ -47,3 +61,6 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     if bias is not None:
         y = y + bias
     return y
+
+
+from .library_ops import dot_product_attention, scaled_matmul, softmax_top_k  # noqa: E402,F401

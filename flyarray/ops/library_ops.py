@@ -1,0 +1,235 @@
+"""The hand-written kernels (flyarray/kernels/) as graph nodes: shape and dtype rules, checked at record time.
+
+Each op's rule raises a clear error naming the argument before anything runs;
+its kernel runs on the gpu and interpret backends, its reference (torch eager,
+kernels/*.reference_*) on the reference backend.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from .. import dtypes as dt
+from .core import node_of
+from .library import Library, call
+
+
+def _kernels(name):
+    return importlib.import_module(f"flyarray.kernels.{name}")
+
+
+def _float_input(op, name, node, allowed=(dt.float16, dt.bfloat16, dt.float32)):
+    if node.dtype not in allowed:
+        raise TypeError(f"{op}: {name} has dtype {node.dtype}; expected one of {', '.join(map(str, allowed))}")
+
+
+# ---- top_k ------------------------------------------------------------------------------------------
+def _top_k_abstract(x, *, k):
+    _float_input("top_k", "x", x)
+    if not x.shape:
+        raise ValueError("top_k: x must have at least one dimension")
+    n = x.shape[-1]
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise TypeError(f"top_k: k must be an int, got {k!r}")
+    if k <= 0 or k > n:
+        raise ValueError(f"top_k: k={k} must be in 1..{n} (the last axis of shape {x.shape})")
+    out = x.shape[:-1] + (k,)
+    return [(out, x.dtype), (out, dt.int32)]
+
+
+def _top_k_reference(x, *, k):
+    values, indices = _kernels("top_k").reference_top_k(x, k)
+    return values.to(x.dtype), indices.to(torch.int32)
+
+
+TOP_K = Library("top_k", _top_k_abstract, lambda x, *, k: _kernels("top_k").top_k(x, k), _top_k_reference)
+
+
+def top_k(x, k):
+    """(values, indices) of the k largest entries along the last axis, as jax.lax.top_k:
+    values descending, ties broken by the lower index, NaN ranks above +inf; indices int32."""
+    return tuple(call(TOP_K, [x], k=k))
+
+
+def _softmax_top_k_abstract(x, *, k, renormalize):
+    _float_input("softmax_top_k", "logits", x)
+    out = _top_k_abstract(x, k=k)
+    if x.shape[-1] > 4096 or k > 64:
+        raise ValueError(f"softmax_top_k: made for routers (rows <= 4096, k <= 64), got rows of {x.shape[-1]} "
+                         f"and k={k}; use fa.top_k(fa.nn.softmax(x), k)")
+    return out
+
+
+def _softmax_top_k_reference(x, *, k, renormalize):
+    probs, idx = _kernels("top_k").reference_softmax_top_k(x, k, renormalize)
+    return probs.to(x.dtype), idx.to(torch.int32)
+
+
+SOFTMAX_TOP_K = Library("softmax_top_k", _softmax_top_k_abstract,
+                        lambda x, *, k, renormalize: _kernels("top_k").softmax_top_k(x, k, renormalize),
+                        _softmax_top_k_reference)
+
+
+def softmax_top_k(logits, k, renormalize=False):
+    """MoE routing in one kernel: softmax over the last axis (fp32 inside), then its top k.
+    With ``renormalize`` the k probabilities are divided by their sum."""
+    return tuple(call(SOFTMAX_TOP_K, [logits], k=k, renormalize=bool(renormalize)))
+
+
+# ---- attention ------------------------------------------------------------------------------------------
+def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        _float_input("dot_product_attention", name, t, (dt.float16, dt.bfloat16, dt.float32))
+        if len(t.shape) != 4:
+            raise ValueError(f"dot_product_attention: {name} must be (batch, seq, heads, head_dim), got {t.shape}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"dot_product_attention: query/key/value dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    B, Sq, Hq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"dot_product_attention: key {k.shape} and value {v.shape} shapes differ")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"dot_product_attention: query {q.shape} and key {k.shape} differ in batch or head_dim")
+    Hkv = k.shape[2]
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"dot_product_attention: key/value heads ({Hkv}) must divide query heads ({Hq})")
+    Sk = k.shape[1]
+    it = iter(extras)
+    from ..views import broadcast_shapes
+    for flag, name in ((has_bias, "bias"), (has_mask, "mask")):
+        if not flag:
+            continue
+        t = next(it)
+        try:
+            if broadcast_shapes(t.shape, (B, Hq, Sq, Sk)) != (B, Hq, Sq, Sk):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"dot_product_attention: {name} of shape {t.shape} does not broadcast to "
+                             f"(batch, heads, q_len, k_len) = {(B, Hq, Sq, Sk)}") from None
+        if name == "mask" and t.dtype != dt.bool_:
+            raise TypeError(f"dot_product_attention: mask must be bool (True keeps), got {t.dtype}")
+    return [((B, Sq, Hq, D), q.dtype)]
+
+
+def _split_extras(extras, has_bias, has_mask):
+    it = iter(extras)
+    bias = next(it) if has_bias else None
+    mask = next(it) if has_mask else None
+    return bias, mask
+
+
+def _attention_kernel(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
+    bias, mask = _split_extras(extras, has_bias, has_mask)
+    out, _ = _kernels("attention").attention_fwd(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
+    return out
+
+
+def _attention_reference(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
+    bias, mask = _split_extras(extras, has_bias, has_mask)
+    out = _kernels("attention").reference_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal)
+    return out.to(q.dtype)
+
+
+ATTENTION = Library("attention", _attention_abstract, _attention_kernel, _attention_reference)
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False):
+    """softmax(scale * q k^T + bias, masked) v in JAX's (batch, seq, heads, head_dim) layout, flash style.
+
+    Any strides: torch (B, H, S, D) tensors pass as ``.transpose(1, 2)`` views without a copy.
+    GQA/MQA when key/value have fewer heads; causal with unequal lengths is aligned bottom-right.
+    """
+    extras = [t for t in (bias, mask) if t is not None]
+    (out,) = call(ATTENTION, [query, key, value, *extras], scale=scale, is_causal=bool(is_causal),
+                  has_bias=bias is not None, has_mask=mask is not None)
+    return out
+
+
+# ---- ragged_dot --------------------------------------------------------------------------------------------
+def _ragged_dot_abstract(lhs, rhs, group_sizes):
+    if len(lhs.shape) != 2 or len(rhs.shape) != 3 or len(group_sizes.shape) != 1:
+        raise ValueError(f"ragged_dot: expects lhs [m, k], rhs [g, k, n], group_sizes [g]; got {lhs.shape}, "
+                         f"{rhs.shape}, {group_sizes.shape}")
+    if lhs.shape[1] != rhs.shape[1]:
+        raise ValueError(f"ragged_dot: inner dimensions differ: lhs {lhs.shape} vs rhs {rhs.shape}")
+    if group_sizes.shape[0] != rhs.shape[0]:
+        raise ValueError(f"ragged_dot: {group_sizes.shape[0]} group sizes for {rhs.shape[0]} groups in rhs")
+    if group_sizes.dtype not in (dt.int32, dt.int64):
+        raise TypeError(f"ragged_dot: group_sizes must be int32 or int64, got {group_sizes.dtype}")
+    if lhs.dtype != rhs.dtype:
+        raise TypeError(f"ragged_dot: lhs {lhs.dtype} and rhs {rhs.dtype} differ; cast one with astype")
+    _float_input("ragged_dot", "lhs", lhs, (dt.float16, dt.bfloat16, dt.float32))
+    return [((lhs.shape[0], rhs.shape[2]), lhs.dtype)]
+
+
+RAGGED_DOT = Library("ragged_dot", _ragged_dot_abstract,
+                     lambda lhs, rhs, gs: _kernels("ragged_dot").ragged_dot(lhs, rhs, gs),
+                     lambda lhs, rhs, gs: _kernels("ragged_dot").reference_ragged_dot(lhs, rhs, gs).to(lhs.dtype))
+
+
+def ragged_dot(lhs, rhs, group_sizes):
+    """jax.lax.ragged_dot: rows of group i of lhs [m, k] times rhs[i] [k, n] -> [m, n], one launch.
+
+    group_sizes stays on the device (no host synchronization); empty groups are allowed;
+    rows past sum(group_sizes) are zero. Sizes that are negative or sum past m are the
+    caller's contract: they cannot be checked without reading the device.
+    """
+    return call(RAGGED_DOT, [lhs, rhs, group_sizes])[0]
+
+
+# ---- scaled_matmul ------------------------------------------------------------------------------------------
+_MX_STORAGE = {dt.float8_e4m3fn: "e4m3", dt.float8_e5m2: "e5m2", dt.uint8: "e2m1"}
+
+
+def _scaled_matmul_abstract(lhs, rhs, *scales, preferred_element_type, has_lhs_scales, block_size=32):
+    if block_size != 32:
+        raise ValueError(f"scaled_matmul: block_size must be 32 (OCP MX), got {block_size}")
+    if len(lhs.shape) != 2 or len(rhs.shape) != 2:
+        raise ValueError(f"scaled_matmul: lhs [M, K] and rhs [N, K] (K-major), got {lhs.shape} and {rhs.shape}")
+    if rhs.dtype not in _MX_STORAGE:
+        raise TypeError(f"scaled_matmul: rhs must hold MX data (float8_e4m3fn, float8_e5m2, or uint8 packed "
+                        f"e2m1), got {rhs.dtype}")
+    allowed_lhs = set(_MX_STORAGE) | ({dt.bfloat16, dt.float16} if not has_lhs_scales else set())
+    if lhs.dtype not in allowed_lhs:
+        raise TypeError(f"scaled_matmul: lhs of dtype {lhs.dtype} is not supported "
+                        f"({'MX data' if has_lhs_scales else 'MX data or bf16/fp16 with lhs_scales=None'})")
+    for s in scales:
+        if s.dtype != dt.uint8:
+            raise TypeError(f"scaled_matmul: scales must be E8M0 codes stored as uint8, got {s.dtype}")
+    out = dt.dtype(preferred_element_type)
+    return [((lhs.shape[0], rhs.shape[0]), out)]
+
+
+def _scales_args(scales, has_lhs_scales):
+    return (scales[0], scales[1]) if has_lhs_scales else (None, scales[0])
+
+
+def _scaled_matmul_kernel(lhs, rhs, *scales, preferred_element_type, has_lhs_scales, block_size=32):
+    sa, sb = _scales_args(scales, has_lhs_scales)
+    return _kernels("scaled_matmul").scaled_matmul(lhs, rhs, sa, sb, preferred_element_type=dt.dtype(
+        preferred_element_type).torch)
+
+
+def _scaled_matmul_reference(lhs, rhs, *scales, preferred_element_type, has_lhs_scales, block_size=32):
+    sa, sb = _scales_args(scales, has_lhs_scales)
+    out = _kernels("scaled_matmul").reference_scaled_matmul(lhs, rhs, sa, sb)
+    return out.to(dt.dtype(preferred_element_type).torch)
+
+
+SCALED_MATMUL = Library("scaled_matmul", _scaled_matmul_abstract, _scaled_matmul_kernel, _scaled_matmul_reference)
+
+
+def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=dt.bfloat16):
+    """jax.nn.scaled_matmul: (lhs * lhs_scales) @ (rhs * rhs_scales)^T with OCP MX operands (K-major).
+
+    MXFP8 x MXFP8, MXFP4 x MXFP4, mixed, and bf16 x MXFP4 weights (``lhs_scales=None``).
+    On gfx950 this is the native scaled MFMA; on Hopper, see docs/benchmarks.md.
+    """
+    inputs = [lhs, rhs] + ([lhs_scales] if lhs_scales is not None else []) + [rhs_scales]
+    (out,) = call(SCALED_MATMUL, inputs, preferred_element_type=dt.dtype(preferred_element_type).name,
+                  has_lhs_scales=lhs_scales is not None)
+    return out
+
+
+def nodes(*arrays):
+    return [node_of(a) for a in arrays]
