@@ -205,7 +205,7 @@ def _tiny_model():
 @pytest.mark.parametrize("weight_format,activation_format,bound", [("mxfp4", None, 0.3), ("e4m3", None, 0.06),
                                                                     ("e4m3", "e4m3", 0.1)])
 def test_quantize_linear_weights(weight_format, activation_format, bound):
-    from flyarray.quant import MXLinear, quantize_linear_weights
+    from flyarray.kernels.mx import MXLinear, quantize_linear_weights
     model = _tiny_model()
     x = torch.randn(3, 5, 64)
     # what the swapped model must compute: the same layers with dequantized weights
