@@ -30,22 +30,23 @@ from flyarray.targets import KernelSpec
 # max_single_block: the longest row done in one pass; longer rows loop in `chunk`-sized pieces.
 # bwd_programs_per_sm: how many programs share the rows in backward (each writes one dweight partial row).
 # bwd_elems_per_thread: backward keeps dy, h, weight and the dweight accumulator live, so it spreads a
-#   row over twice the threads to stay clear of spills and keep two programs per SM.
+#   row over twice the threads to stay clear of spills and keep two programs per SM; rows past
+#   bwd_max_single_block loop (a 16384-wide one-pass backward spills on sm_90).
 CONFIGS = {
     "sm_90": {  # 32-lane warps, 64 warps/SM: 8 programs of 8 warps keep ~64 KiB of loads in flight per SM
         "warp_size": 32, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "bwd_programs_per_sm": 4,
-        "bwd_elems_per_thread": 8,
+        "bwd_elems_per_thread": 8, "bwd_max_single_block": 8192,
     },
     "gfx950": {  # wave64, 160 KiB LDS (only the cross-wave reduction uses it): 4 waves = 256 lanes per 4096 row
         "warp_size": 64, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "bwd_programs_per_sm": 4,
-        "bwd_elems_per_thread": 8,
+        "bwd_elems_per_thread": 8, "bwd_max_single_block": 8192,
     },
     "default": {
         "warp_size": 32, "tile_elems": 4096, "elems_per_thread": 16, "max_rows": 64,
         "max_single_block": 16384, "chunk": 4096, "looped_warps": 8, "bwd_programs_per_sm": 4,
-        "bwd_elems_per_thread": 8,
+        "bwd_elems_per_thread": 8, "bwd_max_single_block": 8192,
     },
 }
 
@@ -247,7 +248,7 @@ def _plan(M: int, N: int, arch: str, block_n: int | None, backward: bool = False
     """Block shape and warps for an (M, N) problem. `block_n` forces the longest one-pass
     row (and the loop chunk), so tests can reach the looped kernels with tiny rows."""
     cfg = pick_config(CONFIGS, arch)
-    max_single = block_n or cfg["max_single_block"]
+    max_single = block_n or cfg["bwd_max_single_block" if backward else "max_single_block"]
     if N <= max_single:
         block = next_pow2(N)
         rows = max(1, min(cfg["tile_elems"] // block, cfg["max_rows"], next_pow2(M)))
@@ -408,6 +409,9 @@ def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps:
 def compile_specs() -> list:
     """Forward (plain and with residual, bf16 and fp16, one-pass and looped) and backward kernels."""
     specs = []
+    specs.append(KernelSpec(
+        "rms_norm_fwd_rows_fp32_residual_16384", _rms_norm_fwd_rows_kernel, _fwd_signature("fp32"),
+        {"HAS_RESIDUAL": True, "HAS_WEIGHT": True, "BLOCK_M": 1, "BLOCK_N": 16384}, num_warps=16))
     for dt in ("bf16", "fp16"):
         for has_res in (False, True):
             sig = _fwd_signature(dt)
@@ -424,6 +428,9 @@ def compile_specs() -> list:
     specs.append(KernelSpec(
         "rms_norm_bwd_rows_bf16_4096", _rms_norm_bwd_rows_kernel, _bwd_signature("bf16", rows=True),
         {"HAS_WEIGHT": True, "HAS_EXTRA": True, "BLOCK_M": 1, "BLOCK_N": 4096}, num_warps=16))
+    specs.append(KernelSpec(
+        "rms_norm_bwd_rows_fp32_8192", _rms_norm_bwd_rows_kernel, _bwd_signature("fp32", rows=True),
+        {"HAS_WEIGHT": True, "HAS_EXTRA": True, "BLOCK_M": 1, "BLOCK_N": 8192}, num_warps=16))
     specs.append(KernelSpec(
         "rms_norm_bwd_looped_bf16", _rms_norm_bwd_looped_kernel, _bwd_signature("bf16", rows=False),
         {"HAS_WEIGHT": True, "HAS_EXTRA": False, "BLOCK_N": 4096}, num_warps=8))

@@ -365,6 +365,9 @@ def compile_specs() -> list:
                 f"softmax_rows_{dt}{'_log' if log else ''}_8192", _softmax_rows_kernel, _rows_signature(dt),
                 {"LOG": log, "BLOCK_M": 1, "BLOCK_N": 8192}, num_warps=16))
     specs.append(KernelSpec(
+        "softmax_rows_fp32_log_16384", _softmax_rows_kernel, _rows_signature("fp32"),
+        {"LOG": True, "BLOCK_M": 1, "BLOCK_N": 16384}, num_warps=16))
+    specs.append(KernelSpec(
         "softmax_rows_fp32_short_rows", _softmax_rows_kernel, _rows_signature("fp32"),
         {"LOG": False, "BLOCK_M": 16, "BLOCK_N": 256}, num_warps=8))
     for write in (True, False):
