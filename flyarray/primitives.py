@@ -84,6 +84,13 @@ for _name, _ref, _low in [
 ]:
     _ew(_name, 1, "numeric", "float", _ref, _low)
 
+# ---- activations (first-class so the scheduler can move them into a GEMM epilogue) ----------
+_ew("relu", 1, "numeric", "same", torch.relu, _f("tl.where({0} < 0, 0, {0})"))
+_ew("silu", 1, "float", "same", torch.nn.functional.silu, _f("({0} / (1.0 + tl.exp(-{0})))"))
+_ew("gelu", 1, "float", "same", torch.nn.functional.gelu, _f("(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))"))
+_ew("gelu_tanh", 1, "float", "same", lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    _f("(0.5 * {0} * (1.0 + ext.tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}))))"))
+
 # ---- unary, same dtype ----------------------------------------------------------------
 _ew("negative", 1, "numeric", "same", torch.negative, _f("(-{0})"))
 _ew("positive", 1, "numeric", "same", torch.positive, _f("{0}"))

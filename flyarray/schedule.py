@@ -122,6 +122,10 @@ class _Scheduler:
         self.wanted = {r.id for r in self.roots}
         self.planned = {}  # node id -> node whose buffer a step produces
         self.steps = []
+        self.uses = {}
+        for node in ir.toposort(self.roots):
+            for i in node.inputs:
+                self.uses[i.id] = self.uses.get(i.id, 0) + 1
 
     def run(self) -> list:
         # Later roots first: they tend to consume earlier ones, which then ride along as extra outputs.
@@ -152,7 +156,15 @@ class _Scheduler:
         if kind == "concat":
             self.plan_concat(node)
             return
+        if kind == "elementwise" and self.fuse_into_library(node):
+            self.ensure(node)  # now the output of a library call
+            return
         self.build_kernel(node)
+
+    def fuse_into_library(self, node) -> bool:
+        """Elementwise epilogues move into library kernels that take them (matmul: bias, act, residual, cast)."""
+        from .ops.linalg import fuse_epilogue
+        return fuse_epilogue(node, self.uses, self.wanted)
 
     def ensure_materialized_input(self, node: ir.Node):
         """Library kernels take buffers: realize the base of a view (the view itself is strided)."""

@@ -8,25 +8,32 @@ interpreter, so ``runner`` wraps the plain Python function of the kernel in an
 """
 from __future__ import annotations
 
-import functools
 import types
 
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 
-@functools.lru_cache(maxsize=None)
+_INTERPRETED: dict = {}
+
+
 def _interpreted(kernel) -> InterpretedFunction:
-    return InterpretedFunction(_with_interpreted_globals(kernel.fn, {}))
+    # Keyed by identity: hashing a JITFunction walks its dependencies (slow, and fragile mid-interpretation).
+    found = _INTERPRETED.get(id(kernel))
+    if found is None or found[0] is not kernel:
+        found = _INTERPRETED[id(kernel)] = (kernel, InterpretedFunction(_with_interpreted_globals(kernel.fn, {})))
+    return found[1]
 
 
 def _with_interpreted_globals(fn, memo: dict):
     """``fn`` re-bound to a copy of its globals where every @triton.jit helper is interpreted too.
 
     The interpreter only rewrites the kernel it is handed; a nested @triton.jit
-    call would otherwise refuse to run outside a compiled kernel. Copying the
-    globals (rather than patching the module) keeps the compiled path intact.
+    call (ours, or one of triton.language's own such as tl.sigmoid or tl.sort)
+    would otherwise refuse to run outside a compiled kernel. Copying the globals
+    (rather than patching modules) keeps the compiled path intact.
     """
     if fn in memo:
         return memo[fn]
@@ -35,9 +42,36 @@ def _with_interpreted_globals(fn, memo: dict):
     clone.__kwdefaults__ = fn.__kwdefaults__
     memo[fn] = clone
     for name, value in list(env.items()):
-        if isinstance(value, triton.runtime.JITFunction):
+        if isinstance(value, triton.runtime.JITFunction) and not _is_builtin_combine(name, value):
             env[name] = InterpretedFunction(_with_interpreted_globals(value.fn, memo))
+        elif value is tl:
+            env[name] = _InterpretedLanguage(memo)
+    env["_flyarray_real_tl"] = tl  # the interpreter looks for triton.language among the globals
     return clone
+
+
+def _is_builtin_combine(name, jit_fn) -> bool:
+    """triton.language's private combine functions stay as they are: the interpreter recognizes
+    them by identity (tl.reduce with _sum_combine becomes one numpy sum)."""
+    return name.startswith("_") and jit_fn.fn.__module__.startswith("triton.language")
+
+
+class _InterpretedLanguage(types.ModuleType):
+    """triton.language as seen from interpreted code: its @jit functions come back interpreted.
+
+    Attributes are looked up on every access, so the interpreter's patches to
+    triton.language (made while a kernel runs) are seen.
+    """
+
+    def __init__(self, memo):
+        super().__init__("triton.language")
+        self._memo = memo
+
+    def __getattr__(self, name):
+        value = getattr(tl, name)
+        if isinstance(value, triton.runtime.JITFunction):
+            return InterpretedFunction(_with_interpreted_globals(value.fn, self._memo))
+        return value
 
 
 def runner(kernel, device: torch.device):
