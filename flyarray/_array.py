@@ -194,9 +194,15 @@ class Array:
         return _ops().reshape(self, (-1,))
 
 
+_OPS = None
+
+
 def _ops():
-    from . import ops
-    return ops
+    global _OPS
+    if _OPS is None:
+        from . import ops
+        _OPS = ops
+    return _OPS
 
 
 def _binary(name, reflected=False):

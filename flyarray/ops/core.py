@@ -24,7 +24,7 @@ def node_of(x) -> ir.Node:
 
 
 def common_device(args) -> torch.device:
-    devices = {a.device for a in args if isinstance(a, Array)}
+    devices = {a._node.device for a in args if isinstance(a, Array)}
     if len(devices) > 1:
         raise ValueError(f"arrays live on different devices: {', '.join(sorted(map(str, devices)))}; "
                          "move them with fa.asarray(x, device=...) first")
@@ -78,25 +78,26 @@ def cast_node(node: ir.Node, d: dt.DType) -> ir.Node:
 def elementwise(name: str, *args) -> Array:
     """Record elementwise primitive ``name`` over Arrays and Python scalars."""
     prim = ELEMENTWISE[name]
-    for a in args:
-        if not isinstance(a, (Array, bool, int, float)):
-            raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
-    device = common_device(args)
-    in_dtype = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in args])
-    if prim.accepts == "float" and in_dtype.kind != "f":
-        in_dtype = dt.default_float()
-    if prim.out == "float" and in_dtype.kind != "f":
+    arrays = [a for a in args if isinstance(a, Array)]
+    if len(arrays) != len(args):
+        for a in args:
+            if not isinstance(a, (Array, bool, int, float)):
+                raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
+    device = common_device(arrays)
+    dtypes_ = {a._node.dtype for a in arrays}
+    if len(dtypes_) == 1 and len(arrays) == len(args):
+        in_dtype = dtypes_.pop()  # the common case: no promotion to work out
+    else:
+        in_dtype = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in args])
+    if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind != "f":
         in_dtype = dt.default_float()
     check_accepts(prim, in_dtype)
-    shape = views.broadcast_shapes(*[a.shape for a in args if isinstance(a, Array)])
-    inputs = []
-    for a in args:
-        if isinstance(a, Array):
-            inputs.append(broadcast_node(cast_node(a._node, in_dtype), shape))
-        else:
-            inputs.append(constant(a, shape, in_dtype, device))
+    shapes = {a._node.shape for a in arrays}
+    shape = shapes.pop() if len(shapes) == 1 else views.broadcast_shapes(*[a._node.shape for a in arrays])
+    inputs = tuple(broadcast_node(cast_node(a._node, in_dtype), shape) if isinstance(a, Array)
+                   else constant(a, shape, in_dtype, device) for a in args)
     out_dtype = elementwise_out_dtype(prim, in_dtype)
-    return Array(ir.Node(prim, tuple(inputs), None, shape, out_dtype, device))
+    return Array(ir.Node(prim, inputs, None, shape, out_dtype, device))
 
 
 def where(cond, x, y) -> Array:
