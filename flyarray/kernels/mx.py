@@ -116,23 +116,44 @@ def _call_interpreted(jit_fn, *args, **kwargs):
             scope.restore()
 
 
+def _interpreted_call_restoring(self, *args, **kwargs):
+    """InterpretedFunction.__call__ (a device-function call), undoing its language patch on return.
+
+    Triton 3.9's own __call__ patches triton.language and never restores it,
+    which breaks every later real compile in the process.
+    """
+    from triton.runtime import interpreter
+    scope = interpreter._patch_lang(self.fn)
+    try:
+        return self.rewrite()(*args, **kwargs)
+    except Exception as exc:
+        raise interpreter.InterpreterError(repr(exc)) from exc
+    finally:
+        if scope is not None and hasattr(scope, "restore"):
+            scope.restore()
+
+
 @contextlib.contextmanager
 def _nested_jit_calls_interpreted():
-    """Let an interpreted kernel call other @triton.jit functions.
+    """Let an interpreted kernel call other @triton.jit functions, leaving no patch behind.
 
-    ``runner`` interprets only the top kernel; a call inside it to another
-    compiled @triton.jit function (our helpers, and tl.max/tl.sum, which are
-    @jit in triton.language.standard) raises "Cannot call @triton.jit'd outside
-    of the scope of a kernel". For the duration of an interpreted launch, such
-    calls run through the interpreter too.
+    A call inside an interpreted kernel to another @triton.jit function (our
+    helpers, and tl.max/tl.sum, which are @jit in triton.language.standard)
+    either reaches a compiled JITFunction (which refuses: "Cannot call
+    @triton.jit'd outside of the scope of a kernel") or, with a runner that
+    pre-wraps helpers, an InterpretedFunction whose call leaks its patch of
+    triton.language. For the duration of an interpreted launch both kinds of
+    call run through the interpreter and undo their patch when they return.
     """
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
-    original = JITFunction.__call__
+    originals = (JITFunction.__call__, InterpretedFunction.__call__)
     JITFunction.__call__ = _call_interpreted
+    InterpretedFunction.__call__ = _interpreted_call_restoring
     try:
         yield
     finally:
-        JITFunction.__call__ = original
+        JITFunction.__call__, InterpretedFunction.__call__ = originals
 
 
 def launch(kernel, device, grid, *args, **kwargs):

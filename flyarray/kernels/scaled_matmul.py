@@ -75,6 +75,9 @@ CONFIGS = {
             dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3),
             dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=5),
             dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=5),
+            # Triton's own path (bf16 upcast), so the auto choice is never slower than it
+            dict(kernel="dot_scaled", BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8,
+                 num_stages=3),
         ],
         "mxfp8_method": "fp8_blocks",
         # timed once per shape on first use (the first is used where timing is impossible);
@@ -412,6 +415,7 @@ def _pick_method(m: int, a_fmt: str, b_fmt: str, cfg: dict) -> str:
 def _scaled_matmul_2d(a, b, sa, sb, a_fmt, b_fmt, out_dtype, method):
     m, n = a.shape[0], b.shape[0]
     cfg = pick_config(CONFIGS, current_arch(a.device))
+    mixed = method is None  # auto: the tuners may also pick dot_scaled configs
     method = method or _pick_method(m, a_fmt, b_fmt, cfg)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
@@ -421,11 +425,11 @@ def _scaled_matmul_2d(a, b, sa, sb, a_fmt, b_fmt, out_dtype, method):
     if method == "decode":
         if a_fmt not in _PLAIN_FORMATS or m > DECODE_MAX_M:
             raise ValueError(f"method: 'decode' needs bf16/fp16 lhs with M <= {DECODE_MAX_M}")
-        return _decode(a, b, sb, a_fmt, b_fmt, out, cfg)
+        return _decode(a, b, sb, a_fmt, b_fmt, out, cfg, mixed)
     if method == "fp8_blocks":
         if a_fmt not in ("e4m3", "e5m2") or b_fmt not in ("e4m3", "e5m2"):
             raise ValueError("method: 'fp8_blocks' needs MXFP8 (e4m3/e5m2) lhs and rhs")
-        return _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg)
+        return _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg, mixed)
     if method != "dot_scaled":
         raise ValueError(f"method: unknown {method!r}; use None, 'dot_scaled', 'decode' or 'fp8_blocks'")
     return _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg)
@@ -467,18 +471,28 @@ def _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile=None):
 _FP8_BLOCKS_CHOICE: dict = {}
 
 
-def _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg):
+def _own_kernel_only(candidates: list, kernel: str) -> list:
+    return [c for c in candidates if c.get("kernel", kernel) == kernel]
+
+
+def _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg, mixed=True):
     a_op = _as_triton_operand(a, a_fmt).contiguous()
     b_op = _as_triton_operand(b, b_fmt).contiguous()
     sa, sb = sa.contiguous(), sb.contiguous()
-    run = lambda tile: _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile)
+
+    def run(tile):
+        if tile.get("kernel") == "dot_scaled":
+            return _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile)
+        return _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile)
     candidates = cfg.get("fp8_blocks_candidates", [])
+    if not mixed:
+        candidates = _own_kernel_only(candidates, "fp8_blocks")
     if a.device.type == "cuda" and len(candidates) > 1:
-        key = (current_arch(a.device), a.shape[0], b.shape[0], a.shape[1], a_fmt, b_fmt, out.dtype)
+        key = (current_arch(a.device), a.shape[0], b.shape[0], a.shape[1], a_fmt, b_fmt, out.dtype, mixed)
         if key not in _FP8_BLOCKS_CHOICE:
             _FP8_BLOCKS_CHOICE[key] = _fastest(candidates, run)
         return run(_FP8_BLOCKS_CHOICE[key])
-    return run(cfg["fp8_blocks"])
+    return run(candidates[0] if candidates else cfg["fp8_blocks"])
 
 
 def _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile):
@@ -495,15 +509,19 @@ def _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile):
 _DECODE_CHOICE: dict = {}
 
 
-def _decode(x, w, sw, x_fmt, w_fmt, out, cfg):
+def _decode(x, w, sw, x_fmt, w_fmt, out, cfg, mixed=True):
     """Small-M activations x MX weights: the fastest candidate for this shape (timed once on a GPU)."""
     x = x.contiguous()
     w = w.contiguous()
     sw = sw.contiguous()
     candidates = cfg["decode_candidates"]
+    if not mixed:
+        candidates = _own_kernel_only(candidates, "decode") or [
+            dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=3)]
     run = lambda c: _decode_candidate(x, w, sw, x_fmt, w_fmt, out, cfg, c)
     if x.device.type == "cuda" and len(candidates) > 1:
-        key = (current_arch(x.device), next_pow2(x.shape[0]), w.shape[0], x.shape[1], w_fmt, x.dtype, out.dtype)
+        key = (current_arch(x.device), next_pow2(x.shape[0]), w.shape[0], x.shape[1], w_fmt, x.dtype, out.dtype,
+               mixed)
         if key not in _DECODE_CHOICE:
             _DECODE_CHOICE[key] = _fastest(candidates, run)
         return run(_DECODE_CHOICE[key])
