@@ -321,14 +321,25 @@ def _splitk_reduce_kernel(
 _interpreted_helpers: dict = {}
 
 
-@contextlib.contextmanager
-def _nested_jit_interpreted():
-    """While an interpreted kernel runs, let its calls to other @triton.jit
-    functions (our helpers; tl.cdiv, tl.cumsum are @jit too) be interpreted.
+def _language_namespaces() -> list:
+    """What Triton's interpreter patches while it runs (and, for nested calls, forgets to undo)."""
+    spaces = [tl, tl.core, tl.math, tl.core.tensor]
+    spaces += [getattr(tl.core, name) for name in ("tensor_descriptor_base",) if hasattr(tl.core, name)]
+    return spaces
 
-    ``runner`` wraps only the top kernel, and calling a compiled JITFunction
+
+@contextlib.contextmanager
+def _interpreter_scope():
+    """Run an interpreted launch so that it leaves triton.language as it found it.
+
+    ``runner`` wraps only the top kernel, and a compiled JITFunction called
     from Python raises "Cannot call @triton.jit'd outside of the scope of a
-    kernel". (This belongs in ``_triton.runner``; kept here until it moves.)
+    kernel"; so for the launch, nested @triton.jit calls (our helpers;
+    tl.cdiv, tl.cumsum) are interpreted too. The interpreter patches
+    triton.language for each nested call and never restores it, which breaks
+    every later real compile in the process (cross-compiles in the same
+    pytest run): the namespaces are restored from a snapshot afterwards.
+    (This belongs in ``_triton.runner``; kept here until it moves.)
     """
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
@@ -337,26 +348,29 @@ def _nested_jit_interpreted():
         key = id(self)  # hashing a JITFunction mid-interpretation fails: key by id
         if key not in _interpreted_helpers:
             _interpreted_helpers[key] = (self, InterpretedFunction(self.fn))
-        # Call the rewritten function itself: InterpretedFunction.__call__ would
-        # patch triton.language for the interpreter and never restore it, which
-        # breaks every later real compile in the process. The launch around us
-        # has patched (and will restore) the language already.
-        return _interpreted_helpers[key][1].rewrite()(*args, **kwargs)
+        return _interpreted_helpers[key][1](*args, **kwargs)
 
+    snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
     original = JITFunction.__call__
     JITFunction.__call__ = call
     try:
         yield
     finally:
         JITFunction.__call__ = original
+        for space, attrs in snapshot:
+            for name in [n for n in vars(space) if n not in attrs]:
+                delattr(space, name)
+            for name, value in attrs.items():
+                if vars(space).get(name) is not value:
+                    setattr(space, name, value)
 
 
 def launch(kernel, device: torch.device, grid: tuple, *args, **kwargs):
-    """``runner(kernel, device)[grid](...)``; on the CPU with nested jit calls interpreted."""
+    """``runner(kernel, device)[grid](...)``; on the CPU inside ``_interpreter_scope``."""
     fn = runner(kernel, device)
     if torch.device(device).type != "cpu":
         return fn[grid](*args, **kwargs)
-    with _nested_jit_interpreted():
+    with _interpreter_scope():
         return fn[grid](*args, **kwargs)
 
 

@@ -125,6 +125,16 @@ def test_fp8_scales_emulated(fp8, per_row):
     check(out, ref, torch.float32)
 
 
+def test_float64_accumulates_in_float64():
+    a, b = torch.randn(20, 300, dtype=torch.float64), torch.randn(300, 17, dtype=torch.float64)
+    bias = torch.randn(17, dtype=torch.float64)
+    out = matmul(a, b, bias=bias, activation="gelu")
+    assert out.dtype == torch.float64
+    assert rel_err(out, reference_matmul(a, b, bias=bias, activation="gelu")) < 1e-12
+    cfg = dict(gemm.CONFIGS["cpu"]["decode"]["fp32"], SPLIT_K=2)
+    assert rel_err(matmul(a, b, config=cfg), reference_matmul(a, b)) < 1e-12
+
+
 def test_out_dtype_and_bad_activation():
     a, b = torch.randn(8, 8, dtype=torch.float16), torch.randn(8, 8, dtype=torch.float16)
     assert matmul(a, b, out_dtype=torch.float32).dtype == torch.float32
