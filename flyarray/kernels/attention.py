@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import interpreter as _interp
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -562,24 +563,40 @@ def _attn_decode_combine_kernel(
 _interpreted_helpers: dict = {}
 
 
+def _call_restoring(interpreted: InterpretedFunction, args, kwargs):
+    """Run an interpreted device function, undoing its patch of triton.language on
+    return (Triton 3.9's own ``InterpretedFunction.__call__`` never restores it,
+    which breaks every later real compile in the process)."""
+    scope = _interp._patch_lang(interpreted.fn)
+    try:
+        return interpreted.rewrite()(*args, **kwargs)
+    finally:
+        if scope is not None and hasattr(scope, "restore"):  # older Tritons patch for good
+            scope.restore()
+
+
 @contextlib.contextmanager
 def _nested_jit_interpreted():
-    """Let an interpreted kernel call other @triton.jit functions (our helpers,
-    and tl.sum/tl.max/tl.zeros/tl.cdiv, which are @jit too): ``runner`` wraps
-    only the top kernel, and a JITFunction called from Python raises. (The same
-    shim lives in gemm.py; it belongs in ``_triton.runner``.)"""
-    def call(self, *args, **kwargs):
+    """While an interpreted kernel runs, let it call other @triton.jit functions
+    (our helpers; tl.sum/tl.max/tl.zeros are @jit too) without leaving a patch
+    behind: a compiled JITFunction refuses to be called from Python, and the
+    InterpretedFunction that ``runner`` may have substituted leaks its patch.
+    (The same shim lives in mx.py; it belongs in ``_triton.runner``.)"""
+    def call_jit(self, *args, **kwargs):
         key = id(self)  # hashing a JITFunction mid-interpretation fails: key by id
         if key not in _interpreted_helpers:
             _interpreted_helpers[key] = (self, InterpretedFunction(self.fn))
-        return _interpreted_helpers[key][1](*args, **kwargs)
+        return _call_restoring(_interpreted_helpers[key][1], args, kwargs)
 
-    original = JITFunction.__call__
-    JITFunction.__call__ = call
+    def call_interpreted(self, *args, **kwargs):
+        return _call_restoring(self, args, kwargs)
+
+    originals = (JITFunction.__call__, InterpretedFunction.__call__)
+    JITFunction.__call__, InterpretedFunction.__call__ = call_jit, call_interpreted
     try:
         yield
     finally:
-        JITFunction.__call__ = original
+        JITFunction.__call__, InterpretedFunction.__call__ = originals
 
 
 def _launch(kernel, grid, device, *args, **kwargs):
@@ -829,24 +846,23 @@ def _specs_for_arch(arch: str) -> list:
     table = CONFIGS[arch]
     specs = []
     tiles = lambda cfg: dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
-    for dtype in ("fp16", "bf16"):
-        for D in (64, 128):
-            for causal in (False, True):
-                cfg = table["fwd_causal" if causal else "fwd"][D]
-                const = dict(IS_CAUSAL=causal, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,
-                             DOT_PREC=None, **tiles(cfg))
-                specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
-                                   _attn_fwd_kernel, dtype, const, cfg))
-    # Backward and decode in bf16 (the training/serving dtype), hd64 and hd128.
+    for dtype, D in (("bf16", 64), ("bf16", 128), ("fp16", 128)):
+        for causal in (False, True):
+            cfg = table["fwd_causal" if causal else "fwd"][D]
+            const = dict(IS_CAUSAL=causal, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,
+                         DOT_PREC=None, **tiles(cfg))
+            specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
+                               _attn_fwd_kernel, dtype, const, cfg))
+    # Backward in bf16 (the training dtype), hd64 and hd128; decode at hd128.
     for D in (64, 128):
         for kind, kernel in (("bwd_dkdv", _attn_bwd_dkdv_kernel), ("bwd_dq", _attn_bwd_dq_kernel)):
             cfg = table[kind][D]
             const = dict(IS_CAUSAL=True, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,
                          DOT_PREC=None, **tiles(cfg))
             specs.append(_spec(f"attn_{kind}_bf16_d{D}_causal", kernel, "bf16", const, cfg))
-        cfg = table["decode"][D]
-        const = dict(IS_CAUSAL=True, HEAD_DIM=D, BLOCK_D=D, BLOCK_R=16, BLOCK_N=cfg["BLOCK_N"], DOT_PREC=None)
-        specs.append(_spec(f"attn_decode_bf16_d{D}", _attn_decode_split_kernel, "bf16", const, cfg))
+    cfg = table["decode"][128]
+    const = dict(IS_CAUSAL=True, HEAD_DIM=128, BLOCK_D=128, BLOCK_R=16, BLOCK_N=cfg["BLOCK_N"], DOT_PREC=None)
+    specs.append(_spec("attn_decode_bf16_d128", _attn_decode_split_kernel, "bf16", const, cfg))
     pre = table["bwd_pre"]
     specs.append(_spec("attn_bwd_pre_bf16_d128", _attn_bwd_pre_kernel, "bf16",
                        dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_M=pre["BLOCK_M"]), pre))

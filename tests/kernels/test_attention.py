@@ -1,0 +1,263 @@
+"""Fused attention: interpreter tests against a float64 softmax, GPU tests against
+torch SDPA, and a cross-compile check for gfx950 (MFMA) and sm_90 (wgmma)."""
+import contextlib
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from flyarray.kernels.attention import (
+    attention_bwd, attention_decode, attention_fwd, compile_specs, dot_product_attention,
+    reference_attention,
+)
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
+
+
+def _rel(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+
+
+def _qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device="cpu", bhsd=False):
+    """Random q, k, v in (B, S, H, D); with bhsd, as transposed views of (B, H, S, D) storage."""
+    def make(S, H):
+        if bhsd:
+            return torch.randn(B, H, S, D, device=device).to(dtype).transpose(1, 2)
+        return torch.randn(B, S, H, D, device=device).to(dtype)
+    return make(Sq, Hq), make(Sk, Hkv), make(Sk, Hkv)
+
+
+def _check_fwd(q, k, v, dtype, **kw):
+    out, lse = attention_fwd(q, k, v, **kw)
+    ref, ref_lse = reference_attention(q, k, v, return_lse=True, **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.isfinite(out).all()
+    assert _rel(out, ref) < TOL[dtype]
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max().item() < 1e-3 if finite.any() else True
+    return out, lse
+
+
+# --------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Sq,Sk", [(37, 37), (19, 40), (40, 23)])
+def test_forward_ragged_causal(dtype, causal, Sq, Sk):
+    torch.manual_seed(Sq * 100 + Sk)
+    q, k, v = _qkv(2, Sq, Sk, 2, 2, 16, dtype)
+    _check_fwd(q, k, v, dtype, is_causal=causal)
+
+
+@settings(max_examples=12, deadline=None)
+@given(B=st.integers(1, 2), Sq=st.integers(17, 40), Sk=st.integers(1, 40), groups=st.sampled_from([(4, 4), (4, 2), (4, 1)]),
+       D=st.sampled_from([16, 32, 24]), causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_forward_hypothesis(B, Sq, Sk, groups, D, causal, seed):
+    torch.manual_seed(seed)
+    q, k, v = _qkv(B, Sq, Sk, *groups, D, torch.float32)
+    _check_fwd(q, k, v, torch.float32, is_causal=causal, scale=0.3)
+
+
+def test_forward_head_dim_64_strided_gqa():
+    torch.manual_seed(1)
+    q, k, v = _qkv(1, 33, 45, 4, 2, 64, torch.float16, bhsd=True)
+    assert not q.is_contiguous()
+    out, _ = _check_fwd(q, k, v, torch.float16, is_causal=True)
+    assert out.stride() == q.stride()  # the output keeps the (B, H, S, D) storage
+
+
+def test_forward_mask_bias_broadcast():
+    torch.manual_seed(2)
+    B, Sq, Sk, H = 2, 24, 35, 4
+    q, k, v = _qkv(B, Sq, Sk, H, 2, 16, torch.float32)
+    bias = torch.randn(1, H, Sq, Sk)  # broadcast over batch
+    mask = torch.rand(B, 1, 1, Sk) > 0.3  # broadcast over heads and queries (padding mask)
+    _check_fwd(q, k, v, torch.float32, bias=bias, mask=mask)
+    _check_fwd(q, k, v, torch.float32, bias=bias.half(), mask=mask, is_causal=True)
+
+
+def test_forward_fully_masked_rows_are_zero():
+    torch.manual_seed(3)
+    B, Sq, Sk, H = 1, 20, 30, 2
+    q, k, v = _qkv(B, Sq, Sk, H, H, 16, torch.float16)
+    mask = torch.rand(B, H, Sq, Sk) > 0.5
+    mask[:, :, 3] = False  # row 3 sees nothing
+    bias = torch.zeros(B, H, Sq, Sk)
+    bias[:, :, 7] = float("-inf")  # row 7 sees nothing through the bias
+    out, lse = _check_fwd(q, k, v, torch.float16, mask=mask, bias=bias)
+    assert (out[:, 3] == 0).all() and (out[:, 7] == 0).all()
+    assert torch.isneginf(lse[:, :, 3]).all()
+    # causal with Sq > Sk: the first Sq - Sk queries see no key
+    q, k, v = _qkv(1, 36, 17, 2, 1, 16, torch.float32)
+    out, _ = _check_fwd(q, k, v, torch.float32, is_causal=True)
+    assert (out[:, : 36 - 17] == 0).all()
+
+
+# --------------------------------------------------------------------------- decode
+@pytest.mark.parametrize("Sq,causal,splits", [(1, False, (None, 100)), (1, True, (3,)), (3, True, (None,)),
+                                              (16, False, (2,))])
+def test_decode_split_k(Sq, causal, splits):
+    torch.manual_seed(Sq)
+    q, k, v = _qkv(2, Sq, 70, 8, 2, 16, torch.float16)
+    for splits in splits:
+        out, lse = attention_decode(q, k, v, is_causal=causal, num_splits=splits)
+        ref, ref_lse = reference_attention(q, k, v, is_causal=causal, return_lse=True)
+        assert _rel(out, ref) < TOL[torch.float16]
+        assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+    # attention_fwd routes short query sequences here
+    out, _ = attention_fwd(q, k, v, is_causal=causal)
+    assert _rel(out, reference_attention(q, k, v, is_causal=causal)) < TOL[torch.float16]
+
+
+def test_decode_mqa_many_rows_and_few_keys():
+    torch.manual_seed(5)
+    q, k, v = _qkv(1, 5, 7, 32, 1, 32, torch.float32, bhsd=True)  # 160 rows per kv head: 3 row blocks
+    out, _ = attention_decode(q, k, v, is_causal=True)
+    assert _rel(out, reference_attention(q, k, v, is_causal=True)) < TOL[torch.float32]
+
+
+# --------------------------------------------------------------------------- backward
+def _check_bwd(dtype, B, Sq, Sk, Hq, Hkv, D, tol, bhsd=False, **kw):
+    q, k, v = _qkv(B, Sq, Sk, Hq, Hkv, D, dtype, bhsd=bhsd)
+    do = torch.randn(q.shape).to(dtype)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    dot_product_attention(*leaves, **kw).backward(do)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    reference_attention(*ref_leaves, **kw).backward(do.double())
+    for name, ours, ref in zip("qkv", leaves, ref_leaves):
+        assert torch.isfinite(ours.grad).all(), name
+        assert ours.grad.shape == ours.shape and ours.grad.dtype == dtype
+        assert _rel(ours.grad, ref.grad) < tol, (name, _rel(ours.grad, ref.grad))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Sq,Sk", [(33, 33), (18, 41), (40, 21)])
+def test_backward_fp32_gqa(causal, Sq, Sk):
+    torch.manual_seed(Sq + Sk)
+    _check_bwd(torch.float32, 2, Sq, Sk, 4, 2, 16, 1e-4, is_causal=causal)
+
+
+def test_backward_fp16_strided_head_dim_64():
+    torch.manual_seed(6)
+    _check_bwd(torch.float16, 1, 35, 35, 2, 1, 64, 5e-3, bhsd=True, is_causal=True)
+
+
+def test_backward_mask_bias_and_empty_rows():
+    torch.manual_seed(7)
+    B, Sq, Sk, H = 1, 21, 34, 2
+    mask = torch.rand(B, H, Sq, Sk) > 0.4
+    mask[..., 5, :] = False
+    bias = torch.randn(1, 1, Sq, Sk)
+    _check_bwd(torch.float32, B, Sq, Sk, H, 1, 32, 1e-4, mask=mask, bias=bias)
+    _check_bwd(torch.float32, B, 30, 12, H, H, 16, 1e-4, is_causal=True)  # Sq > Sk: empty rows
+
+
+def test_backward_direct_call_matches_autograd():
+    torch.manual_seed(8)
+    q, k, v = _qkv(1, 20, 20, 2, 2, 16, torch.float32)
+    out, lse = attention_fwd(q, k, v, is_causal=True)
+    do = torch.randn_like(out)
+    dq, dk, dv = attention_bwd(do, q, k, v, out, lse, is_causal=True)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    reference_attention(*leaves, is_causal=True).backward(do.double())
+    for ours, ref in zip((dq, dk, dv), leaves):
+        assert _rel(ours, ref.grad) < 1e-4
+
+
+def test_bias_gradient_is_refused():
+    q, k, v = _qkv(1, 17, 17, 1, 1, 16, torch.float32)
+    bias = torch.zeros(1, 1, 17, 17, requires_grad=True)
+    out = dot_product_attention(q.requires_grad_(), k, v, bias)
+    with pytest.raises(NotImplementedError):
+        out.sum().backward()
+
+
+# --------------------------------------------------------------------------- GPU (bf16 vs SDPA)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def _sdpa(q, k, v, causal):
+    """torch SDPA on (B, S, H, D) tensors, kv heads repeated for GQA, bottom-right causal."""
+    G = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    kt, vt = kt.repeat_interleave(G, 1), vt.repeat_interleave(G, 1)
+    mask = None
+    if causal:
+        Sq, Sk = q.shape[1], k.shape[1]
+        mask = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device).tril(Sk - Sq)
+    return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask).transpose(1, 2)
+
+
+@cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (2, 513, 1031, 8, 2, 64), (1, 7, 3000, 16, 4, 128)])
+def test_gpu_forward_bf16_vs_sdpa(causal, shape):
+    torch.manual_seed(0)
+    B, Sq, Sk, Hq, Hkv, D = shape
+    q, k, v = _qkv(B, Sq, Sk, Hq, Hkv, D, torch.bfloat16, device="cuda", bhsd=True)
+    out, _ = attention_fwd(q, k, v, is_causal=causal)
+    assert _rel(out, _sdpa(q.float(), k.float(), v.float(), causal)) < 1e-2
+
+
+@cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (1, 300, 777, 8, 2, 64)])
+def test_gpu_backward_bf16_vs_sdpa(causal, shape):
+    torch.manual_seed(0)
+    B, Sq, Sk, Hq, Hkv, D = shape
+    q, k, v = _qkv(B, Sq, Sk, Hq, Hkv, D, torch.bfloat16, device="cuda", bhsd=True)
+    do = torch.randn(q.shape, device="cuda").to(torch.bfloat16)
+    ours = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    dot_product_attention(*ours, is_causal=causal).backward(do)
+    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    _sdpa(*ref, causal).backward(do.float())
+    for a, b in zip(ours, ref):
+        assert _rel(a.grad, b.grad) < 2e-2
+
+
+# --------------------------------------------------------------------------- cross-compile
+@contextlib.contextmanager
+def _runtime_divisibility():
+    """Compile as Triton's JIT does for real launches on (B, H, S, D) storage:
+    pointers 16-byte aligned and every non-unit stride a multiple of 16 (true for
+    head_dim 64/128). ``compile_for`` passes no such attributes, and without them
+    no load vectorizes, every element keeps its own 64-bit address, and the
+    report shows spills that the real kernel does not have."""
+    from triton.compiler import ASTSource
+
+    original = ASTSource.__init__
+
+    def init(self, fn, signature, constexprs=None, attrs=None):
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
+                 if signature[name].startswith("*") or (signature[name] == "i32" and name.startswith("s"))}
+        original(self, fn, signature, constexprs, attrs)
+
+    ASTSource.__init__ = init
+    try:
+        yield
+    finally:
+        ASTSource.__init__ = original
+
+
+@pytest.mark.parametrize("target", ["gfx950", "sm_90"])
+def test_cross_compile(target):
+    from flyarray.targets import compile_for
+
+    with _runtime_divisibility():
+        reports = [(spec, compile_for(spec, target)) for spec in compile_specs(target)]
+    for spec, rep in reports:
+        assert rep.spills == 0, (spec.name, rep.summary())
+        if target == "gfx950":
+            assert rep.shared_bytes <= 160 * 1024, (spec.name, rep.shared_bytes)
+        else:
+            assert rep.shared_bytes <= 227 * 1024, (spec.name, rep.shared_bytes)
+        if "combine" in spec.name or "pre" in spec.name:
+            continue  # elementwise/reduction kernels: no matrix work
+        if target == "gfx950":
+            assert any(m.startswith("v_mfma") for m in rep.matrix_instructions), (spec.name, rep.summary())
+        elif "decode" in spec.name:  # 16-row tiles: below wgmma's 64, mma.sync is the right tool
+            assert any(m.startswith(("mma.sync", "HMMA")) for m in rep.matrix_instructions), spec.name
+        else:
+            assert any(m.startswith(("wgmma", "HGMMA")) for m in rep.matrix_instructions), (spec.name, rep.summary())
