@@ -77,10 +77,12 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
 def _from_numpy(arr: np.ndarray, copy) -> torch.Tensor:
     if arr.dtype.name not in {d.name for d in dt.ALL} and arr.dtype != np.bool_:
         raise TypeError(f"numpy dtype {arr.dtype} has no flyarray equivalent")
-    if not arr.flags.writeable or arr.dtype.byteorder not in "=|":
+    # torch has no negative strides, read-only or byte-swapped memory: those arrays are copied
+    if not arr.flags.writeable or arr.dtype.byteorder not in "=|" or any(s < 0 for s in arr.strides):
         if copy is False:
-            raise ValueError("copy=False, but this numpy array is read-only or byte-swapped and must be copied")
-        arr = np.ascontiguousarray(arr).copy()
+            raise ValueError("copy=False, but this numpy array is read-only, byte-swapped or has negative strides "
+                             "and must be copied")
+        arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C", copy=True)
     return torch.from_numpy(arr)
 
 
