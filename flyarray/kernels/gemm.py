@@ -31,6 +31,7 @@ them to 2-D first, as ``torch.matmul`` does internally.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Optional
 
 import torch
@@ -611,65 +612,87 @@ def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
     return "ieee"  # ignored for 16-bit and fp8 inputs
 
 
+class _PreparedGemm:
+    """Everything a launch needs except the tensors: built once per problem
+    signature, so a steady-state call (a decode step runs for ~30 us) costs a
+    dict lookup and the Triton launch, not the planning above."""
+
+    def __init__(self, step, cfg, *, a_mode, b_mode, activation, arch, allow_tf32):
+        a, b, out, bias, res = step
+        B0, B1, M, K = a.shape
+        N = b.shape[-1]
+        batch = B0 * B1
+        self.device = a.device
+        split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), triton.cdiv(K, cfg["BLOCK_K"])))
+        if M * N >= 2**31:
+            split_k = 1  # the workspace is indexed with int32 offsets per batch
+        use_tma, a_kmajor, b_kmajor = False, True, False
+        if cfg.get("TMA", True) and arch == "sm_90" and HAS_TENSOR_DESCRIPTORS and batch == 1:
+            a_layout, b_layout = _tma_layout(a, 1), _tma_layout(b, 0)
+            if a_layout is not None and b_layout is not None:
+                use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
+                _ensure_tma_allocator()
+        if not use_tma and "FALLBACK" in cfg:
+            cfg = cfg["FALLBACK"]
+        acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
+        self.ws_shape = (split_k, batch, M, N) if split_k > 1 else None
+        self.ws_dtype = torch.float64 if acc_fp64 else torch.float32
+        tiles = batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+        programs = max(1, min(tiles * split_k, _num_programs(self.device, arch, cfg)))
+        self.grid = (programs,)
+        bias_st = bias.stride() if bias is not None else (0, 0, 0, 0)
+        res_st = res.stride() if res is not None else (0, 0, 0, 0)
+        index_64 = max(_span(t) for t in (a, b, out, bias, res) if t is not None) >= 2**31
+        epilogue = dict(A_SCALE=a_mode, B_SCALE=b_mode, HAS_BIAS=bias is not None,
+                        ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=res is not None)
+        hip_extra = {k: cfg[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in cfg}
+        self.ints = (M, N, K, B1, batch, *a.stride(), *b.stride(), *out.stride(), *bias_st, *res_st, programs)
+        self.kwargs = dict(
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+            SPLIT_K=split_k, EVEN_M=(M % cfg["BLOCK_M"] == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
+            EVEN_K=(K % cfg["BLOCK_K"] == 0), INDEX_64=index_64,
+            EPI_SPLIT=int(cfg.get("EPI_SPLIT", _default_epi_split(cfg))),
+            DOT_PRECISION=_dot_precision(a.dtype, allow_tf32), USE_TMA=use_tma, A_KMAJOR=a_kmajor,
+            B_KMAJOR=b_kmajor, ACC_FP64=acc_fp64, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **hip_extra, **epilogue)
+        if split_k > 1:
+            rbm, rbn = min(64, triton.next_power_of_2(M)), 64
+            self.reduce_grid = (batch * triton.cdiv(M, rbm) * triton.cdiv(N, rbn),)
+            self.reduce_ints = (M, N, B1, batch, *out.stride(), *bias_st, *res_st)
+            self.reduce_kwargs = dict(BLOCK_M=rbm, BLOCK_N=rbn, SPLIT_K=split_k, num_warps=4,
+                                      INDEX_64=index_64, **epilogue)
+
+    def __call__(self, a, b, out, bias, res, a_scale, b_scale):
+        """Launch on tensors whose data pointers are those of the planned step
+        (the planner's as_strided views keep their base's storage offset)."""
+        pick = lambda t: out if t is None else t  # unused pointers: the constexpr flags skip them
+        ws = out if self.ws_shape is None else torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
+        pointers = (pick(bias), pick(res), pick(a_scale), pick(b_scale))
+        launch(_gemm_kernel, self.device, self.grid, a, b, out, *pointers, ws, *self.ints, **self.kwargs)
+        if self.ws_shape is not None:
+            launch(_splitk_reduce_kernel, self.device, self.reduce_grid, ws, out, *pointers,
+                   *self.reduce_ints, **self.reduce_kwargs)
+
+
 def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
     """Launch the GEMM (+ split-K reduction) on one [B0, B1, M, K] x [B0, B1, K, N] step."""
-    a, b, out, bias, res = step
-    B0, B1, M, K = a.shape
-    N = b.shape[-1]
-    batch = B0 * B1
-    device = a.device
-    a_mode = _scale_mode(a_scale, M)
-    b_mode = _scale_mode(b_scale, N)
-    dummy = out  # any pointer: the constexpr flags keep unused ones unread
-    split_k = int(cfg.get("SPLIT_K", 1))
-    k_tiles = triton.cdiv(K, cfg["BLOCK_K"])
-    split_k = max(1, min(split_k, k_tiles))
-    if M * N >= 2**31:
-        split_k = 1  # the workspace is indexed with int32 offsets per batch
-    use_tma, a_kmajor, b_kmajor = False, True, False
-    if cfg.get("TMA", True) and arch == "sm_90" and HAS_TENSOR_DESCRIPTORS and batch == 1:
-        a_layout, b_layout = _tma_layout(a, 1), _tma_layout(b, 0)
-        if a_layout is not None and b_layout is not None:
-            use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
-            _ensure_tma_allocator()
-    if not use_tma and "FALLBACK" in cfg:
-        cfg = cfg["FALLBACK"]
-    acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
-    ws = (torch.empty((split_k, batch, M, N), dtype=torch.float64 if acc_fp64 else torch.float32, device=device)
-          if split_k > 1 else dummy)
-    tiles = batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    programs = max(1, min(tiles * split_k, _num_programs(device, arch, cfg)))
-    bias_t, res_t = (bias if bias is not None else dummy), (res if res is not None else dummy)
-    bias_st = bias.stride() if bias is not None else (0, 0, 0, 0)
-    res_st = res.stride() if res is not None else (0, 0, 0, 0)
-    epilogue = dict(A_SCALE=a_mode, B_SCALE=b_mode, HAS_BIAS=bias is not None,
-                    ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=res is not None)
-    index_64 = max(_span(t) for t in (a, b, out, bias, res) if t is not None) >= 2**31
-    epi_split = int(cfg.get("EPI_SPLIT", _default_epi_split(cfg)))
-    epilogue["INDEX_64"] = index_64
-    hip_extra = {k: cfg[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in cfg}
-    launch(_gemm_kernel, device, (programs,),
-        a, b, out, bias_t, res_t,
-        a_scale if a_scale is not None else dummy, b_scale if b_scale is not None else dummy, ws,
-        M, N, K, B1, batch,
-        *a.stride(), *b.stride(), *out.stride(), *bias_st, *res_st,
-        programs,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-        SPLIT_K=split_k, EVEN_M=(M % cfg["BLOCK_M"] == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
-        INDEX_64=index_64, EPI_SPLIT=epi_split, EVEN_K=(K % cfg["BLOCK_K"] == 0), DOT_PRECISION=_dot_precision(a.dtype, allow_tf32),
-        USE_TMA=use_tma, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, ACC_FP64=acc_fp64,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **hip_extra,
-        **{k: v for k, v in epilogue.items() if k != "INDEX_64"},
-    )
-    if split_k > 1:
-        rbm, rbn = min(64, triton.next_power_of_2(M)), 64
-        grid = (batch * triton.cdiv(M, rbm) * triton.cdiv(N, rbn),)
-        launch(_splitk_reduce_kernel, device, grid,
-            ws, out, bias_t, res_t,
-            a_scale if a_scale is not None else dummy, b_scale if b_scale is not None else dummy,
-            M, N, B1, batch, *out.stride(), *bias_st, *res_st,
-            BLOCK_M=rbm, BLOCK_N=rbn, SPLIT_K=split_k, num_warps=4, **epilogue,
-        )
+    a, b = step[0], step[1]
+    prepared = _PreparedGemm(step, cfg, a_mode=_scale_mode(a_scale, a.shape[-2]),
+                             b_mode=_scale_mode(b_scale, b.shape[-1]), activation=activation, arch=arch,
+                             allow_tf32=allow_tf32)
+    prepared(*step, a_scale, b_scale)
+
+
+_plans: dict = {}  # call signature -> (out shape, _PreparedGemm) for single-step problems
+
+
+def _signature(a, b, bias, residual, a_scale, b_scale, activation, out_dtype, allow_tf32, tune):
+    """What a plan depends on: shapes, strides, dtypes, 16-byte alignment (TMA, and
+    Triton's own pointer specialization), the epilogue and the tuning switch."""
+    def meta(t):
+        return None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0)
+    return (meta(a), meta(b), meta(bias), meta(residual), meta(a_scale), meta(b_scale), activation,
+            out_dtype, allow_tf32, tune, os.environ.get("FLYARRAY_AUTOTUNE", ""), a.device)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
@@ -692,21 +715,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
         raise ValueError("matmul takes operands of rank >= 2; unsqueeze 1-D operands first")
     if out_dtype is None:
         out_dtype = torch.bfloat16 if a.dtype in FP8_DTYPES else a.dtype
+    a_scale = a_scale.reshape(-1) if a_scale is not None else None
+    b_scale = b_scale.reshape(-1) if b_scale is not None else None
+    key = None if config is not None else _signature(a, b, bias, residual, a_scale, b_scale, activation,
+                                                      out_dtype, allow_tf32, tune)
+    if key in _plans:  # the steady state: no planning
+        out_shape, prepared = _plans[key]
+        out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
+        prepared(a, b, out, bias, residual, a_scale, b_scale)
+        return out
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     out = torch.empty(*batch_shape, M, N, dtype=out_dtype, device=a.device)
     if out.numel() == 0:
         return out
-    a_mode = _scale_mode(a_scale, M)
-    _scale_mode(b_scale, N)
-    a_scale = a_scale.reshape(-1) if a_scale is not None else None
-    b_scale = b_scale.reshape(-1) if b_scale is not None else None
+    a_mode, b_mode = _scale_mode(a_scale, M), _scale_mode(b_scale, N)
     steps = _plan_views(a, b, out, bias, residual, a_mode)
     arch = current_arch(a.device)
     cfg = config or _choose_config(arch, steps[0], a_scale, b_scale, activation, allow_tf32, tune)
     for step in steps:
-        launch_gemm(step, cfg, a_scale=a_scale, b_scale=b_scale, activation=activation, arch=arch,
-                    allow_tf32=allow_tf32)
+        prepared = _PreparedGemm(step, cfg, a_mode=a_mode, b_mode=b_mode, activation=activation, arch=arch,
+                                 allow_tf32=allow_tf32)
+        prepared(*step, a_scale, b_scale)
+    if key is not None and len(steps) == 1 and len(_plans) < 4096:
+        _plans[key] = (out.shape, prepared)
     return out
 
 

@@ -91,6 +91,15 @@ def test_three_uncollapsible_batch_dims_and_permuted_views():
     check(out, reference_matmul(a, b, residual=res), torch.float32)
 
 
+def test_cached_plan_serves_new_tensors_of_the_same_signature():
+    gemm._plans.clear()
+    for _ in range(2):  # the second call takes the cached plan with other data
+        a, b, res = torch.randn(3, 9, 14), torch.randn(14, 10), torch.randn(10)
+        out = matmul(a, b, residual=res, activation="relu")
+        check(out, reference_matmul(a, b, residual=res, activation="relu"), torch.float32)
+    assert len(gemm._plans) == 1
+
+
 def test_split_k_matches():
     cfg = dict(gemm.CONFIGS["cpu"]["decode"]["fp32"], SPLIT_K=3)
     a, b, bias = torch.randn(2, 5, 70), torch.randn(70, 33), torch.randn(5, 33)
