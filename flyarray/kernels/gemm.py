@@ -531,16 +531,16 @@ def _plan_views(a, b, out, bias, residual, a_scale_mode):
             st.insert(0, 0)
     rows = sizes[-1]
 
-    def view(t, st, cols, col_stride, last_row_stride=None):
-        return t.as_strided(batch_sizes + [rows, cols], st[:-1] + [last_row_stride if last_row_stride is not None else st[-1], col_stride],
+    def view(t, row_strides, inner_shape, inner_strides):
+        """t over the collapsed [B0, B1] batch, with its own last-two dims."""
+        return t.as_strided(batch_sizes + list(inner_shape), list(row_strides) + list(inner_strides),
                             t.storage_offset())
 
-    views = [view(t, st, t.shape[-1], t.stride(-1)) for t, st in zip(tensors, strides)]
-    b_strides = strides[len(tensors)]
-    b_view = b_e.as_strided(batch_sizes + [K, N], b_strides[:-1] + [b_e.stride(-2), b_e.stride(-1)],
-                            b_e.storage_offset())
-    a_v, out_v = views[0], views[1]
-    rest = iter(views[2:])
+    # Row operands: the collapsed row stride stands in for M's; b keeps K and N.
+    a_v, out_v, *rest = [view(t, st[:-1], (rows, t.shape[-1]), (st[-1], t.stride(-1)))
+                         for t, st in zip(tensors, strides)]
+    b_view = view(b_e, strides[len(tensors)][:-1], (K, N), b_e.stride()[-2:])
+    rest = iter(rest)
     bias_v = next(rest) if bias is not None else None
     res_v = next(rest) if residual is not None else None
     steps = [(a_v, b_view, out_v, bias_v, res_v)]
