@@ -103,7 +103,7 @@ def ragged_case(device, small):
     rhs = _randn((G, K, N), dt, device, 42)
     eager, label = _grouped_mm_eager(lhs, rhs, sizes_host, offsets, device)
     return Case(
-        name=f"ragged_dot {G}g {M}x{N}x{K} vs {label}"[:44],
+        name=f"ragged_dot {G}g {M}x{N}x{K} {_tag(dt)} vs {label}",
         ours=lambda: ragged_dot(lhs, rhs, sizes),
         eager=eager,
         flops=2 * M * N * K,
