@@ -319,9 +319,6 @@ def _splitk_reduce_kernel(
 
 # --------------------------------------------------------------------------- launching
 
-_interpreted_helpers: dict = {}
-
-
 def _language_namespaces() -> list:
     """What Triton's interpreter patches while it runs (and, for nested calls, forgets to undo)."""
     spaces = [tl, tl.core, tl.math, tl.core.tensor]
@@ -333,31 +330,17 @@ def _language_namespaces() -> list:
 def _interpreter_scope():
     """Run an interpreted launch so that it leaves triton.language as it found it.
 
-    ``runner`` wraps only the top kernel, and a compiled JITFunction called
-    from Python raises "Cannot call @triton.jit'd outside of the scope of a
-    kernel"; so for the launch, nested @triton.jit calls (our helpers;
-    tl.cdiv, tl.cumsum) are interpreted too. The interpreter patches
-    triton.language for each nested call and never restores it, which breaks
-    every later real compile in the process (cross-compiles in the same
-    pytest run): the namespaces are restored from a snapshot afterwards.
-    (This belongs in ``_triton.runner``; kept here until it moves.)
+    ``runner`` interprets nested @triton.jit helpers too, and each nested call
+    (``InterpretedFunction.__call__``) patches triton.language for the
+    interpreter without restoring it, which breaks every later real compile
+    in the process (e.g. cross-compiles in the same pytest run). The patched
+    namespaces are restored from a snapshot afterwards. (This belongs in
+    ``_triton.runner``; kept here until it moves.)
     """
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    def call(self, *args, **kwargs):
-        key = id(self)  # hashing a JITFunction mid-interpretation fails: key by id
-        if key not in _interpreted_helpers:
-            _interpreted_helpers[key] = (self, InterpretedFunction(self.fn))
-        return _interpreted_helpers[key][1](*args, **kwargs)
-
     snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
-    original = JITFunction.__call__
-    JITFunction.__call__ = call
     try:
         yield
     finally:
-        JITFunction.__call__ = original
         for space, attrs in snapshot:
             for name in [n for n in vars(space) if n not in attrs]:
                 delattr(space, name)
