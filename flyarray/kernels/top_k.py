@@ -61,24 +61,25 @@ from flyarray.targets import KernelSpec
 #   search, more candidates); groups are kept >= 4*kpad so the bound stays tight.
 # chunk_elems_per_thread: sets the chunk kernel's warps (registers: ~160 a thread at 16).
 # merge_warps: warps of the merge kernel (at most; fewer for few candidates).
+# merge_max: most candidate words one merge program sorts; more go through a merge tree.
 # digit_bits: bits of the threshold settled per round of the search over the group maxima.
 # narrow_max_n / narrow_max_k: rows up to this length and k up to this take the one-kernel path.
 # narrow_tile: elements per program there (several short rows share a program).
 CONFIGS = {
     "sm_90": {  # 132 SMs: 64 rows x 32 chunks = 2048 programs of 8 warps, ~3 resident per SM
         "chunk": 4096, "chunk_per_kpad": 8, "group_size": 8, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "digit_bits": 4, "warp_size": 32,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 4096, "narrow_warps": 4,
+        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 32,
+        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 2048, "narrow_warps": 4,
     },
     "gfx950": {  # wave64: 4 waves = 256 lanes over a 4096 chunk, 16 elements a lane
         "chunk": 4096, "chunk_per_kpad": 8, "group_size": 8, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "digit_bits": 4, "warp_size": 64,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 4096, "narrow_warps": 4,
+        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 64,
+        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 2048, "narrow_warps": 4,
     },
     "default": {
         "chunk": 4096, "chunk_per_kpad": 8, "group_size": 8, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "digit_bits": 4, "warp_size": 32,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 4096, "narrow_warps": 4,
+        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 32,
+        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 2048, "narrow_warps": 4,
     },
 }
 
@@ -174,7 +175,7 @@ def _chunk_candidates_kernel(
     digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)
     t = tl.full([], 0, tl.uint32)
     for rnd in range(32 // DIGIT):
-        shift = (32 - DIGIT * (rnd + 1)).to(tl.uint32)
+        shift = 32 - DIGIT * (rnd + 1)
         trials = t | (digits << shift)
         counts = tl.reduce((group_max[None, :] >= trials[:, None]).to(tl.int32), 1, _ADD)
         t = t | (tl.reduce(tl.where(counts >= k, digits, 0), 0, _MAX) << shift)
@@ -205,18 +206,22 @@ def _chunk_candidates_kernel(
 
 @triton.jit
 def _merge_candidates_kernel(
-    ws_ptr, x_ptr, vals_ptr, idx_ptr, stride_row, k, m_valid,
+    ws_ptr, x_ptr, vals_ptr, idx_ptr, out_ptr, stride_row, k, n_words, ws_stride, out_stride,
     M: tl.constexpr, LOGM: tl.constexpr, KPAD: tl.constexpr, LOGK: tl.constexpr,
+    FINAL: tl.constexpr,
 ):
-    """One row per program: bitonic top-KPAD over its M candidate words, then gather the values.
+    """Program (row, g): bitonic top-KPAD of the row's candidate words [g*M, g*M + M).
+
+    FINAL: gather the values and write the results (one program a row); otherwise write the
+    KPAD best words to out_ptr[row, g*KPAD:], a level of the merge tree (large k only).
 
     The words live on a hypercube of shape [2]*LOGM; bit d of a position is the axis
     LOGM-1-d, so the partner at distance 2^d is the sum over that axis minus oneself
     (int64 addition wraps, the difference is exact), and one reduction does a pass.
     """
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, M)
-    words = tl.load(ws_ptr + row * m_valid + offs, mask=offs < m_valid, other=-9223372036854775808)
+    offs = tl.program_id(1) * M + tl.arange(0, M)
+    words = tl.load(ws_ptr + row * ws_stride + offs, mask=offs < n_words, other=-9223372036854775808)
     if LOGK == 0:
         top = tl.reduce(words, 0, _MAX, keep_dims=True)
     else:
@@ -247,11 +252,14 @@ def _merge_candidates_kernel(
                 h = tl.where((hi ^ desc) != 0, tl.maximum(h, partner), tl.minimum(h, partner))
         top = tl.reshape(h, [KPAD])
     j = tl.arange(0, KPAD)
-    ok = j < k
-    idx = ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(tl.int32)
-    v = tl.load(x_ptr + row * stride_row + idx, mask=ok, other=0)
-    tl.store(vals_ptr + row * k + j, v, mask=ok)
-    tl.store(idx_ptr + row * k + j, idx, mask=ok)
+    if FINAL:
+        ok = j < k
+        idx = ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(tl.int32)
+        v = tl.load(x_ptr + row * stride_row + idx, mask=ok, other=0)
+        tl.store(vals_ptr + row * k + j, v, mask=ok)
+        tl.store(idx_ptr + row * k + j, idx, mask=ok)
+    else:
+        tl.store(out_ptr + row * out_stride + tl.program_id(1) * KPAD + j, top)
 
 
 # ----------------------------------------------------------------------------- launch
@@ -307,13 +315,17 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
     n_chunks = triton.cdiv(N, chunk)
     m_valid = n_chunks * cap
     m = max(2, next_pow2(m_valid))
-    threads = min(1024, max(cfg["warp_size"], chunk // cfg["chunk_elems_per_thread"]))
+    threads = min(512, max(cfg["warp_size"], chunk // cfg["chunk_elems_per_thread"]))
     # digit search: 2^digit trial thresholds against every group maximum; keep that tile small
     digit = cfg["digit_bits"] if groups << cfg["digit_bits"] <= 32 * threads else 1
     return {"kpad": kpad, "chunk": chunk, "cap": cap, "groups": groups, "digit": digit,
             "n_chunks": n_chunks, "m_valid": m_valid, "m": m,
             "chunk_warps": threads // cfg["warp_size"],
-            "merge_warps": max(1, min(16, cfg["merge_warps"], m // 64))}
+            "merge_max": max(cfg["merge_max"], 4 * kpad)}
+
+
+def _merge_warps(m: int, cfg: dict) -> int:
+    return max(1, min(16, cfg["merge_warps"], m // 64))
 
 
 def _launch_wide(x2, vals, idx, k, cfg) -> None:
@@ -325,11 +337,23 @@ def _launch_wide(x2, vals, idx, k, cfg) -> None:
         CHUNK=plan["chunk"], GROUPS=plan["groups"], CAP=plan["cap"], DIGIT=plan["digit"],
         IS_FLOAT=x2.dtype.is_floating_point, num_warps=plan["chunk_warps"],
     )
-    runner(_merge_candidates_kernel, x2.device)[(rows,)](
-        ws, x2, vals, idx, x2.stride(0), k, plan["m_valid"],
-        M=plan["m"], LOGM=plan["m"].bit_length() - 1,
-        KPAD=plan["kpad"], LOGK=plan["kpad"].bit_length() - 1,
-        num_warps=plan["merge_warps"],
+    kpad, n_words, segment = plan["kpad"], plan["m_valid"], plan["cap"]
+    merge = runner(_merge_candidates_kernel, x2.device)
+    while n_words > plan["merge_max"]:  # a tree level: groups of segments down to KPAD words each
+        m = plan["merge_max"] // segment * segment
+        groups = triton.cdiv(n_words, m)
+        out = torch.empty((rows, groups * kpad), dtype=torch.int64, device=x2.device)
+        merge[(rows, groups)](
+            ws, x2, vals, idx, out, x2.stride(0), k, n_words, ws.stride(0), out.stride(0),
+            M=m, LOGM=m.bit_length() - 1, KPAD=kpad, LOGK=kpad.bit_length() - 1, FINAL=False,
+            num_warps=_merge_warps(m, cfg),
+        )
+        ws, n_words, segment = out, groups * kpad, kpad
+    m = max(2, next_pow2(n_words))
+    merge[(rows, 1)](
+        ws, x2, vals, idx, ws, x2.stride(0), k, n_words, ws.stride(0), 0,
+        M=m, LOGM=m.bit_length() - 1, KPAD=kpad, LOGK=kpad.bit_length() - 1, FINAL=True,
+        num_warps=_merge_warps(m, cfg),
     )
 
 
@@ -421,13 +445,15 @@ def compile_specs() -> list:
              "DIGIT": plan["digit"], "IS_FLOAT": True},
             num_warps=plan["chunk_warps"],
         ))
+        m = min(plan["m"], plan["merge_max"])  # the final merge (k=50), or a tree level (k=1024)
         specs.append(KernelSpec(
-            f"top_k_merge_fp32_k{k}_m{plan['m']}", _merge_candidates_kernel,
+            f"top_k_merge_fp32_k{k}_m{m}", _merge_candidates_kernel,
             {"ws_ptr": "*i64", "x_ptr": "*fp32", "vals_ptr": "*fp32", "idx_ptr": "*i32",
-             "stride_row": "i32", "k": "i32", "m_valid": "i32", "M": "constexpr", "LOGM": "constexpr",
-             "KPAD": "constexpr", "LOGK": "constexpr"},
-            {"M": plan["m"], "LOGM": plan["m"].bit_length() - 1,
-             "KPAD": plan["kpad"], "LOGK": plan["kpad"].bit_length() - 1},
-            num_warps=plan["merge_warps"],
+             "out_ptr": "*i64", "stride_row": "i32", "k": "i32", "n_words": "i32", "ws_stride": "i32",
+             "out_stride": "i32", "M": "constexpr", "LOGM": "constexpr", "KPAD": "constexpr",
+             "LOGK": "constexpr", "FINAL": "constexpr"},
+            {"M": m, "LOGM": m.bit_length() - 1, "KPAD": plan["kpad"],
+             "LOGK": plan["kpad"].bit_length() - 1, "FINAL": plan["m"] <= plan["merge_max"]},
+            num_warps=_merge_warps(m, cfg),
         ))
     return specs
