@@ -67,7 +67,11 @@ def fused_spec(kernel: Kernel) -> KernelSpec:
     signature = dict(zip(names, types))
     for name in plan.constexprs:
         signature[name] = "constexpr"
-    return KernelSpec(f"fused_{plan.key[:12]}", jit_fn, signature, dict(plan.constexprs), plan.num_warps, 1)
+    n_buffers = len(kernel.inputs) + len(kernel.stores)
+    divisible = tuple(name for name, v in zip(names[n_buffers:], plan.args)
+                      if isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0 and v)
+    return KernelSpec(f"fused_{plan.key[:12]}", jit_fn, signature, dict(plan.constexprs), plan.num_warps, 1,
+                      divisible)
 
 
 def _scalar_type(value) -> str:

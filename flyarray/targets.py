@@ -43,6 +43,10 @@ class KernelSpec:
     constexprs: dict
     num_warps: int = 4
     num_stages: int = 3
+    # Integer arguments a real launch would see divisible by 16 (Triton specializes them, like
+    # 16-byte-aligned pointers, which are always marked): without the hint nothing is
+    # vectorized or pipelined and the report would describe a kernel that never runs.
+    divisible: tuple = ()
 
 
 @dataclasses.dataclass
@@ -67,12 +71,17 @@ def compile_for(spec: KernelSpec, target: str) -> KernelReport:
     """Compile ``spec`` for ``target`` ('gfx950', 'gfx942' or 'sm_90') on any machine."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
-    src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs)
+    src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=_launch_attrs(spec))
     opts = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     compiled = triton.compile(src, target=TARGETS[target], options=opts)
     if TARGETS[target].backend == "hip":
         return _amd_report(spec, target, compiled)
     return _nvidia_report(spec, target, compiled)
+
+
+def _launch_attrs(spec: KernelSpec) -> dict:
+    return {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(spec.signature.items())
+            if ty.startswith("*") or name in spec.divisible}
 
 
 def _source_of(spec: KernelSpec) -> str:

@@ -13,18 +13,57 @@ import types
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.interpreter import InterpretedFunction, _patch_lang
 
 
 _INTERPRETED: dict = {}
 
 
-def _interpreted(kernel) -> InterpretedFunction:
+def _interpreted(kernel) -> "_InterpretedLaunch":
     # Keyed by identity: hashing a JITFunction walks its dependencies (slow, and fragile mid-interpretation).
     found = _INTERPRETED.get(id(kernel))
     if found is None or found[0] is not kernel:
-        found = _INTERPRETED[id(kernel)] = (kernel, InterpretedFunction(_with_interpreted_globals(kernel.fn, {})))
+        fn = InterpretedFunction(_with_interpreted_globals(kernel.fn, {}))
+        found = _INTERPRETED[id(kernel)] = (kernel, _InterpretedLaunch(fn))
     return found[1]
+
+
+class _InterpretedLaunch:
+    """``kernel[grid](...)`` through the interpreter, leaving triton.language as it found it.
+
+    Nested calls patch triton.language and Triton never undoes that; a later
+    real compile in the same process (a cross-compile, a GPU launch) would
+    then fail. Each launch restores the namespaces from a snapshot.
+    """
+
+    def __init__(self, fn: InterpretedFunction):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
+            try:
+                return self.fn[grid](*args, **kwargs)
+            finally:
+                _restore(snapshot)
+        return launch
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def _language_namespaces() -> list:
+    spaces = [tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype]
+    return spaces + [getattr(tl.core, n) for n in ("tensor_descriptor_base",) if hasattr(tl.core, n)]
+
+
+def _restore(snapshot):
+    for space, attrs in snapshot:
+        for name in [n for n in vars(space) if n not in attrs]:
+            delattr(space, name)
+        for name, value in attrs.items():
+            if vars(space).get(name) is not value:
+                setattr(space, name, value)
 
 
 def _with_interpreted_globals(fn, memo: dict):
@@ -43,7 +82,7 @@ def _with_interpreted_globals(fn, memo: dict):
     memo[fn] = clone
     for name, value in list(env.items()):
         if isinstance(value, triton.runtime.JITFunction) and not _is_builtin_combine(name, value):
-            env[name] = InterpretedFunction(_with_interpreted_globals(value.fn, memo))
+            env[name] = _nested(value, memo)
         elif value is tl:
             env[name] = _InterpretedLanguage(memo)
     env["_flyarray_real_tl"] = tl  # the interpreter looks for triton.language among the globals
@@ -70,8 +109,32 @@ class _InterpretedLanguage(types.ModuleType):
     def __getattr__(self, name):
         value = getattr(tl, name)
         if isinstance(value, triton.runtime.JITFunction):
-            return InterpretedFunction(_with_interpreted_globals(value.fn, self._memo))
+            return _nested(value, self._memo)
         return value
+
+
+class _NestedCall:
+    """A @triton.jit helper called from interpreted code.
+
+    It patches triton.language for its own globals, then calls the rewritten
+    function; _InterpretedLaunch undoes the patches when the launch ends.
+    ``fn`` is what the interpreter's generic reduce/scan call for a combine function.
+    """
+
+    def __init__(self, jit_fn, memo):
+        self.original = jit_fn.fn
+        self.fn = InterpretedFunction(_with_interpreted_globals(jit_fn.fn, memo)).rewrite()
+
+    def __call__(self, *args, **kwargs):
+        _patch_lang(self.original)  # e.g. tl.core's builtins, which the kernel's own patch may not cover
+        return self.fn(*args, **kwargs)
+
+
+def _nested(jit_fn, memo):
+    key = ("nested", id(jit_fn))  # by identity: hashing a JITFunction walks its dependencies
+    if key not in memo:
+        memo[key] = _NestedCall(jit_fn, memo)
+    return memo[key]
 
 
 def runner(kernel, device: torch.device):
