@@ -105,11 +105,11 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     """
     from .. import ir
 
-    def private(n):
-        return uses.get(n.id, 0) == 1 and n.id not in wanted
+    def private(n):  # a realized node has dropped its inputs: it is a buffer now, never peeled
+        return uses.get(n.id, 0) == 1 and n.id not in wanted and not n.realized
 
     def matmul_output(n):
-        return (n.kind == "output" and n.inputs[0].prim is MATMUL and private(n) and not n.realized
+        return (n.kind == "output" and not n.realized and n.inputs[0].prim is MATMUL and private(n)
                 and len(n.shape) >= 2)
 
     def peel(n):
