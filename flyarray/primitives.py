@@ -180,7 +180,10 @@ def _flat(x, axes):
     """Move ``axes`` last and flatten them into one."""
     kept = [i for i in range(x.dim()) if i not in axes]
     y = x.permute(*kept, *axes)
-    return y.reshape(*[x.shape[i] for i in kept], -1)
+    reduced = 1
+    for a in axes:
+        reduced *= x.shape[a]
+    return y.reshape(*[x.shape[i] for i in kept], reduced)  # not -1: ambiguous when there are no elements
 
 
 def _prod(x, axes):
@@ -189,6 +192,8 @@ def _prod(x, axes):
 
 def _arg(x, axes, largest):
     flat = _flat(x, axes)
+    if flat.dtype == torch.bool:  # torch's argmax/argmin reject bool
+        flat = flat.to(torch.uint8)
     idx = torch.argmax(flat, dim=-1) if largest else torch.argmin(flat, dim=-1)
     return idx.reshape(_kept(x, axes))
 
