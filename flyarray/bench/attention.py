@@ -94,12 +94,11 @@ def cases(device, small):
         _decode_case("attn decode B8 32q/8kv Sk8192 D128", 8, 32, 8, 8192, 128, bf16, device),
     ]
     # Tile variants on two rows, to pick the sm_90 config from one run (same check first).
-    for bn, stages in ((64, 3), (128, 2)):
+    for bn, stages in ((128, 2), (128, 3), (64, 4)):
         cfg = dict(BLOCK_M=128, BLOCK_N=bn, num_warps=8, num_stages=stages)
         rows.append(_fwd_case(f"attn fwd S8192 D128 [BN{bn} st{stages}]", 1, 32, 32, 8192, 128, False,
                               bf16, device, config=cfg, goal="tuning row"))
-    for bn in (128,):
-        cfg = dict(BLOCK_M=128, BLOCK_N=bn, num_warps=8, num_stages=3)
-        rows.append(_fwd_case(f"attn fwd B8 S4096 causal [BN{bn} st3]", 8, 32, 32, 4096, 128, True,
-                              bf16, device, config=cfg, goal="tuning row"))
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2)
+    rows.append(_fwd_case("attn fwd B8 S4096 causal [BN128 st2]", 8, 32, 32, 4096, 128, True,
+                          bf16, device, config=cfg, goal="tuning row"))
     return rows

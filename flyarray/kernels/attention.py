@@ -15,7 +15,10 @@ Semantics:
     Sq > Sk for the first Sq - Sk rows) gets output 0, lse -inf and zero
     gradients, never NaN.
   * head_dim: any size up to 256 (padded to the next power of two inside the
-    kernel); 64 and 128 are the tuned ones. 256 runs with smaller tiles.
+    kernel); 64 and 128 are the tuned ones. 256 runs with smaller tiles: the
+    forward and dq compile spill-free on both targets, the dk/dv kernel is
+    spill-free on gfx950 but spills on sm_90 (two fp32 BLOCK_N x 256
+    accumulators plus k and v exceed 255 regs even at 32 x 32 tiles).
   * The gradient w.r.t. ``bias`` is not implemented (asking for it raises).
 
 Inside, the softmax runs in the log2 domain: ``scale * log2(e)`` is folded into
@@ -27,6 +30,7 @@ every kernel loops over an unmasked range and up to two masked ranges.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Optional
 
@@ -45,13 +49,15 @@ LN2 = 0.6931471805599453
 # ---------------------------------------------------------------------------
 # Per-arch configs, indexed by the padded head dim (64, 128, 256).
 #
-# sm_90 (H200, 228 KiB smem, 64K regs/SM): the forward wants BLOCK_M 128 so two
-# warpgroups (num_warps 8) each own 64 rows of the wgmma accumulator; for hd128
-# the q tile is 32 KiB and each k+v stage 2 x BLOCK_N x 256 B, so BLOCK_N 128
-# with 3 stages is ~160 KiB (one CTA/SM, latency hidden by the pipeline) and
-# BLOCK_N 64 halves the diagonal waste for causal. The backward holds two fp32
-# accumulators (dk, dv or dq) of BLOCK x D: 128 x 128 x 2 / 256 threads = 128
-# regs, so the key tile stays at 128 with 8 warps and the query step at 64.
+# sm_90 (H200, 227 KiB smem/CTA, 255 regs/thread): the forward wants BLOCK_M 128
+# so two warpgroups (num_warps 8) each own 64 rows of the wgmma accumulator
+# (64 fp32 regs/thread at hd128). For hd128, BLOCK_N 128 x 3 stages needs 224 KiB
+# of smem and spills a little (255 regs); BLOCK_N 64 x 3 stages needs 128 KiB at
+# 180 regs (and halves the diagonal waste for causal), so it is the default and
+# the benchmark times the BLOCK_N 128 variants beside it. The dk/dv kernel holds
+# two fp32 accumulators of BLOCK_N x D plus k and v as wgmma A operands: only
+# BLOCK_N 128 / BLOCK_M 32 / 8 warps stays under 255 regs at hd128 (one loop
+# with a run-time mask branch; three specialized loops spilled). dq: 128 x 64.
 # gfx950 (MI350, wave64, 160 KiB LDS/CU, 512 VGPRs incl. AGPRs): BLOCK_M 128 /
 # BLOCK_N 64 with 4 waves (AMD's own recipe) and 2 stages keeps LDS well under
 # 160 KiB; the backward uses 64 x 64 tiles to stay spill-free.
@@ -59,17 +65,17 @@ LN2 = 0.6931471805599453
 # ---------------------------------------------------------------------------
 _SM90 = {
     "fwd": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-            128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-            256: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+            128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+            256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)},
     "fwd_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
                    128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-                   256: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+                   256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_dkdv": {64: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
                  128: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
-                 256: dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1)},
+                 256: dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_dq": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
                128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-               256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1)},
+               256: dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_pre": dict(BLOCK_M=64, num_warps=4),
     "decode": {64: dict(BLOCK_N=128, num_warps=4, num_stages=3),
                128: dict(BLOCK_N=64, num_warps=4, num_stages=3),
@@ -112,9 +118,40 @@ CONFIGS = {"sm_90": _SM90, "gfx950": _GFX950, "cpu": _CPU, "default": _SM90}
 DECODE_MAX_QUERIES = 16  # attention_fwd takes the split-K decode path at or below this
 
 
-def _config(device, kind: str, head_block: int) -> dict:
-    table = pick_config(CONFIGS, current_arch(device))[kind]
-    return dict(table[max(64, head_block)]) if isinstance(next(iter(table)), int) else dict(table)
+@functools.lru_cache(maxsize=None)
+def _device_facts(device_type: str, index) -> tuple:
+    """(arch, multiprocessor count), asked of the driver once per device."""
+    device = torch.device(device_type, index) if device_type != "cpu" else torch.device("cpu")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device_type == "cuda" else 2
+    return current_arch(device), sms
+
+
+def _facts(device) -> tuple:
+    device = torch.device(device)
+    index = device.index
+    if index is None and device.type == "cuda":
+        index = torch.cuda.current_device()
+    return _device_facts(device.type, index)
+
+
+def _table(device) -> dict:
+    return pick_config(CONFIGS, _facts(device)[0])
+
+
+def _config(device, kind: str, head_block: int, dtype=None, extras: bool = False) -> dict:
+    """The arch's tiles for ``kind``, shrunk where the tuned ones would spill on sm_90:
+    fp32 (products on FMA units, operands held in registers) and bias/mask tiles
+    (one more [BLOCK_M, BLOCK_N] operand with its own addresses)."""
+    cfg = dict(_table(device)[kind][max(64, head_block)])
+    if torch.device(device).type == "cpu":
+        return cfg
+    if dtype == torch.float32:
+        return dict(cfg, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    if extras and kind == "bwd_dkdv":
+        return dict(cfg, BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1)
+    if extras:
+        return dict(cfg, BLOCK_N=32, num_stages=2)
+    return cfg
 
 
 # ---------------------------------------------------------------------------
@@ -171,18 +208,32 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
               sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
               bias_base, sbm, sbn, mask_base, smm, smn,
               MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One key block of the online softmax (log2 domain)."""
+              HAS_MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr,
+              FUSE_SCALE: tl.constexpr):
+    """One key block of the online softmax (log2 domain).
+
+    With FUSE_SCALE (no bias, scale > 0) the scores stay unscaled: the row max
+    scales once per row and each probability is exp2(one FMA), sparing a
+    multiply over the whole tile.
+    """
     cols = start_n + offs_n
     k = _load_tile(k_base + cols[:, None] * sks + offs_d[None, :] * skd, cols, Sk, d_ok, MASKED, not EVEN_D)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale_log2
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if not FUSE_SCALE:
+        s = s * qk_scale_log2
     s = _score_extras(s, offs_m, cols, Sq, Sk, causal_offset, bias_base, sbm, sbn, mask_base, smm, smn,
                       MASKED, IS_CAUSAL, HAS_BIAS, HAS_MASK)
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if FUSE_SCALE:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
     # A row that has seen only masked keys keeps m = -inf; subtract 0 instead so
     # exp2 gives 0, not NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_use[:, None])
+    if FUSE_SCALE:
+        p = tl.math.exp2(s * qk_scale_log2 - m_use[:, None])
+    else:
+        p = tl.math.exp2(s - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     v = _load_tile(v_base + cols[:, None] * svs + offs_d[None, :] * svd, cols, Sk, d_ok, MASKED, not EVEN_D)
@@ -198,7 +249,7 @@ def _attn_fwd_kernel(
     Hq, Sq, Sk, kv_group, qk_scale_log2,
     IS_CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, FUSE_SCALE: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     pid_m = tl.program_id(0)
@@ -238,12 +289,12 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
                                   sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
                                   bias_base, sbm, sbn, mask_base, smm, smn,
-                                  False, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC)
+                                  False, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC, FUSE_SCALE)
     for start_n in range(full_hi, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
                                   sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
                                   bias_base, sbm, sbn, mask_base, smm, smn,
-                                  True, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC)
+                                  True, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC, FUSE_SCALE)
 
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -652,7 +703,8 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
     lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     if B * Hq * Sq == 0:
         return out, lse
-    cfg = config or _config(q.device, "fwd_causal" if is_causal else "fwd", BLOCK_D)
+    extras = bias is not None or mask is not None
+    cfg = config or _config(q.device, "fwd_causal" if is_causal else "fwd", BLOCK_D, q.dtype, extras)
     bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
     grid = (triton.cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
     _launch(_attn_fwd_kernel, grid, q.device,
@@ -661,17 +713,14 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
         Hq, Sq, Sk, Hq // Hkv, scale * LOG2E,
         IS_CAUSAL=bool(is_causal), HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
         HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        DOT_PREC=_dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        DOT_PREC=_dot_precision(q.dtype), FUSE_SCALE=bias is None and scale > 0,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
 
 
 def _num_programs_target(device, cfg_table) -> int:
-    if torch.device(device).type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        sms = 2
-    return sms * cfg_table["decode_programs_per_sm"]
+    return _facts(device)[1] * cfg_table["decode_programs_per_sm"]
 
 
 def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
@@ -686,8 +735,9 @@ def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
     lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     if B * Hq * Sq == 0:
         return out, lse
-    table = pick_config(CONFIGS, current_arch(q.device))
-    cfg = dict(table["decode"][max(64, BLOCK_D)])
+    table = _table(q.device)
+    cfg = _config(q.device, "decode", BLOCK_D, q.dtype)
+    cfg.pop("BLOCK_M", None)
     BLOCK_R = min(64, max(16, next_pow2(G * Sq)))
     row_blocks = triton.cdiv(G * Sq, BLOCK_R)
     key_blocks = triton.cdiv(max(Sk, 1), cfg["BLOCK_N"])
@@ -718,7 +768,7 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if B * Hq * Sq == 0 or Sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    table = pick_config(CONFIGS, current_arch(q.device))
+    table = _table(q.device)
     delta = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
     pre = table["bwd_pre"]
@@ -729,13 +779,14 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
     common = dict(IS_CAUSAL=bool(is_causal), HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
                   HEAD_DIM=D, BLOCK_D=BLOCK_D, DOT_PREC=_dot_precision(q.dtype))
-    c = dict(table["bwd_dkdv"][max(64, BLOCK_D)])
+    extras = bias is not None or mask is not None
+    c = _config(q.device, "bwd_dkdv", BLOCK_D, q.dtype, extras)
     _launch(_attn_bwd_dkdv_kernel, (triton.cdiv(Sk, c["BLOCK_N"]), B * Hkv), q.device,
         q, k, v, do, lse2, delta, dk, dv, bias_t, mask_t,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *bias_s, *mask_s,
         Hq, Hkv, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
     )
-    c = dict(table["bwd_dq"][max(64, BLOCK_D)])
+    c = _config(q.device, "bwd_dq", BLOCK_D, q.dtype, extras)
     _launch(_attn_bwd_dq_kernel, (triton.cdiv(Sq, c["BLOCK_M"]), B * Hq), q.device,
         q, k, v, do, lse2, delta, dq, bias_t, mask_t,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *bias_s, *mask_s,
@@ -850,7 +901,7 @@ def _specs_for_arch(arch: str) -> list:
         for causal in (False, True):
             cfg = table["fwd_causal" if causal else "fwd"][D]
             const = dict(IS_CAUSAL=causal, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,
-                         DOT_PREC=None, **tiles(cfg))
+                         DOT_PREC=None, FUSE_SCALE=True, **tiles(cfg))
             specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
                                _attn_fwd_kernel, dtype, const, cfg))
     # Backward in bf16 (the training dtype), hd64 and hd128; decode at hd128.
