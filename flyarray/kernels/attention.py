@@ -612,12 +612,15 @@ def _attn_decode_combine_kernel(
 # Launchers (torch tensors in, torch tensors out)
 # ---------------------------------------------------------------------------
 _interpreted_helpers: dict = {}
+_ORIGINAL_INTERPRETED_CALL = InterpretedFunction.__call__
 
 
 def _call_restoring(interpreted: InterpretedFunction, args, kwargs):
     """Run an interpreted device function, undoing its patch of triton.language on
     return (Triton 3.9's own ``InterpretedFunction.__call__`` never restores it,
     which breaks every later real compile in the process)."""
+    if not hasattr(interpreted, "rewrite"):  # an older interpreter: its own call
+        return _ORIGINAL_INTERPRETED_CALL(interpreted, *args, **kwargs)
     scope = _interp._patch_lang(interpreted.fn)
     try:
         return interpreted.rewrite()(*args, **kwargs)

@@ -154,6 +154,19 @@ def test_backward_mask_bias_and_empty_rows():
     _check_bwd(torch.float32, B, 30, 12, H, H, 16, 1e-4, is_causal=True)  # Sq > Sk: empty rows
 
 
+@pytest.mark.parametrize("Sq,Sk", [(45, 70), (70, 45)])
+def test_unequal_tiles_causal(monkeypatch, Sq, Sk):
+    """The GPU configs pair unequal tiles (e.g. dk/dv: 32 queries x 128 keys):
+    the diagonal/ragged block ranges must hold for BLOCK_M != BLOCK_N both ways."""
+    from flyarray.kernels import attention as attn
+
+    tiles = lambda bm, bn: {d: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=1, num_stages=1) for d in (64, 128, 256)}
+    monkeypatch.setitem(attn.CONFIGS, "cpu", dict(attn.CONFIGS["cpu"], fwd_causal=tiles(32, 16),
+                                                  bwd_dkdv=tiles(16, 32), bwd_dq=tiles(32, 16)))
+    torch.manual_seed(Sq)
+    _check_bwd(torch.float32, 1, Sq, Sk, 2, 1, 16, 1e-4, is_causal=True)
+
+
 def test_backward_direct_call_matches_autograd():
     torch.manual_seed(8)
     q, k, v = _qkv(1, 20, 20, 2, 2, 16, torch.float32)
