@@ -1,0 +1,136 @@
+"""Shared fixtures for the core suite: a private kernel cache, both CPU backends, a hypothesis profile.
+
+The kernel tests under tests/kernels/ need none of this; they ignore it.
+"""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+# The cache dir must be chosen before flyarray.runtime is imported (it fixes TRITON_CACHE_DIR then).
+_SESSION_CACHE = tempfile.mkdtemp(prefix="flyarray-test-cache-")
+os.environ["FLYARRAY_CACHE_DIR"] = _SESSION_CACHE  # never the user's cache
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# The interpret backend runs generated Triton on the CPU: few, tiny examples; no deadline.
+settings.register_profile("flyarray", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                 HealthCheck.function_scoped_fixture])
+settings.register_profile("flyarray-long", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.load_profile(os.environ.get("FLYARRAY_HYPOTHESIS_PROFILE", "flyarray"))
+
+BACKENDS = ["reference", "interpret"]
+
+
+@pytest.fixture(scope="session")
+def cache_dir():
+    return os.environ["FLYARRAY_CACHE_DIR"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Run the test on one CPU backend; restore the default afterwards."""
+    import flyarray as fa
+    fa.set_backend(request.param)
+    fa.reset_stats()
+    yield request.param
+    fa.set_backend(None)
+
+
+@pytest.fixture
+def interpret():
+    import flyarray as fa
+    fa.set_backend("interpret")
+    fa.reset_stats()
+    yield "interpret"
+    fa.set_backend(None)
+
+
+def assert_matches(got, want, *, rtol=None, atol=None, check_dtype=True):
+    """Compare a flyarray result (anything np.asarray takes) with a numpy expectation."""
+    want = np.asarray(want)
+    got_np = np.asarray(got)
+    assert got_np.shape == want.shape, f"shape {got_np.shape} != expected {want.shape}"
+    if check_dtype:
+        assert got_np.dtype == want.dtype, f"dtype {got_np.dtype} != expected {want.dtype}"
+    if want.dtype.kind in "f":
+        tol = {2: (2e-3, 2e-3), 4: (2e-5, 1e-5), 8: (1e-12, 1e-12)}[want.dtype.itemsize]
+        np.testing.assert_allclose(got_np.astype(np.float64), want.astype(np.float64),
+                                   rtol=rtol if rtol is not None else tol[0],
+                                   atol=atol if atol is not None else tol[1], equal_nan=True)
+    else:
+        np.testing.assert_array_equal(got_np, want)
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+ALL_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64"]
+FLOAT_DTYPES = ["float16", "float32", "float64"]
+INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8"]
+LAYOUTS = ["contiguous", "torch_transposed", "fa_transposed", "stepped", "negative_step", "odd_strides"]
+
+
+def sample(rng, shape, dtype, lo=-5.0, hi=5.0):
+    """Values of ``dtype`` in [lo, hi] (clipped to what the dtype holds)."""
+    return np.asarray(_sample(rng, shape, np.dtype(dtype), lo, hi))
+
+
+def _sample(rng, shape, dtype, lo, hi):
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = max(int(np.ceil(lo)), info.min), min(int(np.floor(hi)), info.max)
+        return rng.integers(low, high, size=shape, endpoint=True).astype(dtype)
+    return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def make_array(values: np.ndarray, layout: str = "contiguous"):
+    """An fa.Array holding ``values`` whose memory layout is ``layout`` (realized buffers, fa views)."""
+    import torch
+
+    import flyarray as fa
+    if values.ndim == 0 or layout == "contiguous":
+        return fa.asarray(torch.from_numpy(np.array(values, order="C", copy=True)))
+    if layout == "torch_transposed":  # a torch tensor whose strides are reversed
+        axes = tuple(reversed(range(values.ndim)))
+        t = torch.from_numpy(np.ascontiguousarray(values.transpose(axes)).copy()).permute(axes)
+        return fa.asarray(t)
+    if layout == "fa_transposed":  # a permute view recorded by flyarray
+        axes = tuple(reversed(range(values.ndim)))
+        return fa.permute_dims(fa.asarray(np.ascontiguousarray(values.transpose(axes))), axes)
+    if layout == "stepped":  # every other element of a wider buffer, starting at 1
+        big = np.zeros(values.shape[:-1] + (2 * values.shape[-1] + 1,), values.dtype)
+        big[..., 1::2] = values
+        return fa.asarray(big)[..., 1::2]
+    if layout == "negative_step":  # a reversed view of the reversed data
+        return fa.asarray(np.ascontiguousarray(values[..., ::-1]))[..., ::-1]
+    if layout == "odd_strides":  # torch.as_strided over padded storage: strides no reshape yields
+        strides, acc = [], 1
+        for size in reversed(values.shape):
+            strides.append(acc)
+            acc = acc * max(size, 1) + 3
+        strides = tuple(reversed(strides))
+        storage = torch.zeros(acc + 5, dtype=torch.from_numpy(values[:0].reshape(-1)).dtype)
+        t = storage.as_strided(values.shape, strides, 2)
+        t.copy_(torch.from_numpy(np.ascontiguousarray(values)))
+        return fa.asarray(t)
+    raise ValueError(layout)
+
+
+def pytest_configure(config):
+    # Masked-off lanes of interpreted kernels compute log(0) etc. on padding; numpy warns, nothing is wrong.
+    config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
+
+
+def promote(a: str, b: str) -> str:
+    """The result dtype of two array dtypes as flyarray documents it (array API; JAX for int/bool + float)."""
+    da, db = np.dtype(a), np.dtype(b)
+    if da.kind == "f" and db.kind in "iub":
+        return a
+    if db.kind == "f" and da.kind in "iub":
+        return b
+    return np.promote_types(da, db).name

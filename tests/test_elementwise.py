@@ -1,0 +1,399 @@
+"""Every elementwise function flyarray exposes, against numpy, on both CPU backends.
+
+Inputs are drawn from each function's domain (no NaN-producing or overflowing
+values except where NaN handling is the point), in every dtype the function
+accepts, over random shapes (0- and 1-sized dims, sizes that are not block
+multiples) and memory layouts. Expected dtypes follow the array API, with
+JAX's choices where it is silent: int meets float at the float, bool meets x
+at x, Python scalars are weak, float-valued functions of ints give float32.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import flyarray as fa
+from flyarray.primitives import ELEMENTWISE
+
+from .conftest import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, LAYOUTS, assert_matches, make_array, promote, sample
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+# name -> (numpy function over float64 / the dtype, (lo, hi) domain)
+UNARY_FLOAT = {
+    "exp": (np.exp, (-5, 5)), "exp2": (np.exp2, (-6, 6)), "log": (np.log, (0.1, 20)),
+    "log2": (np.log2, (0.1, 20)), "log10": (np.log10, (0.1, 20)), "sqrt": (np.sqrt, (0, 20)),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), (0.1, 20)), "sin": (np.sin, (-4, 4)), "cos": (np.cos, (-4, 4)),
+    "tan": (np.tan, (-1.2, 1.2)), "erf": (_erf, (-3, 3)), "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), (-6, 6)),
+    "tanh": (np.tanh, (-4, 4)), "acos": (np.arccos, (-1, 1)), "asin": (np.arcsin, (-1, 1)),
+    "atan": (np.arctan, (-5, 5)), "acosh": (np.arccosh, (1, 10)), "asinh": (np.arcsinh, (-5, 5)),
+    "atanh": (np.arctanh, (-0.9, 0.9)), "cosh": (np.cosh, (-4, 4)), "sinh": (np.sinh, (-4, 4)),
+    "expm1": (np.expm1, (-3, 3)), "log1p": (np.log1p, (-0.9, 10)),
+}
+UNARY_SAME = {
+    "negative": (np.negative, (-10, 10)), "positive": (np.positive, (-10, 10)), "abs": (np.abs, (-10, 10)),
+    "square": (np.square, (-10, 10)), "sign": (np.sign, (-3, 3)), "floor": (np.floor, (-5, 5)),
+    "ceil": (np.ceil, (-5, 5)), "trunc": (np.trunc, (-5, 5)), "round": (np.rint, (-5, 5)),
+}
+UNARY_OTHER = {
+    "reciprocal": (lambda x: 1 / x, (0.25, 4)),  # float only: ints become float32
+    "bitwise_invert": (np.invert, (-50, 50)),
+    "logical_not": (np.logical_not, (-2, 2)),
+    "isnan": (np.isnan, (-5, 5)), "isinf": (np.isinf, (-5, 5)), "isfinite": (np.isfinite, (-5, 5)),
+    "signbit": (np.signbit, (-5, 5)),
+}
+ACTIVATIONS = {
+    "relu": (lambda x: np.maximum(x, 0).astype(x.dtype), (-5, 5)),  # NaN stays NaN (torch, JAX)
+    "silu": (lambda x: x / (1 + np.exp(-x)), (-6, 6)),
+    "gelu": (lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), (-4, 4)),
+}
+UNARY = {**UNARY_FLOAT, **UNARY_SAME, **UNARY_OTHER, **ACTIVATIONS}
+
+# name -> (numpy function, domain of x1, domain of x2 ('nz' ranges exclude zero))
+BINARY = {
+    "add": (np.add, (-20, 20), (-20, 20)), "subtract": (np.subtract, (-20, 20), (-20, 20)),
+    "multiply": (np.multiply, (-10, 10), (-10, 10)), "divide": (np.divide, (-10, 10), "nz"),
+    "floor_divide": (np.floor_divide, (-20, 20), "nz"), "remainder": (np.remainder, (-20, 20), "nz"),
+    "pow": (np.power, None, None), "maximum": (np.maximum, (-9, 9), (-9, 9)),
+    "minimum": (np.minimum, (-9, 9), (-9, 9)), "atan2": (np.arctan2, (-5, 5), (-5, 5)),
+    "hypot": (np.hypot, (-5, 5), (-5, 5)), "copysign": (np.copysign, (-5, 5), (-5, 5)),
+    "nextafter": (np.nextafter, (-5, 5), (-5, 5)), "logaddexp": (np.logaddexp, (-8, 8), (-8, 8)),
+    "equal": (np.equal, (-2, 2), (-2, 2)), "not_equal": (np.not_equal, (-2, 2), (-2, 2)),
+    "less": (np.less, (-2, 2), (-2, 2)), "less_equal": (np.less_equal, (-2, 2), (-2, 2)),
+    "greater": (np.greater, (-2, 2), (-2, 2)), "greater_equal": (np.greater_equal, (-2, 2), (-2, 2)),
+    "logical_and": (np.logical_and, (-1, 1), (-1, 1)), "logical_or": (np.logical_or, (-1, 1), (-1, 1)),
+    "logical_xor": (np.logical_xor, (-1, 1), (-1, 1)),
+    "bitwise_and": (np.bitwise_and, (-100, 100), (-100, 100)),
+    "bitwise_or": (np.bitwise_or, (-100, 100), (-100, 100)),
+    "bitwise_xor": (np.bitwise_xor, (-100, 100), (-100, 100)),
+    "bitwise_left_shift": (np.left_shift, (-3, 3), "shift"),
+    "bitwise_right_shift": (np.right_shift, (-100, 100), "shift"),
+}
+EXACT = {"copysign", "nextafter", "floor_divide", "remainder"}  # results are exact in every dtype
+
+
+def test_every_exposed_elementwise_function_is_tested():
+    exposed = {n for n in ELEMENTWISE if n not in ("where", "astype") and hasattr(fa, n)}
+    assert exposed == set(UNARY) | set(BINARY)
+    hidden = set(ELEMENTWISE) - exposed - {"where", "astype"}
+    assert hidden <= {"gelu_tanh"}  # reached through fa.gelu(x, approximate=True)
+
+
+# ---- expected dtypes (array API + JAX) ----------------------------------------------------------------
+def accepts(name: str, dtype: str) -> bool:
+    kind = ELEMENTWISE[name].accepts
+    k = np.dtype(dtype).kind
+    if ELEMENTWISE[name].out == "float" or kind == "float":
+        return True  # as JAX: bool and integer inputs become float32 first
+    if kind == "numeric":
+        return k != "b"
+    if kind == "integer":
+        return k in "iu"
+    if kind == "int_bool":
+        return k in "biu"
+    return True  # 'any', and 'float' (integers become float32 first)
+
+
+def result_dtype(name: str, in_dtype: str) -> str:
+    prim = ELEMENTWISE[name]
+    if prim.out == "bool":
+        return "bool"
+    if (prim.out == "float" or prim.accepts == "float") and np.dtype(in_dtype).kind != "f":
+        return "float32"
+    return in_dtype
+
+
+def expected(name, fn, args, out_dtype):
+    """numpy's answer: float results computed in float64 from the inputs cast to their common dtype."""
+    out = np.dtype(out_dtype)
+    if name == "nextafter" or out.kind != "f":
+        common = result_dtype(name, np.result_type(*args).name) if ELEMENTWISE[name].out != "bool" else None
+        if common is not None and np.dtype(common).kind == "f":
+            args = [a.astype(common) for a in args]
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(*args)).astype(out)
+    with np.errstate(all="ignore"):
+        return np.asarray(fn(*[a.astype(np.float64) for a in args])).astype(out)
+
+
+def draw_unary_values(name, rng, shape, dtype):
+    _, (lo, hi) = UNARY[name]
+    if np.dtype(dtype).kind == "u":
+        lo = max(lo, 0)
+    if name in ("square",) and dtype == "uint8":
+        hi = 15
+    return sample(rng, shape, dtype, lo, hi)
+
+
+def draw_binary_values(name, rng, shape1, shape2, dtype):
+    d = np.dtype(dtype)
+    _, dom1, dom2 = BINARY[name]
+    if name == "pow":
+        if d.kind == "f":
+            return sample(rng, shape1, dtype, 0.2, 3), sample(rng, shape2, dtype, -2, 2)
+        return sample(rng, shape1, dtype, -3, 3), sample(rng, shape2, dtype, 0, 4)
+    if name in ("floor_divide", "remainder") and d.kind == "f":
+        # halves of small integers: every quotient and remainder is exact, none sits on a rounding edge
+        a = sample(rng, shape1, "int64", -40, 40) / 2
+        b = sample(rng, shape2, "int64", 1, 8) / 2 * np.where(rng.random(shape2) < 0.5, -1, 1)
+        return a.astype(d), b.astype(d)
+    lo, hi = dom1
+    if d.kind == "u":
+        lo = max(lo, 0)
+    a = sample(rng, shape1, dtype, lo, hi)
+    if dom2 == "nz" and d.kind == "b":
+        b = np.ones(shape2, bool)
+    elif dom2 == "nz":
+        b = sample(rng, shape2, dtype, 0.5 if d.kind == "f" else 1, 8)
+        if d.kind != "u":
+            b = np.where(rng.random(shape2) < 0.5, -b, b).astype(d)
+    elif dom2 == "shift":
+        b = sample(rng, shape2, dtype, 0, d.itemsize * 8 - 1 if name.endswith("right_shift") else 3)
+    else:
+        lo2, hi2 = dom2
+        b = sample(rng, shape2, dtype, max(lo2, 0) if d.kind == "u" else lo2, hi2)
+    return a, b
+
+
+shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=7)
+seeds = st.integers(0, 2 ** 32 - 1)
+
+
+def tol(out_dtype, name):
+    if name in EXACT:
+        return dict(rtol=0, atol=0)
+    if out_dtype == "float16":
+        return dict(rtol=2e-3, atol=2e-3)
+    if out_dtype == "float32":
+        return dict(rtol=3e-6 if name not in ("tan", "pow", "expm1", "cosh", "sinh") else 2e-5, atol=2e-6)
+    return dict(rtol=1e-12, atol=1e-13)
+
+
+# ---- unary --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(UNARY))
+@settings(max_examples=10)
+@given(shape=shapes, dtype=st.sampled_from(ALL_DTYPES), layout=st.sampled_from(LAYOUTS), seed=seeds)
+def test_unary(backend, name, shape, dtype, layout, seed):
+    rng = np.random.default_rng(seed)
+    fn = UNARY[name][0]
+    if not accepts(name, dtype):
+        with pytest.raises(TypeError):
+            getattr(fa, name)(make_array(sample(rng, shape, dtype)))
+        return
+    values = draw_unary_values(name, rng, shape, dtype)
+    out_dtype = result_dtype(name, dtype)
+    got = getattr(fa, name)(make_array(values, layout))
+    assert str(got.dtype) == f"fa.{out_dtype}"
+    assert got.shape == shape
+    assert_matches(got, expected(name, fn, [values], out_dtype), **tol(out_dtype, name))
+
+
+# ---- binary -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(BINARY))
+@settings(max_examples=10)
+@given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, min_side=0, max_side=6),
+       dtype=st.sampled_from(ALL_DTYPES), layouts=st.tuples(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS)),
+       seed=seeds)
+def test_binary_broadcasting(backend, name, shapes, dtype, layouts, seed):
+    rng = np.random.default_rng(seed)
+    (s1, s2), out_shape = shapes.input_shapes, shapes.result_shape
+    if not accepts(name, dtype):
+        with pytest.raises(TypeError):
+            getattr(fa, name)(make_array(sample(rng, s1, dtype)), make_array(sample(rng, s2, dtype)))
+        return
+    a, b = draw_binary_values(name, rng, s1, s2, dtype)
+    out_dtype = result_dtype(name, dtype)
+    got = getattr(fa, name)(make_array(a, layouts[0]), make_array(b, layouts[1]))
+    assert got.shape == out_shape
+    assert str(got.dtype) == f"fa.{out_dtype}"
+    assert_matches(got, expected(name, BINARY[name][0], [a, b], out_dtype), **tol(out_dtype, name))
+
+
+NUMERIC_PAIRS = [(a, b) for a in ALL_DTYPES for b in ALL_DTYPES if a < b]
+
+
+@pytest.mark.parametrize("d1,d2", NUMERIC_PAIRS)
+@pytest.mark.parametrize("name", ["add", "multiply", "maximum", "less", "divide"])
+def test_promotion_of_mixed_dtypes(backend, name, d1, d2):
+    rng = np.random.default_rng(7)
+    if name == "maximum" and "bool" in (d1, d2) and promote(d1, d2) == "bool":
+        return
+    common = promote(d1, d2)
+    if not accepts(name, common):
+        with pytest.raises(TypeError):
+            getattr(fa, name)(make_array(sample(rng, (3,), d1)), make_array(sample(rng, (3,), d2)))
+        return
+    a = sample(rng, (2, 3), d1, 0, 5) if name != "divide" else sample(rng, (2, 3), d1, 1, 5)
+    b = sample(rng, (3,), d2, 1, 5)
+    out_dtype = result_dtype(name, common)
+    got = getattr(fa, name)(make_array(a), make_array(b))
+    assert str(got.dtype) == f"fa.{out_dtype}", f"{d1} {name} {d2}"
+    assert str(fa.result_type(fa.asarray(a), fa.asarray(b))) == f"fa.{common}"
+    want = expected(name, BINARY[name][0], [a.astype(common), b.astype(common)], out_dtype)
+    assert_matches(got, want, **tol(out_dtype, name))
+
+
+# Python scalars are weak: they take the array's dtype when their kind fits.
+@pytest.mark.parametrize("dtype,scalar,want", [
+    ("int8", 3, "int8"), ("uint8", 7, "uint8"), ("int16", 2.5, "float32"), ("float16", 2.0, "float16"),
+    ("float16", 3, "float16"), ("bool", True, "bool"), ("bool", 2, "int64"), ("bool", 1.5, "float32"),
+    ("float64", 0.1, "float64"), ("int32", True, "int32"),
+])
+@pytest.mark.parametrize("reflected", [False, True])
+def test_python_scalars_are_weak(backend, dtype, scalar, want, reflected):
+    rng = np.random.default_rng(3)
+    values = sample(rng, (4, 5), dtype, 0, 9)
+    x = make_array(values)
+    got = (scalar + x) if reflected else (x + scalar)
+    assert str(got.dtype) == f"fa.{want}"
+    if want == "bool":
+        expect = np.logical_or(values, scalar)
+    else:
+        expect = (values.astype(np.float64) + float(scalar)).astype(want)
+    assert_matches(got, expect)
+
+
+@pytest.mark.parametrize("op", ["sub", "mul", "truediv", "floordiv", "mod", "pow", "lt", "ge", "eq", "ne"])
+def test_scalar_operators_both_sides(backend, op):
+    import operator
+    rng = np.random.default_rng(11)
+    values = sample(rng, (3, 7), "float32", 0.5, 4)
+    fn = getattr(operator, op)
+    for lhs, rhs in [(make_array(values), 1.5), (1.5, make_array(values))]:
+        want = fn(values if not isinstance(lhs, float) else np.float32(lhs),
+                  values if not isinstance(rhs, float) else np.float32(rhs))
+        got = fn(lhs, rhs)
+        assert_matches(got, np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+def test_scalar_that_does_not_fit_the_dtype_is_an_error():
+    x = fa.asarray(np.zeros(3, np.int8))
+    with pytest.raises(OverflowError):
+        x + 1000
+
+
+def test_unary_operators(backend):
+    values = np.array([[-2, 0, 3], [7, -1, 5]], np.int32)
+    x = make_array(values)
+    assert_matches(-x, -values)
+    assert_matches(+x, values)
+    assert_matches(abs(x), np.abs(values))
+    assert_matches(~x, ~values)
+
+
+# ---- special values -----------------------------------------------------------------------------------
+SPECIALS = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1.5, -2.5, 3.0])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("name", ["isnan", "isinf", "isfinite", "signbit", "abs", "negative", "sign", "floor",
+                                  "ceil", "trunc", "round", "square", "exp", "logical_not"])
+def test_unary_special_values(backend, name, dtype):
+    values = SPECIALS.astype(dtype)
+    fn = UNARY[name][0]
+    out_dtype = result_dtype(name, dtype)
+    got = getattr(fa, name)(make_array(values))
+    with np.errstate(all="ignore"):
+        want = np.asarray(fn(values)).astype(out_dtype)
+    assert_matches(got, want, rtol=1e-3 if dtype == "float16" else 1e-6)
+    if name in ("signbit", "negative", "abs"):  # the sign of zero matters here
+        np.testing.assert_array_equal(np.signbit(np.asarray(got)), np.signbit(want))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("name", ["maximum", "minimum", "add", "less", "equal", "not_equal", "logaddexp",
+                                  "copysign"])
+def test_binary_nan_and_inf(backend, name, dtype):
+    a = SPECIALS.astype(dtype)
+    b = np.roll(SPECIALS, 3).astype(dtype)
+    got = getattr(fa, name)(make_array(a), make_array(b))
+    with np.errstate(all="ignore"):
+        want = np.asarray(BINARY[name][0](a, b))
+    assert_matches(got, want, rtol=1e-3 if dtype == "float16" else 1e-6)
+
+
+# ---- where, astype, clip and friends ------------------------------------------------------------------
+@settings(max_examples=20)
+@given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3, min_side=0, max_side=5),
+       dtypes=st.tuples(st.sampled_from(ALL_DTYPES), st.sampled_from(ALL_DTYPES)), seed=seeds)
+def test_where(backend, shapes, dtypes, seed):
+    rng = np.random.default_rng(seed)
+    sc, sx, sy = shapes.input_shapes
+    cond = rng.random(sc) < 0.5
+    x, y = sample(rng, sx, dtypes[0], 0, 9), sample(rng, sy, dtypes[1], 0, 9)
+    got = fa.where(make_array(cond), make_array(x), make_array(y))
+    common = promote(*dtypes)
+    assert str(got.dtype) == f"fa.{common}"
+    assert_matches(got, np.where(cond, x.astype(common), y.astype(common)))
+
+
+def test_where_with_scalar_branches(backend):
+    x = np.array([[-1.5, 2.0, 0.0]], np.float16)
+    got = fa.where(make_array(x) > 0, make_array(x), 0.0)
+    assert str(got.dtype) == "fa.float16"
+    assert_matches(got, np.where(x > 0, x, np.float16(0)))
+
+
+@settings(max_examples=25)
+@given(shape=shapes, src=st.sampled_from(ALL_DTYPES), dst=st.sampled_from(ALL_DTYPES),
+       layout=st.sampled_from(LAYOUTS), seed=seeds)
+def test_astype(backend, shape, src, dst, layout, seed):
+    rng = np.random.default_rng(seed)
+    values = sample(rng, shape, src, 0, 100)  # non-negative and < 128: fits every target
+    got = make_array(values, layout).astype(dst)
+    assert str(got.dtype) == f"fa.{dst}"
+    assert_matches(got, values.astype(dst))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_astype_float_to_int_truncates_toward_zero(backend, dtype):
+    values = np.array([-2.7, -0.5, 0.5, 1.99, 3.0], dtype)
+    assert_matches(make_array(values).astype("int32"), values.astype(np.int32))
+
+
+def test_clip_relu_silu_gelu_isclose(backend):
+    rng = np.random.default_rng(5)
+    v = sample(rng, (3, 9), "float32", -3, 3)
+    v[0, 0] = np.nan
+    x = make_array(v)
+    assert_matches(fa.clip(x, -1.0, 2.0), np.clip(v, -1.0, 2.0))
+    assert_matches(fa.clip(x, min=0.5), np.clip(v, 0.5, None))
+    assert_matches(fa.relu(x), np.maximum(v, 0))
+    tanh_gelu = 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v.astype(np.float64) ** 3)))
+    assert_matches(fa.gelu(x, approximate=True), tanh_gelu.astype(np.float32), rtol=1e-5, atol=1e-6)
+    assert_matches(fa.silu(x), (v / (1 + np.exp(-v.astype(np.float64)))).astype(np.float32), rtol=1e-5)
+    assert_matches(fa.gelu(x), (0.5 * v * (1 + _erf(v / np.sqrt(2)))).astype(np.float32), rtol=1e-5, atol=1e-6)
+    assert_matches(fa.isclose(x, x + 1e-7), np.isclose(v, v + np.float32(1e-7), rtol=1e-5, atol=1e-8) & ~np.isnan(v))
+
+
+def test_fused_chain_matches_numpy_on_integer_and_float_mix(backend):
+    rng = np.random.default_rng(9)
+    a = sample(rng, (5, 1, 7), "int16", -5, 5)
+    b = sample(rng, (4, 1), "float32", -2, 2)
+    x, y = make_array(a), make_array(b)
+    got = fa.where(x > 0, fa.exp(y) * x, -(x ** 2)) + 1
+    want = np.where(a > 0, np.exp(b.astype(np.float64)) * a, -(a.astype(np.float64) ** 2)) + 1
+    assert str(got.dtype) == "fa.float32"
+    assert_matches(got, want.astype(np.float32), rtol=1e-5)
+
+
+def test_odd_strided_torch_tensor_input(backend):
+    storage = torch.arange(200, dtype=torch.float32)
+    t = storage.as_strided((4, 5, 3), (37, 7, 2), 3)
+    got = fa.exp(fa.asarray(t) * 0.01)
+    assert_matches(got, np.exp(t.numpy().astype(np.float64) * 0.01).astype(np.float32), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_integer_division_rounds_toward_minus_infinity(backend, dtype):
+    a = np.array([7, -7, 7, -7, 0, 5, -1], dtype=np.int64)
+    b = np.array([2, 2, -2, -2, 3, -5, 3], dtype=np.int64)
+    if dtype == "uint8":
+        a, b = np.abs(a), np.abs(b)
+    a, b = a.astype(dtype), b.astype(dtype)
+    assert_matches(fa.floor_divide(make_array(a), make_array(b)), np.floor_divide(a, b))
+    assert_matches(fa.remainder(make_array(a), make_array(b)), np.remainder(a, b))

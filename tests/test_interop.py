@@ -1,0 +1,117 @@
+"""Zero-copy interop: torch and numpy in and out through DLPack keep the same memory."""
+import numpy as np
+import pytest
+import torch
+
+import flyarray as fa
+
+from .conftest import assert_matches
+
+DTYPES = [torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64]
+
+
+def np_ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_round_trip_keeps_the_pointer(backend, dtype):
+    t = torch.arange(12).reshape(3, 4).to(dtype)
+    out = torch.from_dlpack(fa.asarray(t))
+    assert out.data_ptr() == t.data_ptr()
+    assert out.dtype == dtype and out.shape == t.shape and out.stride() == t.stride()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(24.0).reshape(4, 6).T,
+    lambda: torch.arange(24.0)[3::2],
+    lambda: torch.arange(24.0).reshape(2, 3, 4).permute(2, 0, 1),
+    lambda: torch.zeros(()),
+    lambda: torch.zeros((0, 3)),
+    lambda: torch.arange(3.0).expand(4, 3),
+])
+def test_torch_round_trip_of_strided_tensors(backend, make):
+    t = make()
+    out = torch.from_dlpack(fa.asarray(t))
+    assert out.data_ptr() == t.data_ptr()
+    assert out.shape == t.shape
+    if t.numel() > 1:
+        assert out.stride() == t.stride()
+    assert torch.equal(out, t)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int64", "uint8", "float16", "float32", "float64"])
+def test_numpy_round_trip_keeps_the_pointer(backend, dtype):
+    a = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
+    x = fa.asarray(a)
+    via_array = np.asarray(x)
+    via_dlpack = np.from_dlpack(x)
+    assert np_ptr(via_array) == np_ptr(a)
+    assert np_ptr(via_dlpack) == np_ptr(a)
+    np.testing.assert_array_equal(via_dlpack, a)
+    x2 = fa.from_dlpack(a)
+    assert np_ptr(np.from_dlpack(x2)) == np_ptr(a)
+
+
+def test_numpy_writes_are_visible(backend):
+    a = np.zeros(4, np.float32)
+    x = fa.asarray(a)
+    a[2] = 5
+    assert_matches(x + 1, np.array([1, 1, 6, 1], np.float32))
+
+
+def test_computed_array_exports_the_same_buffer_twice(backend):
+    x = fa.exp(fa.asarray(np.ones((3, 5), np.float32)))
+    t1 = torch.from_dlpack(x)
+    t2 = torch.from_dlpack(x)
+    assert t1.data_ptr() == t2.data_ptr()
+    n1, n2 = np.asarray(x), np.from_dlpack(x)
+    assert np_ptr(n1) == np_ptr(n2) == t1.data_ptr()
+    assert x.__dlpack_device__() == t1.__dlpack_device__()
+
+
+@pytest.mark.parametrize("key", [
+    (slice(1, None), slice(None, None, 2)), (1,), (slice(None), 2), (None, Ellipsis, 1), (slice(0, 3, 2), None),
+    (Ellipsis,), (slice(2, 2),),
+])
+def test_basic_index_views_export_without_copy(backend, key):
+    t = torch.arange(30.0).reshape(5, 6)
+    x = fa.asarray(t)
+    out = torch.from_dlpack(x[key])
+    want = t[key]
+    assert torch.equal(out, want)
+    if want.numel():
+        assert out.data_ptr() == want.data_ptr()
+        assert out.stride() == want.stride() or want.numel() == 1
+
+
+def test_views_of_computed_arrays_export_without_copy(backend):
+    y = fa.asarray(np.arange(24, dtype=np.float32).reshape(4, 6)) * 2
+    base = torch.from_dlpack(y)
+    for v, want in [(y.T, base.T), (y[1:, ::3], base[1:, ::3]), (fa.reshape(y, (2, 12)), base.reshape(2, 12))]:
+        out = torch.from_dlpack(v)
+        assert out.data_ptr() == want.data_ptr()
+        assert torch.equal(out, want)
+
+
+def test_negative_step_views_export_correct_values(backend):
+    t = torch.arange(12.0).reshape(3, 4)
+    out = torch.from_dlpack(fa.asarray(t)[::-1, 1::2])  # torch cannot express negative strides: a copy is fine
+    assert torch.equal(out, t.flip(0)[:, 1::2])
+
+
+def test_dlpack_protocol_arguments(backend):
+    x = fa.asarray(torch.arange(4.0)) + 1
+    cap = x.__dlpack__(stream=None)
+    assert torch.equal(torch.from_dlpack(cap), torch.arange(4.0) + 1)
+    x.__dlpack__(max_version=(1, 0))
+    copied = torch.from_dlpack(x.__dlpack__(copy=True))
+    assert copied.data_ptr() != torch.from_dlpack(x).data_ptr()
+
+
+def test_torch_writes_through_the_shared_buffer(backend):
+    t = torch.zeros(3)
+    x = fa.asarray(t)
+    torch.from_dlpack(x).add_(2)
+    assert_matches(x * 1, np.full(3, 2, np.float32))

@@ -1,0 +1,211 @@
+"""Reductions against numpy: every axis combination, keepdims, empty axes, NaN, ties, layouts."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import flyarray as fa
+
+from .conftest import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, assert_matches, make_array, sample
+
+REDUCTIONS = ["sum", "prod", "max", "min", "mean", "var", "std", "argmax", "argmin", "any", "all"]
+NO_IDENTITY = {"max", "min", "argmax", "argmin"}
+
+
+@st.composite
+def shape_and_axis(draw, single_axis=False):
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
+    nd = len(shape)
+    options = [st.none()]
+    if nd:
+        options.append(st.integers(-nd, nd - 1))
+        if not single_axis:
+            options.append(st.lists(st.integers(0, nd - 1), unique=True, max_size=nd).map(
+                lambda axes: tuple(a - nd if i % 2 else a for i, a in enumerate(axes))))  # mix signs
+    return shape, draw(st.one_of(*options))
+
+
+def result_dtype(name, dtype):
+    kind = np.dtype(dtype).kind
+    if name in ("sum", "prod"):
+        return "int64" if kind in "biu" else dtype
+    if name in ("mean", "var", "std"):
+        return "float32" if kind != "f" else dtype
+    if name in ("argmax", "argmin"):
+        return "int64"
+    if name in ("any", "all"):
+        return "bool"
+    return dtype
+
+
+def accepts(name, dtype):
+    return not (name in ("max", "min", "argmax", "argmin") and False)
+
+
+def numpy_reduce(name, values, axis, keepdims, out_dtype):
+    """numpy's answer, computed in float64 (or int64) and cast to flyarray's result dtype."""
+    kind = values.dtype.kind
+    wide = values.astype(np.float64) if kind == "f" or name in ("mean", "var", "std") else values.astype(np.int64)
+    if name in ("any", "all"):
+        wide = values
+    if name in ("argmax", "argmin"):
+        fn = np.argmax if name == "argmax" else np.argmin
+        out = fn(values, axis=axis, keepdims=keepdims)
+        return np.asarray(out).astype(np.int64)
+    fn = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "mean": np.mean, "var": np.var,
+          "std": np.std, "any": np.any, "all": np.all}[name]
+    with np.errstate(all="ignore"):
+        out = fn(wide, axis=axis, keepdims=keepdims)
+    return np.asarray(out).astype(out_dtype)
+
+
+def draw_values(name, rng, shape, dtype):
+    d = np.dtype(dtype)
+    if name == "prod":
+        return sample(rng, shape, dtype, 0.8, 1.2) if d.kind == "f" else sample(rng, shape, dtype, -3, 3)
+    if name in ("argmax", "argmin") and d.kind == "f":  # halves: ties happen and must pick the first
+        return (sample(rng, shape, "int8", -4, 4) / 2).astype(d)
+    if d.kind == "u":
+        return sample(rng, shape, dtype, 0, 9)
+    if name in ("var", "std", "mean") and d.kind == "f":
+        return sample(rng, shape, dtype, -1, 1)
+    return sample(rng, shape, dtype, -9, 9)
+
+
+def tolerance(name, out_dtype, n):
+    if out_dtype == "float16":
+        return dict(rtol=4e-3, atol=4e-3 * max(1, np.sqrt(n)) if name in ("sum", "var", "std", "mean") else 4e-3)
+    if out_dtype == "float32":
+        return dict(rtol=2e-5, atol=2e-5 if name in ("var", "std", "mean", "sum") else 1e-6)
+    return dict(rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
+@settings(max_examples=15)
+@given(sa=shape_and_axis(), dtype=st.sampled_from(ALL_DTYPES), keepdims=st.booleans(),
+       layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2 ** 32 - 1))
+def test_reduction_matches_numpy(backend, name, sa, dtype, keepdims, layout, seed):
+    shape, axis = sa
+    if name in ("argmax", "argmin") and isinstance(axis, tuple):
+        axis = axis[0] if len(axis) == 1 else None
+    rng = np.random.default_rng(seed)
+    values = draw_values(name, rng, shape, dtype)
+    x = make_array(values, layout)
+    fn = getattr(fa, name)
+    norm = tuple(range(len(shape))) if axis is None else tuple(
+        a % len(shape) for a in ((axis,) if isinstance(axis, int) else axis))
+    empty_axis = any(shape[a] == 0 for a in norm)
+    if name in NO_IDENTITY and empty_axis:
+        with pytest.raises(ValueError):
+            fn(x, axis=axis, keepdims=keepdims)
+        return
+    if name in NO_IDENTITY and not norm and len(shape) == 0 and 0 in shape:
+        return
+    out_dtype = result_dtype(name, dtype)
+    got = fn(x, axis=axis, keepdims=keepdims)
+    want = numpy_reduce(name, values, axis, keepdims, out_dtype)
+    assert got.shape == want.shape
+    assert str(got.dtype) == f"fa.{out_dtype}"
+    n = int(np.prod([shape[a] for a in norm])) if norm else 1
+    assert_matches(got, want, **tolerance(name, out_dtype, n))
+
+
+@pytest.mark.parametrize("name,identity", [("sum", 0), ("prod", 1), ("any", False), ("all", True)])
+@pytest.mark.parametrize("dtype", ["int32", "float32", "bool"])
+def test_empty_axes_give_the_identity(backend, name, identity, dtype):
+    x = make_array(np.zeros((3, 0, 2), dtype))
+    got = getattr(fa, name)(x, axis=1)
+    assert got.shape == (3, 2)
+    assert_matches(got, np.full((3, 2), identity, result_dtype(name, dtype)))
+    got = getattr(fa, name)(x)
+    assert got.shape == ()
+    assert got.item() == identity
+
+
+def test_mean_of_empty_is_nan(backend):
+    got = fa.mean(make_array(np.zeros((0, 3), np.float32)), axis=0)
+    assert np.isnan(np.asarray(got)).all()
+
+
+def test_reduce_over_no_axes_is_the_identity_map(backend):
+    v = np.arange(6, dtype=np.int8).reshape(2, 3)
+    assert_matches(fa.sum(make_array(v), axis=()), v.astype(np.int64))
+    assert_matches(fa.max(make_array(v), axis=()), v)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("name", ["max", "min", "argmax", "argmin", "sum"])
+def test_nan_propagates_like_numpy(backend, name, dtype):
+    v = np.array([[1.0, np.nan, 3.0, 7.0], [2.0, 5.0, np.nan, np.nan], [4.0, -1.0, 0.5, 9.0],
+                  [np.nan, 1.0, 2.0, 3.0]], dtype)
+    x = make_array(v)
+    for axis in (None, 0, 1, -1):
+        fn = getattr(np, name)
+        want = np.asarray(fn(v, axis=axis))
+        if name in ("argmax", "argmin"):
+            want = want.astype(np.int64)
+        assert_matches(getattr(fa, name)(x, axis=axis), want)
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_infinities_and_integer_extremes(backend, name):
+    v = np.array([[-np.inf, -np.inf], [np.inf, 1.0]], np.float32)
+    assert_matches(getattr(fa, name)(make_array(v), axis=1), getattr(np, name)(v, axis=1))
+    i = np.array([[np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0]], np.int64)
+    assert_matches(getattr(fa, name)(make_array(i), axis=1), getattr(np, name)(i, axis=1))
+    u = np.array([[255, 0, 7]], np.uint8)
+    assert_matches(getattr(fa, name)(make_array(u), axis=-1), getattr(np, name)(u, axis=-1))
+
+
+def test_any_all_on_floats_count_nan_as_true(backend):
+    v = np.array([[0.0, np.nan], [0.0, -0.0], [1.0, 2.0]], np.float32)
+    assert_matches(fa.any(make_array(v), axis=1), np.any(v, axis=1))
+    assert_matches(fa.all(make_array(v), axis=1), np.all(v, axis=1))
+
+
+def test_argmax_over_flattened_non_contiguous_input(backend):
+    v = np.array([[3, 9, 9], [9, 1, 2]], np.int32)
+    x = make_array(v.T.copy(), "contiguous").T  # a transposed view
+    assert_matches(fa.argmax(x), np.int64(np.argmax(v)))
+    assert_matches(fa.argmin(x, keepdims=True), np.argmin(v, keepdims=True).astype(np.int64))
+
+
+@pytest.mark.parametrize("correction", [0, 1])
+def test_var_std_correction(backend, correction):
+    rng = np.random.default_rng(2)
+    v = sample(rng, (4, 6), "float64", -2, 2)
+    x = make_array(v)
+    assert_matches(fa.var(x, axis=1, correction=correction), np.var(v, axis=1, ddof=correction))
+    assert_matches(fa.std(x, axis=0, correction=correction), np.std(v, axis=0, ddof=correction))
+
+
+def test_sum_dtype_argument(backend):
+    v = np.arange(10, dtype=np.int8).reshape(2, 5)
+    got = fa.sum(make_array(v), axis=1, dtype=fa.float64)
+    assert str(got.dtype) == "fa.float64"
+    assert_matches(got, v.sum(axis=1).astype(np.float64))
+
+
+def test_methods_match_functions(backend):
+    v = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = make_array(v)
+    assert_matches(x.sum(axis=0), v.sum(axis=0))
+    assert_matches(x.mean(axis=1, keepdims=True), v.mean(axis=1, keepdims=True))
+    assert_matches(x.max(), v.max())
+    assert_matches(x.argmin(axis=1), v.argmin(axis=1).astype(np.int64))
+
+
+def test_long_rows_use_the_looped_kernel(backend):
+    """Rows longer than one block (codegen.ROW_BLOCK_LIMIT) take the looped path; results must not change."""
+    from flyarray import codegen
+    n = codegen.ROW_BLOCK_LIMIT + 37
+    rng = np.random.default_rng(4)
+    v = sample(rng, (2, n), "float32", -1, 1)
+    x = make_array(v)
+    assert_matches(fa.sum(x, axis=1), v.astype(np.float64).sum(axis=1).astype(np.float32), rtol=1e-4, atol=1e-3)
+    assert_matches(fa.argmax(x, axis=1), v.argmax(axis=1).astype(np.int64))
+    assert_matches(fa.max(x * 2, axis=1), (v * 2).max(axis=1))
+    sm = fa.nn.softmax(x)
+    e = np.exp(v.astype(np.float64) - v.max(axis=1, keepdims=True))
+    assert_matches(sm, (e / e.sum(axis=1, keepdims=True)).astype(np.float32), rtol=1e-4, atol=1e-7)

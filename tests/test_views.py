@@ -1,0 +1,247 @@
+"""Movement ops and basic indexing against numpy, over lazy values, realized values and views of views."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import flyarray as fa
+
+from .conftest import LAYOUTS, assert_matches, make_array, promote, sample
+
+seeds = st.integers(0, 2 ** 32 - 1)
+
+
+def lazy(values):
+    """A lazy (unevaluated) array equal to ``values``: an elementwise node over a realized buffer."""
+    return fa.asarray(values) * 1 if values.dtype != np.bool_ else fa.logical_not(fa.asarray(~values))
+
+
+def sources(values):
+    """The same values as a realized buffer, a lazy expression and a non-contiguous view."""
+    yield "realized", make_array(values)
+    yield "lazy", lazy(values)
+    yield "stepped", make_array(values, "stepped")
+    yield "negative", make_array(values, "negative_step")
+
+
+@st.composite
+def index_keys(draw, shape):
+    """A basic index: ints (+/-), slices with any step, None and at most one Ellipsis."""
+    key, dims = [], list(shape)
+    use_ellipsis = draw(st.booleans())
+    ellipsis_at = draw(st.integers(0, len(dims))) if use_ellipsis else -1
+    for i, size in enumerate(dims):
+        if i == ellipsis_at:
+            key.append(Ellipsis)
+        if draw(st.integers(0, 9)) == 0:
+            key.append(None)
+        if use_ellipsis and i >= ellipsis_at and draw(st.booleans()):
+            continue  # let the ellipsis cover the tail (it takes the dims it needs)
+        choice = draw(st.integers(0, 2)) if size else 1
+        if choice == 0:
+            key.append(draw(st.integers(-size, size - 1)))
+        else:
+            start = draw(st.none() | st.integers(-size - 2, size + 2))
+            stop = draw(st.none() | st.integers(-size - 2, size + 2))
+            step = draw(st.none() | st.sampled_from([1, 2, 3, -1, -2, -3]))
+            key.append(slice(start, stop, step))
+    if ellipsis_at == len(dims):
+        key.append(Ellipsis)
+    if use_ellipsis and Ellipsis not in key:
+        key.append(Ellipsis)
+    # an ellipsis that sits before elided dims must still leave the explicit ones aligned: keep only keys where
+    # numpy agrees on the meaning (numpy is the judge below)
+    return tuple(key)
+
+
+@settings(max_examples=25)
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5), data=st.data(), seed=seeds)
+def test_basic_indexing(backend, shape, data, seed):
+    values = sample(np.random.default_rng(seed), shape, "int32", -50, 50)
+    key = data.draw(index_keys(shape))
+    try:
+        want = values[key]
+    except IndexError:
+        return
+    for label, x in sources(values):
+        got = x[key]
+        assert got.shape == want.shape, (label, key)
+        assert_matches(got, want)
+        assert_matches(got * 2, want * 2)  # the view feeding a kernel, not only exported
+
+
+def test_indexing_with_every_kind_of_key(backend):
+    v = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    for label, x in sources(v):
+        for key in [0, -1, (1, 2), (slice(None), -2), (Ellipsis, 1), (None, 0, Ellipsis, None),
+                    (slice(None, None, -1), slice(1, None, 2)), (Ellipsis, slice(4, 0, -2)),
+                    (0, None, slice(None), -3, slice(None, None, -2)), (), Ellipsis, (slice(5, 1),)]:
+            assert_matches(x[key], v[key])
+
+
+@settings(max_examples=25)
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4), data=st.data(), seed=seeds,
+       layout=st.sampled_from(LAYOUTS))
+def test_reshape(backend, shape, data, seed, layout):
+    values = sample(np.random.default_rng(seed), shape, "float32")
+    size = values.size
+    # a random factorization of the size, maybe with one -1
+    new = data.draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), max_size=3))
+    rest = size // int(np.prod(new)) if size and size % int(np.prod(new)) == 0 else None
+    target = tuple(new) + (rest,) if rest is not None else (size,)
+    if size == 0:
+        target = data.draw(st.sampled_from([(0,), (2, 0), (0, 5)]))
+    if data.draw(st.booleans()) and size:
+        i = data.draw(st.integers(0, len(target) - 1))
+        target = target[:i] + (-1,) + target[i + 1:]
+    want = values.reshape(target)
+    for x in (make_array(values, layout), lazy(values), make_array(values, layout) + 0):
+        got = fa.reshape(x, target)
+        assert got.shape == want.shape
+        assert_matches(got, want)
+        assert_matches(got + 1, want + 1)
+
+
+def test_reshape_of_transposed_needs_a_copy_and_gets_it(backend):
+    v = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for x in (make_array(v), lazy(v)):
+        t = fa.permute_dims(x, (1, 0))
+        assert_matches(fa.reshape(t, (3, 8)), v.T.reshape(3, 8))
+        assert_matches(fa.reshape(t, (-1,)) * 2, v.T.reshape(-1) * 2)
+        assert_matches(t.flatten(), v.T.flatten())
+
+
+@settings(max_examples=20)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=4), data=st.data(), seed=seeds)
+def test_permute_moveaxis_flip_squeeze_expand(backend, shape, data, seed):
+    v = sample(np.random.default_rng(seed), shape, "int16")
+    nd = len(shape)
+    perm = tuple(data.draw(st.permutations(range(nd))))
+    src = data.draw(st.integers(-nd, nd - 1))
+    dst = data.draw(st.integers(-nd, nd - 1))
+    flip_axes = tuple(data.draw(st.lists(st.integers(0, nd - 1), unique=True, max_size=nd)))
+    new_axis = data.draw(st.integers(-nd - 1, nd))
+    for label, x in sources(v):
+        assert_matches(fa.permute_dims(x, perm), np.transpose(v, perm))
+        assert_matches(fa.moveaxis(x, src, dst), np.moveaxis(v, src, dst))
+        assert_matches(fa.flip(x, axis=flip_axes or None), np.flip(v, axis=flip_axes or None))
+        assert_matches(fa.expand_dims(x, axis=new_axis), np.expand_dims(v, new_axis))
+        ones = tuple(i for i, s in enumerate(shape) if s == 1)
+        assert_matches(fa.squeeze(x), np.squeeze(v))
+        if ones:
+            assert_matches(fa.squeeze(x, axis=ones[-1]), np.squeeze(v, axis=ones[-1]))
+        if nd >= 2:
+            assert_matches(x.mT, np.swapaxes(v, -1, -2))
+
+
+@settings(max_examples=20)
+@given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=1, min_dims=0, max_dims=3, min_side=0, max_side=4),
+       seed=seeds)
+def test_broadcast_to(backend, shapes, seed):
+    (shape,), target = shapes.input_shapes, shapes.result_shape
+    v = sample(np.random.default_rng(seed), shape, "float16")
+    for label, x in sources(v):
+        got = fa.broadcast_to(x, target)
+        assert_matches(got, np.broadcast_to(v, target))
+        assert_matches(got + 1, np.broadcast_to(v, target) + np.float16(1))
+
+
+def test_broadcast_arrays(backend):
+    a, b = np.arange(3, dtype=np.int8), np.arange(4, dtype=np.int8).reshape(4, 1)
+    ga, gb = fa.broadcast_arrays(make_array(a), make_array(b))
+    wa, wb = np.broadcast_arrays(a, b)
+    assert_matches(ga, wa)
+    assert_matches(gb, wb)
+
+
+def test_chains_of_views(backend):
+    v = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+    for label, x in sources(v):
+        got = fa.flip(fa.permute_dims(x[1:, ::2, ::-1], (2, 0, 1)), axis=1)[None, 1:5, ..., 0]
+        want = np.flip(np.transpose(v[1:, ::2, ::-1], (2, 0, 1)), axis=1)[None, 1:5, ..., 0]
+        assert_matches(got, want)
+        assert_matches(fa.exp(got * 0.01), np.exp(want * np.float32(0.01)), rtol=1e-6)
+        # a view of a view of a realized view
+        mid = fa.eval(x[::-1, 1:4] + 0)
+        assert_matches(fa.reshape(fa.moveaxis(mid, 0, -1)[..., ::3], (-1,)),
+                       np.moveaxis(v[::-1, 1:4], 0, -1)[..., ::3].reshape(-1))
+
+
+def test_view_of_realized_lazy_value(backend):
+    v = np.arange(12, dtype=np.float32).reshape(3, 4)
+    y = lazy(v) * 2
+    t = y.T
+    fa.eval(y)  # y is realized now; t still sees it through the view
+    assert_matches(t, (v * 2).T)
+    assert_matches(t[::-1, 1] + y[0, 0], (v * 2).T[::-1, 1] + v[0, 0] * 2)
+
+
+def test_iteration_len_and_T(backend):
+    v = np.arange(6, dtype=np.int32).reshape(2, 3)
+    x = make_array(v)
+    assert len(x) == 2
+    rows = list(x)
+    assert_matches(rows[1], v[1])
+    assert_matches(x.T, v.T)
+
+
+@settings(max_examples=20)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=4), data=st.data(), seed=seeds,
+       dtypes=st.lists(st.sampled_from(["int8", "int32", "float16", "float32", "bool"]), min_size=1, max_size=3))
+def test_concat(backend, shape, data, seed, dtypes):
+    rng = np.random.default_rng(seed)
+    nd = len(shape)
+    axis = data.draw(st.integers(-nd, nd - 1))
+    parts = []
+    for d in dtypes:
+        s = list(shape)
+        s[axis] = data.draw(st.integers(0, 3))
+        parts.append(sample(rng, tuple(s), d, 0, 9))
+    layouts = [data.draw(st.sampled_from(LAYOUTS)) for _ in parts]
+    arrays = [make_array(p, lay) if i % 2 == 0 else lazy(p) for i, (p, lay) in enumerate(zip(parts, layouts))]
+    got = fa.concat(arrays, axis=axis)
+    common = dtypes[0]
+    for d in dtypes[1:]:
+        common = promote(common, d)
+    want = np.concatenate([p.astype(common) for p in parts], axis=axis)
+    assert str(got.dtype) == f"fa.{common}"
+    assert_matches(got, want)
+    assert_matches(fa.concat(arrays, axis=None), np.concatenate([p.astype(common).reshape(-1) for p in parts]))
+
+
+@settings(max_examples=15)
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4), n=st.integers(1, 3),
+       data=st.data(), seed=seeds)
+def test_stack(backend, shape, n, data, seed):
+    rng = np.random.default_rng(seed)
+    axis = data.draw(st.integers(-len(shape) - 1, len(shape)))
+    parts = [sample(rng, shape, "float32") for _ in range(n)]
+    arrays = [make_array(p) if i % 2 else lazy(p) for i, p in enumerate(parts)]
+    assert_matches(fa.stack(arrays, axis=axis), np.stack(parts, axis=axis))
+
+
+def test_concat_result_feeds_a_kernel(backend):
+    a, b = np.ones((2, 3), np.float32), np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = fa.sum(fa.concat([make_array(a), make_array(b) * 2], axis=0) + 1, axis=0)
+    assert_matches(got, (np.concatenate([a, b * 2]) + 1).sum(axis=0))
+
+
+def test_views_do_not_copy_realized_buffers(backend):
+    import torch
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    x = fa.asarray(t)
+    views = (x[1:, ::2], x.T, fa.reshape(x, (2, 12)), fa.expand_dims(x, 0), x[..., None, 2])
+    outs = [torch.from_dlpack(v) for v in views]
+    base, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+    for out in outs:
+        assert base <= out.data_ptr() < base + nbytes
+    t.add_(1000)  # the exported views see a write to the original memory
+    for out, want in zip(outs, (t[1:, ::2], t.T, t.reshape(2, 12), t[None], t[..., None, 2])):
+        assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("key", [(slice(None), None, 1), (Ellipsis, None), (None,), (0, None, 0)])
+def test_none_inserts_axes(backend, key):
+    v = np.arange(6, dtype=np.float64).reshape(2, 3)
+    assert_matches(make_array(v)[key], v[key])
