@@ -28,16 +28,16 @@ folded onto +0.0), and a candidate is one signed 64-bit word
 value and, between equal values, the lower column. Two regimes:
 
 * narrow rows (N <= ~1024, k <= 16: MoE routers): one kernel, several rows per
-  program; k rounds of "row max of the packed words, then knock it out".
+  program; k rounds of "row max of the keys, lowest column holding it, knock it out".
 * wide rows (vocabularies, and everything else): the row is cut into chunks
   spread over many programs (64 rows x 16 chunks for 64x131072). A chunk keeps
   only what can be in its own top k: the k-th largest of its strided group
   maxima is a lower bound of its k-th largest element (k distinct elements
   reach it), found by a 32-step bitwise search over the few group maxima.
   What passes (about k for real data) is compacted with a prefix sum into CAP
-  slots; ties at the threshold are taken lowest column first; if too many pass
-  (adversarial data), the exact k-th largest of the whole chunk is searched
-  instead, so the result never depends on the data being kind. A second
+  slots. If more than CAP pass (adversarial data, floods of ties), the exact
+  k-th largest of the whole chunk is searched instead and ties at it are taken
+  lowest column first, so the result never depends on the data being kind. A second
   kernel, one program per row, runs a bitonic top-k network over the
   candidates of its row and gathers the values.
 
@@ -64,22 +64,23 @@ from flyarray.targets import KernelSpec
 # merge_max: most candidate words one merge program sorts; more go through a merge tree.
 # digit_bits: bits of the threshold settled per round of the search over the group maxima.
 # narrow_max_n / narrow_max_k: rows up to this length and k up to this take the one-kernel path.
-# narrow_tile: elements per program there (several short rows share a program).
+# narrow_tile / narrow_warps: elements per program there (several short rows share a
+#   program) and its warps; one warp keeps every row reduction a warp reduction (no barriers).
 CONFIGS = {
     "sm_90": {  # 132 SMs: 64 rows x 32 chunks = 2048 programs of 8 warps, ~3 resident per SM
-        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 8, "chunk_elems_per_thread": 16,
+        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
         "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 32,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 2048, "narrow_warps": 4,
+        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
     },
     "gfx950": {  # wave64: 4 waves = 256 lanes over a 4096 chunk, 16 elements a lane
-        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 8, "chunk_elems_per_thread": 16,
+        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
         "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 64,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 2048, "narrow_warps": 4,
+        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
     },
     "default": {
-        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 8, "chunk_elems_per_thread": 16,
+        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
         "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 32,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 2048, "narrow_warps": 4,
+        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
     },
 }
 
@@ -89,6 +90,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32,
 # Triton's own combine functions: the interpreter recognizes exactly these (and
 # reduces with numpy); compiled code is what tl.max / tl.sum / tl.cumsum emit.
 _MAX = tl.standard._elementwise_max
+_MIN = tl.standard._elementwise_min
 _ADD = tl.standard._sum_combine
 
 _LOW32 = 0xFFFFFFFF
@@ -122,15 +124,18 @@ def _rows_topk_kernel(
         key = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FFFFFFF, key)
     else:
         key = x.to(tl.int32)
-    word = (key.to(tl.int64) << 32) | (cols.to(tl.int64) ^ 0xFFFFFFFF)[None, :]
-    word = tl.where(mask, word, -9223372036854775808)
+    # Each round: the row's largest key, the lowest column holding it, knock that column out
+    # (all 32-bit, cheaper than a max over packed 64-bit words). Padding and knocked-out
+    # columns hold INT32_MIN, which no key of a float, int8, uint8 or int16 can be (int32
+    # inputs take the wide path), and k <= N keeps them from ever being picked.
+    key = tl.where(mask, key, -2147483648)
     slot = tl.arange(0, KPAD)[None, :]
-    top = tl.full([ROWS, KPAD], -9223372036854775808, tl.int64)
+    idx = tl.full([ROWS, KPAD], 0, tl.int32)
     for i in tl.static_range(K):
-        best = tl.reduce(word, 1, _MAX, keep_dims=True)
-        top = tl.where(slot == i, best, top)
-        word = tl.where(word == best, -9223372036854775808, word)  # words are unique per row
-    idx = ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(tl.int32)
+        best = tl.reduce(key, 1, _MAX, keep_dims=True)
+        col = tl.reduce(tl.where(key == best, cols[None, :], BLOCK_N), 1, _MIN, keep_dims=True)
+        idx = tl.where(slot == i, col, idx)
+        key = tl.where(cols[None, :] == col, -2147483648, key)
     out_ok = row_ok[:, None] & (slot < K)
     v = tl.load(x_ptr + rows64 * stride_row + idx, mask=out_ok, other=0)  # the elements, bit for bit
     if SOFTMAX:
@@ -177,26 +182,30 @@ def _chunk_candidates_kernel(
     for rnd in range(32 // DIGIT):
         shift = 32 - DIGIT * (rnd + 1)
         trials = t | (digits << shift)
-        counts = tl.reduce((group_max[None, :] >= trials[:, None]).to(tl.int32), 1, _ADD)
-        t = t | (tl.reduce(tl.where(counts >= k, digits, 0), 0, _MAX) << shift)
-    above = valid & (ukey > t)
-    n_above = tl.reduce(above.to(tl.int32), 0, _ADD)
-    if n_above > CAP:  # the bound was loose (adversarial data): take the chunk's exact k-th largest
+        # groups on axis 0, trials on axis 1: Triton lays lanes along the last axis, so the
+        # count over the groups stays mostly within each thread's registers
+        counts = tl.reduce((group_max[:, None] >= trials[None, :]).to(tl.int32), 0, _ADD)
+        # counts fall as the trial digit grows: the digit kept is how many trials reach k, less one
+        t = t | ((tl.reduce((counts >= k).to(tl.int32), 0, _ADD) - 1).to(tl.uint32) << shift)
+    # Common case: everything >= t fits the slots (ties at t included: harmless, all of them).
+    take = valid & (ukey >= t)
+    n_taken = tl.reduce(take.to(tl.int32), 0, _ADD)
+    if n_taken > CAP:  # loose bound or a flood of ties: the chunk's exact k-th largest instead
         t = tl.full([], 0, tl.uint32)
         bit = tl.full([], 0x80000000, tl.uint32)
         for _ in range(32):
             trial = t | bit
             t = tl.where(tl.reduce((valid & (ukey >= trial)).to(tl.int32), 0, _ADD) >= k, trial, t)
             bit = bit >> 1
+        # everything above t (fewer than k), then ties at t lowest column first, k in all
         above = valid & (ukey > t)
         n_above = tl.reduce(above.to(tl.int32), 0, _ADD)
-    # everything above t, then ties at t lowest column first, up to k in all
-    tie = (valid & (ukey == t)).to(tl.int32)
-    tie_rank = tl.associative_scan(tie, 0, _ADD) - tie
-    take = above | ((tie != 0) & (tie_rank < k - n_above))
+        tie = (valid & (ukey == t)).to(tl.int32)
+        tie_rank = tl.associative_scan(tie, 0, _ADD) - tie
+        take = above | ((tie != 0) & (tie_rank < k - n_above))
+        n_taken = tl.reduce(take.to(tl.int32), 0, _ADD)
     take_i = take.to(tl.int32)
-    slot = tl.associative_scan(take_i, 0, _ADD) - 1  # column order is kept: the merge needs no index sort
-    n_taken = tl.reduce(take_i, 0, _ADD)
+    slot = tl.associative_scan(take_i, 0, _ADD) - 1  # column order is kept
     word = (key.to(tl.int64) << 32) | (col.to(tl.int64) ^ 0xFFFFFFFF)
     out = ws_ptr + row * ws_stride + chunk * CAP
     tl.store(out + slot, word, mask=take)
@@ -367,7 +376,7 @@ def top_k(x: torch.Tensor, k: int, *, config: dict | None = None):
     if x2.shape[0] == 0:
         return vals, idx
     cfg = _config(x.device, config)
-    if N <= cfg["narrow_max_n"] and k <= cfg["narrow_max_k"]:
+    if N <= cfg["narrow_max_n"] and k <= cfg["narrow_max_k"] and x.dtype != torch.int32:
         _launch_rows(x2, vals, idx, k, cfg, softmax=False, renorm=False)
     else:
         _launch_wide(x2, vals, idx, k, cfg)
@@ -430,7 +439,8 @@ def compile_specs() -> list:
         {"x_ptr": "*fp32", "vals_ptr": "*fp32", "idx_ptr": "*i32", "n_rows": "i32", "N": "i32",
          "stride_row": "i32", "ROWS": "constexpr", "BLOCK_N": "constexpr", "K": "constexpr",
          "KPAD": "constexpr", "IS_FLOAT": "constexpr", "SOFTMAX": "constexpr", "RENORM": "constexpr"},
-        {"ROWS": 16, "BLOCK_N": 256, "K": 8, "KPAD": 8, "IS_FLOAT": True, "SOFTMAX": True, "RENORM": True},
+        {"ROWS": CONFIGS["sm_90"]["narrow_tile"] // 256, "BLOCK_N": 256, "K": 8, "KPAD": 8,
+         "IS_FLOAT": True, "SOFTMAX": True, "RENORM": True},
         num_warps=CONFIGS["sm_90"]["narrow_warps"],
     )]
     cfg = CONFIGS["sm_90"]
