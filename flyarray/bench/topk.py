@@ -87,7 +87,8 @@ def cases(device, small):
         if k == 50 and not small:  # other chunk/group sizes, for tuning
             variants += [(" cfg chunk8192", {"chunk": 8192, "group_size": 16}),
                          (" cfg chunk2048", {"chunk": 2048, "group_size": 4}),
-                         (" cfg digit1", {"digit_bits": 1})]
+                         (" cfg search32", {"search_bits": 32}),
+                         (" cfg search8", {"search_bits": 8})]
         for tag, cfg in variants:
             out.append(Case(
                 name=f"top_k k={k} {m}x{n} fp32{tag}",

@@ -62,24 +62,25 @@ from flyarray.targets import KernelSpec
 # chunk_elems_per_thread: sets the chunk kernel's warps (registers: ~160 a thread at 16).
 # merge_warps: warps of the merge kernel (at most; fewer for few candidates).
 # merge_max: most candidate words one merge program sorts; more go through a merge tree.
-# digit_bits: bits of the threshold settled per round of the search over the group maxima.
+# digit_bits / search_bits: bits of the threshold settled per round of the search over the
+#   group maxima, and how many of the key's top bits are searched at all.
 # narrow_max_n / narrow_max_k: rows up to this length and k up to this take the one-kernel path.
 # narrow_tile / narrow_warps: elements per program there (several short rows share a
 #   program) and its warps; one warp keeps every row reduction a warp reduction (no barriers).
 CONFIGS = {
     "sm_90": {  # 132 SMs: 64 rows x 32 chunks = 2048 programs of 8 warps, ~3 resident per SM
         "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 32,
+        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "search_bits": 16, "warp_size": 32,
         "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
     },
     "gfx950": {  # wave64: 4 waves = 256 lanes over a 4096 chunk, 16 elements a lane
         "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 64,
+        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "search_bits": 16, "warp_size": 64,
         "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
     },
     "default": {
         "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "warp_size": 32,
+        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "search_bits": 16, "warp_size": 32,
         "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
     },
 }
@@ -152,7 +153,7 @@ def _rows_topk_kernel(
 def _chunk_candidates_kernel(
     x_ptr, ws_ptr, N, stride_row, k, ws_stride,
     CHUNK: tl.constexpr, GROUPS: tl.constexpr, CAP: tl.constexpr, DIGIT: tl.constexpr,
-    IS_FLOAT: tl.constexpr,
+    SEARCH_BITS: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
     """Program (row, chunk): write a superset of the chunk's top k (at most CAP packed words) to ws."""
     row = tl.program_id(0).to(tl.int64)
@@ -176,10 +177,13 @@ def _chunk_candidates_kernel(
     # maximum t has k distinct elements >= t, so the chunk's top k are all >= t.
     # The largest t with count(group_max >= t) >= k, DIGIT bits a round from the top: each
     # round counts against all 2^DIGIT trial digits at once, so it costs one block reduction.
+    # Only the top SEARCH_BITS bits are searched: t only grows while k maxima still reach it,
+    # so a shorter search is still a lower bound, just a little looser (16 bits: within
+    # 1/128 relative for floats, exact for bf16).
     group_max = tl.reduce(tl.reshape(ukey, [CHUNK // GROUPS, GROUPS]), 0, _MAX)
     digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)
     t = tl.full([], 0, tl.uint32)
-    for rnd in range(32 // DIGIT):
+    for rnd in range(SEARCH_BITS // DIGIT):
         shift = 32 - DIGIT * (rnd + 1)
         trials = t | (digits << shift)
         # groups on axis 0, trials on axis 1: Triton lays lanes along the last axis, so the
@@ -327,7 +331,9 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
     threads = min(512, max(cfg["warp_size"], chunk // cfg["chunk_elems_per_thread"]))
     # digit search: 2^digit trial thresholds against every group maximum; keep that tile small
     digit = cfg["digit_bits"] if groups << cfg["digit_bits"] <= 32 * threads else 1
+    search_bits = max(digit, cfg["search_bits"] // digit * digit)
     return {"kpad": kpad, "chunk": chunk, "cap": cap, "groups": groups, "digit": digit,
+            "search_bits": search_bits,
             "n_chunks": n_chunks, "m_valid": m_valid, "m": m,
             "chunk_warps": threads // cfg["warp_size"],
             "merge_max": max(cfg["merge_max"], 4 * kpad)}
@@ -344,7 +350,7 @@ def _launch_wide(x2, vals, idx, k, cfg) -> None:
     runner(_chunk_candidates_kernel, x2.device)[(rows, plan["n_chunks"])](
         x2, ws, N, x2.stride(0), k, plan["m_valid"],
         CHUNK=plan["chunk"], GROUPS=plan["groups"], CAP=plan["cap"], DIGIT=plan["digit"],
-        IS_FLOAT=x2.dtype.is_floating_point, num_warps=plan["chunk_warps"],
+        SEARCH_BITS=plan["search_bits"], IS_FLOAT=x2.dtype.is_floating_point, num_warps=plan["chunk_warps"],
     )
     kpad, n_words, segment = plan["kpad"], plan["m_valid"], plan["cap"]
     merge = runner(_merge_candidates_kernel, x2.device)
@@ -433,37 +439,41 @@ def reference_softmax_top_k(logits: torch.Tensor, k: int, renormalize: bool = Fa
 # ----------------------------------------------------------------------------- compile specs
 
 def compile_specs() -> list:
-    """The sizes that matter: MoE router (256 experts, top 8) and a 131072 vocabulary, k=50 and k=1024."""
-    specs = [KernelSpec(
-        "top_k_rows_softmax_fp32_n256_k8", _rows_topk_kernel,
-        {"x_ptr": "*fp32", "vals_ptr": "*fp32", "idx_ptr": "*i32", "n_rows": "i32", "N": "i32",
-         "stride_row": "i32", "ROWS": "constexpr", "BLOCK_N": "constexpr", "K": "constexpr",
-         "KPAD": "constexpr", "IS_FLOAT": "constexpr", "SOFTMAX": "constexpr", "RENORM": "constexpr"},
-        {"ROWS": CONFIGS["sm_90"]["narrow_tile"] // 256, "BLOCK_N": 256, "K": 8, "KPAD": 8,
-         "IS_FLOAT": True, "SOFTMAX": True, "RENORM": True},
-        num_warps=CONFIGS["sm_90"]["narrow_warps"],
-    )]
-    cfg = CONFIGS["sm_90"]
-    for k in (50, 1024):
-        plan = wide_plan(131072, k, cfg)
+    """The sizes that matter: MoE router (256 experts, top 8) and a 131072 vocabulary, k=50 and
+    k=1024. Wide-row specs follow each arch's plan (warps differ with the wave size), so their
+    names end in the arch they are meant for."""
+    specs = []
+    for arch in ("sm_90", "gfx950"):
+        cfg = CONFIGS[arch]
         specs.append(KernelSpec(
-            f"top_k_chunk_bf16_k{k}", _chunk_candidates_kernel,
-            {"x_ptr": "*bf16", "ws_ptr": "*i64", "N": "i32", "stride_row": "i32", "k": "i32",
-             "ws_stride": "i32", "CHUNK": "constexpr", "GROUPS": "constexpr", "CAP": "constexpr",
-             "DIGIT": "constexpr", "IS_FLOAT": "constexpr"},
-            {"CHUNK": plan["chunk"], "GROUPS": plan["groups"], "CAP": plan["cap"],
-             "DIGIT": plan["digit"], "IS_FLOAT": True},
-            num_warps=plan["chunk_warps"],
+            f"top_k_rows_softmax_fp32_n256_k8_{arch}", _rows_topk_kernel,
+            {"x_ptr": "*fp32", "vals_ptr": "*fp32", "idx_ptr": "*i32", "n_rows": "i32", "N": "i32",
+             "stride_row": "i32", "ROWS": "constexpr", "BLOCK_N": "constexpr", "K": "constexpr",
+             "KPAD": "constexpr", "IS_FLOAT": "constexpr", "SOFTMAX": "constexpr", "RENORM": "constexpr"},
+            {"ROWS": cfg["narrow_tile"] // 256, "BLOCK_N": 256, "K": 8, "KPAD": 8,
+             "IS_FLOAT": True, "SOFTMAX": True, "RENORM": True},
+            num_warps=cfg["narrow_warps"],
         ))
-        m = min(plan["m"], plan["merge_max"])  # the final merge (k=50), or a tree level (k=1024)
-        specs.append(KernelSpec(
-            f"top_k_merge_fp32_k{k}_m{m}", _merge_candidates_kernel,
-            {"ws_ptr": "*i64", "x_ptr": "*fp32", "vals_ptr": "*fp32", "idx_ptr": "*i32",
-             "out_ptr": "*i64", "stride_row": "i32", "k": "i32", "n_words": "i32", "ws_stride": "i32",
-             "out_stride": "i32", "M": "constexpr", "LOGM": "constexpr", "KPAD": "constexpr",
-             "LOGK": "constexpr", "FINAL": "constexpr"},
-            {"M": m, "LOGM": m.bit_length() - 1, "KPAD": plan["kpad"],
-             "LOGK": plan["kpad"].bit_length() - 1, "FINAL": plan["m"] <= plan["merge_max"]},
-            num_warps=_merge_warps(m, cfg),
-        ))
+        for k in (50, 1024):
+            plan = wide_plan(131072, k, cfg)
+            specs.append(KernelSpec(
+                f"top_k_chunk_bf16_k{k}_{arch}", _chunk_candidates_kernel,
+                {"x_ptr": "*bf16", "ws_ptr": "*i64", "N": "i32", "stride_row": "i32", "k": "i32",
+                 "ws_stride": "i32", "CHUNK": "constexpr", "GROUPS": "constexpr", "CAP": "constexpr",
+                 "DIGIT": "constexpr", "SEARCH_BITS": "constexpr", "IS_FLOAT": "constexpr"},
+                {"CHUNK": plan["chunk"], "GROUPS": plan["groups"], "CAP": plan["cap"],
+                 "DIGIT": plan["digit"], "SEARCH_BITS": plan["search_bits"], "IS_FLOAT": True},
+                num_warps=plan["chunk_warps"],
+            ))
+            m = min(plan["m"], plan["merge_max"])  # the final merge (k=50), or a tree level (k=1024)
+            specs.append(KernelSpec(
+                f"top_k_merge_fp32_k{k}_m{m}_{arch}", _merge_candidates_kernel,
+                {"ws_ptr": "*i64", "x_ptr": "*fp32", "vals_ptr": "*fp32", "idx_ptr": "*i32",
+                 "out_ptr": "*i64", "stride_row": "i32", "k": "i32", "n_words": "i32", "ws_stride": "i32",
+                 "out_stride": "i32", "M": "constexpr", "LOGM": "constexpr", "KPAD": "constexpr",
+                 "LOGK": "constexpr", "FINAL": "constexpr"},
+                {"M": m, "LOGM": m.bit_length() - 1, "KPAD": plan["kpad"],
+                 "LOGK": plan["kpad"].bit_length() - 1, "FINAL": plan["m"] <= plan["merge_max"]},
+                num_warps=_merge_warps(m, cfg),
+            ))
     return specs

@@ -210,13 +210,15 @@ def test_softmax_top_k_gpu(dtype, renormalize):
 
 # ----------------------------------------------------------------------------- cross-compile
 
-FAST_SPECS = [s for s in compile_specs() if "k1024" not in s.name]  # k=1024 specs compile slowly
+# each spec compiled for the arch its plan is for; the k=1024 specs are slow to compile (report only)
+FAST_SPECS = [(s, "sm_90" if s.name.endswith("sm_90") else "gfx950")
+              for s in compile_specs() if "k1024" not in s.name]
 
 
-@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
-@pytest.mark.parametrize("spec", FAST_SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec,target", FAST_SPECS, ids=lambda v: getattr(v, "name", v))
 def test_cross_compile(spec, target):
     from flyarray.targets import compile_for
+    assert spec.name.endswith(target)
     report = compile_for(spec, target)
     assert report.spills == 0, report.summary()
     assert report.matrix_instructions == []  # selection work: no matrix units
