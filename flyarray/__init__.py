@@ -24,8 +24,9 @@ __version__ = "0.1.0"
 
 
 def result_type(*args):
+    import builtins  # this module's ``bool`` is fa.bool (a DType), not the Python type
     return _dtypes.result_type(*[a.dtype if isinstance(a, Array) else _dtypes.dtype(a)
-                                 if not isinstance(a, (int, float, bool)) else a for a in args])
+                                 if not isinstance(a, (int, float, builtins.bool)) else a for a in args])
 
 
 def can_cast(from_, to):
