@@ -22,6 +22,12 @@ settings.register_profile("flyarray", max_examples=25, deadline=None, derandomiz
 settings.register_profile("flyarray-long", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.load_profile(os.environ.get("FLYARRAY_HYPOTHESIS_PROFILE", "flyarray"))
+# Tests pick their own example counts; FLYARRAY_HYPOTHESIS_SCALE=20 multiplies them all (a bug hunt).
+EXAMPLE_SCALE = int(os.environ.get("FLYARRAY_HYPOTHESIS_SCALE", "1") or 1)
+
+
+def scaled(n: int) -> int:
+    return n * EXAMPLE_SCALE
 
 BACKENDS = ["reference", "interpret"]
 
@@ -124,6 +130,10 @@ def make_array(values: np.ndarray, layout: str = "contiguous"):
 def pytest_configure(config):
     # Masked-off lanes of interpreted kernels compute log(0) etc. on padding; numpy warns, nothing is wrong.
     config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
+    # numpy's own expectations for empty reductions (mean/var of nothing is NaN, as ours is)
+    config.addinivalue_line("filterwarnings", "ignore:Mean of empty slice:RuntimeWarning")
+    config.addinivalue_line("filterwarnings", "ignore:Degrees of freedom:RuntimeWarning")
+    config.addinivalue_line("filterwarnings", "ignore:invalid value encountered:RuntimeWarning")
 
 
 def promote(a: str, b: str) -> str:

@@ -8,12 +8,12 @@ from hypothesis.extra import numpy as hnp
 
 import flyarray as fa
 
-from .conftest import assert_matches
+from .conftest import assert_matches, scaled
 
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
 
 
-@settings(max_examples=15)
+@settings(max_examples=scaled(15))
 @given(shape=shapes, dtype=st.sampled_from(["bool", "int8", "uint8", "int32", "int64", "float16", "float32",
                                              "float64"]))
 def test_zeros_ones_empty_full(backend, shape, dtype):

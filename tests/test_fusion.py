@@ -153,3 +153,48 @@ def test_evaluation_happens_only_on_triggers(backend):
     assert fa.stats()["evaluations"] == 0 and fa.stats()["kernels_launched"] == 0
     float(y[0])
     assert fa.stats()["evaluations"] == 1
+
+
+def _softmax_np(b, axis=-1):
+    e = np.exp(b - b.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# Programs that mix reductions, views and elementwise ops across kernel boundaries.
+COMPOSITES = {
+    "reshape of a transposed lazy value, reduced": (
+        lambda x: fa.sum(fa.reshape(fa.exp(x).T, (-1, 8)), axis=1),
+        lambda a: np.exp(a).T.reshape(-1, 8).sum(1)),
+    "concat of views, reduced": (
+        lambda x: fa.sum(fa.concat([x[:, ::-2], fa.exp(x)[:, 1::2]], axis=1), axis=1),
+        lambda a: np.concatenate([a[:, ::-2], np.exp(a)[:, 1::2]], 1).sum(1)),
+    "stack then mean over two axes": (
+        lambda x: fa.mean(fa.stack([x, x * 2, x[::-1]], axis=1), axis=(0, 2)),
+        lambda a: np.stack([a, a * 2, a[::-1]], 1).mean((0, 2))),
+    "row max subtracted, then a reversed transpose": (
+        lambda x: (x - fa.max(x, axis=1, keepdims=True)).T[::-1],
+        lambda a: (a - a.max(1, keepdims=True)).T[::-1]),
+    "softmax of a transposed view": (lambda x: fa.nn.softmax(x.T), lambda a: _softmax_np(a.T)),
+    "softmax over axis 0": (lambda x: fa.nn.softmax(x, axis=0), lambda a: _softmax_np(a, axis=0)),
+    "layer_norm": (lambda x: fa.nn.layer_norm(x),
+                   lambda a: (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5)),
+    "reduction of a broadcast column": (
+        lambda x: fa.sum(fa.broadcast_to(x[:, :1], (4, 6)) * x, axis=0),
+        lambda a: (np.broadcast_to(a[:, :1], (4, 6)) * a).sum(0)),
+    "two full reductions combined": (lambda x: fa.sum(x) / fa.max(x), lambda a: np.asarray(a.sum() / a.max())),
+    "argmax over axis 0 of an expression": (lambda x: fa.argmax(fa.sin(x), axis=0),
+                                            lambda a: np.argmax(np.sin(a), axis=0)),
+    "row sums as a column": (lambda x: fa.sum(x, axis=1)[:, None] * x, lambda a: a.sum(1)[:, None] * a),
+    "column means broadcast back": (lambda x: x - fa.mean(x, axis=0, keepdims=True),
+                                    lambda a: a - a.mean(0, keepdims=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITES))
+def test_composite_programs_match_numpy(backend, name):
+    fn, ref = COMPOSITES[name]
+    a = sample(rng(), (4, 6), "float32", -2, 2)
+    got = np.asarray(fn(fa.asarray(a)))
+    want = ref(a.astype(np.float64))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ from hypothesis.extra import numpy as hnp
 
 import flyarray as fa
 
-from .conftest import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, assert_matches, make_array, sample
+from .conftest import ALL_DTYPES, FLOAT_DTYPES, LAYOUTS, assert_matches, make_array, sample, scaled
 
 REDUCTIONS = ["sum", "prod", "max", "min", "mean", "var", "std", "argmax", "argmin", "any", "all"]
 NO_IDENTITY = {"max", "min", "argmax", "argmin"}
@@ -37,10 +37,6 @@ def result_dtype(name, dtype):
     if name in ("any", "all"):
         return "bool"
     return dtype
-
-
-def accepts(name, dtype):
-    return not (name in ("max", "min", "argmax", "argmin") and False)
 
 
 def numpy_reduce(name, values, axis, keepdims, out_dtype):
@@ -82,7 +78,7 @@ def tolerance(name, out_dtype, n):
 
 
 @pytest.mark.parametrize("name", REDUCTIONS)
-@settings(max_examples=15)
+@settings(max_examples=scaled(15))
 @given(sa=shape_and_axis(), dtype=st.sampled_from(ALL_DTYPES), keepdims=st.booleans(),
        layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2 ** 32 - 1))
 def test_reduction_matches_numpy(backend, name, sa, dtype, keepdims, layout, seed):
@@ -99,8 +95,6 @@ def test_reduction_matches_numpy(backend, name, sa, dtype, keepdims, layout, see
     if name in NO_IDENTITY and empty_axis:
         with pytest.raises(ValueError):
             fn(x, axis=axis, keepdims=keepdims)
-        return
-    if name in NO_IDENTITY and not norm and len(shape) == 0 and 0 in shape:
         return
     out_dtype = result_dtype(name, dtype)
     got = fn(x, axis=axis, keepdims=keepdims)
