@@ -20,6 +20,21 @@ def _per_call_us(fn, n):
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def _bare_triton_launch(t):
+    """Host cost of launching the same generated kernel straight through Triton (our floor)."""
+    from flyarray import codegen, ir, runtime
+    from flyarray.schedule import schedule
+    if runtime.backend_for(t.device) != "gpu":
+        return None
+    a = fa.asarray(t)
+    (kernel,) = schedule([(fa.silu(a) * a + 0.5 * a)._node])
+    plan = codegen.plan(kernel)
+    fn = runtime._compiled(plan, "gpu")[plan.grid]
+    out = torch.empty_like(t)
+    args = [t] + [out] + list(plan.args)
+    return lambda: fn(*args, num_warps=plan.num_warps, **plan.constexprs)
+
+
 def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -41,13 +56,20 @@ def main():
         jitted(t, t)
         sync()
 
+    def jit_launch_only():
+        jitted(t, t)  # host cost of a replay: no synchronization, the GPU runs behind
+
+    bare = _bare_triton_launch(t)
     out = {
         "device": device,
         "backend": fa.runtime.backend_for(torch.device(device)) if hasattr(fa, "runtime") else None,
         "record_us_per_op": record_us,
         "lazy_record_schedule_launch_us": _per_call_us(lazy_eval, 300),
         "jit_cached_launch_us": _per_call_us(jit_eval, 300),
+        "jit_replay_host_us": _per_call_us(jit_launch_only, 1000),
+        "bare_triton_launch_host_us": _per_call_us(bare, 1000) if bare else None,
     }
+    sync()
     for k, v in out.items():
         print(f"{k:34} {v if isinstance(v, str) or v is None else f'{v:.1f}'}")
     if "--json" in sys.argv:

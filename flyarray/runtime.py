@@ -156,12 +156,15 @@ def _launcher(kernel: Kernel, backend: str):
     fn = _compiled(plan, backend)
     grid, args, warps, constexprs = plan.grid, plan.args, plan.num_warps, plan.constexprs
     check = config.check_mode()
+    verbose = config.log_level() >= 1  # read once: this closure is the hot path of fa.jit replays
+    launcher = None if plan.empty else fn[grid]
 
     def launch(inputs, outputs):
         _stats["kernels_launched"] += 1
-        _log(1, f"launch {plan.key[:12]} on {backend} grid={grid} {constexprs}")
-        if not plan.empty:
-            fn[grid](*inputs, *outputs, *args, num_warps=warps, **constexprs)
+        if verbose:
+            _log(1, f"launch {plan.key[:12]} on {backend} grid={grid} {constexprs}")
+        if launcher is not None:
+            launcher(*inputs, *outputs, *args, num_warps=warps, **constexprs)
         if check:
             _check_against_reference(kernel, inputs, outputs)
     return launch

@@ -28,7 +28,8 @@ CORPUS = {
     "where / compare / cast": (lambda x: fa.where(x > 0, x, 0.0).astype(fa.float16), (_x((30, 30)),)),
     "transposed view": (lambda x: fa.sqrt(fa.abs(x.T))[::2], (_x((17, 9)),)),
     "concat": (lambda x, y: fa.concat([x, y * 2], axis=1), (_x((4, 5)), _x((4, 3)))),
-    "arange/eye": (lambda x: x + fa.eye(6) * fa.arange(6).astype(fa.float32), (_x((6, 6)),)),
+    "arange/eye": (lambda x: x + fa.eye(6, device=x.device) * fa.arange(6, device=x.device).astype(fa.float32),
+                   (_x((6, 6)),)),
 }
 
 

@@ -43,6 +43,7 @@ class _InterpretedLaunch:
         def launch(*args, **kwargs):
             snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
             try:
+                _interpret_tensor_methods()
                 return self.fn[grid](*args, **kwargs)
             finally:
                 _restore(snapshot)
@@ -50,6 +51,17 @@ class _InterpretedLaunch:
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+
+_STDLIB_MEMO: dict = {}
+
+
+def _interpret_tensor_methods():
+    """Tensor methods that are @triton.jit functions (x.sum(), x.to(...) is not one) run interpreted."""
+    for name, value in list(vars(tl.core.tensor).items()):
+        if isinstance(value, triton.runtime.JITFunction):
+            nested = _nested(value, _STDLIB_MEMO)
+            setattr(tl.core.tensor, name, lambda self, *a, _f=nested, **k: _f(self, *a, **k))
 
 
 def _language_namespaces() -> list:
