@@ -81,3 +81,49 @@ def test_concat_and_views_on_gpu():
     assert torch.allclose(c, torch.cat([a, b * 2], 1))
     v = torch.from_dlpack(fa.exp(fa.asarray(a).T[::-1, 1:]))
     assert torch.allclose(v, a.T.flip(0)[:, 1:].exp())
+
+
+# ---- differential: random programs on the gpu backend against the reference backend ------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_UNARY = ["exp", "abs", "negative", "sqrt", "sin", "tanh", "floor", "square", "sigmoid", "log1p", "silu"]
+_BINARY = ["add", "subtract", "multiply", "maximum", "minimum", "divide"]
+_REDUCE = ["sum", "max", "min", "mean", "argmax", "prod", "var"]
+
+
+def _program(draw_ops, x, y):
+    for kind, name, arg in draw_ops:
+        if kind == "u":
+            x = getattr(fa, name)(fa.abs(x) if name in ("sqrt", "log1p") else x)
+        elif kind == "b":
+            x = getattr(fa, name)(x, y if name != "divide" else fa.abs(y) + 1.0)
+        else:
+            x = getattr(fa, name)(x, axis=arg, keepdims=True).astype(fa.float32)
+            x = x * 0.5 + y
+    return x
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_programs_match_the_reference(data):
+    nd = data.draw(st.integers(1, 3))
+    shape = tuple(data.draw(st.lists(st.integers(1, 300), min_size=nd, max_size=nd)))
+    ops = []
+    for _ in range(data.draw(st.integers(1, 6))):
+        kind = data.draw(st.sampled_from(["u", "b", "r"]))
+        name = data.draw(st.sampled_from({"u": _UNARY, "b": _BINARY, "r": _REDUCE}[kind]))
+        ops.append((kind, name, data.draw(st.integers(-nd, nd - 1)) if kind == "r" else None))
+    transpose = data.draw(st.booleans()) and nd >= 2
+    x = torch.randn(shape) * 0.5
+    y = torch.randn(shape) * 0.5
+    results = {}
+    for backend, device in (("reference", "cpu"), ("gpu", "cuda")):
+        fa.set_backend(backend)
+        xt, yt = x.to(device), y.to(device)
+        if transpose:
+            xt = xt.mT.contiguous().mT  # same values, transposed strides
+        results[backend] = torch.from_dlpack(_program(ops, fa.asarray(xt), fa.asarray(yt))).cpu().double()
+    want, got = results["reference"], results["gpu"]
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3, equal_nan=True)
