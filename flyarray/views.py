@@ -150,7 +150,7 @@ def broadcast_shapes(*shapes) -> tuple:
 def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise TypeError(f"{name} must be an int, got {axis!r}")
-    if not -ndim <= axis < max(ndim, 1) or (ndim == 0 and axis not in (0, -1)):
+    if not -max(ndim, 1) <= axis < max(ndim, 1):  # a 0-d array takes axis 0 or -1, as torch
         raise ValueError(f"{name} {axis} is out of range for an array of rank {ndim}")
     return axis % ndim if ndim else 0
 
@@ -162,4 +162,4 @@ def normalize_axes(axis, ndim: int) -> tuple:
     out = tuple(sorted(normalize_axis(a, ndim) for a in axes))
     if len(set(out)) != len(out):
         raise ValueError(f"repeated axis in {axis}")
-    return out
+    return out if ndim else ()  # a 0-d array has no axis to reduce, flip or squeeze: the op is the identity
