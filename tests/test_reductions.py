@@ -203,3 +203,25 @@ def test_long_rows_use_the_looped_kernel(backend):
     sm = fa.nn.softmax(x)
     e = np.exp(v.astype(np.float64) - v.max(axis=1, keepdims=True))
     assert_matches(sm, (e / e.sum(axis=1, keepdims=True)).astype(np.float32), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("axis", [None, 0, -1, (), (0,)])
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_zero_dim_arrays_reduce_to_themselves(backend, name, axis):
+    """A 0-d array has no axis; axis 0 / -1 are accepted (as torch) and the reduction is the identity map."""
+    if name in ("argmax", "argmin") and isinstance(axis, tuple):
+        return
+    v = np.array(3.5, np.float32)
+    got = getattr(fa, name)(make_array(v), axis=axis)
+    want = numpy_reduce(name, v, None, False, result_dtype(name, "float32"))
+    assert got.shape == ()
+    assert_matches(got, want)
+
+
+def test_zero_dim_axis_out_of_range(backend):
+    x = make_array(np.array(1.0, np.float32))
+    for bad in (1, -2):
+        with pytest.raises(ValueError):
+            fa.sum(x, axis=bad)
+    assert_matches(fa.nn.softmax(x), np.float32(1.0))
+    assert_matches(fa.flip(x, axis=0), np.float32(1.0))
