@@ -97,7 +97,7 @@ _ew("positive", 1, "numeric", "same", torch.positive, _f("{0}"))
 _ew("abs", 1, "numeric", "same", torch.abs, _f("tl.abs({0})"))
 _ew("square", 1, "numeric", "same", torch.square, _f("({0} * {0})"))
 _ew("sign", 1, "numeric", "same", lambda x: torch.where(torch.isnan(x), x, torch.sign(x)),  # sign(NaN) is NaN
-    lambda a, cdt: (f"tl.where({a[0]} > 0, 1.0, tl.where({a[0]} < 0, -1.0, {a[0]})).to(tl.{cdt.triton})"
+    lambda a, cdt: (f"tl.where({a[0]} > 0, 1.0, tl.where({a[0]} < 0, -1.0, {a[0]} * 0.0 + 0.0)).to(tl.{cdt.triton})"
                     if cdt.kind == "f" else f"tl.where({a[0]} > 0, 1, tl.where({a[0]} < 0, -1, 0)).to(tl.{cdt.triton})"))
 _ew("floor", 1, "numeric", "same", torch.floor, lambda a, cdt: f"tl.floor({a[0]})" if cdt.kind == "f" else a[0])
 _ew("ceil", 1, "numeric", "same", torch.ceil, lambda a, cdt: f"tl.ceil({a[0]})" if cdt.kind == "f" else a[0])
