@@ -161,10 +161,9 @@ def current_arch(device: torch.device) -> str:
     device = torch.device(device)
     if device.type == "cpu":
         return "cpu"
-    props = torch.cuda.get_device_properties(device)
-    arch = getattr(props, "gcnArchName", "") or ""
-    if arch:  # ROCm reports e.g. 'gfx950:sramecc+:xnack-'
-        return arch.split(":")[0]
+    if torch.version.hip:  # ROCm reports e.g. 'gfx950:sramecc+:xnack-'
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    # (CUDA builds of torch have a gcnArchName attribute too, holding no AMD arch: never read it there.)
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}"
 
