@@ -374,7 +374,7 @@ def _cfg(bm, bn, bk, group_m, warps, stages, split_k=1, **extra):
 # 256x256 spills there (cross-compiled). gfx942 has 64 KiB of LDS: smaller tiles.
 CONFIGS = {
     "sm_90": {
-        "square": {"16": _cfg(128, 256, 64, 8, 8, 3, FALLBACK=_cfg(128, 128, 64, 8, 8, 4)),
+        "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FALLBACK=_cfg(128, 128, 64, 8, 4, 4)),
                    "fp8": _cfg(128, 256, 128, 8, 8, 3, FALLBACK=_cfg(128, 128, 128, 8, 8, 4)),
                    "fp32": _cfg(128, 128, 32, 8, 8, 3)},
         "tall": {"16": _cfg(128, 128, 64, 8, 8, 4), "fp8": _cfg(128, 128, 128, 8, 8, 4),
