@@ -121,8 +121,12 @@ def test_gpu_matches_dequantized_matmul(a_fmt, b_fmt, m):
     a, b, sa, sb = _operands(m, 1024, 2048, a_fmt, b_fmt, device="cuda")
     ref = sm.reference_scaled_matmul(a, b, sa, sb).float()
     out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.float32)
-    # MX elements times E8M0 scales are exact in bf16, so only the fp32 accumulation order differs
-    assert _rel_err(out, ref.double()) < 1e-5
+    # MX elements times E8M0 scales are exact in bf16, so only the fp32 accumulation order differs --
+    # except where both operands are fp8 and Hopper's fp8 tensor cores accumulate (the automatic choice
+    # there: fp8_blocks): their accumulator keeps fewer mantissa bits than fp32 (measured 4.6e-5 on an
+    # H200, 2026-11-29), a property of the hardware path, not of the scaling.
+    fp8_tensor_cores = a_fmt in ("e4m3", "e5m2") and b_fmt in ("e4m3", "e5m2") and torch.cuda.get_device_capability()[0] == 9
+    assert _rel_err(out, ref.double()) < (1e-4 if fp8_tensor_cores else 1e-5)
     for method in (["fp8_blocks", "dot_scaled"] if "e2m1" not in (a_fmt, b_fmt) and a_fmt != "bf16" else []):
         out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.bfloat16, method=method)
         assert _rel_err(out, ref.double()) < 1e-2, method
