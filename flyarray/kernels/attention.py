@@ -29,7 +29,6 @@ every kernel loops over an unmasked range and up to two masked ranges.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import Optional
@@ -37,9 +36,6 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from triton.runtime import interpreter as _interp
-from triton.runtime.interpreter import InterpretedFunction
-from triton.runtime.jit import JITFunction
 
 from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
 
@@ -611,54 +607,8 @@ def _attn_decode_combine_kernel(
 # ---------------------------------------------------------------------------
 # Launchers (torch tensors in, torch tensors out)
 # ---------------------------------------------------------------------------
-_interpreted_helpers: dict = {}
-_ORIGINAL_INTERPRETED_CALL = InterpretedFunction.__call__
-
-
-def _call_restoring(interpreted: InterpretedFunction, args, kwargs):
-    """Run an interpreted device function, undoing its patch of triton.language on
-    return (Triton 3.9's own ``InterpretedFunction.__call__`` never restores it,
-    which breaks every later real compile in the process)."""
-    if not hasattr(interpreted, "rewrite"):  # an older interpreter: its own call
-        return _ORIGINAL_INTERPRETED_CALL(interpreted, *args, **kwargs)
-    scope = _interp._patch_lang(interpreted.fn)
-    try:
-        return interpreted.rewrite()(*args, **kwargs)
-    finally:
-        if scope is not None and hasattr(scope, "restore"):  # older Tritons patch for good
-            scope.restore()
-
-
-@contextlib.contextmanager
-def _nested_jit_interpreted():
-    """While an interpreted kernel runs, let it call other @triton.jit functions
-    (our helpers; tl.sum/tl.max/tl.zeros are @jit too) without leaving a patch
-    behind: a compiled JITFunction refuses to be called from Python, and the
-    InterpretedFunction that ``runner`` may have substituted leaks its patch.
-    (The same shim lives in mx.py; it belongs in ``_triton.runner``.)"""
-    def call_jit(self, *args, **kwargs):
-        key = id(self)  # hashing a JITFunction mid-interpretation fails: key by id
-        if key not in _interpreted_helpers:
-            _interpreted_helpers[key] = (self, InterpretedFunction(self.fn))
-        return _call_restoring(_interpreted_helpers[key][1], args, kwargs)
-
-    def call_interpreted(self, *args, **kwargs):
-        return _call_restoring(self, args, kwargs)
-
-    originals = (JITFunction.__call__, InterpretedFunction.__call__)
-    JITFunction.__call__, InterpretedFunction.__call__ = call_jit, call_interpreted
-    try:
-        yield
-    finally:
-        JITFunction.__call__, InterpretedFunction.__call__ = originals
-
-
 def _launch(kernel, grid, device, *args, **kwargs):
-    fn = runner(kernel, device)
-    if torch.device(device).type != "cpu":
-        return fn[grid](*args, **kwargs)
-    with _nested_jit_interpreted():
-        return fn[grid](*args, **kwargs)
+    return runner(kernel, device)[grid](*args, **kwargs)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

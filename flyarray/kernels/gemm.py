@@ -30,7 +30,6 @@ them to 2-D first, as ``torch.matmul`` does internally.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Optional
 
@@ -319,43 +318,8 @@ def _splitk_reduce_kernel(
 
 # --------------------------------------------------------------------------- launching
 
-def _language_namespaces() -> list:
-    """What Triton's interpreter patches while it runs (and, for nested calls, forgets to undo)."""
-    spaces = [tl, tl.core, tl.math, tl.core.tensor]
-    spaces += [getattr(tl.core, name) for name in ("tensor_descriptor_base",) if hasattr(tl.core, name)]
-    return spaces
-
-
-@contextlib.contextmanager
-def _interpreter_scope():
-    """Run an interpreted launch so that it leaves triton.language as it found it.
-
-    ``runner`` interprets nested @triton.jit helpers too, and each nested call
-    (``InterpretedFunction.__call__``) patches triton.language for the
-    interpreter without restoring it, which breaks every later real compile
-    in the process (e.g. cross-compiles in the same pytest run). The patched
-    namespaces are restored from a snapshot afterwards. (This belongs in
-    ``_triton.runner``; kept here until it moves.)
-    """
-    snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
-    try:
-        yield
-    finally:
-        for space, attrs in snapshot:
-            for name in [n for n in vars(space) if n not in attrs]:
-                delattr(space, name)
-            for name, value in attrs.items():
-                if vars(space).get(name) is not value:
-                    setattr(space, name, value)
-
-
 def launch(kernel, device: torch.device, grid: tuple, *args, **kwargs):
-    """``runner(kernel, device)[grid](...)``; on the CPU inside ``_interpreter_scope``."""
-    fn = runner(kernel, device)
-    if torch.device(device).type != "cpu":
-        return fn[grid](*args, **kwargs)
-    with _interpreter_scope():
-        return fn[grid](*args, **kwargs)
+    return runner(kernel, device)[grid](*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- configs
@@ -374,7 +338,7 @@ def _cfg(bm, bn, bk, group_m, warps, stages, split_k=1, **extra):
 # 256x256 spills there (cross-compiled). gfx942 has 64 KiB of LDS: smaller tiles.
 CONFIGS = {
     "sm_90": {
-        "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FALLBACK=_cfg(128, 128, 64, 8, 4, 4)),
+        "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FALLBACK=_cfg(128, 128, 64, 8, 8, 4)),
                    "fp8": _cfg(128, 256, 128, 8, 8, 3, FALLBACK=_cfg(128, 128, 128, 8, 8, 4)),
                    "fp32": _cfg(128, 128, 32, 8, 8, 3)},
         "tall": {"16": _cfg(128, 128, 64, 8, 8, 4), "fp8": _cfg(128, 128, 128, 8, 8, 4),

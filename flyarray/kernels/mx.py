@@ -24,7 +24,6 @@ does not depend on any hardware float8 conversion's rounding or saturation.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
@@ -84,85 +83,12 @@ def mx_format(fmt: str) -> MXFormat:
 
 
 # ----------------------------------------------------------------------------
-# Launching on the interpreter with nested @triton.jit calls
+# Launching (Triton's interpreter for CPU tensors, through runner)
 # ----------------------------------------------------------------------------
 
-_INTERPRETED_HELPERS: dict = {}
-
-
-def _interpreted_helper(jit_fn):
-    # keyed by id: hashing a JITFunction computes its cache key, which fails mid-interpretation
-    key = id(jit_fn)
-    if key not in _INTERPRETED_HELPERS:
-        from triton.runtime.interpreter import InterpretedFunction
-        _INTERPRETED_HELPERS[key] = (jit_fn, InterpretedFunction(jit_fn.fn))
-    return _INTERPRETED_HELPERS[key][1]
-
-
-def _call_interpreted(jit_fn, *args, **kwargs):
-    """Run a @triton.jit helper through the interpreter, from inside an interpreted kernel.
-
-    The interpreter patches triton.language for the helper's module; the patch
-    is undone as soon as the helper returns (LIFO with the kernel's own patch),
-    so compiled kernels launched later in the process see the real language.
-    """
-    from triton.runtime import interpreter
-    helper = _interpreted_helper(jit_fn)
-    scope = interpreter._patch_lang(jit_fn.fn)
-    try:
-        return helper.rewrite()(*args, **kwargs)
-    finally:
-        if scope is not None and hasattr(scope, "restore"):
-            scope.restore()
-
-
-def _interpreted_call_restoring(self, *args, **kwargs):
-    """InterpretedFunction.__call__ (a device-function call), undoing its language patch on return.
-
-    Triton 3.9's own __call__ patches triton.language and never restores it,
-    which breaks every later real compile in the process.
-    """
-    from triton.runtime import interpreter
-    scope = interpreter._patch_lang(self.fn)
-    try:
-        return self.rewrite()(*args, **kwargs)
-    except Exception as exc:
-        raise interpreter.InterpreterError(repr(exc)) from exc
-    finally:
-        if scope is not None and hasattr(scope, "restore"):
-            scope.restore()
-
-
-@contextlib.contextmanager
-def _nested_jit_calls_interpreted():
-    """Let an interpreted kernel call other @triton.jit functions, leaving no patch behind.
-
-    A call inside an interpreted kernel to another @triton.jit function (our
-    helpers, and tl.max/tl.sum, which are @jit in triton.language.standard)
-    either reaches a compiled JITFunction (which refuses: "Cannot call
-    @triton.jit'd outside of the scope of a kernel") or, with a runner that
-    pre-wraps helpers, an InterpretedFunction whose call leaks its patch of
-    triton.language. For the duration of an interpreted launch both kinds of
-    call run through the interpreter and undo their patch when they return.
-    """
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    originals = (JITFunction.__call__, InterpretedFunction.__call__)
-    JITFunction.__call__ = _call_interpreted
-    InterpretedFunction.__call__ = _interpreted_call_restoring
-    try:
-        yield
-    finally:
-        JITFunction.__call__, InterpretedFunction.__call__ = originals
-
-
 def launch(kernel, device, grid, *args, **kwargs):
-    """runner(kernel, device)[grid](*args, **kwargs), nested jit calls included on the CPU."""
-    fn = runner(kernel, device)
-    if torch.device(device).type != "cpu":
-        return fn[grid](*args, **kwargs)
-    with _nested_jit_calls_interpreted():
-        return fn[grid](*args, **kwargs)
+    """runner(kernel, device)[grid](*args, **kwargs): Triton's interpreter for CPU tensors."""
+    return runner(kernel, device)[grid](*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------
