@@ -41,14 +41,8 @@ class Inspection:
 def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     out = fn(*args, **kwargs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    roots = []
-    for a in outs:
-        node = a._node
-        base = node.inputs[0] if node.kind == "view" else node
-        if not base.realized:
-            roots.append(base)
     reports = []
-    for step in schedule(roots):
+    for step in schedule(runtime.unrealized_bases(outs)):
         if isinstance(step, Kernel):
             reports.append(compile_for(fused_spec(step), target))
         elif isinstance(step, LibraryCall):

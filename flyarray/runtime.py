@@ -89,12 +89,7 @@ def realize(arrays, observer=None):
 
     ``observer(step, launch)`` sees each step as it runs (transforms/jit.py records them).
     """
-    roots = []
-    for a in arrays:
-        node = a._node
-        base = node.inputs[0] if node.kind == "view" else node
-        if not base.realized:
-            roots.append(base)
+    roots = unrealized_bases(arrays)
     if not roots:
         return
     with _lock:
@@ -106,6 +101,17 @@ def realize(arrays, observer=None):
         for node in ir.toposort(roots):
             if node.realized:
                 node.inputs = ()  # free the graph above a value we now hold
+
+
+def unrealized_bases(arrays) -> list:
+    """The nodes that hold the arrays' values (a view's base), where not computed yet."""
+    roots = []
+    for a in arrays:
+        node = a._node
+        base = node.inputs[0] if node.kind == "view" else node
+        if not base.realized:
+            roots.append(base)
+    return roots
 
 
 def _execute(step):

@@ -77,6 +77,26 @@ def softmax_top_k(logits, k, renormalize=False):
     return tuple(call(SOFTMAX_TOP_K, [logits], k=k, renormalize=bool(renormalize)))
 
 
+# ---- softmax over long rows ---------------------------------------------------------------------------
+def _softmax_abstract(x, *, axis, log):
+    _float_input("softmax", "x", x)
+    return [(x.shape, x.dtype)]
+
+
+def _softmax_reference(x, *, axis, log):
+    out = torch.log_softmax(x.float(), axis) if log else torch.softmax(x.float(), axis)
+    return out.to(x.dtype)
+
+
+SOFTMAX = Library("softmax", _softmax_abstract,
+                  lambda x, *, axis, log: _kernels("softmax").softmax(x, axis, log), _softmax_reference)
+
+
+def long_row_softmax(x, axis=-1, log=False):
+    """softmax / log_softmax through kernels/softmax.py (online, segmented for few long rows)."""
+    return call(SOFTMAX, [x], axis=axis, log=bool(log))[0]
+
+
 # ---- attention ------------------------------------------------------------------------------------------
 def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
     for name, t in (("query", q), ("key", k), ("value", v)):

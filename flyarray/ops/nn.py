@@ -13,17 +13,30 @@ def _check_float(name, x):
 
 
 def softmax(x, axis=-1):
+    """exp(x - max) / sum over ``axis``; one fused row kernel, or the hand-written kernel for long rows."""
     _check_float("softmax", x)
-    views.normalize_axis(axis, x.ndim)
+    axis = views.normalize_axis(axis, x.ndim)
+    if _long_rows(x, axis):
+        return long_row_softmax(x, axis, log=False)
     e = elementwise("exp", x - max(x, axis=axis, keepdims=True))
     return e / sum(e, axis=axis, keepdims=True)
 
 
 def log_softmax(x, axis=-1):
     _check_float("log_softmax", x)
-    views.normalize_axis(axis, x.ndim)
+    axis = views.normalize_axis(axis, x.ndim)
+    if _long_rows(x, axis):
+        return long_row_softmax(x, axis, log=True)
     shifted = x - max(x, axis=axis, keepdims=True)
     return shifted - elementwise("log", sum(elementwise("exp", shifted), axis=axis, keepdims=True))
+
+
+def _long_rows(x, axis) -> bool:
+    """Rows past what one block holds: generated code would re-read them once per reduction
+    (and parallelize poorly over few rows); kernels/softmax.py does it in two passes, split
+    across programs (docs/benchmarks.md: 64 x 1M fp32 at 1.77x the limit, torch 3.6x)."""
+    from ..codegen import ROW_BLOCK_LIMIT
+    return x.ndim > 0 and x.shape[axis] > ROW_BLOCK_LIMIT and x.dtype != dtypes.float64
 
 
 def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
@@ -63,4 +76,4 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     return y
 
 
-from .library_ops import dot_product_attention, scaled_matmul, softmax_top_k  # noqa: E402,F401
+from .library_ops import dot_product_attention, long_row_softmax, scaled_matmul, softmax_top_k  # noqa: E402,F401
