@@ -86,3 +86,10 @@ def mx_dequantize(data, scales, fmt, axis=-1, block_size=BLOCK_SIZE, dtype=dt.fl
     """The values of an MX tensor (data, scales) as ``dtype``."""
     return call(MX_DEQUANTIZE, [data, scales], fmt=fmt, axis=axis, block_size=block_size,
                 dtype=dt.dtype(dtype).name)[0]
+
+
+def quantize_linear_weights(model, sample_input=None, weight_format="mxfp4", activation_format=None) -> dict:
+    """Replace each torch ``nn.Linear`` in ``model`` (in place) by an MX-quantized layer whose forward
+    runs our scaled-matmul kernels; returns a report (replaced, skipped, rel_error on ``sample_input``,
+    weight bytes before and after). See kernels/mx.py (MXLinear)."""
+    return _mx().quantize_linear_weights(model, sample_input, weight_format, activation_format)
