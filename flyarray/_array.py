@@ -70,6 +70,9 @@ class Array:
 
     def _tensor(self) -> torch.Tensor:
         """The realized value as a torch tensor (a view of the buffer where torch can express it)."""
+        buffer = self._node.buffer
+        if buffer is not None:  # realized and not a view: the common case after evaluation
+            return buffer
         from .runtime import realize, tensor_of
         realize([self])
         return tensor_of(self._node)

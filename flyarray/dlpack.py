@@ -19,10 +19,9 @@ def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=
         tensor, copy = tensor.cpu(), False
     if copy:
         tensor = tensor.clone()
-    kwargs = {"stream": stream}
-    if max_version is not None:
-        kwargs["max_version"] = max_version
+    if max_version is None:
+        return tensor.__dlpack__(stream=stream)
     try:
-        return tensor.__dlpack__(**kwargs)
+        return tensor.__dlpack__(stream=stream, max_version=max_version)
     except TypeError:  # an older torch without max_version
         return tensor.__dlpack__(stream=stream)

@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # one instance per dtype: identity is equality (and fast)
 class DType:
     name: str
     kind: str  # 'b', 'i', 'u', 'f'
     itemsize: int
-    torch: torch.dtype = dataclasses.field(compare=False, repr=False)
-    triton: str = dataclasses.field(compare=False, repr=False)  # triton.language name
+    torch: torch.dtype = dataclasses.field(repr=False)
+    triton: str = dataclasses.field(repr=False)  # triton.language name
 
     def __repr__(self):
         return f"fa.{self.name}"

@@ -212,13 +212,15 @@ def elementwise_out_dtype(prim: Elementwise, d: dt.DType) -> dt.DType:
     return dt.bool_ if prim.out == "bool" else d
 
 
+_ACCEPTS = {
+    "any": "biuf",
+    "numeric": "iuf",
+    "float": "f",
+    "integer": "iu",
+    "int_bool": "biu",
+}
+
+
 def check_accepts(prim: Elementwise, d: dt.DType):
-    ok = {
-        "any": True,
-        "numeric": d.kind != "b",
-        "float": d.kind == "f",
-        "integer": d.kind in "iu",
-        "int_bool": d.kind in "biu",
-    }[prim.accepts]
-    if not ok:
+    if d.kind not in _ACCEPTS[prim.accepts]:
         raise TypeError(f"{prim.name} does not accept {d} inputs")

@@ -39,11 +39,20 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+_env_backend = None
+
+
 def backend_name() -> str:
-    name = _backend_override or os.environ.get("FLYARRAY_BACKEND", "").strip().lower()
-    if name and name not in BACKENDS:
-        raise ValueError(f"FLYARRAY_BACKEND={name!r}; choose one of {', '.join(BACKENDS)}")
-    return name
+    """fa.set_backend's choice, else FLYARRAY_BACKEND (read once, at the first evaluation), else ''."""
+    global _env_backend
+    if _backend_override:
+        return _backend_override
+    if _env_backend is None:
+        name = os.environ.get("FLYARRAY_BACKEND", "").strip().lower()
+        if name and name not in BACKENDS:
+            raise ValueError(f"FLYARRAY_BACKEND={name!r}; choose one of {', '.join(BACKENDS)}")
+        _env_backend = name
+    return _env_backend
 
 
 def set_backend(name):

@@ -78,26 +78,36 @@ def cast_node(node: ir.Node, d: dt.DType) -> ir.Node:
 def elementwise(name: str, *args) -> Array:
     """Record elementwise primitive ``name`` over Arrays and Python scalars."""
     prim = ELEMENTWISE[name]
-    arrays = [a for a in args if isinstance(a, Array)]
-    if len(arrays) != len(args):
-        for a in args:
-            if not isinstance(a, (Array, bool, int, float)):
-                raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
-    device = common_device(arrays)
-    dtypes_ = {a._node.dtype for a in arrays}
-    if len(dtypes_) == 1 and len(arrays) == len(args):
-        in_dtype = dtypes_.pop()  # the common case: no promotion to work out
+    first = args[0]._node if isinstance(args[0], Array) else None
+    if first is not None and all(isinstance(a, Array) and a._node.dtype is first.dtype
+                                 and a._node.shape == first.shape and a._node.device == first.device
+                                 for a in args):
+        # the common case: same dtype, shape and device, nothing to promote or broadcast
+        in_dtype, shape, device = first.dtype, first.shape, first.device
+        inputs = tuple(a._node for a in args)
+        if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind != "f":
+            in_dtype = dt.default_float()
+            inputs = tuple(cast_node(n, in_dtype) for n in inputs)
     else:
-        in_dtype = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in args])
+        in_dtype, shape, device, inputs = _promote_and_broadcast(name, prim, args)
+    check_accepts(prim, in_dtype)
+    return Array(ir.Node(prim, inputs, None, shape, elementwise_out_dtype(prim, in_dtype), device))
+
+
+def _promote_and_broadcast(name, prim, args):
+    for a in args:
+        if not isinstance(a, (Array, bool, int, float)):
+            raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
+    arrays = [a for a in args if isinstance(a, Array)]
+    device = common_device(arrays)
+    in_dtype = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in args])
     if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind != "f":
         in_dtype = dt.default_float()
     check_accepts(prim, in_dtype)
-    shapes = {a._node.shape for a in arrays}
-    shape = shapes.pop() if len(shapes) == 1 else views.broadcast_shapes(*[a._node.shape for a in arrays])
+    shape = views.broadcast_shapes(*[a._node.shape for a in arrays])
     inputs = tuple(broadcast_node(cast_node(a._node, in_dtype), shape) if isinstance(a, Array)
                    else constant(a, shape, in_dtype, device) for a in args)
-    out_dtype = elementwise_out_dtype(prim, in_dtype)
-    return Array(ir.Node(prim, inputs, None, shape, out_dtype, device))
+    return in_dtype, shape, device, inputs
 
 
 def where(cond, x, y) -> Array:

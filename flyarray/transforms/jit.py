@@ -105,42 +105,43 @@ class _Recorder:
 
 
 class _Program:
+    """The recorded steps, with every buffer named by where it comes from.
+
+    A ref is ("arg", i) for the i-th array argument, ("tmp", node id) for a buffer the
+    program allocates, or ("view", ref, movement ops) for a torch view of another ref.
+    """
+
     def __init__(self, steps, out_refs, as_tuple):
         self.steps = steps
         self.out_refs = out_refs
         self.as_tuple = as_tuple
 
     def run(self, tensors):
-        env = {}
+        env = {("arg", i): t for i, t in enumerate(tensors)}
         device = tensors[0].device if tensors else runtime.default_device()
-
-        def get(ref):
-            if ref[0] == "arg":
-                return tensors[ref[1]]
-            if ref[0] == "view":
-                t = get(ref[1])
-                for op in ref[2]:
-                    t = runtime._torch_movement(t, op)
-                return t
-            return env[ref]
-
+        get = env.__getitem__
         for step in self.steps:
             kind = step[0]
-            if kind == "alloc":
-                env[step[1]] = torch.empty(step[2], dtype=step[3], device=device)
-            elif kind == "library":
-                lib, ins, outs = step[1], step[2], step[3]
-                from ..ops.library import run_library
-                results = run_library(lib, runtime.backend_for(device), [get(r) for r in ins])
-                for r, value in zip(outs, results):
-                    env[r] = value
-            else:
-                launch, ins, outs = step[1], step[2], step[3]
-                out_tensors = []
+            if kind == "kernel":
+                _, launch, ins, outs = step
                 for ref, shape, dtype, fresh in outs:
                     if fresh and ref not in env:
                         env[ref] = torch.empty(shape, dtype=dtype, device=device)
-                    out_tensors.append(env[ref])
-                launch([get(r) for r in ins], out_tensors)
-        results = [Array(ir.source(get(r))) for r in self.out_refs]
+                launch([get(r) if r[0] != "view" else _view(env, r) for r in ins], [env[o[0]] for o in outs])
+            elif kind == "alloc":
+                env[step[1]] = torch.empty(step[2], dtype=step[3], device=device)
+            else:  # a library call
+                from ..ops.library import run_library
+                lib, ins, outs = step[1], step[2], step[3]
+                results = run_library(lib, runtime.backend_for(device), [_view(env, r) if r[0] == "view" else get(r)
+                                                                         for r in ins])
+                env.update(zip(outs, results))
+        results = [Array(ir.source(_view(env, r) if r[0] == "view" else env[r])) for r in self.out_refs]
         return tuple(results) if self.as_tuple else results[0]
+
+
+def _view(env, ref):
+    t = env[ref[1]] if ref[1][0] != "view" else _view(env, ref[1])
+    for op in ref[2]:
+        t = runtime._torch_movement(t, op)
+    return t
