@@ -843,7 +843,11 @@ def _spec(name, kernel, dtype: str, constexprs: dict, cfg: dict):
             signature[arg] = "fp32"
         else:
             signature[arg] = "i32"
-    return KernelSpec(name, kernel, signature, constexprs, cfg.get("num_warps", 4), cfg.get("num_stages", 1))
+    # Strides (the i32 arguments named s*) of (B, H, S, D) storage with head_dim 64/128 are
+    # multiples of 16 at a real launch; Triton specializes on that, so the report does too.
+    strides = tuple(n for n, ty in signature.items() if ty == "i32" and n.startswith("s"))
+    return KernelSpec(name, kernel, signature, constexprs, cfg.get("num_warps", 4), cfg.get("num_stages", 1),
+                      strides)
 
 
 def _specs_for_arch(arch: str) -> list:

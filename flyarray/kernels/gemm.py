@@ -772,7 +772,18 @@ def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=
         else:
             signature[arg] = "i32"
     return KernelSpec(name=name, fn=_gemm_kernel, signature=signature, constexprs=constexprs,
-                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                      divisible=strides_of(signature))
+
+
+# Integer arguments that are sizes, not strides: a real launch sees strides of 16-aligned
+# rows divisible by 16 (Triton specializes on it), sizes of any value.
+SIZE_ARGS = frozenset({"M", "N", "K", "B1", "BATCH", "G", "NUM_PROGRAMS"})
+
+
+def strides_of(signature: dict) -> tuple:
+    """The i32 arguments of a spec that are strides (divisible by 16 at a real launch)."""
+    return tuple(name for name, ty in signature.items() if ty == "i32" and name not in SIZE_ARGS)
 
 
 def compile_specs(target: Optional[str] = None) -> list:

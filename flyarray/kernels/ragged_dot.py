@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from flyarray.kernels._triton import current_arch, pick_config
-from flyarray.kernels.gemm import (FP8_DTYPES, HAS_TENSOR_DESCRIPTORS, _TRITON_TYPES, _cfg,
+from flyarray.kernels.gemm import (FP8_DTYPES, HAS_TENSOR_DESCRIPTORS, _TRITON_TYPES, _cfg, strides_of,
                                    _ensure_tma_allocator, launch)
 from flyarray.targets import KernelSpec
 
@@ -240,7 +240,8 @@ def _spec(name, dtype, cfg, tma=False):
         else:
             signature[arg] = "i32"
     return KernelSpec(name=name, fn=_ragged_dot_kernel, signature=signature, constexprs=constexprs,
-                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                      divisible=strides_of(signature))
 
 
 def compile_specs(target: Optional[str] = None) -> list:

@@ -8,7 +8,6 @@ from hypothesis import given, settings, strategies as st
 import flyarray.kernels.gemm as gemm
 import flyarray.kernels.ragged_dot as rd
 from flyarray.kernels.ragged_dot import ragged_dot, reference_ragged_dot
-from tests.kernels.test_gemm import _with_launch_divisibility
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 
@@ -78,9 +77,8 @@ def test_tma_descriptor_path_in_interpreter(monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["gfx950", "sm_90"])
-def test_cross_compile_matrix_instructions_no_spills(monkeypatch, target):
+def test_cross_compile_matrix_instructions_no_spills(target):
     from flyarray.targets import compile_for
-    _with_launch_divisibility(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         reports = [compile_for(spec, target) for spec in rd.compile_specs(target)]
