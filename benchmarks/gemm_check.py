@@ -1,4 +1,5 @@
-import os, torch, triton.testing, json
+import torch
+import triton.testing
 from flyarray.kernels import gemm, tuning
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 def t(f): return triton.testing.do_bench(f, return_mode="median")

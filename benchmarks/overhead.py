@@ -22,7 +22,7 @@ def _per_call_us(fn, n):
 
 def _bare_triton_launch(t):
     """Host cost of launching the same generated kernel straight through Triton (our floor)."""
-    from flyarray import codegen, ir, runtime
+    from flyarray import codegen, runtime
     from flyarray.schedule import schedule
     if runtime.backend_for(t.device) != "gpu":
         return None

@@ -87,7 +87,6 @@ class Array:
         return f"Array({inner}, dtype={self.dtype.name})"
 
     def __array__(self, dtype=None, copy=None):
-        import numpy as np
         t = self._tensor()
         if t.dtype == torch.bfloat16:
             raise TypeError("numpy has no bfloat16; use x.astype(fa.float32) first")

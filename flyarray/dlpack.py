@@ -5,8 +5,6 @@ and torch makes that stream wait on ours before handing the capsule over.
 """
 from __future__ import annotations
 
-import torch
-
 
 def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=None):
     tensor = array._tensor()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib
 
-import torch
-
 from . import dtypes as dt
 from .ops.library import Library, call
 

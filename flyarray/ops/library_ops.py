@@ -11,7 +11,6 @@ import importlib
 import torch
 
 from .. import dtypes as dt
-from .core import node_of
 from .library import Library, call
 
 
@@ -250,6 +249,3 @@ def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=dt.bf
                   has_lhs_scales=lhs_scales is not None)
     return out
 
-
-def nodes(*arrays):
-    return [node_of(a) for a in arrays]
