@@ -52,9 +52,10 @@ def test_reductions_and_argmax_on_gpu():
         got = torch.from_dlpack(fa.sum(fa.asarray(x), axis=axis)).double()
         dims = axis if axis is not None else (0, 1, 2)
         want = x.double().sum(dim=dims)
-        # a sum's error scales with the sum of magnitudes, not with the (cancelling) result
+        # a sum's error scales with the sum of magnitudes, not with the (cancelling) result: at most
+        # (chunks + log2(block)) * eps = (6 + 12) * 6e-8 ~ 1.1e-6 of it for these sizes
         scale = x.double().abs().sum(dim=dims)
-        assert ((got - want).abs() / scale).max() < 1e-6
+        assert ((got - want).abs() / scale).max() < 2e-6
     a = torch.from_dlpack(fa.argmax(fa.asarray(x), axis=1))
     assert torch.equal(a, x.argmax(1))
 
