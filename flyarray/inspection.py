@@ -12,7 +12,6 @@ import dataclasses
 import importlib
 
 from . import codegen, runtime
-from .dtypes import DType
 from .schedule import Kernel, LibraryCall, schedule
 from .targets import KernelSpec, compile_for
 
@@ -88,6 +87,3 @@ def library_specs(name: str) -> list:
     mod = importlib.import_module(f"flyarray.kernels.{module}")
     return list(mod.compile_specs()) if hasattr(mod, "compile_specs") else []
 
-
-def dtype_pointer(d: DType) -> str:
-    return f"*{_POINTER[d.name]}"

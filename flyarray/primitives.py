@@ -158,10 +158,6 @@ _ew("astype", 1, "any", "same", lambda x: x, _f("{0}"))
 
 
 # ---- reductions ------------------------------------------------------------------------------
-def _ref_max(x, axes):
-    return torch.amax(x, dim=axes, keepdim=True) if x.numel() else x.sum(dim=axes, keepdim=True)
-
-
 REDUCE["sum"] = Reduce("sum", lambda x, axes: torch.sum(x, dim=axes, keepdim=True), "_add", "sum")
 REDUCE["prod"] = Reduce("prod", lambda x, axes: _prod(x, axes), "_mul", "sum")
 REDUCE["max"] = Reduce("max", lambda x, axes: torch.amax(x, dim=axes, keepdim=True), "_maximum", "same")
