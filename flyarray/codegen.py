@@ -129,6 +129,18 @@ def _ipow(a, b):
 
 
 @triton.jit
+def _nextafter16(x, y):
+    # one step of a 16-bit float (fp16 or bf16) toward y, on its sign-magnitude bits
+    ix = x.to(tl.int16, bitcast=True)
+    iy = y.to(tl.int16, bitcast=True)
+    step = tl.where((x > 0) == (y > x), 1, -1).to(tl.int16)
+    bits = tl.where(x == 0, (iy & -32768) | 1, ix + step)
+    out = bits.to(x.dtype, bitcast=True)
+    out = tl.where(x == y, y, out)
+    return tl.where((x != x) | (y != y), x + y, out)
+
+
+@triton.jit
 def _logaddexp(a, b):
     m = _maximum(a, b)
     d = tl.abs(a - b)
@@ -420,6 +432,8 @@ class _Emitter:
             expr = f"{args[0]}.to({_tl(out_cdt)})"
         elif op.prim == "where":
             expr = f"tl.where({args[0]}, {args[1]}, {args[2]})"
+        elif ELEMENTWISE[op.prim].lower_narrow is not None and in_cdt is not op.in_dtype:
+            expr = ELEMENTWISE[op.prim].lower_narrow(args, op.in_dtype)
         else:
             expr = ELEMENTWISE[op.prim].lower(args, in_cdt)
         if op.dtype.kind == "b":

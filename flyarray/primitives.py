@@ -21,13 +21,16 @@ from .ir import Primitive
 class Elementwise(Primitive):
     kind = "elementwise"
 
-    def __init__(self, name, arity, accepts, out, reference, lower):
+    def __init__(self, name, arity, accepts, out, reference, lower, lower_narrow=None):
         super().__init__(name)
         self.arity = arity
         self.accepts = accepts  # 'any' | 'numeric' | 'float' | 'integer' | 'int_bool'
         self.out = out  # 'same' | 'bool' | 'float' (integers promote to float32 first)
         self.reference = reference
         self.lower = lower  # (arg_exprs, compute DType) -> Triton expression
+        # For the few ops whose answer depends on the storage precision (nextafter): the lowering
+        # used when fp16/bf16 inputs are computed in fp32. (arg_exprs, storage DType) -> fp32 expression
+        self.lower_narrow = lower_narrow
 
 
 class Reduce(Primitive):
@@ -44,8 +47,8 @@ ELEMENTWISE: dict = {}
 REDUCE: dict = {}
 
 
-def _ew(name, arity, accepts, out, reference, lower):
-    ELEMENTWISE[name] = Elementwise(name, arity, accepts, out, reference, lower)
+def _ew(name, arity, accepts, out, reference, lower, lower_narrow=None):
+    ELEMENTWISE[name] = Elementwise(name, arity, accepts, out, reference, lower, lower_narrow)
 
 
 def _f(expr):  # a lowering from a format string over a, b, c
@@ -135,7 +138,8 @@ _ew("minimum", 2, "numeric", "same", torch.minimum,
 _ew("atan2", 2, "float", "same", torch.atan2, _f("ext.atan2({0}, {1})"))
 _ew("hypot", 2, "float", "same", torch.hypot, _f("ext.hypot({0}, {1})"))
 _ew("copysign", 2, "float", "same", torch.copysign, _f("ext.copysign({0}, {1})"))
-_ew("nextafter", 2, "float", "same", torch.nextafter, _f("ext.nextafter({0}, {1})"))
+_ew("nextafter", 2, "float", "same", torch.nextafter, _f("ext.nextafter({0}, {1})"),
+    lambda a, d: f"_nextafter16({a[0]}.to(tl.{d.triton}), {a[1]}.to(tl.{d.triton})).to(tl.float32)")
 _ew("logaddexp", 2, "float", "same", torch.logaddexp, _f("_logaddexp({0}, {1})"))
 for _name, _ref, _op in [("equal", torch.eq, "=="), ("not_equal", torch.ne, "!="), ("less", torch.lt, "<"),
                          ("less_equal", torch.le, "<="), ("greater", torch.gt, ">"),
