@@ -198,3 +198,24 @@ def test_composite_programs_match_numpy(backend, name):
     want = ref(a.astype(np.float64))
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_jit_traces_once_per_signature_and_rejects_unhashable_statics():
+    import torch
+    import flyarray as fa
+    calls = []
+
+    def f(a, scale):
+        calls.append(1)
+        return fa.exp(a) * scale
+
+    g = fa.jit(f)
+    x = torch.randn(4, 5)
+    first = torch.from_dlpack(g(x, 2.0)).clone()
+    second = torch.from_dlpack(g(torch.randn(4, 5), 2.0))
+    assert len(calls) == 1 and second.shape == first.shape
+    g(torch.randn(7, 3), 2.0)
+    assert len(calls) == 2  # a new shape is a new trace
+    torch.testing.assert_close(first, x.exp() * 2.0)
+    with pytest.raises(TypeError, match="neither an array nor hashable"):
+        g(x, [1, 2])

@@ -47,6 +47,11 @@ def _signature(args):
             tensors.append(a)
             key.append(("tensor", tuple(a.shape), a.dtype, tuple(a.stride()), a.device))
         else:
+            try:
+                hash(a)
+            except TypeError:
+                raise TypeError(f"fa.jit: argument {a!r} is neither an array nor hashable; pass arrays as "
+                                "fa.Array or torch.Tensor, and other arguments as hashable values") from None
             key.append(("static", a))
     return tensors, (tuple(key), runtime.backend_name())
 
