@@ -60,7 +60,9 @@ def _import_interop():
         return sys.modules[name]
     try:
         return importlib.import_module(name)
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
         root = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "interop")
         spec = importlib.util.spec_from_file_location(name, _os.path.join(root, "__init__.py"),
                                                       submodule_search_locations=[root])
@@ -70,7 +72,4 @@ def _import_interop():
         return module
 
 
-def __getattr__(attr):
-    if attr == "interop":
-        return _import_interop()
-    raise AttributeError(f"module 'flyarray' has no attribute {attr!r}")
+interop = _import_interop()  # so `import flyarray.interop.torch` works from a source tree too

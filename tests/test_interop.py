@@ -115,3 +115,19 @@ def test_torch_writes_through_the_shared_buffer(backend):
     x = fa.asarray(t)
     torch.from_dlpack(x).add_(2)
     assert_matches(x * 1, np.full(3, 2, np.float32))
+
+
+def test_interop_torch_ops_are_differentiable_and_function_round_trips():
+    import torch
+
+    import flyarray.interop.torch as fat
+    x = torch.randn(3, 40, dtype=torch.float32, requires_grad=True)
+    w = torch.randn(40, requires_grad=True)
+    fat.rms_norm(x, w).sum().backward()
+    x2, w2 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    (x2 * torch.rsqrt(x2.pow(2).mean(-1, keepdim=True) + 1e-6) * w2).sum().backward()
+    torch.testing.assert_close(x.grad.double(), x2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w.grad.double(), w2.grad, rtol=1e-4, atol=1e-5)
+    f = fat.function(lambda a, b: fa.silu(a) * b)
+    a, b = torch.randn(5), torch.randn(5)
+    torch.testing.assert_close(f(a, b), torch.nn.functional.silu(a) * b)
