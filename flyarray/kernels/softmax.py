@@ -82,6 +82,34 @@ def _softmax_rows_kernel(x_ptr, y_ptr, M, N, x_stride, y_stride,
 
 
 @triton.jit
+def _combine_stats(m, s):
+    """Row (max, sum of exp(x - max)) from per-lane or per-segment running pairs."""
+    m_row = tl.reduce(m, 0, tl.standard._elementwise_max)
+    m_row = tl.where(m_row == _NEG_INF, 0.0, m_row)  # an all -inf row: keep NaN out of the rescale
+    s_row = tl.reduce(s * tl.exp(m - m_row), 0, tl.standard._sum_combine)
+    return m_row, s_row
+
+
+@triton.jit
+def _write_normalized(x_row, y_row, begin, end, m_row, s_row, LOG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The write pass over columns [begin, end) of one row, given its (max, sum)."""
+    inv_s = 1.0 / s_row
+    log_z = m_row + tl.log(s_row)
+    # last chunk first: the most recently read chunks are the likeliest still in L2
+    num_chunks = (end - begin + BLOCK_N - 1) // BLOCK_N
+    for i in range(0, num_chunks):
+        start = begin + (num_chunks - 1 - i) * BLOCK_N
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < end
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if LOG:
+            y = x - log_z
+        else:
+            y = tl.exp(x - m_row) * inv_s
+        tl.store(y_row + cols, y.to(y_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _softmax_online_kernel(x_ptr, y_ptr, m_part_ptr, s_part_ptr, N, x_stride, y_stride, seg_len, num_seg,
                            LOG: tl.constexpr, WRITE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Program pid covers segment pid % num_seg of row pid // num_seg.
@@ -105,25 +133,9 @@ def _softmax_online_kernel(x_ptr, y_ptr, m_part_ptr, s_part_ptr, N, x_stride, y_
         m_ref = tl.where(m_new == _NEG_INF, 0.0, m_new)  # lanes that saw only -inf keep s = 0, not NaN
         s = s * tl.exp(m - m_ref) + tl.exp(x - m_ref)
         m = m_new
-    m_row = tl.reduce(m, 0, tl.standard._elementwise_max)
-    m_row = tl.where(m_row == _NEG_INF, 0.0, m_row)
-    s_row = tl.reduce(s * tl.exp(m - m_row), 0, tl.standard._sum_combine)
+    m_row, s_row = _combine_stats(m, s)
     if WRITE:
-        y_row = y_ptr + row * y_stride
-        inv_s = 1.0 / s_row
-        log_z = m_row + tl.log(s_row)
-        # last chunk first: the most recently read chunks are the likeliest still in L2
-        num_chunks = (N + BLOCK_N - 1) // BLOCK_N
-        for i in range(0, num_chunks):
-            start = (num_chunks - 1 - i) * BLOCK_N
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < N
-            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            if LOG:
-                y = x - log_z
-            else:
-                y = tl.exp(x - m_row) * inv_s
-            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        _write_normalized(x_row, y_ptr + row * y_stride, begin, end, m_row, s_row, LOG, BLOCK_N)
     else:
         tl.store(m_part_ptr + pid, m_row)
         tl.store(s_part_ptr + pid, s_row)
@@ -140,27 +152,11 @@ def _softmax_segment_write_kernel(x_ptr, y_ptr, m_part_ptr, s_part_ptr, N, x_str
     seg_ok = segs < num_seg
     m_seg = tl.load(m_part_ptr + row * num_seg + segs, mask=seg_ok, other=_NEG_INF)
     s_seg = tl.load(s_part_ptr + row * num_seg + segs, mask=seg_ok, other=0.0)
-    m_row = tl.reduce(m_seg, 0, tl.standard._elementwise_max)
-    m_row = tl.where(m_row == _NEG_INF, 0.0, m_row)
-    s_row = tl.reduce(s_seg * tl.exp(m_seg - m_row), 0, tl.standard._sum_combine)
-    inv_s = 1.0 / s_row
-    log_z = m_row + tl.log(s_row)
+    m_row, s_row = _combine_stats(m_seg, s_seg)
     begin = (pid % num_seg) * seg_len
     end = tl.minimum(begin + seg_len, N)
-    x_row = x_ptr + row.to(tl.int64) * x_stride
-    y_row = y_ptr + row.to(tl.int64) * y_stride
-    # last chunk first: the most recently read chunks are the likeliest still in L2
-    num_chunks = (end - begin + BLOCK_N - 1) // BLOCK_N
-    for i in range(0, num_chunks):
-        start = begin + (num_chunks - 1 - i) * BLOCK_N
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < end
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        if LOG:
-            y = x - log_z
-        else:
-            y = tl.exp(x - m_row) * inv_s
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    _write_normalized(x_ptr + row.to(tl.int64) * x_stride, y_ptr + row.to(tl.int64) * y_stride,
+                      begin, end, m_row, s_row, LOG, BLOCK_N)
 
 
 # ----------------------------------------------------------------------------- backward kernels
