@@ -39,10 +39,21 @@ def can_cast(from_, to):
 
 def eval(*arrays):
     """Compute the given arrays now (one schedule for all of them, so shared work runs once)."""
-    from .runtime import realize
+    from .plan import realize
     flat = [a for a in arrays if isinstance(a, Array)]
     realize(flat)
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def clear_caches():
+    """Empty the in-memory caches (plans, generated sources, loaded kernels) and re-read the
+    FLYARRAY_* switches that evaluations consult. The disk cache stays."""
+    from . import codegen, plan, runtime
+    plan.clear()
+    codegen._SOURCES.clear()
+    runtime._memory.clear()
+    plan.refresh_settings()
+    runtime.refresh_settings()
 
 
 def inspect(fn, *args, target="gfx950", **kwargs):

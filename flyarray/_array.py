@@ -8,6 +8,8 @@ the whole of it (docs/semantics.md).
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from . import dtypes as _dt
@@ -63,8 +65,8 @@ class Array:
 
     # ---- evaluation triggers ----------------------------------------------------------------
     def block_until_ready(self) -> "Array":
-        from .runtime import realize, synchronize
-        realize([self])
+        from .runtime import synchronize
+        _plan().realize([self])
         synchronize(self.device)
         return self
 
@@ -73,9 +75,16 @@ class Array:
         buffer = self._node.buffer
         if buffer is not None:  # realized and not a view: the common case after evaluation
             return buffer
-        from .runtime import realize, tensor_of
-        realize([self])
+        _plan().realize([self])
+        from .runtime import tensor_of
         return tensor_of(self._node)
+
+    def torch(self) -> torch.Tensor:
+        """The value as a torch tensor sharing this array's memory: the fastest way out (evaluates).
+
+        The tensor *is* the array's buffer (or a view of it): writing into it changes this array."""
+        buffer = self._node.buffer
+        return buffer if buffer is not None else self._tensor()
 
     def __repr__(self):
         t = self._tensor().detach().cpu()
@@ -100,11 +109,17 @@ class Array:
         return arr.copy() if copy else arr
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        buffer = self._node.buffer
+        if buffer is not None and dl_device is None and copy is None:  # the buffer's own capsule, no copy
+            if max_version is None or not _TORCH_MAX_VERSION:
+                return buffer.__dlpack__(stream=stream)
+            return buffer.__dlpack__(stream=stream, max_version=max_version)
         from .dlpack import export_dlpack
         return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self):
-        return self._tensor().__dlpack_device__()
+        buffer = self._node.buffer
+        return (buffer if buffer is not None else self._tensor()).__dlpack_device__()
 
     def item(self):
         if self.size != 1:
@@ -197,6 +212,16 @@ class Array:
 
 
 _OPS = None
+_PLAN = None
+_TORCH_MAX_VERSION = "max_version" in inspect.signature(torch.Tensor.__dlpack__).parameters  # torch >= 2.6
+
+
+def _plan():
+    global _PLAN
+    if _PLAN is None:
+        from . import plan
+        _PLAN = plan
+    return _PLAN
 
 
 def _ops():

@@ -6,6 +6,10 @@ loads read per-row values, whether the row fits one block, and whether
 indices need 64 bits. Everything else -- sizes, strides, offsets, scalar
 constants -- is a run-time argument, so one source serves every shape. Triton
 further specializes integer arguments equal to 1 (unit strides) on its own.
+
+The values of Python scalars (``Const`` slots) are the last run-time
+arguments, typed by annotation and never specialized on, so ``x * 0.5`` and
+``x * 0.7`` share one compiled kernel and one plan: a plan binds them at launch.
 """
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ import struct
 
 from . import config
 from . import dtypes as dt
+from .kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce
 from .primitives import ELEMENTWISE, REDUCE
-from .schedule import Const, Elementwise, Iota, Kernel, Load, Reduce
 
 ROW_BLOCK_LIMIT = 16384  # widest row kept in registers in one pass
 
@@ -33,10 +37,11 @@ TUNING = {
 
 
 @dataclasses.dataclass
-class Plan:
+class LaunchSpec:
+    """How to launch one kernel: arguments are (inputs, outputs, ``args``, scalars, constexprs)."""
     key: str
     source: str
-    args: list  # run-time arguments after the buffers (sizes, offsets, strides, scalars)
+    args: list  # run-time arguments after the buffers that the structure fixes (sizes, offsets, strides, M, N)
     constexprs: dict
     grid: tuple
     num_warps: int
@@ -148,8 +153,17 @@ def _logaddexp(a, b):
 '''
 
 
-def plan(kernel: Kernel) -> Plan:
-    return _Emitter(kernel, _Layout(kernel)).plan()
+def launch_spec(kernel: Kernel) -> LaunchSpec:
+    return _Emitter(kernel, _Layout(kernel)).launch_spec()
+
+
+def scalar_arg(value, d: dt.DType):
+    """A Const slot's run-time argument: float64 travels as its bits (a Python float arrives as fp32)."""
+    if d is dt.float64:
+        return struct.unpack("<q", struct.pack("<d", value))[0]
+    if d.kind == "b":
+        return int(value)
+    return value
 
 
 class _Layout:
@@ -238,35 +252,37 @@ class _Emitter:
                                             not (self.pure_reduce and chunk and layout.N > chunk))
         self.lines = []
 
-    # ---- the plan ------------------------------------------------------------------------------
-    def plan(self) -> Plan:
+    # ---- the launch ------------------------------------------------------------------------------
+    def launch_spec(self) -> LaunchSpec:
         signature = self.signature()
         cached = _SOURCES.get(signature)
         if cached is None:
             body = self.emit()
-            n_in, n_out = len(self.k.inputs), len(self.k.stores)
+            n_in, n_out = self.k.n_inputs, len(self.k.stores)
             params = [f"in{i}" for i in range(n_in)] + [f"out{i}" for i in range(n_out)]
-            params += self.size_params() + self.view_params() + scalar_names(self.k)
-            if self.rows:
-                params += ["M", "N", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"]
-            else:
-                params += ["NUMEL", "BLOCK: tl.constexpr"]
+            params += self.size_params() + self.view_params() + iota_names(self.k)
+            params += ["M", "N"] if self.rows else ["NUMEL"]
+            scalars = [f"s{i}" for i in range(len(self.k.scalar_dtypes))]
+            params += [f"{name}: {_scalar_annotation(d)}" for name, d in zip(scalars, self.k.scalar_dtypes)]
+            params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"] if self.rows else ["BLOCK: tl.constexpr"]
             sig = ",\n    ".join(params)
-            source = (PRELUDE + f"\n\n@triton.jit\ndef kernel(\n    {sig},\n):\n"
+            jit = f"@triton.jit(do_not_specialize={scalars!r})" if scalars else "@triton.jit"
+            source = (PRELUDE + f"\n\n{jit}\ndef kernel(\n    {sig},\n):\n"
                       + "\n".join("    " + line for line in body) + "\n")
             cached = _SOURCES[signature] = (hashlib.sha256(source.encode()).hexdigest()[:32], source)
         key, source = cached
-        args = self.size_args() + self.view_args() + scalar_values(self.k)
+        args = self.size_args() + self.view_args() + iota_values(self.k)
         args += [self.lay.M, self.lay.N] if self.rows else [self.lay.M]
         constexprs, grid, warps = self.launch_shape()
-        return Plan(key, source, args, constexprs, grid, warps, self.lay.M == 0)
+        return LaunchSpec(key, source, args, constexprs, grid, warps, self.lay.M == 0)
 
     def signature(self) -> tuple:
         """Everything the source depends on; equal signatures give the same source."""
         ops = tuple(_op_signature(op) for op in self.k.ops)
-        stores = tuple((st.op, st.domain, st.target.dtype.name) for st in self.k.stores)
+        stores = tuple((st.op, st.domain, st.dtype.name) for st in self.k.stores)
+        scalars = tuple(d.name for d in self.k.scalar_dtypes)
         return (self.rows, self.p, self.q, self.lay.index64, self.one_pass, ops, stores,
-                len(self.k.inputs), config.eager_rounding())
+                self.k.n_inputs, scalars, config.eager_rounding())
 
     def launch_shape(self):
         lay = self.lay
@@ -399,7 +415,7 @@ class _Emitter:
             self.emit_reduce_one_pass(i, op, indent)
 
     def const_expr(self, i, op: Const) -> str:
-        name = f"c{i}"
+        name = f"s{op.slot}"
         if op.dtype == dt.float64:
             return f"tl.cast({name}, tl.int64).to(tl.float64, bitcast=True)"
         if op.dtype.kind == "b":
@@ -572,7 +588,7 @@ class _Emitter:
     def value_for_store(self, st) -> str:
         op = self.k.ops[st.op]
         value = f"v{st.op}"
-        target = st.target.dtype
+        target = st.dtype
         if not self.rows:
             shape = "lin"
         else:
@@ -593,28 +609,21 @@ def _op_signature(op) -> tuple:
     if isinstance(op, Iota):
         return ("I", op.params[0], op.domain, op.dtype.name)
     if isinstance(op, Const):
-        return ("C", op.domain, op.dtype.name)
+        return ("C", op.slot, op.domain, op.dtype.name)
     if isinstance(op, Elementwise):
         return ("E", op.prim, op.args, op.domain, op.dtype.name, op.in_dtype.name)
     return ("R", op.prim, op.arg, op.dtype.name)
 
 
-def scalar_names(kernel: Kernel) -> list:
-    names = []
-    for i, op in enumerate(kernel.ops):
-        if isinstance(op, Const):
-            names.append(f"c{i}")
-        elif isinstance(op, Iota):
-            names += [f"c{i}a", f"c{i}b"]
-    return names
+def iota_names(kernel: Kernel) -> list:
+    return [name for i, op in enumerate(kernel.ops) if isinstance(op, Iota) for name in (f"c{i}a", f"c{i}b")]
 
 
-def scalar_values(kernel: Kernel) -> list:
+def iota_values(kernel: Kernel) -> list:
+    """An iota's parameters are structure (part of every key), passed as run-time arguments."""
     values = []
     for op in kernel.ops:
-        if isinstance(op, Const):
-            values.append(_scalar(op.value, op.dtype))
-        elif isinstance(op, Iota):
+        if isinstance(op, Iota):
             if op.params[0] == "ramp":
                 values += [_scalar(op.params[1], op.dtype), _scalar(op.params[2], op.dtype)]
             else:
@@ -622,15 +631,13 @@ def scalar_values(kernel: Kernel) -> list:
     return values
 
 
+def _scalar_annotation(d: dt.DType) -> str:
+    """A fixed argument type, so the value never changes which kernel Triton picks (i32 vs i64)."""
+    return "tl.float32" if d.kind == "f" and d is not dt.float64 else "tl.int64"
+
+
 def _scalar(value, d: dt.DType):
-    """A run-time scalar: float64 travels as its bits (Triton would pass a Python float as fp32)."""
-    if d == dt.float64:
-        return struct.unpack("<q", struct.pack("<d", float(value)))[0]
-    if d.kind == "f":
-        return float(value)
-    if d.kind == "b":
-        return int(bool(value))
-    return int(value)
+    return scalar_arg(float(value) if d.kind == "f" else bool(value) if d.kind == "b" else int(value), d)
 
 
 def _lowest(d: dt.DType) -> str:

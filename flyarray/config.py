@@ -5,6 +5,10 @@ FLYARRAY_CACHE_DIR  where compiled kernels and tuning results live on disk
 FLYARRAY_LOG        1: print each compile (with its cache-miss reason) and launch; 2: also the Triton source
 FLYARRAY_CHECK      1: re-run every fused kernel on the reference backend and raise on mismatch
 FLYARRAY_EAGER_ROUNDING  1: round fused intermediates to their dtype as eager torch would
+FLYARRAY_PLAN_CHECK 1: on every plan-cache hit, also build the plan from scratch and compare
+
+The switches an evaluation consults on its hot path (CHECK, EAGER_ROUNDING, PLAN_CHECK) are read
+at import and again by ``fa.clear_caches()``.
 """
 from __future__ import annotations
 
@@ -36,3 +40,7 @@ def check_mode() -> bool:
 
 def eager_rounding() -> bool:
     return os.environ.get("FLYARRAY_EAGER_ROUNDING", "") not in ("", "0")
+
+
+def plan_check() -> bool:
+    return os.environ.get("FLYARRAY_PLAN_CHECK", "") not in ("", "0")

@@ -59,6 +59,7 @@ STORAGE_ONLY = {float8_e4m3fn, float8_e5m2}
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME["bool_"] = bool_
 _BY_TORCH = {d.torch: d for d in ALL}
+TORCH_TO_FLYARRAY = _BY_TORCH  # read-only outside this module
 
 # The array API's promotion lattice for the pairs it defines (symmetric).
 _PAIRS = {
@@ -95,6 +96,7 @@ def dtype(obj) -> DType:
 
 
 def from_torch(t: torch.dtype) -> DType:
+    """The DType of a torch dtype (TypeError for those flyarray does not model)."""
     if t not in _BY_TORCH:
         raise TypeError(f"torch dtype {t} has no flyarray equivalent")
     return _BY_TORCH[t]

@@ -12,7 +12,8 @@ import dataclasses
 import importlib
 
 from . import codegen, runtime
-from .schedule import Kernel, LibraryCall, schedule
+from .plan import unrealized_bases
+from .schedule import KernelStep, LibraryCall, schedule
 from .targets import KernelSpec, compile_for
 
 _POINTER = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
@@ -41,29 +42,31 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     out = fn(*args, **kwargs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     reports = []
-    for step in schedule(runtime.unrealized_bases(outs)):
-        if isinstance(step, Kernel):
+    for step in schedule(unrealized_bases(outs)):
+        if isinstance(step, KernelStep):
             reports.append(compile_for(fused_spec(step), target))
         elif isinstance(step, LibraryCall):
             reports.extend(compile_for(spec, target) for spec in library_specs(step.node.prim.name))
     return Inspection(target, reports)
 
 
-def fused_spec(kernel: Kernel) -> KernelSpec:
+def fused_spec(step: KernelStep) -> KernelSpec:
     """The KernelSpec of a fused kernel, with argument types as a launch would give them."""
-    plan = codegen.plan(kernel)
-    jit_fn = runtime._compiled(plan, "gpu")
+    kernel = step.kernel
+    spec = codegen.launch_spec(kernel)
+    jit_fn = runtime._compiled(spec, "gpu")
     names = jit_fn.arg_names
-    types = [f"*{_POINTER[n.dtype.name]}" for n in kernel.inputs]
-    types += [f"*{_POINTER[st.target.dtype.name]}" for st in kernel.stores]
-    types += [_scalar_type(v) for v in plan.args]
+    types = [f"*{_POINTER[n.dtype.name]}" for n in step.inputs]
+    types += [f"*{_POINTER[st.dtype.name]}" for st in kernel.stores]
+    types += [_scalar_type(v) for v in spec.args]
+    types += ["fp32" if d.kind == "f" and d.name != "float64" else "i64" for d in kernel.scalar_dtypes]
     signature = dict(zip(names, types))
-    for name in plan.constexprs:
+    for name in spec.constexprs:
         signature[name] = "constexpr"
-    n_buffers = len(kernel.inputs) + len(kernel.stores)
-    divisible = tuple(name for name, v in zip(names[n_buffers:], plan.args)
+    n_buffers = len(step.inputs) + len(kernel.stores)
+    divisible = tuple(name for name, v in zip(names[n_buffers:], spec.args)
                       if isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0 and v)
-    return KernelSpec(f"fused_{plan.key[:12]}", jit_fn, signature, dict(plan.constexprs), plan.num_warps, 1,
+    return KernelSpec(f"fused_{spec.key[:12]}", jit_fn, signature, dict(spec.constexprs), spec.num_warps, 1,
                       divisible)
 
 

@@ -80,6 +80,15 @@ class Node:
         return f"Node#{self.id}({self.prim.name}, {self.shape}, {self.dtype.name})"
 
 
+def buffer_view(node: Node):
+    """How a non-view node's elements lie in memory: a buffer's real strides, else contiguous."""
+    from .views import View
+    t = node.buffer
+    if t is not None:
+        return View(tuple(t.shape), tuple(t.stride()), 0)
+    return View.contiguous(node.shape)
+
+
 def source(tensor: torch.Tensor) -> Node:
     return Node(SOURCE, (), None, tuple(tensor.shape), _dt.from_torch(tensor.dtype), tensor.device, tensor)
 

@@ -9,6 +9,12 @@ Triton's libdevice on a GPU, numpy under the interpreter (backends/interpret.py)
 
 A reduce primitive states its identity, its combine rule in Triton, its
 reference, and its result dtype.
+
+A library primitive (a hand-written kernel: matmul, attention, ...) states its
+abstract evaluation (checks and result types, run at record time), its kernel,
+its reference, and optionally an epilogue rule through which the scheduler
+moves elementwise consumers into the kernel. The ops that define them register
+here, so the scheduler and the runtime never import the front (``ops``).
 """
 from __future__ import annotations
 
@@ -43,8 +49,33 @@ class Reduce(Primitive):
         self.out = out  # 'sum' (ints widen to int64) | 'same' | 'index' | 'bool'
 
 
+class Library(Primitive):
+    """A hand-written kernel as a graph node.
+
+    ``abstract(*nodes, **params) -> [(shape, dtype), ...]`` checks inputs and gives result types;
+    ``kernel(*tensors, **params)`` is our Triton kernel (interpreted on CPU tensors);
+    ``reference(*tensors, **params)`` is torch eager. ``epilogue(node, uses, wanted) -> bool``, where
+    given, rewrites an elementwise ``node`` over this op's output into one call of the kernel.
+    """
+    kind = "library"
+
+    def __init__(self, name, abstract, kernel, reference, epilogue=None):
+        super().__init__(name)
+        self.abstract = abstract
+        self.kernel = kernel
+        self.reference = reference
+        self.epilogue = epilogue
+        LIBRARY[name] = self
+
+    def run(self, backend: str, tensors: list, kwargs: dict) -> list:
+        fn = self.reference if backend == "reference" else self.kernel
+        out = fn(*tensors, **kwargs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
 ELEMENTWISE: dict = {}
 REDUCE: dict = {}
+LIBRARY: dict = {}
 
 
 def _ew(name, arity, accepts, out, reference, lower, lower_narrow=None):

@@ -30,71 +30,21 @@ import sys
 from typing import Optional
 
 from . import ir, views
-from .dtypes import DType
+from .kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce, Store
+from .primitives import ELEMENTWISE, LIBRARY
 from .views import View
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
 
-@dataclasses.dataclass(frozen=True)
-class Load:
-    input: int  # index into Kernel.inputs
-    view: View  # over the input buffer, shaped like the domain (full: F, outer: F_keep)
-    domain: str
-    dtype: DType
-
-
-@dataclasses.dataclass(frozen=True)
-class Iota:
-    params: tuple  # ("ramp", start, step) | ("eye", k, n_cols)
-    view: View  # over the iota's own contiguous index space
-    domain: str
-    dtype: DType
-
-
-@dataclasses.dataclass(frozen=True)
-class Const:
-    value: object
-    domain: str
-    dtype: DType
-
-
-@dataclasses.dataclass(frozen=True)
-class Elementwise:
-    prim: str
-    args: tuple  # op indices
-    domain: str
-    dtype: DType  # result
-    in_dtype: DType  # what the arguments are (already promoted at record time)
-
-
-@dataclasses.dataclass(frozen=True)
-class Reduce:
-    prim: str
-    arg: int
-    dtype: DType
-    domain: str = "outer"
-
-
-@dataclasses.dataclass(frozen=True)
-class Store:
-    op: int
-    target: ir.Node  # whose buffer is written
-    view: View  # over the target buffer, shaped like the domain of the op
-    domain: str
-
-
 @dataclasses.dataclass
-class Kernel:
-    full_shape: tuple
-    axes: tuple  # reduced axes of full_shape; () for a pure elementwise kernel
-    ops: list
-    stores: list
-    inputs: list  # realized nodes read through Load ops
-
-    @property
-    def keep_shape(self) -> tuple:
-        return tuple(1 if i in self.axes else s for i, s in enumerate(self.full_shape))
+class KernelStep:
+    """A generated kernel and the graph nodes it binds: the buffers it reads and writes, the
+    constant nodes whose values are its scalar arguments."""
+    kernel: Kernel
+    inputs: list
+    outputs: list  # one node per store: whose buffer the store writes
+    scalars: list
 
 
 @dataclasses.dataclass
@@ -163,8 +113,7 @@ class _Scheduler:
 
     def fuse_into_library(self, node) -> bool:
         """Elementwise epilogues move into library kernels that take them (matmul: bias, act, residual, cast)."""
-        from .ops.linalg import fuse_epilogue
-        return fuse_epilogue(node, self.uses, self.wanted)
+        return any(prim.epilogue(node, self.uses, self.wanted) for prim in LIBRARY.values() if prim.epilogue)
 
     def ensure_materialized_input(self, node: ir.Node):
         """Library kernels take buffers: realize the base of a view (the view itself is strided)."""
@@ -244,7 +193,10 @@ class _KernelBuilder:
         self.memo = {}
         self.inputs = []
         self.input_index = {}
+        self.scalars = []
+        self.scalar_index = {}
         self.stores = []
+        self.targets = []
         self.stored = set()
 
     def add_root(self, root, target=None):
@@ -259,10 +211,24 @@ class _KernelBuilder:
         view = target[1] if target else View.contiguous(root.shape)
         if view.shape != shape:
             view = views.apply(view, ("reshape", shape))
-        self.stores.append(Store(op, target[0] if target else root, view, domain))
+        self.store(op, target[0] if target else root, view, domain)
 
-    def finish(self) -> Kernel:
-        return Kernel(self.full, self.axes, self.ops, self.stores, self.inputs)
+    def store(self, op, node, view, domain):
+        self.stores.append(Store(op, node.dtype, view, domain))
+        self.targets.append(node)
+
+    def finish(self) -> KernelStep:
+        kernel = Kernel(self.full, self.axes, self.ops, self.stores, len(self.inputs),
+                        [n.dtype for n in self.scalars])
+        return KernelStep(kernel, self.inputs, self.targets, self.scalars)
+
+    def scalar(self, node) -> int:
+        """The scalar argument holding a constant node's value (one per node: equal values stay
+        separate slots, so -0.0 and 0.0, or two NaNs, are never merged)."""
+        if node.id not in self.scalar_index:
+            self.scalar_index[node.id] = len(self.scalars)
+            self.scalars.append(node)
+        return self.scalar_index[node.id]
 
     def add(self, op) -> int:
         if op not in self.op_index:
@@ -284,7 +250,7 @@ class _KernelBuilder:
         if kind == "view":
             return self.lower(node.inputs[0], node.params + chain, domain)
         if kind == "constant":
-            return self.add(Const(node.params, domain, node.dtype))
+            return self.add(Const(self.scalar(node), domain, node.dtype))
         if domain == "full" and self.axes and kind in ("elementwise", "reduce", "iota"):
             outer_chain = self.as_row_broadcast(node.shape, chain)
             if outer_chain is not None:  # computed once per row, broadcast along it
@@ -316,7 +282,7 @@ class _KernelBuilder:
         if wanted:  # ride along: store this user-held value from this kernel
             self.sched.planned[node.id] = node
             self.stored.add(node.id)
-            self.stores.append(Store(op, node, View.contiguous(self.full), "full"))
+            self.store(op, node, View.contiguous(self.full), "full")
         return op
 
     def lower_reduce(self, node, chain, domain) -> int:
@@ -330,14 +296,13 @@ class _KernelBuilder:
         if node.id in self.sched.wanted and node.id not in self.stored:
             self.sched.planned[node.id] = node
             self.stored.add(node.id)
-            self.stores.append(Store(op, node, View.contiguous(self.keep), "outer"))
+            self.store(op, node, View.contiguous(self.keep), "outer")
         return op
 
     def load(self, node, chain, domain) -> int:
-        from .ops.core import base_view
         if node.kind == "view":
             node, chain = node.inputs[0], node.params + chain
-        view = views.apply_all(base_view(node), chain)
+        view = views.apply_all(ir.buffer_view(node), chain)
         if view is None:  # e.g. flattening a transposed user buffer: copy it contiguous first
             copy = ir.Node(_copy_prim(), (node,), None, node.shape, node.dtype, node.device)
             self.sched.build_kernel(copy)
@@ -368,7 +333,6 @@ class _KernelBuilder:
 
     def pushable(self, node, chain) -> bool:
         """Whether ``chain`` can be pushed through ``node`` down to what it reads."""
-        from .ops.core import base_view
         key = ("push", node.id, chain)
         if key in self.memo:
             return self.memo[key]
@@ -381,7 +345,7 @@ class _KernelBuilder:
         elif node.kind == "iota" and not self.sched.is_available(node):
             ok = views.apply_all(View.contiguous(node.shape), chain) is not None
         elif self.sched.is_available(node) or node.kind == "source":
-            ok = views.apply_all(base_view(node), chain) is not None
+            ok = views.apply_all(ir.buffer_view(node), chain) is not None
         else:  # a reduction or boundary: it becomes a buffer, contiguous
             ok = views.apply_all(View.contiguous(node.shape), chain) is not None
         self.memo[key] = ok
@@ -389,5 +353,4 @@ class _KernelBuilder:
 
 
 def _copy_prim():
-    from .primitives import ELEMENTWISE
     return ELEMENTWISE["astype"]

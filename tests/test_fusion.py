@@ -218,4 +218,4 @@ def test_jit_traces_once_per_signature_and_rejects_unhashable_statics():
     assert len(calls) == 2  # a new shape is a new trace
     torch.testing.assert_close(first, x.exp() * 2.0)
     with pytest.raises(TypeError, match="neither an array nor hashable"):
-        g(x, [1, 2])
+        g(x, {1, 2})  # a set: neither an array, a container of arrays, nor hashable

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..primitives import ELEMENTWISE, REDUCE
-from ..schedule import Const, Elementwise, Iota, Kernel, Load, Reduce
+from ..kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce
 from ..views import View
 
 
@@ -25,22 +25,22 @@ def strided(t: torch.Tensor, view: View) -> torch.Tensor:
     return out.flip(neg) if neg else out
 
 
-def run_kernel(kernel: Kernel, inputs: list, outputs: list):
+def run_kernel(kernel: Kernel, inputs: list, outputs: list, scalars: list):
     shapes = {"full": kernel.full_shape, "outer": kernel.keep_shape}
     values = []
     for op in kernel.ops:
-        values.append(_evaluate(op, values, inputs, shapes, kernel.axes))
+        values.append(_evaluate(op, values, inputs, scalars, shapes, kernel.axes))
     for st, out in zip(kernel.stores, outputs):
         dest = strided(out, st.view)
         dest.copy_(values[st.op].expand(dest.shape))
 
 
-def _evaluate(op, values, inputs, shapes, axes) -> torch.Tensor:
+def _evaluate(op, values, inputs, scalars, shapes, axes) -> torch.Tensor:
     device = inputs[0].device if inputs else None
     if isinstance(op, Load):
         return strided(inputs[op.input], op.view)
     if isinstance(op, Const):
-        return torch.full(shapes[op.domain], op.value, dtype=op.dtype.torch, device=device)
+        return torch.full(shapes[op.domain], scalars[op.slot], dtype=op.dtype.torch, device=device)
     if isinstance(op, Iota):
         top = op.view.offset + sum((n - 1) * s for n, s in zip(op.view.shape, op.view.strides) if s > 0 and n > 0)
         index = strided(torch.arange(top + 1, dtype=torch.int64, device=device), op.view)

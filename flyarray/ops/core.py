@@ -160,17 +160,9 @@ def movement(x, ops, shape) -> Array:
     node = node_of(x)
     ops = tuple(ops)
     base, chain = (node.inputs[0], node.params + ops) if node.kind == "view" else (node, ops)
-    if views.apply_all(base_view(base), chain) is None:
+    if views.apply_all(ir.buffer_view(base), chain) is None:
         node = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)  # a copy
     return Array(ir.view(node, ops, tuple(shape)))
-
-
-def base_view(node: ir.Node) -> views.View:
-    """How a non-view node's elements lie in memory: a source's real strides, else contiguous."""
-    if node.kind == "source" or (node.realized and node.buffer is not None and node.kind != "view"):
-        t = node.buffer
-        return views.View(tuple(t.shape), tuple(t.stride()), 0)
-    return views.View.contiguous(node.shape)
 
 
 def numel(shape) -> int:

@@ -25,6 +25,10 @@ def _device(device) -> torch.device:
 
 def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     """An Array over ``obj``; the same memory where device and layout allow (copy=None or False)."""
+    if type(obj) is torch.Tensor and dtype is None and device is None and not copy and not obj.requires_grad:
+        d = dt.TORCH_TO_FLYARRAY.get(obj.dtype)
+        if d is not None:  # the hot path of a torch round trip: no checks left to make, no copy
+            return Array(ir.Node(ir.SOURCE, (), None, tuple(obj.shape), d, obj.device, obj))
     target_dtype = dt.dtype(dtype) if dtype is not None else None
     if isinstance(obj, Array):
         out = obj

@@ -33,7 +33,7 @@ def _matmul_reference(a, b):
     return torch.matmul(a, b)
 
 
-MATMUL = Library("matmul", _matmul_abstract, _matmul_kernel, _matmul_reference)
+MATMUL = Library("matmul", _matmul_abstract, _matmul_kernel, _matmul_reference)  # epilogue rule: below
 
 
 def matmul(x1, x2, /):
@@ -154,3 +154,6 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
                                                      has_residual=residual is not None, out_dtype=out_dtype.name)}
     root.prim, root.inputs, root.params = ir.OUTPUT, (lib,), 0
     return True
+
+
+MATMUL.epilogue = fuse_epilogue

@@ -43,7 +43,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
     """x / sqrt(mean(x^2) + eps) * weight over the last axis, statistics in fp32, result in x's dtype.
 
     With ``residual``: h = x + residual, returns (rms_norm(h) * weight, h) -- the pre-norm residual
-    of LLM blocks, computed in one pass (one fused kernel) when both are evaluated together.
+    of LLM blocks, computed in one pass: one fused kernel writes both, whichever is read first.
     Written on primitives: on the H200 the fused code beats our hand-written kernel
     (docs/benchmarks.md); backward lives in flyarray.interop.torch.rms_norm.
     """
@@ -58,7 +58,11 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
     if weight is not None:
         y = y * weight.astype(dtypes.float32, copy=False)
     y = y.astype(x.dtype, copy=False)
-    return (y, h) if residual is not None else y
+    if residual is None:
+        return y
+    from ..plan import evaluate_together
+    evaluate_together(y, h)  # reading either one computes both in one kernel
+    return y, h
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):

@@ -1,152 +1,224 @@
-"""jit: trace a function once per input signature, then replay its kernels directly.
+"""fa.jit: trace a function once per input signature, then replay its plan.
 
-The first call with a given signature (shapes, dtypes, strides, devices of the
-array arguments, and the values of the other arguments) records the graph,
-schedules it and runs it as usual, while noting every step: which kernel, its
-launch arguments, and where each buffer comes from (an argument, an
-intermediate, an output). Later calls skip recording, scheduling and code
-generation and only allocate and launch. As in JAX, Python values the
-function closes over are baked in at trace time.
+The first call with a signature records the function on abstract arrays (fresh source nodes over
+the argument buffers), evaluates the outputs through the plan stage (plan.py), and keeps the plan
+with where each of its leaves comes from: an argument, or a buffer the function closed over. Later
+calls with the same signature bind the new arguments' buffers into that plan and launch: no
+recording, no graph walk, no scheduling.
+
+The signature is the structure of the arguments (nested tuples, lists and dicts), for each array
+exactly what the plan's launches specialize on (shape, dtype, strides, storage offset, 16-byte
+alignment, device), and the type and value of every other argument: a non-array argument is
+static, as if named in ``static_argnums``, so it must be hashable. As in JAX, Python values the
+function closes over are baked in at trace time, and asking for a traced value's data inside the
+function (``float(x.sum())``, ``print(x)``, ``fa.eval(x)``, ``if x > 0:``) raises
+``ConcretizationError`` naming the line.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
-from .. import ir, runtime
+from .. import ir, plan, runtime
 from .._array import Array
-from ..schedule import Allocate, Kernel, LibraryCall
 
 
-def jit(fn):
+def jit(fn=None, *, static_argnums=(), static_argnames=()):
+    """Compile ``fn`` once per argument signature and replay it (see the module docstring).
+
+    ``static_argnums`` / ``static_argnames`` name arguments that are never traced; they must be
+    hashable, and each distinct value (compared with its type: 2, 2.0 and True differ) traces anew.
+    """
+    if fn is None:
+        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
+    static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    _check_static_names(fn, static_argnums, static_argnames)
     cache = {}
 
     @functools.wraps(fn)
-    def wrapped(*args):
-        tensors, key = _signature(args)
-        program = cache.get(key)
-        if program is None:
-            program, result = _trace(fn, args, tensors)
-            cache[key] = program
+    def wrapped(*args, **kwargs):
+        tensors = []
+        key = (_flatten_args(args, kwargs, static_argnums, static_argnames, tensors), runtime.backend_name())
+        trace = cache.get(key)
+        if trace is None:
+            trace, result = _Trace.record(fn, args, kwargs, tensors, static_argnums, static_argnames)
+            cache[key] = trace
             return result
-        return program.run(tensors)
+        return trace.replay(tensors)
 
     wrapped.cache = cache
     return wrapped
 
 
-def _signature(args):
-    tensors, key = [], []
-    for a in args:
-        if isinstance(a, Array):
-            t = a._tensor()
-            tensors.append(t)
-            key.append(("array", tuple(t.shape), t.dtype, tuple(t.stride()), t.device))
-        elif isinstance(a, torch.Tensor):
-            tensors.append(a)
-            key.append(("tensor", tuple(a.shape), a.dtype, tuple(a.stride()), a.device))
-        else:
-            try:
-                hash(a)
-            except TypeError:
-                raise TypeError(f"fa.jit: argument {a!r} is neither an array nor hashable; pass arrays as "
-                                "fa.Array or torch.Tensor, and other arguments as hashable values") from None
-            key.append(("static", a))
-    return tensors, (tuple(key), runtime.backend_name())
+def _check_static_names(fn, static_argnums, static_argnames):
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    names = list(params)
+    for name in static_argnames:
+        if name not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise ValueError(f"fa.jit: static_argnames names {name!r}, which {fn.__name__} has no parameter for "
+                             f"(it takes {', '.join(names)})")
+    positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+        for i in static_argnums:
+            if not -len(positional) <= i < len(positional):
+                raise ValueError(f"fa.jit: static_argnums has {i}, but {fn.__name__} takes "
+                                 f"{len(positional)} positional argument(s)")
 
 
-def _trace(fn, args, tensors):
-    sources = []
-    call_args = []
-    it = iter(tensors)
-    for a in args:
-        if isinstance(a, (Array, torch.Tensor)):
-            node = ir.source(next(it))
-            sources.append(node)
-            call_args.append(Array(node))
-        else:
-            call_args.append(a)
-    out = fn(*call_args)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    recorder = _Recorder(sources)
-    runtime.realize(outs, observer=recorder.observe)
-    program = recorder.program(outs, isinstance(out, (tuple, list)))
-    return program, out
+# ---- the signature --------------------------------------------------------------------------------
+def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tuple:
+    n = len(args)
+    statics = {i % n for i in static_argnums if -n <= i < n} if static_argnums else ()
+    key = [_static_key(a, f"argument {i}") if i in statics else _flatten(a, tensors, f"argument {i}")
+           for i, a in enumerate(args)]
+    for name in sorted(kwargs):
+        value = kwargs[name]
+        key.append((name, _static_key(value, name) if name in static_argnames
+                    else _flatten(value, tensors, name)))
+    return tuple(key)
 
 
-class _Recorder:
-    def __init__(self, sources):
-        self.refs = {n.id: ("arg", i) for i, n in enumerate(sources)}
-        self.steps = []
-
-    def ref(self, node):
-        if node.id not in self.refs:
-            self.refs[node.id] = ("tmp", node.id)
-        return self.refs[node.id]
-
-    def observe(self, step, launch=None):
-        if isinstance(step, Allocate):
-            self.steps.append(("alloc", self.ref(step.node), step.node.shape, step.node.dtype.torch))
-        elif isinstance(step, LibraryCall):
-            lib = step.node
-            self.steps.append(("library", lib, [self.input_ref(i) for i in lib.inputs],
-                               [self.ref(o) for o in lib.params["outputs"]]))
-        elif isinstance(step, Kernel):
-            outs = []
-            for st in step.stores:
-                fresh = self.refs.get(st.target.id) is None
-                outs.append((self.ref(st.target), st.target.shape, st.target.dtype.torch, fresh))
-            self.steps.append(("kernel", launch, [self.ref(n) for n in step.inputs], outs))
-
-    def input_ref(self, node):
-        if node.kind == "view":
-            return ("view", self.ref(node.inputs[0]), node.params)
-        return self.ref(node)
-
-    def program(self, outs, as_tuple):
-        out_refs = [self.input_ref(o._node) for o in outs]
-        return _Program(self.steps, out_refs, as_tuple)
+def _flatten(value, tensors, where):
+    """The signature of one argument; its array leaves are appended to ``tensors``."""
+    if isinstance(value, Array):
+        value = value._tensor()
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return (value.shape, value.stride(), value.dtype, value.device, value.storage_offset(),
+                value.data_ptr() % 16)
+    if type(value) in (tuple, list):
+        return (type(value), tuple(_flatten(v, tensors, where) for v in value))
+    if type(value) is dict:
+        return (dict, tuple((k, _flatten(value[k], tensors, where)) for k in sorted(value)))
+    return _static_key(value, where)
 
 
-class _Program:
-    """The recorded steps, with every buffer named by where it comes from.
+def _static_key(value, where):
+    try:
+        return plan.freeze(value)
+    except TypeError:
+        raise TypeError(f"fa.jit: {where} ({type(value).__name__}) is neither an array nor hashable; pass arrays "
+                        "as fa.Array or torch.Tensor (or tuples, lists and dicts of them), and other arguments as "
+                        "hashable values") from None
 
-    A ref is ("arg", i) for the i-th array argument, ("tmp", node id) for a buffer the
-    program allocates, or ("view", ref, movement ops) for a torch view of another ref.
+
+def _rebuild(value, it):
+    """``value`` with every array leaf replaced by the next abstract array from ``it``."""
+    if isinstance(value, (Array, torch.Tensor)):
+        return next(it)
+    if type(value) in (tuple, list):
+        return type(value)(_rebuild(v, it) for v in value)
+    if type(value) is dict:
+        return {k: _rebuild(value[k], it) for k in sorted(value)}
+    return value
+
+
+# ---- trace and replay -----------------------------------------------------------------------------
+class _Trace:
+    """A plan, where each of its leaves comes from, the scalars baked in, and how to build outputs.
+
+    A leaf is ("arg", i) -- the i-th array argument -- or ("fixed", tensor): a buffer the function
+    closed over. Outputs are ("slot", s, view ops) over the plan's slots or ("arg", i, view ops).
     """
 
-    def __init__(self, steps, out_refs, as_tuple):
-        self.steps = steps
+    def __init__(self, program, leaf_sources, scalars, out_refs, treedef):
+        self.plan = program
+        self.leaf_sources = leaf_sources
+        self.scalars = scalars
         self.out_refs = out_refs
-        self.as_tuple = as_tuple
+        self.treedef = treedef
 
-    def run(self, tensors):
-        env = {("arg", i): t for i, t in enumerate(tensors)}
-        device = tensors[0].device if tensors else runtime.default_device()
-        get = env.__getitem__
-        for step in self.steps:
-            kind = step[0]
-            if kind == "kernel":
-                _, launch, ins, outs = step
-                for ref, shape, dtype, fresh in outs:
-                    if fresh and ref not in env:
-                        env[ref] = torch.empty(shape, dtype=dtype, device=device)
-                launch([get(r) if r[0] != "view" else _view(env, r) for r in ins], [env[o[0]] for o in outs])
-            elif kind == "alloc":
-                env[step[1]] = torch.empty(step[2], dtype=step[3], device=device)
-            else:  # a library call
-                from ..ops.library import run_library
-                lib, ins, outs = step[1], step[2], step[3]
-                results = run_library(lib, runtime.backend_for(device), [_view(env, r) if r[0] == "view" else get(r)
-                                                                         for r in ins])
-                env.update(zip(outs, results))
-        results = [Array(ir.source(_view(env, r) if r[0] == "view" else env[r])) for r in self.out_refs]
-        return tuple(results) if self.as_tuple else results[0]
+    @classmethod
+    def record(cls, fn, args, kwargs, tensors, static_argnums, static_argnames):
+        sources = [ir.source(t) for t in tensors]
+        it = iter(Array(n) for n in sources)
+        n = len(args)
+        statics = {i % n for i in static_argnums if -n <= i < n}
+        call_args = [a if i in statics else _rebuild(a, it) for i, a in enumerate(args)]
+        call_kwargs = {k: (v if k in static_argnames else _rebuild(v, it)) for k, v in kwargs.items()}
+        traced = {node.id for node in sources}
+        previous = getattr(plan._trace, "sources", None)
+        plan._trace.sources = traced
+        try:
+            out = fn(*call_args, **call_kwargs)
+        finally:
+            plan._trace.sources = previous
+        leaves, treedef = _flatten_outputs(out)
+        arg_of = {node.id: i for i, node in enumerate(sources)}
+        with plan._lock:
+            roots = plan.unrealized_bases(leaves)
+            program, walk, slots = None, None, None
+            if roots:
+                walk, program, slots = plan.evaluate(roots)
+            leaf_sources = _leaf_sources(walk, arg_of)
+            out_refs = [_out_ref(a._node, walk, program, arg_of) for a in leaves]
+        trace = cls(program, leaf_sources, list(walk.scalars) if walk else [], out_refs, treedef)
+        return trace, out
+
+    def replay(self, tensors):
+        slots = None
+        if self.plan is not None:
+            leaves = [tensors[src] if type(src) is int else src for src in self.leaf_sources]
+            slots = self.plan.run(leaves, self.scalars)
+        outs = []
+        for kind, index, ops, shape in self.out_refs:
+            t = slots[index] if kind == "slot" else tensors[index] if kind == "arg" else index
+            node = ir.source(t)
+            outs.append(Array(ir.view(node, ops, shape) if ops else node))
+        return _unflatten_outputs(self.treedef, iter(outs))
 
 
-def _view(env, ref):
-    t = env[ref[1]] if ref[1][0] != "view" else _view(env, ref[1])
-    for op in ref[2]:
-        t = runtime._torch_movement(t, op)
-    return t
+def _leaf_sources(walk, arg_of) -> list:
+    """For each leaf of the plan: the argument index, or the buffer itself (a closed-over value)."""
+    if walk is None:
+        return []
+    return [arg_of.get(node.id, buffer) for node, buffer in zip(walk.leaf_nodes, walk.leaves)]
+
+
+def _out_ref(node, walk, program, arg_of):
+    base, ops = (node.inputs[0], node.params) if node.prim is ir.VIEW else (node, ())
+    if base.id in arg_of:
+        return ("arg", arg_of[base.id], ops, node.shape)
+    if walk is not None and base.id in walk.position:
+        position = walk.position[base.id]
+        slot = next((b[-1] for b in program.binds if len(b) == 2 and b[0] == position), None)
+        if slot is None and base in walk.leaf_nodes:
+            slot = walk.leaf_nodes.index(base)
+        if slot is not None:
+            return ("slot", slot, ops, node.shape)
+    return ("fixed", base.buffer, ops, node.shape)  # computed before the trace: a constant of the function
+
+
+def _flatten_outputs(out):
+    leaves = []
+
+    def walk(value):
+        if isinstance(value, Array):
+            leaves.append(value)
+            return None
+        if type(value) in (tuple, list):
+            return (type(value), tuple(walk(v) for v in value))
+        if type(value) is dict:
+            return (dict, tuple((k, walk(v)) for k, v in value.items()))
+        if value is None:
+            return ("none",)
+        raise TypeError(f"fa.jit: the function returned a {type(value).__name__}; return arrays, or tuples, "
+                        "lists and dicts of arrays")
+    return leaves, walk(out)
+
+
+def _unflatten_outputs(treedef, it):
+    if treedef is None:
+        return next(it)
+    kind = treedef[0]
+    if kind == "none":
+        return None
+    if kind is dict:
+        return {k: _unflatten_outputs(v, it) for k, v in treedef[1]}
+    return kind(_unflatten_outputs(v, it) for v in treedef[1])

@@ -1,0 +1,387 @@
+"""Plans: one evaluation's schedule, code and launches, built once per graph structure and replayed.
+
+Every evaluation (a trigger, ``fa.eval``, a ``fa.jit`` trace) goes through ``realize``:
+
+  1. **walk** the graph under the requested arrays once, iteratively, into a structural key: each
+     node's (primitive, static params, shape, dtype) and the positions of its inputs (so sharing
+     is part of the key), and for each realized leaf exactly what Triton specializes on (dtype,
+     shape, strides, storage offset, 16-byte alignment, device). Leaf buffers and the values of
+     Python scalars (constant nodes) are collected beside the key, in walk order: they are
+     *bound* into the plan, never part of it.
+  2. **look up** the key in the plan cache (LRU, ``PLAN_CACHE_SIZE`` entries). On a miss, and only
+     then, schedule (schedule.py), generate (codegen.py) and compile (runtime.py), and turn the
+     steps into a ``Plan``: slots for buffers, and per step the slots it reads and writes.
+  3. **run** the plan: allocate outputs, launch kernels with the bound buffers and scalars.
+  4. **bind**: only after every launch returned do nodes receive their buffers, so an error leaves
+     every array as it was and a retry recomputes.
+
+A plan holds no nodes and no tensors (it pins no user memory). The key holds everything that
+decided the plan -- no hash-only keys -- and ``FLYARRAY_PLAN_CHECK=1`` rebuilds the plan on every
+hit and compares. ``fa.clear_caches()`` empties the cache.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+
+import torch
+
+from . import codegen, config, ir, runtime
+from .kernel_ir import Kernel
+from .schedule import Allocate, KernelStep, LibraryCall, schedule
+
+PLAN_CACHE_SIZE = 4096
+_plans: collections.OrderedDict = collections.OrderedDict()
+_lock = threading.RLock()  # one evaluation at a time: buffers are bound only when all its launches are issued
+_companions: dict = {}  # node id -> weak refs of nodes evaluated together with it (rms_norm's residual sum)
+_trace = threading.local()  # fa.jit sets .sources (ids of traced source nodes) while it traces
+
+
+class ConcretizationError(RuntimeError):
+    """A traced value's data was needed while fa.jit traces (the value does not exist yet)."""
+
+
+# ---- 1. the walk: structural key, leaves and scalars ---------------------------------------------
+class Walk:
+    """The graph under some roots, in post-order: its key and what binds into a plan."""
+    __slots__ = ("nodes", "position", "leaves", "leaf_nodes", "scalars", "scalar_nodes", "key")
+
+    def __init__(self, roots: list, backend: str):
+        position = {}
+        nodes, entries = [], []
+        leaves, leaf_nodes, scalars, scalar_nodes = [], [], [], []
+        for root in roots:
+            stack = [root]
+            while stack:
+                node = stack[-1]
+                if node.id in position:
+                    stack.pop()
+                    continue
+                buffer = node.buffer
+                if buffer is None:
+                    pending = [i for i in node.inputs if i.id not in position]
+                    if pending:
+                        stack.extend(pending)
+                        continue
+                stack.pop()
+                position[node.id] = len(nodes)
+                nodes.append(node)
+                if buffer is not None:
+                    leaves.append(buffer)
+                    leaf_nodes.append(node)
+                    entries.append(_leaf_entry(buffer, node))
+                elif node.prim is ir.CONSTANT:
+                    scalars.append(node.params)
+                    scalar_nodes.append(node)
+                    entries.append((ir.CONSTANT, node.shape, node.dtype, node.device))
+                else:
+                    entries.append((node.prim, _params_key(node), node.shape, node.dtype,
+                                    *[position[i.id] for i in node.inputs]))
+        self.nodes, self.position = nodes, position
+        self.leaves, self.leaf_nodes = leaves, leaf_nodes
+        self.scalars, self.scalar_nodes = scalars, scalar_nodes
+        self.key = (tuple(entries), tuple(position[r.id] for r in roots), backend, _settings)
+
+
+def _leaf_entry(t: torch.Tensor, node) -> tuple:
+    return ("leaf", node.dtype, node.shape, t.stride(), t.storage_offset(), t.data_ptr() % 16, node.device)
+
+
+def _params_key(node):
+    """A node's static params as a key: floats by their bits (0.0 and -0.0 differ, NaN equals itself)."""
+    kind = node.prim.kind
+    if kind in ("elementwise", "view", "reduce", "output", "concat"):
+        return node.params  # None, or tuples of ints
+    if kind == "library":
+        return (len(node.params["outputs"]), freeze(node.params["kwargs"]))
+    return freeze(node.params)  # iota
+
+
+def freeze(value):
+    """A hashable, exact key for a static value (kwargs of library ops, iota params, jit statics)."""
+    if isinstance(value, float):
+        return (float, value.hex() if value == value else "nan")
+    if isinstance(value, (bool, int, str, type(None))):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(freeze(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple(sorted((k, freeze(v)) for k, v in value.items())))
+    hash(value)  # anything else must be hashable and compare exactly (dtypes, devices, enums)
+    return (type(value), value)
+
+
+# ---- 2. plans -----------------------------------------------------------------------------------
+class Plan:
+    """Slots 0..n_leaves-1 hold the bound leaves; every step reads and fills slots."""
+    __slots__ = ("steps", "n_slots", "n_leaves", "binds", "root_slots", "description")
+
+    def __init__(self, steps, n_slots, n_leaves, binds, root_slots, description):
+        self.steps = steps
+        self.n_slots = n_slots
+        self.n_leaves = n_leaves
+        self.binds = binds  # (walk position, slot) or (library position, output index, slot)
+        self.root_slots = root_slots
+        self.description = description  # structure only: what FLYARRAY_PLAN_CHECK compares
+
+    def run(self, leaves: list, scalars: list) -> list:
+        slots = leaves + [None] * (self.n_slots - self.n_leaves)
+        for step in self.steps:
+            step(slots, scalars)
+        return slots
+
+    def bind(self, walk: Walk, slots: list):
+        """Hand every computed buffer to its node, then drop the graph above it."""
+        nodes = walk.nodes
+        for bind in self.binds:
+            if len(bind) == 2:
+                node = nodes[bind[0]]
+            else:
+                node = nodes[bind[0]].params["outputs"][bind[1]]
+            node.buffer = slots[bind[-1]]
+            node.inputs = ()
+
+
+class _Builder:
+    """Schedule a walk's roots and turn the steps into a Plan."""
+
+    def __init__(self, walk: Walk, roots: list, backend: str):
+        self.walk, self.roots, self.backend = walk, roots, backend
+        self.device = roots[0].device
+        self.slot = {n.id: i for i, n in enumerate(walk.leaf_nodes)}
+        self.scalar = {n.id: i for i, n in enumerate(walk.scalar_nodes)}
+        self.n_slots = len(walk.leaf_nodes)
+        self.steps, self.binds, self.description = [], [], []
+
+    def new_slot(self, node) -> int:
+        self.slot[node.id] = self.n_slots
+        self.n_slots += 1
+        position = self.walk.position.get(node.id)
+        if position is not None:
+            self.binds.append((position, self.slot[node.id]))
+        return self.slot[node.id]
+
+    def build(self) -> Plan:
+        for step in schedule(self.roots):
+            if isinstance(step, KernelStep):
+                self.add_kernel(step)
+            elif isinstance(step, LibraryCall):
+                self.add_library(step.node)
+            else:
+                self.add_allocation(step)
+        root_slots = [self.slot[r.id] for r in self.roots]
+        return Plan(self.steps, self.n_slots, len(self.walk.leaf_nodes), self.binds, root_slots,
+                    tuple(self.description))
+
+    def add_allocation(self, step: Allocate):
+        node = step.node
+        slot, shape, dtype, device = self.new_slot(node), node.shape, node.dtype.torch, self.device
+
+        def allocate(slots, scalars):
+            slots[slot] = torch.empty(shape, dtype=dtype, device=device)
+        self.steps.append(allocate)
+        self.description.append(("alloc", slot, shape, dtype))
+
+    def add_kernel(self, step: KernelStep):
+        kernel = step.kernel
+        spec = None if self.backend == "reference" else codegen.launch_spec(kernel)
+        launch = runtime.kernel_launcher(kernel, spec, self.backend, self.device)
+        ins = [self.slot[n.id] for n in step.inputs]
+        fresh = [(n, self.new_slot(n)) for n in step.outputs if n.id not in self.slot]
+        outs = [self.slot[n.id] for n in step.outputs]
+        sc = [self.scalar[n.id] for n in step.scalars]
+        allocations = [(slot, n.shape, n.dtype.torch) for n, slot in fresh]
+        device = self.device
+
+        def run_kernel(slots, scalars):
+            for slot, shape, dtype in allocations:
+                slots[slot] = torch.empty(shape, dtype=dtype, device=device)
+            launch([slots[i] for i in ins], [slots[o] for o in outs], [scalars[j] for j in sc])
+        self.steps.append(run_kernel)
+        self.description.append(("kernel", spec.key if spec else _kernel_key(kernel), tuple(spec.args) if spec else (),
+                                 tuple(ins), tuple(outs), tuple(sc), tuple(allocations)))
+        runtime._log(2, f"  kernel {spec.key[:12] if spec else 'reference'}: {len(kernel.ops)} ops, "
+                        f"{len(ins)} in, {len(outs)} out")
+
+    def add_library(self, lib):
+        prim, kwargs, backend = lib.prim, lib.params["kwargs"], self.backend
+        ins = []
+        for node in lib.inputs:
+            base, ops = (node.inputs[0], node.params) if node.kind == "view" else (node, ())
+            ins.append((self.slot[base.id], ops))
+        outs = []
+        lib_position = self.walk.position.get(lib.id)
+        for i, child in enumerate(lib.params["outputs"]):
+            slot = self.new_slot(child) if child.id not in self.slot else self.slot[child.id]
+            if lib_position is not None and child.id not in self.walk.position:
+                self.binds.append((lib_position, i, slot))
+            outs.append(slot)
+
+        def run_library(slots, scalars):
+            runtime._stats["library_calls"] += 1
+            runtime._stats["kernels_launched"] += 1
+            tensors = [runtime.apply_movement(slots[s], ops) if ops else slots[s] for s, ops in ins]
+            for slot, value in zip(outs, prim.run(backend, tensors, kwargs)):
+                slots[slot] = value
+        self.steps.append(run_library)
+        self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs)))
+
+
+def _kernel_key(kernel: Kernel):
+    return repr(kernel)  # the reference backend evaluates the Kernel itself: its structure is the key
+
+
+def _plan_for(walk: Walk, roots: list, backend: str) -> Plan:
+    key = walk.key
+    plan = _plans.get(key)
+    if plan is not None:
+        runtime._stats["plan_hits"] += 1
+        _plans.move_to_end(key)
+        if _plan_check:
+            _check_plan(plan, walk, roots, backend)
+        return plan
+    runtime._stats["plan_misses"] += 1
+    if runtime.config.log_level() >= 1:
+        runtime._log(1, f"plan miss: {_miss_reason(key)}")
+    plan = _Builder(walk, roots, backend).build()
+    _plans[key] = plan
+    if len(_plans) > PLAN_CACHE_SIZE:
+        _plans.popitem(last=False)
+    return plan
+
+
+def _check_plan(plan, walk, roots, backend):
+    fresh = _Builder(walk, roots, backend).build()
+    if fresh.description != plan.description or fresh.binds != plan.binds:
+        raise AssertionError("FLYARRAY_PLAN_CHECK: the cached plan differs from a fresh one for the same key:\n"
+                             f"cached {plan.description}\nfresh  {fresh.description}")
+
+
+def _miss_reason(key) -> str:
+    """Why no plan matched: the nearest cached structure and its first difference, for FLYARRAY_LOG."""
+    entries = key[0]
+    best, best_common = None, -1
+    for other in _plans:
+        if len(other[0]) != len(entries):
+            continue
+        common = next((i for i, (a, b) in enumerate(zip(other[0], entries)) if a != b), len(entries))
+        if common > best_common:
+            best, best_common = other, common
+    if best is None:
+        return f"new graph structure ({len(entries)} nodes)"
+    if best_common == len(entries):
+        return "same graph, other roots, backend or settings"
+    old, new = best[0][best_common], entries[best_common]
+    what = "leaf" if new[0] == "leaf" else getattr(new[0], "name", new[0])
+    return f"node {best_common} ({what}) differs from a cached plan's: {_short(old)} -> {_short(new)}"
+
+
+def _short(entry) -> str:
+    return "(" + ", ".join(getattr(e, "name", None) or str(e) for e in entry) + ")"
+
+
+def clear():
+    with _lock:
+        _plans.clear()
+
+
+# ---- 3/4. realize ---------------------------------------------------------------------------------
+def realize(arrays):
+    """Compute every array's value once; afterwards its node (or its view's base) holds a buffer."""
+    roots = unrealized_bases(arrays)
+    if not roots:
+        return
+    with _lock:
+        roots = [r for r in roots if r.buffer is None]  # another thread may have computed them meanwhile
+        if not roots:
+            return
+        if _companions:
+            roots = _with_companions(roots)
+        if getattr(_trace, "sources", None):
+            _refuse_traced(roots)
+        evaluate(roots)
+
+
+def evaluate(roots: list) -> tuple:
+    """Walk, plan, run and bind ``roots`` (unrealized, non-view nodes); returns (walk, plan, slots)."""
+    backend = runtime.backend_for(roots[0].device)
+    runtime._stats["evaluations"] += 1
+    walk = Walk(roots, backend)
+    plan = _plan_for(walk, roots, backend)
+    slots = plan.run(walk.leaves, walk.scalars)
+    plan.bind(walk, slots)
+    return walk, plan, slots
+
+
+def unrealized_bases(arrays) -> list:
+    """The nodes that hold the arrays' values (a view's base), where not computed yet."""
+    roots = []
+    for a in arrays:
+        node = a._node
+        if node.prim is ir.VIEW:
+            node = node.inputs[0]
+        if node.buffer is None and node not in roots:
+            roots.append(node)
+    return roots
+
+
+def evaluate_together(*arrays):
+    """Whenever one of these arrays is evaluated, compute the others that are still held in the
+    same evaluation (rms_norm(..., residual=) returns two values that one kernel writes)."""
+    nodes = [a._node.inputs[0] if a._node.prim is ir.VIEW else a._node for a in arrays]
+    for node in nodes:
+        others = [weakref.ref(n) for n in nodes if n is not node]
+        _companions[node.id] = others
+        weakref.finalize(node, _companions.pop, node.id, None)
+
+
+def _with_companions(roots: list) -> list:
+    out = list(roots)
+    for root in roots:
+        for ref in _companions.get(root.id, ()):
+            node = ref()
+            if node is not None and node.buffer is None and node not in out:
+                out.append(node)
+    return out
+
+
+def _refuse_traced(roots):
+    """Under fa.jit a traced array has no value yet; asking for one is an error (JAX's rule)."""
+    traced = _trace.sources
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node.id in traced:
+            raise ConcretizationError(
+                f"fa.jit: {_user_line()} needs the value of an array that depends on the traced arguments, "
+                "which has no value while fa.jit traces. Data-dependent Python control flow and printing "
+                "cannot be traced: compute it outside the jitted function, pass the value as a static argument "
+                "(static_argnums=/static_argnames=), or use fa.where for a data-dependent choice.")
+        if node.id not in seen:
+            seen.add(node.id)
+            stack.extend(node.inputs)
+
+
+def _user_line() -> str:
+    """The innermost frame outside flyarray: the user's line that asked for a value."""
+    import os
+    import traceback
+    package = os.path.dirname(os.path.abspath(__file__))
+    interop = os.path.join(os.path.dirname(package), "interop")
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith((package + os.sep, interop + os.sep)):
+            return f"the line {frame.filename}:{frame.lineno} ({frame.line!r})"
+    return "a trigger"
+
+
+_settings = (config.eager_rounding(),)
+_plan_check = config.plan_check()
+
+
+def refresh_settings():
+    """Re-read the switches that plans depend on (read once at import, and by fa.clear_caches)."""
+    global _settings, _plan_check
+    _settings = (config.eager_rounding(),)
+    _plan_check = config.plan_check()
