@@ -78,6 +78,10 @@ def cast_node(node: ir.Node, d: dt.DType) -> ir.Node:
 def elementwise(name: str, *args) -> Array:
     """Record elementwise primitive ``name`` over Arrays and Python scalars."""
     prim = ELEMENTWISE[name]
+    if len(args) == 2:
+        fast = _with_scalar(prim, *args)
+        if fast is not None:
+            return fast
     first = args[0]._node if isinstance(args[0], Array) else None
     if first is not None and all(isinstance(a, Array) and a._node.dtype is first.dtype
                                  and a._node.shape == first.shape and a._node.device == first.device
@@ -92,6 +96,31 @@ def elementwise(name: str, *args) -> Array:
         in_dtype, shape, device, inputs = _promote_and_broadcast(name, prim, args)
     check_accepts(prim, in_dtype)
     return Array(ir.Node(prim, inputs, None, shape, elementwise_out_dtype(prim, in_dtype), device))
+
+
+def _with_scalar(prim, a, b):
+    """The common ``x * 0.5`` / ``2 - x``: a float scalar with a float array, or an int scalar with a
+    non-bool array, takes the array's dtype (weak promotion) with nothing to broadcast or cast."""
+    if type(b) in (float, int):
+        array, scalar, first = a, b, True
+    elif type(a) in (float, int):
+        array, scalar, first = b, a, False
+    else:
+        return None
+    if type(array) is not Array:
+        return None
+    node = array._node
+    d = node.dtype
+    if type(scalar) is float:
+        if d.kind != "f" or d in dt.STORAGE_ONLY:
+            return None
+    elif d.kind not in "iuf" or d in dt.STORAGE_ONLY or (prim.accepts == "float" or prim.out == "float") \
+            and d.kind != "f":
+        return None
+    const = constant(scalar, node.shape, d, node.device)
+    check_accepts(prim, d)
+    inputs = (node, const) if first else (const, node)
+    return Array(ir.Node(prim, inputs, None, node.shape, elementwise_out_dtype(prim, d), node.device))
 
 
 def _promote_and_broadcast(name, prim, args):
