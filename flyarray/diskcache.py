@@ -362,5 +362,7 @@ class in_triton_cache:
                 return launcher(*args, **kwargs)
         return launch
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # arg_names, fn, ... of the kernel itself
+        if name == "kernel":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self.kernel, name)
