@@ -19,12 +19,13 @@ CACHE_VERSION = "1"
 
 
 def cache_dir() -> pathlib.Path:
-    """The versioned on-disk cache: plain text and JSON only, never pickle."""
+    """The versioned on-disk cache: plain text and JSON only, never pickle.
+
+    Only the path: flyarray.diskcache creates and checks it at first use (never at import).
+    """
     root = os.environ.get("FLYARRAY_CACHE_DIR")
     base = pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "flyarray"
-    path = base / f"v{CACHE_VERSION}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return base / f"v{CACHE_VERSION}"
 
 
 def log_level() -> int:

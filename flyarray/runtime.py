@@ -4,27 +4,22 @@
 backend that owns the data's device (plan.py calls it once per plan, and the
 plan calls the launch on every evaluation). Generated kernels are cached
 in memory by structural key and on disk as plain Python source under
-``config.cache_dir()/kernels``, each file headed by the hash of its body; a
-file whose hash does not match is rebuilt with a warning, never trusted.
-Triton's own binary cache lives beside it, so a second process neither
-generates nor compiles a kernel it has seen.
+``config.cache_dir()/kernels`` (flyarray/diskcache.py: private directories,
+read once and verified by hash, compiled from the verified text; anything else
+is rebuilt with a warning, never trusted). Triton's own binary cache lives
+beside it, so a second process neither generates nor compiles a kernel it has seen.
 """
 from __future__ import annotations
 
 import collections
-import hashlib
-import importlib.util
 import os
 import sys
-import warnings
 
 import torch
 import triton
 
-from . import codegen, config, ir
+from . import codegen, config, diskcache, ir
 from .kernel_ir import Kernel
-
-os.environ.setdefault("TRITON_CACHE_DIR", str(config.cache_dir() / "triton"))
 
 BACKENDS = ("gpu", "interpret", "reference")
 _stats = collections.Counter()
@@ -153,7 +148,9 @@ class _DirectLaunch:
         tail = _scalar_args(self.kernel, scalars) if scalars else ()
         compiled = self.compiled
         if compiled is None or _launch_hooks_set():
-            compiled = self.jit(*inputs, *outputs, *spec.args, *tail, num_warps=spec.num_warps, **spec.constexprs)
+            with diskcache.triton_cache_scope():  # the JIT may compile: its binaries go to our private cache
+                compiled = self.jit(*inputs, *outputs, *spec.args, *tail, num_warps=spec.num_warps,
+                                    **spec.constexprs)
             if self.compiled is None and hasattr(compiled, "packed_metadata"):
                 compiled.run  # noqa: B018  (loads the binary and its launcher now, not on the hot path)
                 self.compiled = compiled
@@ -213,53 +210,23 @@ def _compiled(plan: codegen.LaunchSpec, backend: str):
     if fn is not None:
         _stats["cache_hits"] += 1
         return fn
-    path = config.cache_dir() / "kernels" / f"{plan.key}.py"
-    reason = _disk_entry_state(path, plan.key)
-    if reason == "ok":
+    source, reason = diskcache.read_source("kernels", plan.key)
+    if source is not None:
         _stats["disk_cache_hits"] += 1
         _log(1, f"disk cache hit {plan.key[:12]}")
     else:
-        if reason == "corrupt":
-            warnings.warn(f"flyarray: corrupt kernel cache entry {path}; rebuilding it", RuntimeWarning)
-        _write_entry(path, plan.source)
+        diskcache.write_source("kernels", plan.key, plan.source)
+        source = plan.source  # what we generated, not what we wrote: the disk is not read back
         _stats["kernels_compiled"] += 1
         _log(1, f"compile {plan.key[:12]} ({reason})")
         _log(2, plan.source)
-    fn = _load(path, plan.key, backend)
+    fn = _load(source, plan.key, backend)
     _memory[key] = fn
     return fn
 
 
-def _header(body: str) -> str:
-    return f"# flyarray kernel sha256={hashlib.sha256(body.encode()).hexdigest()}\n"
-
-
-def _disk_entry_state(path, key) -> str:
-    if not path.exists():
-        return "not in memory or on disk"
-    try:
-        text = path.read_text()
-        head, body = text.split("\n", 1)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return "corrupt"
-    if head + "\n" != _header(body) or hashlib.sha256(body.encode()).hexdigest()[:32] != key:
-        return "corrupt"
-    return "ok"
-
-
-def _write_entry(path, source: str):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(_header(source) + source)
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
-
-
-def _load(path, key, backend):
-    name = f"flyarray_kernel_{key}_{backend}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # Triton reads the source back through the module
-    spec.loader.exec_module(module)
+def _load(source: str, key: str, backend: str):
+    module = diskcache.load_module(source, f"flyarray_kernel_{key}_{backend}")
     if backend == "interpret":
         from .backends.interpret import InterpreterMath
         from .kernels._triton import runner

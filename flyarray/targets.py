@@ -18,6 +18,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from .diskcache import triton_cache_scope
+
 TARGETS = {
     "gfx950": GPUTarget("hip", "gfx950", 64),
     "gfx942": GPUTarget("hip", "gfx942", 64),
@@ -73,7 +75,8 @@ def compile_for(spec: KernelSpec, target: str) -> KernelReport:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
     src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=_launch_attrs(spec))
     opts = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    compiled = triton.compile(src, target=TARGETS[target], options=opts)
+    with triton_cache_scope():
+        compiled = triton.compile(src, target=TARGETS[target], options=opts)
     if TARGETS[target].backend == "hip":
         return _amd_report(spec, target, compiled)
     return _nvidia_report(spec, target, compiled)

@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 import pytest
 
-# The cache dir must be chosen before flyarray.runtime is imported (it fixes TRITON_CACHE_DIR then).
+# A private cache dir for the whole session (flyarray.diskcache reads the variable at each first use).
 _SESSION_CACHE = tempfile.mkdtemp(prefix="flyarray-test-cache-")
 os.environ["FLYARRAY_CACHE_DIR"] = _SESSION_CACHE  # never the user's cache
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")

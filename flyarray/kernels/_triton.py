@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction, _patch_lang
 
+from flyarray.diskcache import in_triton_cache
+
 
 _INTERPRETED: dict = {}
 
@@ -153,7 +155,7 @@ def runner(kernel, device: torch.device):
     """The launchable form of ``kernel`` for tensors on ``device``."""
     if torch.device(device).type == "cpu":
         return _interpreted(kernel)
-    return kernel
+    return in_triton_cache(kernel)  # its compiles go to flyarray's checked cache, not the process's default
 
 
 def current_arch(device: torch.device) -> str:

@@ -4,7 +4,8 @@ For a key (kernel, arch, dtype, shape bucket) it times a short per-arch list of
 candidate configs on the real device with ``triton.testing.do_bench``, keeps
 the fastest, and remembers it in memory and on disk as plain JSON under
 ``flyarray.config.cache_dir() / "tuning" / "<kernel>.json"`` (never pickle; a
-corrupt file is ignored with a warning and rewritten).
+corrupt file is ignored with a warning and rewritten; read and written through
+flyarray.diskcache, like the kernel cache).
 
 Tuning runs only when asked for: env ``FLYARRAY_AUTOTUNE=1`` or an explicit
 ``tune=True`` from the caller; otherwise kernels use their default tables, so
@@ -22,7 +23,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from flyarray import config
+from flyarray import config, diskcache
 
 _memory: dict = {}  # kernel -> {key: config}
 
@@ -56,22 +57,21 @@ def candidates_for(table: dict, arch: str, shape_class: str, default: dict) -> l
     return out
 
 
-def _path(kernel: str):
-    return config.cache_dir() / "tuning" / f"{kernel}.json"
-
-
 def load(kernel: str) -> dict:
     """The tuned configs of ``kernel`` on disk; a corrupt file warns and counts as empty."""
     if kernel in _memory:
         return _memory[kernel]
-    path = _path(kernel)
+    folder = diskcache.directory("tuning")
     table = {}
-    if path.exists():
+    if folder is not None:
+        path = folder / f"{kernel}.json"
         try:
-            table = json.loads(path.read_text())
-            if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
-                raise ValueError("expected an object of objects")
-        except (ValueError, OSError) as exc:
+            data = diskcache.read_bytes(path)  # a regular file of sane size, or None
+            if data is not None:
+                table = json.loads(data)
+                if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+                    raise ValueError("expected an object of objects")
+        except (ValueError, OSError) as exc:  # diskcache.BadEntry is an OSError
             warnings.warn(f"flyarray: ignoring corrupt tuning file {path} ({exc}); it will be rewritten")
             table = {}
     _memory[kernel] = table
@@ -81,11 +81,9 @@ def load(kernel: str) -> dict:
 def save(kernel: str, key: str, cfg: dict) -> None:
     table = load(kernel)
     table[key] = cfg
-    path = _path(kernel)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-    os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+    folder = diskcache.directory("tuning")
+    if folder is not None:  # else: remembered in memory for this process
+        diskcache.write_atomic(folder, f"{kernel}.json", json.dumps(table, indent=1, sort_keys=True).encode())
 
 
 class _Progress:
