@@ -344,16 +344,46 @@ def run(suites=None, small: Optional[bool] = None, json_path: Optional[str] = No
     small = (device.type != "cuda") if small is None else small
     bandwidth = copy_bandwidth(device, small)
     rows = []
+    report = {"environment": environment(device), "copy_GBps": bandwidth / 1e9, "small": small, "rows": rows}
+
+    def save():  # after every row: a run cut short by a timeout still leaves what it measured
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(report, f, indent=1)
     print(format_table([]).splitlines()[0], file=sys.stderr, flush=True)
     for suite in suites or SUITES:
         for case in suite_cases(suite, device, small) or []:
             row = run_case(case, device, bandwidth)
             row["suite"] = suite
             rows.append(row)
+            save()
             print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
-    report = {"environment": environment(device), "copy_GBps": bandwidth / 1e9, "small": small, "rows": rows}
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1)
+    save()
     print(format_table(rows))
     return rows
+
+
+def summary(report: dict) -> str:
+    """The short table a GPU run prints last: user path, device time, torch peers, ratios, goal."""
+    env = report.get("environment", {})
+    lines = [f"{env.get('gpu') or env.get('device')}  torch {env.get('torch')}  triton {env.get('triton')}  "
+             f"backend {env.get('backend', '?')}  copy {report.get('copy_GBps', 0):.0f} GB/s  (times in us)"]
+    head = (f"{'suite':11} {'case':44} {'ours':>9} {'device':>8} {'o/dev':>6} {'eager':>9} {'compile':>9} "
+            f"{'o/eag':>6} {'c/eag':>6}  goal / status")
+    lines += [head, "-" * len(head)]
+    for r in report.get("rows", []):
+        if r["name"].startswith(" "):
+            continue  # config probes
+        cells = [_cell(r.get("ours_ms"), "9.1f", 1e3), _cell(r.get("ours_device_ms"), "8.1f", 1e3),
+                 _cell(r.get("ours_over_device"), "6.2f", 1), _cell(r.get("eager_ms"), "9.1f", 1e3),
+                 _cell(r.get("compile_ms"), "9.1f", 1e3), _cell(r.get("ours_over_eager"), "6.2f", 1),
+                 _cell(r.get("compile_over_eager"), "6.2f", 1)]
+        tail = r.get("goal", "") if r["status"] == "ok" else r["status"][:60]
+        lines.append(f"{r.get('suite', '')[:11]:11} {r['name'][:44]:44} {' '.join(cells)}  {tail}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m flyarray.bench.harness REPORT.json: the short table of a saved run
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            print(summary(json.load(f)))
