@@ -86,3 +86,11 @@ def test_json_only_where_asked(tmp_path, monkeypatch):
     assert main(["bench", "--json", str(tmp_path / "out.json")]) == 0
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["rows"] == [] and "environment" in report
+
+
+def test_summary_of_a_saved_report(rows):
+    report = {"environment": {"device": "cpu", "torch": "x", "triton": "y"}, "copy_GBps": 1.0,
+              "rows": [{**r, "suite": "overhead"} for r in rows] + [{"name": "  probe", "status": "ok"}]}
+    lines = harness.summary(report).splitlines()
+    assert len(lines) == 3 + len(rows)  # environment, header, rule; probes left out
+    assert all(line.startswith("overhead") for line in lines[3:])

@@ -368,13 +368,14 @@ def summary(report: dict) -> str:
     env = report.get("environment", {})
     lines = [f"{env.get('gpu') or env.get('device')}  torch {env.get('torch')}  triton {env.get('triton')}  "
              f"backend {env.get('backend', '?')}  copy {report.get('copy_GBps', 0):.0f} GB/s  (times in us)"]
-    head = (f"{'suite':11} {'case':44} {'ours':>9} {'device':>8} {'o/dev':>6} {'eager':>9} {'compile':>9} "
-            f"{'o/eag':>6} {'c/eag':>6}  goal / status")
+    head = (f"{'suite':11} {'case':44} {'ours':>9} {'wall':>8} {'device':>8} {'o/dev':>6} {'eager':>9} "
+            f"{'compile':>9} {'o/eag':>6} {'c/eag':>6}  goal / status")
     lines += [head, "-" * len(head)]
     for r in report.get("rows", []):
         if r["name"].startswith(" "):
             continue  # config probes
-        cells = [_cell(r.get("ours_ms"), "9.1f", 1e3), _cell(r.get("ours_device_ms"), "8.1f", 1e3),
+        cells = [_cell(r.get("ours_ms"), "9.1f", 1e3), _cell(r.get("ours_wall_ms"), "8.1f", 1e3),
+                 _cell(r.get("ours_device_ms"), "8.1f", 1e3),
                  _cell(r.get("ours_over_device"), "6.2f", 1), _cell(r.get("eager_ms"), "9.1f", 1e3),
                  _cell(r.get("compile_ms"), "9.1f", 1e3), _cell(r.get("ours_over_eager"), "6.2f", 1),
                  _cell(r.get("compile_over_eager"), "6.2f", 1)]
