@@ -38,6 +38,7 @@ def test_rows_exist_and_are_correct(rows):
         assert r["ours_over_eager"] == pytest.approx(r["ours_ms"] / r["eager_ms"])
         assert r["compile_ms"] is None  # compile=False
         assert r.get("ours_device_ms") is None  # no device column on the CPU
+        assert r["cpu_threads"] == 1
 
 
 def test_user_path_results_are_torch_tensors():

@@ -32,7 +32,10 @@ Timing modes (``Case.timing``):
   max(host, device) per call -- what a user's loop gets.
 
 On the CPU every case is timed with ``time.perf_counter`` (a wall clock over
-repeated calls, the median of repeats).
+repeated calls, the median of repeats), and host rows run with one intra-op
+thread (``torch.set_num_threads(1)``, for all three columns, torch.compile's
+kernels included): on tiny work more threads only add OpenMP barriers, and on a
+shared machine a preempted thread made torch eager's 30-op chain 10x slower.
 """
 from __future__ import annotations
 
@@ -216,6 +219,20 @@ def run_case(case: Case, device: torch.device, bandwidth: Optional[float] = None
     ``compile`` False skips the torch.compile column; ``host_iters``/``repeats`` fix the
     wall-clock loop of host-timed cases and of every case on the CPU (a quick test run).
     """
+    single = device.type == "cpu" and case.timing == "host"
+    threads = torch.get_num_threads()
+    if single:
+        torch.set_num_threads(1)
+    try:
+        row = _run_case(case, device, bandwidth, compile, host_iters, repeats)
+    finally:
+        torch.set_num_threads(threads)
+    if single and "ours_ms" in row:
+        row["cpu_threads"] = 1
+    return row
+
+
+def _run_case(case, device, bandwidth, compile, host_iters, repeats) -> dict:
     row: dict = {"name": case.name, "goal": case.goal, "timing": case.timing}
     try:
         ref = case.eager()
