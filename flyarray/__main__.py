@@ -31,8 +31,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flyarray")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="compare flyarray with torch eager and torch.compile")
-    bench.add_argument("--suite", action="append", help="only these suites (elementwise, norms, topk, gemm, attention, mx)")
-    bench.add_argument("--json", default="bench.json", help="where to write the results (default: bench.json)")
+    bench.add_argument("--suite", action="append",
+                       help="only these suites (elementwise, norms, topk, gemm, attention, mx, overhead); repeatable")
+    bench.add_argument("--json", default=None, metavar="PATH",
+                       help="write the results as JSON to PATH (default: no file)")
     bench.add_argument("--small", action="store_true", help="small shapes even on a GPU")
     sub.add_parser("info", help="versions, backend, device, targets, cache dir")
     args = parser.parse_args(argv)
@@ -42,7 +44,8 @@ def main(argv=None):
         return 0
     from flyarray.bench.harness import run
     rows = run(args.suite, small=True if args.small else None, json_path=args.json)
-    print(f"\nwrote {args.json}")
+    if args.json:
+        print(f"\nwrote {args.json}")
     bad = [r for r in rows if r["status"] != "ok"]
     return 1 if bad else 0
 

@@ -6,8 +6,11 @@ ties: torch.topk does not promise which of equal values it returns, so an index
 counts as right when the input at that index equals the value torch reports in
 that position and no index repeats in a row.
 
-A few extra rows time other configs of the same kernels ("cfg ..."), so one GPU
-run also says which tuning to keep.
+``ours`` is the user path, every call: ``fa.top_k`` / ``fa.nn.softmax_top_k`` on
+``fa.asarray`` of the torch input, both outputs handed back with
+``torch.from_dlpack``. A few extra rows time other configs of the same kernels
+("cfg ...", called directly on torch tensors), so one GPU run also says which
+tuning to keep.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import math
 
 import torch
 
+import flyarray as fa
 from flyarray.bench.harness import Case
 from flyarray.kernels.top_k import softmax_top_k, top_k
 
@@ -68,6 +72,16 @@ def softmax_top_k_check(x: torch.Tensor):
     return check
 
 
+def _user_top_k(x, k):
+    values, indices = fa.top_k(fa.asarray(x), k)
+    return torch.from_dlpack(values), torch.from_dlpack(indices)
+
+
+def _user_router(x, k):
+    probs, indices = fa.nn.softmax_top_k(fa.asarray(x), k)
+    return torch.from_dlpack(probs), torch.from_dlpack(indices)
+
+
 def _eager_router(x, k):
     return torch.topk(torch.softmax(x, dim=-1), k, dim=-1)
 
@@ -92,7 +106,8 @@ def cases(device, small):
         for tag, cfg in variants:
             out.append(Case(
                 name=f"top_k k={k} {m}x{n} fp32{tag}",
-                ours=(lambda x=x, k=k, cfg=cfg: top_k(x, k, config=cfg)),
+                ours=((lambda x=x, k=k: _user_top_k(x, k)) if cfg is None
+                      else (lambda x=x, k=k, cfg=cfg: top_k(x, k, config=cfg))),
                 eager=(lambda x=x, k=k: torch.topk(x, k, dim=-1)),
                 compilable=(lambda x=x, k=k: torch.topk(x, k, dim=-1)) if not tag else None,
                 bytes_moved=bytes_moved,
@@ -107,7 +122,7 @@ def cases(device, small):
     bytes_moved = m * n * 4 + m * k * (4 + 4)
     out.append(Case(
         name=f"top_k k={k} {m}x{n} fp32",
-        ours=lambda: top_k(x, k),
+        ours=lambda: _user_top_k(x, k),
         eager=lambda: torch.topk(x, k, dim=-1),
         compilable=lambda: torch.topk(x, k, dim=-1),
         bytes_moved=bytes_moved,
@@ -120,7 +135,8 @@ def cases(device, small):
     for tag, cfg in variants:
         out.append(Case(
             name=f"softmax+top_k k={k} {m}x{n} fp32{tag}",
-            ours=(lambda cfg=cfg: softmax_top_k(x, k, config=cfg)),
+            ours=((lambda: _user_router(x, k)) if cfg is None
+                  else (lambda cfg=cfg: softmax_top_k(x, k, config=cfg))),
             eager=lambda: _eager_router(x, k),
             compilable=(lambda: _eager_router(x, k)) if not tag else None,
             bytes_moved=bytes_moved,
