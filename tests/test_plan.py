@@ -1,0 +1,418 @@
+"""The plan stage (flyarray/plan.py): a structural key, a plan cache, binding, and fa.jit on top of it.
+
+Plans are reused across evaluations of the same structure with new data, new scalars, new strides
+and new shapes must give exactly what a fresh process gives; stats count hits and misses.
+"""
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flyarray as fa
+from flyarray import plan
+
+from .conftest import scaled
+
+_UNARY = ["exp", "sin", "tanh", "abs", "negative", "sqrt_abs"]
+_BINARY = ["add", "subtract", "multiply", "maximum"]
+
+
+def _apply(op, a, b, scalar):
+    kind, name, axis = op
+    if kind == "u":
+        if name == "sqrt_abs":
+            return fa.sqrt(fa.abs(a))
+        return getattr(fa, name)(a)
+    if kind == "b":
+        return getattr(fa, name)(a, b)
+    if kind == "s":
+        return a * scalar + scalar
+    if kind == "t":
+        return a.mT if a.ndim >= 2 else a[::-1]
+    return fa.sum(a, axis=axis, keepdims=True) + a  # a reduction broadcast back: a row kernel
+
+
+def _np_apply(op, a, b, scalar):
+    kind, name, axis = op
+    if kind == "u":
+        fn = {"negative": np.negative, "sqrt_abs": lambda v: np.sqrt(np.abs(v))}.get(name) or getattr(np, name)
+        return fn(a)
+    if kind == "b":
+        return getattr(np, name)(a, b)
+    if kind == "s":
+        return a * np.float32(scalar) + np.float32(scalar)
+    if kind == "t":
+        return np.swapaxes(a, -1, -2) if a.ndim >= 2 else a[::-1]
+    return np.sum(a, axis=axis, keepdims=True) + a
+
+
+def _program(ops, x, y, scalar):
+    a, b = x, y
+    for op in ops:
+        a = _apply(op, a, b, scalar)
+        if a.shape != b.shape:
+            b = a
+    return a
+
+
+def _np_program(ops, x, y, scalar):
+    a, b = x, y
+    for op in ops:
+        a = _np_apply(op, a, b, scalar)
+        if a.shape != b.shape:
+            b = a
+    return a
+
+
+@st.composite
+def _programs(draw):
+    nd = draw(st.integers(1, 3))
+    ops = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["u", "b", "s", "t", "r"]))
+        name = draw(st.sampled_from(_UNARY if kind == "u" else _BINARY))
+        ops.append((kind, name, draw(st.integers(0, nd - 1))))
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=nd, max_size=nd)))
+    if any(op[0] == "t" for op in ops):
+        shape = (shape[0],) * nd  # square, so a transpose keeps the shape the binary ops need
+    return ops, shape
+
+
+def _inputs(rng, shape, layout):
+    values = rng.uniform(-2, 2, size=shape).astype(np.float32)
+    if layout == "transposed" and len(shape) >= 2:
+        t = torch.from_numpy(np.ascontiguousarray(np.swapaxes(values, -1, -2))).transpose(-1, -2)
+    elif layout == "offset":
+        t = torch.from_numpy(np.concatenate([np.zeros(3, np.float32), values.ravel()]))[3:].reshape(shape)
+    else:
+        t = torch.from_numpy(values.copy())
+    return values, t
+
+
+def _run(ops, x, y, scalar):
+    return np.asarray(_program(ops, fa.asarray(x), fa.asarray(y), scalar))
+
+
+@settings(max_examples=scaled(40))
+@given(_programs(), st.integers(0, 2 ** 32 - 1))
+def test_replayed_plans_match_fresh_evaluation(program, seed):
+    """Evaluate once (a miss), then again with new data, scalars, strides and shapes: every result
+    equals numpy, and the repeat with only new data and scalars is a plan hit that compiles nothing."""
+    ops, shape = program
+    rng = np.random.default_rng(seed)
+    fa.set_backend("reference")
+    try:
+        x0, tx0 = _inputs(rng, shape, "contiguous")
+        y0, ty0 = _inputs(rng, shape, "contiguous")
+        np.testing.assert_allclose(_run(ops, tx0, ty0, 0.5), _np_program(ops, x0, y0, 0.5), rtol=2e-5, atol=2e-5)
+        fa.reset_stats()
+        x1, tx1 = _inputs(rng, shape, "contiguous")
+        y1, ty1 = _inputs(rng, shape, "contiguous")
+        np.testing.assert_allclose(_run(ops, tx1, ty1, -1.25), _np_program(ops, x1, y1, -1.25), rtol=2e-5, atol=2e-5)
+        s = fa.stats()
+        assert s["plan_hits"] == 1 and s["plan_misses"] == 0, s
+        for layout in ("transposed", "offset"):
+            x2, tx2 = _inputs(rng, shape, layout)
+            y2, ty2 = _inputs(rng, shape, layout)
+            np.testing.assert_allclose(_run(ops, tx2, ty2, 3.0), _np_program(ops, x2, y2, 3.0), rtol=2e-5, atol=2e-5)
+        bigger = tuple(n + 1 for n in shape)
+        x3, tx3 = _inputs(rng, bigger, "contiguous")
+        y3, ty3 = _inputs(rng, bigger, "contiguous")
+        np.testing.assert_allclose(_run(ops, tx3, ty3, 0.25), _np_program(ops, x3, y3, 0.25), rtol=2e-5, atol=2e-5)
+    finally:
+        fa.set_backend(None)
+
+
+def test_new_scalars_reuse_the_plan_and_the_compiled_kernel(interpret):
+    x = torch.linspace(-1, 1, 33)
+    fa.reset_stats()
+    a = np.asarray(fa.asarray(x) * 0.5 + 1.0)
+    first = fa.stats()
+    b = np.asarray(fa.asarray(x) * 0.7 + 2.0)
+    second = fa.stats()
+    np.testing.assert_allclose(a, x.numpy() * 0.5 + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(b, x.numpy() * np.float32(0.7) + 2.0, rtol=1e-6)
+    assert second["plan_hits"] - first["plan_hits"] == 1
+    assert second["kernels_compiled"] == first["kernels_compiled"]
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "interpret"])
+def test_signed_zero_constants_are_not_merged(backend_name):
+    """1/(x*0.0) + 1/(x*-0.0) is inf + -inf = nan: the two constants differ though 0.0 == -0.0."""
+    fa.set_backend(backend_name)
+    try:
+        x = fa.asarray(torch.ones(4))
+        got = np.asarray(1.0 / (x * 0.0) + 1.0 / (x * -0.0))
+        assert np.isnan(got).all(), got
+        y = fa.asarray(torch.ones(4))
+        assert np.isposinf(np.asarray(1.0 / (y * 0.0) + 1.0 / (y * 0.0))).all()  # same structure, other values
+    finally:
+        fa.set_backend(None)
+
+
+def test_nan_scalars_bind_by_value(backend):
+    x = fa.asarray(torch.zeros(3))
+    assert np.isnan(np.asarray(x + float("nan"))).all()
+    assert (np.asarray(fa.asarray(torch.zeros(3)) + 1.0) == 1.0).all()
+
+
+def test_int_scalars_of_any_width_share_a_plan(backend):
+    x = torch.arange(5, dtype=torch.int64)
+    np.testing.assert_array_equal(np.asarray(fa.asarray(x) + 1), x.numpy() + 1)
+    np.testing.assert_array_equal(np.asarray(fa.asarray(x) + 2 ** 40), x.numpy() + 2 ** 40)
+    np.testing.assert_array_equal(np.asarray(fa.asarray(x) + 16), x.numpy() + 16)
+
+
+def test_float64_scalars_keep_their_bits(backend):
+    x = torch.zeros(2, dtype=torch.float64)
+    for value in (0.0, 1e-300, 0.1, -2.5e300):
+        np.testing.assert_array_equal(np.asarray(fa.asarray(x) + value), np.full(2, value))
+
+
+def test_a_plan_pins_no_user_memory(backend):
+    t = torch.randn(64)
+    ref = weakref.ref(t)
+    y = fa.exp(fa.asarray(t)) + 1
+    fa.eval(y)
+    del t, y
+    gc.collect()
+    assert ref() is None, "a cached plan (or the graph) still holds the input buffer"
+
+
+def test_plan_check_mode_rebuilds_and_compares(backend, monkeypatch):
+    monkeypatch.setenv("FLYARRAY_PLAN_CHECK", "1")
+    fa.clear_caches()
+    try:
+        for scale in (1.0, 2.0, 3.0):
+            x = fa.asarray(torch.randn(4, 5))
+            fa.eval(fa.nn.softmax(x * scale), fa.sum(x, axis=0))
+    finally:
+        monkeypatch.delenv("FLYARRAY_PLAN_CHECK")
+        fa.clear_caches()
+
+
+def test_log_says_why_a_plan_missed(backend, monkeypatch, capsys):
+    monkeypatch.setenv("FLYARRAY_LOG", "1")
+    fa.eval(fa.exp(fa.asarray(torch.randn(4, 5))) + 1)
+    fa.eval(fa.exp(fa.asarray(torch.randn(5, 4).T)) + 1)  # same ops, new strides
+    err = capsys.readouterr().err
+    assert "plan miss" in err and "leaf" in err and "(5, 1) -> (1, 5)" in err, err
+
+
+def test_clear_caches_empties_the_plan_cache(backend):
+    fa.eval(fa.asarray(torch.randn(3)) + 1)
+    assert plan._plans
+    fa.clear_caches()
+    assert not plan._plans
+
+
+def test_an_error_leaves_every_array_as_it_was():
+    """Integer division by zero fails on the reference backend: no node keeps a half-made buffer."""
+    fa.set_backend("reference")
+    try:
+        x = fa.asarray(torch.tensor([4, 5, 6]))
+        z = fa.asarray(torch.tensor([1, 0, 2]))
+        q = (x * 2) // z
+        total = fa.sum(q)
+        for _ in range(2):  # a retry recomputes, and fails the same way: nothing was poisoned
+            with pytest.raises(RuntimeError):
+                fa.eval(total)
+            assert q._node.buffer is None and total._node.buffer is None
+    finally:
+        fa.set_backend(None)
+
+
+def test_threads_reading_shared_lazy_arrays_get_right_answers(backend):
+    n_threads, rounds = 8, 30 if backend == "reference" else 3
+    base = torch.randn(64)
+    expected = (np.exp(base.numpy()) * 2 + 1)
+    failures = []
+
+    def work():
+        for _ in range(rounds):
+            shared = fa.exp(fa.asarray(base)) * 2 + 1
+            barrier.wait()
+            got = np.asarray(shared)
+            mine = np.asarray(fa.exp(fa.asarray(base)) * 2 + 1)
+            if not (np.allclose(got, expected, rtol=1e-5) and np.allclose(mine, expected, rtol=1e-5)):
+                failures.append(1)
+
+    barrier = threading.Barrier(n_threads)
+    threads = [threading.Thread(target=work) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_shared_unevaluated_array_across_threads(backend):
+    """Many threads force the same lazy array at once: each sees the finished value."""
+    for _ in range(10 if backend == "reference" else 2):
+        t = torch.randn(256)
+        shared = fa.sin(fa.asarray(t)) + 1
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(np.asarray(shared).copy())) for _ in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        want = np.sin(t.numpy()) + 1
+        assert all(np.allclose(r, want, rtol=1e-6) for r in results)
+
+
+# ---- rms_norm(residual=) -------------------------------------------------------------------------
+def test_rms_norm_with_residual_is_one_kernel_in_the_user_path(backend):
+    x, r, w = torch.randn(8, 32), torch.randn(8, 32), torch.randn(32)
+    fa.reset_stats()
+    y, h = fa.nn.rms_norm(fa.asarray(x), fa.asarray(w), 1e-6, residual=fa.asarray(r))
+    ty = torch.from_dlpack(y)  # the user reads y first, h later
+    th = torch.from_dlpack(h)
+    assert fa.stats()["kernels_launched"] == 1
+    hf = x + r
+    want = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    torch.testing.assert_close(ty, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(th, hf)
+
+
+# ---- ways in and out ------------------------------------------------------------------------------
+def test_asarray_and_torch_out_share_memory(backend):
+    t = torch.randn(16)
+    x = fa.asarray(t)
+    assert x.torch().data_ptr() == t.data_ptr()
+    y = fa.exp(x)
+    out = y.torch()
+    assert out.data_ptr() == torch.from_dlpack(y).data_ptr() == y._node.buffer.data_ptr()
+
+
+# ---- fa.jit -----------------------------------------------------------------------------------------
+def test_jit_refuses_data_dependent_python_with_the_line(backend):
+    @fa.jit
+    def f(x):
+        if float(x.sum()) > 0:  # data-dependent control flow
+            return x * 2
+        return x
+
+    with pytest.raises(plan.ConcretizationError, match=r"test_plan\.py:\d+.*float\(x\.sum\(\)\)"):
+        f(torch.randn(5))
+
+
+def test_jit_refuses_evaluating_an_intermediate_and_still_works_after(backend):
+    calls = []
+
+    def f(x):
+        y = fa.exp(x)
+        if calls:
+            fa.eval(y)
+        calls.append(1)
+        return y + 1
+
+    g = fa.jit(f)
+    calls.append(1)
+    with pytest.raises(plan.ConcretizationError, match="fa.eval"):
+        g(torch.randn(3))
+    calls.clear()
+    x = torch.randn(3)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(g(x)), np.exp(x.numpy()) + 1, rtol=1e-6)
+
+
+def test_jit_allows_values_that_do_not_depend_on_traced_arguments(backend):
+    w = fa.asarray(torch.randn(4))
+
+    @fa.jit
+    def f(x):
+        scale = float(fa.max(fa.abs(w)))  # a closed-over value: concrete, baked in at trace time
+        return x * scale
+
+    x = torch.randn(4)
+    np.testing.assert_allclose(np.asarray(f(x)), x.numpy() * np.abs(np.asarray(w)).max(), rtol=1e-6)
+
+
+def test_jit_static_arguments_and_keywords(backend):
+    traces = []
+
+    def f(x, power, *, offset=0.0):
+        traces.append(power)
+        return x ** power + offset
+
+    g = fa.jit(f, static_argnums=1, static_argnames="offset")
+    x = torch.rand(5) + 0.5
+    np.testing.assert_allclose(np.asarray(g(x, 2, offset=1.0)), x.numpy() ** 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g(x, 3, offset=1.0)), x.numpy() ** 3 + 1, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(g(torch.rand(5) + 0.5, 2, offset=1.0)).shape, (5,))
+    assert traces == [2, 3]
+    with pytest.raises(ValueError, match="static_argnames names 'scale'"):
+        fa.jit(f, static_argnames="scale")
+
+
+def test_jit_static_values_are_keyed_with_their_type(backend):
+    g = fa.jit(lambda x, s: x * s)
+    xi = torch.arange(4, dtype=torch.int32)
+    assert g(xi, 2).dtype == fa.int32
+    assert g(xi, 2.0).dtype == fa.float32  # eager gives float32 for int32 * 2.0
+    assert fa.asarray(xi) * 2.0 is not None and (fa.asarray(xi) * 2.0).dtype == fa.float32
+
+
+def test_jit_pytrees_in_and_out(backend):
+    @fa.jit
+    def f(params, x):
+        h = x @ params["w"] + params["b"]
+        return {"out": h, "parts": (h * 2, None)}
+
+    params = {"w": torch.randn(3, 2), "b": torch.randn(2)}
+    x = torch.randn(4, 3)
+    for _ in range(2):
+        out = f(params, x)
+        want = x @ params["w"] + params["b"]
+        torch.testing.assert_close(torch.from_dlpack(out["out"]), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_dlpack(out["parts"][0]), want * 2, rtol=1e-5, atol=1e-5)
+        assert out["parts"][1] is None
+
+
+def test_jit_keeps_no_input_or_output_buffers(backend):
+    g = fa.jit(lambda x: fa.exp(x) + 1)
+    t = torch.randn(1000)
+    out = g(t)
+    out2 = g(t)
+    refs = [weakref.ref(t), weakref.ref(out2._node.buffer), weakref.ref(out._node.buffer)]
+    del t, out, out2
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_jit_replay_skips_recording_and_scheduling(backend):
+    calls = []
+
+    def f(x, y):
+        calls.append(1)
+        return fa.nn.softmax(x * y + 1.0)
+
+    g = fa.jit(f)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    g(x, y)
+    fa.reset_stats()
+    out = g(torch.randn(4, 8), y)
+    assert len(calls) == 1
+    s = fa.stats()
+    assert s["plan_hits"] == 0 and s["plan_misses"] == 0 and s["kernels_launched"] == 1
+    assert tuple(out.shape) == (4, 8)
+
+
+def test_jit_returns_inputs_and_views_of_results(backend):
+    @fa.jit
+    def f(x):
+        y = x + 1
+        return x, y.T, y[0]
+
+    t = torch.randn(3, 4)
+    for _ in range(2):
+        a, b, c = f(t)
+        assert torch.from_dlpack(a).data_ptr() == t.data_ptr()
+        torch.testing.assert_close(torch.from_dlpack(b), (t + 1).T)
+        torch.testing.assert_close(torch.from_dlpack(c), t[0] + 1)
