@@ -193,14 +193,19 @@ _ew("astype", 1, "any", "same", lambda x: x, _f("{0}"))
 
 
 # ---- reductions ------------------------------------------------------------------------------
-REDUCE["sum"] = Reduce("sum", lambda x, axes: torch.sum(x, dim=axes, keepdim=True), "_add", "sum")
-REDUCE["prod"] = Reduce("prod", lambda x, axes: _prod(x, axes), "_mul", "sum")
+# sum and prod of float16/bfloat16 accumulate in float32, as the fused kernels do (the backend rounds the result)
+REDUCE["sum"] = Reduce("sum", lambda x, axes: torch.sum(_acc(x), dim=axes, keepdim=True), "_add", "sum")
+REDUCE["prod"] = Reduce("prod", lambda x, axes: _prod(_acc(x), axes), "_mul", "sum")
 REDUCE["max"] = Reduce("max", lambda x, axes: torch.amax(x, dim=axes, keepdim=True), "_maximum", "same")
 REDUCE["min"] = Reduce("min", lambda x, axes: torch.amin(x, dim=axes, keepdim=True), "_minimum", "same")
 REDUCE["any"] = Reduce("any", lambda x, axes: torch.any(_flat(x, axes), dim=-1).reshape(_kept(x, axes)), "_or", "bool")
 REDUCE["all"] = Reduce("all", lambda x, axes: torch.all(_flat(x, axes), dim=-1).reshape(_kept(x, axes)), "_and", "bool")
 REDUCE["argmax"] = Reduce("argmax", lambda x, axes: _arg(x, axes, True), "_argmax", "index")
 REDUCE["argmin"] = Reduce("argmin", lambda x, axes: _arg(x, axes, False), "_argmin", "index")
+
+
+def _acc(x):
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def _kept(x, axes):
@@ -252,6 +257,15 @@ _ACCEPTS = {
 }
 
 
+def check_storage_only(op: str, d: dt.DType):
+    """float8 types are storage: no backend computes on them (torch CPU has no fp8 kernels), so refuse
+    at record time rather than fail at evaluation. astype, views and copies never come here."""
+    if d in dt.STORAGE_ONLY:
+        raise TypeError(f"{op} does not accept {d} inputs: float8 types are storage formats; cast them with "
+                        "astype (e.g. x.astype(fa.float32)) first, or use fa.nn.scaled_matmul / fa.quant")
+
+
 def check_accepts(prim: Elementwise, d: dt.DType):
+    check_storage_only(prim.name, d)
     if d.kind not in _ACCEPTS[prim.accepts]:
         raise TypeError(f"{prim.name} does not accept {d} inputs")

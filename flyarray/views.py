@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from typing import Optional
 
 # A movement op is a tuple: ("reshape", shape) | ("permute", perm) |
@@ -147,19 +148,56 @@ def broadcast_shapes(*shapes) -> tuple:
     return tuple(out)
 
 
+INT64_MAX = 2**63 - 1
+
+
+def as_int(value, name: str) -> int:
+    """``value`` as an int (numpy ints welcome); bools, floats and the rest raise a TypeError naming ``name``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    return operator.index(value)
+
+
+def check_shape(shape, name: str = "shape") -> tuple:
+    """An int or a sequence of ints -> a tuple of non-negative sizes whose element count int64 can hold.
+
+    Checked when an op is recorded, so a bad size fails at the call that wrote it, not inside torch.
+    """
+    if isinstance(shape, bool) or not (hasattr(shape, "__index__") or hasattr(shape, "__iter__")):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {shape!r} of type {type(shape).__name__}")
+    sizes = (shape,) if hasattr(shape, "__index__") else tuple(shape)
+    for s in sizes:
+        if isinstance(s, bool) or not hasattr(s, "__index__"):
+            raise TypeError(f"{name} {sizes}: sizes must be ints, got {s!r} of type {type(s).__name__}")
+    sizes = tuple(operator.index(s) for s in sizes)
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"{name} {sizes}: sizes must be non-negative")
+    if math.prod(sizes) > INT64_MAX or any(s > INT64_MAX for s in sizes):
+        raise ValueError(f"{name} {sizes}: more elements than int64 can count (at most 2**63 - 1)")
+    return sizes
+
+
 def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
-    if not isinstance(axis, int) or isinstance(axis, bool):
-        raise TypeError(f"{name} must be an int, got {axis!r}")
+    axis = as_int(axis, name)
     if not -max(ndim, 1) <= axis < max(ndim, 1):  # a 0-d array takes axis 0 or -1, as torch
         raise ValueError(f"{name} {axis} is out of range for an array of rank {ndim}")
     return axis % ndim if ndim else 0
 
 
-def normalize_axes(axis, ndim: int) -> tuple:
+def axis_tuple(axis, name: str = "axis") -> tuple:
+    """An int or a sequence of ints -> a tuple (not yet normalized); a TypeError names anything else."""
+    if hasattr(axis, "__index__") and not isinstance(axis, bool):
+        return (axis,)
+    if isinstance(axis, (tuple, list)):
+        return tuple(axis)
+    raise TypeError(f"{name} must be an int, a tuple of ints or None, got {axis!r} of type {type(axis).__name__}")
+
+
+def normalize_axes(axis, ndim: int, name: str = "axis") -> tuple:
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    out = tuple(sorted(normalize_axis(a, ndim) for a in axes))
+    axes = axis_tuple(axis, name)
+    out = tuple(sorted(normalize_axis(a, ndim, name) for a in axes))
     if len(set(out)) != len(out):
-        raise ValueError(f"repeated axis in {axis}")
+        raise ValueError(f"repeated {name} in {axis}")
     return out if ndim else ()  # a 0-d array has no axis to reduce, flip or squeeze: the op is the identity

@@ -800,7 +800,8 @@ def reference_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=
     if mask is not None:
         keep = keep & mask.expand(B, Hq, Sq, Sk)
     s = s.masked_fill(~keep, float("-inf"))
-    m = s.amax(-1, keepdim=True)
+    # no keys (Sk == 0): amax has nothing to reduce; every row then sees no key and gives 0
+    m = s.amax(-1, keepdim=True) if Sk else s.new_full((*s.shape[:-1], 1), float("-inf"))
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(s - m)
     total = p.sum(-1, keepdim=True)

@@ -18,6 +18,8 @@ statistics pass, then a write pass that re-reads the row, mostly from L2).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -269,7 +271,7 @@ def _rows_view(t: torch.Tensor, N: int) -> torch.Tensor:
     """
     if t.stride(-1) != 1:
         t = t.contiguous()
-    return t.reshape(-1, N)
+    return t.reshape(math.prod(t.shape[:-1]), N)  # not -1: ambiguous when N == 0
 
 
 def _sm_count(device: torch.device) -> int:

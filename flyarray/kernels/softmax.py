@@ -18,6 +18,8 @@ Backward: softmax dx = y * (dy - sum(dy * y)); log_softmax dx = dy - exp(y) * su
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -267,7 +269,7 @@ def _last_axis_rows(x: torch.Tensor, axis: int):
     def restore(out2: torch.Tensor) -> torch.Tensor:
         out = out2.reshape(shape)
         return out.movedim(-1, axis) if x.ndim else out.reshape(())
-    return moved.reshape(-1, N), restore
+    return moved.reshape(math.prod(shape[:-1]), N), restore  # not -1: ambiguous when N == 0
 
 
 # ----------------------------------------------------------------------------- launch functions

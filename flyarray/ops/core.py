@@ -8,13 +8,15 @@ compute dtype, so the scheduler and code generator never re-derive them.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
 from .. import dtypes as dt
 from .. import ir, views
 from .._array import Array
-from ..primitives import ELEMENTWISE, REDUCE, check_accepts, elementwise_out_dtype, reduce_dtype
+from ..primitives import (ELEMENTWISE, REDUCE, check_accepts, check_storage_only, elementwise_out_dtype,
+                          reduce_dtype)
 
 
 def node_of(x) -> ir.Node:
@@ -162,6 +164,8 @@ def astype(x, dtype, copy=True) -> Array:
 def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     prim = REDUCE[name]
     node = node_of(x)
+    if dtype is None:
+        check_storage_only(name, node.dtype)
     axes = views.normalize_axes(axis, len(node.shape))
     if name in ("max", "min", "argmax", "argmin") and any(node.shape[a] == 0 for a in axes):
         raise ValueError(f"{name} of an empty slice: axes {axes} of shape {node.shape} have no elements "
@@ -188,10 +192,47 @@ def movement(x, ops, shape) -> Array:
     """A view of ``x``; materializes first if no strided map can describe it."""
     node = node_of(x)
     ops = tuple(ops)
-    base, chain = (node.inputs[0], node.params + ops) if node.kind == "view" else (node, ops)
-    if views.apply_all(ir.buffer_view(base), chain) is None:
+    if node.kind == "view":
+        parent = folded_view(node)
+        folded = views.apply_all(parent, ops) if parent is not None else None
+    else:
+        folded = views.apply_all(ir.buffer_view(node), ops)
+    if folded is None:
         node = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)  # a copy
-    return Array(ir.view(node, ops, tuple(shape)))
+        folded = views.apply_all(views.View.contiguous(node.shape), ops)
+    if node.kind == "view" and len(ops) == 1 and ops[0][0] == "permute" and node.params[-1][0] == "permute":
+        out = _merge_permutes(node, ops[0][1], tuple(shape))  # x.T.T...: keep the chain short
+    else:
+        out = ir.view(node, ops, tuple(shape))
+    if out.kind == "view":
+        _FOLDED[out] = (ir.buffer_view(out.inputs[0]), folded)
+    return Array(out)
+
+
+def _merge_permutes(node: ir.Node, perm: tuple, shape: tuple) -> ir.Node:
+    """The view ``node`` (ending in a permute) followed by ``perm``, as one permute (none if the identity)."""
+    last = node.params[-1][1]
+    composed = tuple(last[p] for p in perm)
+    chain = node.params[:-1] + ((("permute", composed),) if composed != tuple(range(len(composed))) else ())
+    base = node.inputs[0]
+    return ir.Node(ir.VIEW, (base,), chain, shape, base.dtype, base.device) if chain else base
+
+
+# view node -> (the base's View it was folded from, the folded View). Folding each new view from its
+# parent's cached fold keeps recording a chain of N views O(N) (it was O(N^2): 8000 transposes took 51 s).
+# The base's View is the key's other half: it changes if the base is realized into a strided buffer.
+_FOLDED = weakref.WeakKeyDictionary()
+
+
+def folded_view(node: ir.Node):
+    """The strided map of view ``node`` over its base's memory; None when no strides describe it."""
+    start = ir.buffer_view(node.inputs[0])
+    hit = _FOLDED.get(node)
+    if hit is not None and hit[0] == start:
+        return hit[1]
+    folded = views.apply_all(start, node.params)
+    _FOLDED[node] = (start, folded)
+    return folded
 
 
 def numel(shape) -> int:

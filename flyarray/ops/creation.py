@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .. import dtypes as dt
-from .. import ir
+from .. import ir, views
 from .._array import Array
 from .core import astype, constant
 
@@ -95,13 +95,19 @@ def _check_supported(t: torch.dtype):
 
 
 def from_dlpack(x, /, *, device=None, copy=None) -> Array:
-    """Take any DLPack producer (torch, numpy, JAX, CuPy) without a copy."""
+    """Take any DLPack producer (torch, numpy, JAX, CuPy) without a copy.
+
+    A torch tensor that requires grad is taken detached, as ``fa.asarray`` takes it: flyarray
+    arrays carry no autograd (use flyarray.interop.torch's differentiable ops for gradients).
+    """
     if not hasattr(x, "__dlpack__"):
         raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
     if isinstance(x, Array):
         return x
     if isinstance(x, np.ndarray):
         return Array(ir.source(_from_numpy(x, copy)))
+    if isinstance(x, torch.Tensor):
+        x = x.detach()  # torch refuses to export a tensor that requires grad; same memory either way
     t = torch.from_dlpack(x)
     _check_supported(t.dtype)
     if copy:
@@ -149,9 +155,15 @@ def empty_like(x, *, dtype=None, device=None) -> Array:
 def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
     if stop is None:
         start, stop = 0, start
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"arange: {name} must be a real number, got {v!r} of type {type(v).__name__}")
+        if not math.isfinite(v):
+            raise ValueError(f"arange: {name} must be finite, got {v!r}")
     if step == 0:
         raise ValueError("arange: step must not be zero")
     n = max(0, math.ceil((stop - start) / step))
+    (n,) = views.check_shape((n,), f"arange({start}, {stop}, {step}) shape")
     if dtype is None:
         dtype = dt.int64 if all(isinstance(v, int) for v in (start, stop, step)) else dt.default_float()
     d = dt.dtype(dtype)
@@ -159,8 +171,10 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
 
 
 def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> Array:
+    num = views.as_int(num, "linspace: num")
     if num < 0:
         raise ValueError(f"linspace: num must be >= 0, got {num}")
+    (num,) = views.check_shape((num,), "linspace: num")
     d = dt.dtype(dtype) if dtype is not None else dt.default_float()
     div = (num - 1) if endpoint else num
     step = (stop - start) / div if div > 0 else 0.0
@@ -170,12 +184,11 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
 
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
     n_cols = n_rows if n_cols is None else n_cols
+    shape = views.check_shape((n_rows, n_cols), "eye: (n_rows, n_cols)")
+    k = views.as_int(k, "eye: k")
     d = dt.dtype(dtype) if dtype is not None else dt.default_float()
-    return Array(ir.Node(ir.IOTA, (), ("eye", int(k), int(n_cols)), (n_rows, n_cols), d, _device(device)))
+    return Array(ir.Node(ir.IOTA, (), ("eye", k, shape[1]), shape, d, _device(device)))
 
 
 def _shape(shape) -> tuple:
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if any((not isinstance(s, int)) or s < 0 for s in shape):
-        raise ValueError(f"invalid shape {shape}: sizes must be non-negative ints")
-    return shape
+    return views.check_shape(shape)

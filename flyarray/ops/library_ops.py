@@ -11,6 +11,7 @@ import importlib
 import torch
 
 from .. import dtypes as dt
+from . import checks
 from .library import Library, call
 
 
@@ -18,9 +19,8 @@ def _kernels(name):
     return importlib.import_module(f"flyarray.kernels.{name}")
 
 
-def _float_input(op, name, node, allowed=(dt.float16, dt.bfloat16, dt.float32)):
-    if node.dtype not in allowed:
-        raise TypeError(f"{op}: {name} has dtype {node.dtype}; expected one of {', '.join(map(str, allowed))}")
+def _float_input(op, name, node, allowed=checks.KERNEL_FLOATS):
+    checks.check_float(op, name, node, allowed)
 
 
 # ---- top_k ------------------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def softmax_top_k(logits, k, renormalize=False):
 
 # ---- softmax over long rows ---------------------------------------------------------------------------
 def _softmax_abstract(x, *, axis, log):
-    _float_input("softmax", "x", x)
+    checks.check_softmax("log_softmax" if log else "softmax", x, axis, checks.KERNEL_FLOATS)
     return [(x.shape, x.dtype)]
 
 
@@ -113,6 +113,7 @@ def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"dot_product_attention: key/value heads ({Hkv}) must divide query heads ({Hq})")
     Sk = k.shape[1]
+    checks.check_number("dot_product_attention", "scale", scale, optional=True)
     it = iter(extras)
     from ..views import broadcast_shapes
     for flag, name in ((has_bias, "bias"), (has_mask, "mask")):
@@ -127,6 +128,8 @@ def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
                              f"(batch, heads, q_len, k_len) = {(B, Hq, Sq, Sk)}") from None
         if name == "mask" and t.dtype != dt.bool_:
             raise TypeError(f"dot_product_attention: mask must be bool (True keeps), got {t.dtype}")
+        if name == "bias":
+            checks.check_float("dot_product_attention", "bias", t, checks.KERNEL_FLOATS)
     return [((B, Sq, Hq, D), q.dtype)]
 
 

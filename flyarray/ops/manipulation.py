@@ -14,8 +14,8 @@ from .core import movement, node_of
 
 def reshape(x, shape, copy=None) -> Array:
     node = node_of(x)
-    shape = (shape,) if isinstance(shape, int) else tuple(operator.index(s) for s in shape)
-    shape = _infer_minus_one(node.shape, shape)
+    shape = tuple(views.as_int(s, "reshape: each size") for s in views.axis_tuple(shape, "reshape: shape"))
+    shape = views.check_shape(_infer_minus_one(node.shape, shape), "reshape: shape")
     if shape == node.shape:
         return x
     return movement(x, [("reshape", shape)], shape)
@@ -40,7 +40,8 @@ def _infer_minus_one(old, shape):
 
 def permute_dims(x, axes) -> Array:
     node = node_of(x)
-    axes = tuple(views.normalize_axis(a, len(node.shape)) for a in axes)
+    axes = tuple(views.normalize_axis(a, len(node.shape), "permute_dims: axis")
+                 for a in views.axis_tuple(axes, "permute_dims: axes"))
     if sorted(axes) != list(range(len(node.shape))):
         raise ValueError(f"permute_dims: axes {axes} are not a permutation of the {len(node.shape)} dims of shape "
                          f"{node.shape}")
@@ -56,9 +57,11 @@ def matrix_transpose(x) -> Array:
 
 def expand_dims(x, axis=0) -> Array:
     node = node_of(x)
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = views.axis_tuple(axis, "expand_dims: axis")
     ndim = len(node.shape) + len(axes)
-    axes = sorted(views.normalize_axis(a, ndim) for a in axes)
+    axes = sorted(views.normalize_axis(a, ndim, "expand_dims: axis") for a in axes)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"expand_dims: repeated axis in {axis}")
     shape = list(node.shape)
     for a in axes:
         shape.insert(a, 1)
@@ -79,7 +82,7 @@ def squeeze(x, axis=None) -> Array:
 
 def broadcast_to(x, shape) -> Array:
     node = node_of(x)
-    shape = tuple(shape)
+    shape = views.check_shape(shape, "broadcast_to: shape")
     if views.broadcast_shapes(node.shape, shape) != shape:
         raise ValueError(f"cannot broadcast shape {node.shape} to {shape}")
     if shape == node.shape:
@@ -104,8 +107,12 @@ def flip(x, axis=None) -> Array:
 
 def moveaxis(x, source, destination) -> Array:
     nd = x.ndim
-    src = [views.normalize_axis(a, nd) for a in ((source,) if isinstance(source, int) else source)]
-    dst = [views.normalize_axis(a, nd) for a in ((destination,) if isinstance(destination, int) else destination)]
+    src = [views.normalize_axis(a, nd, "moveaxis: source") for a in views.axis_tuple(source, "moveaxis: source")]
+    dst = [views.normalize_axis(a, nd, "moveaxis: destination")
+           for a in views.axis_tuple(destination, "moveaxis: destination")]
+    if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise ValueError(f"moveaxis: source {source} and destination {destination} must be distinct axes, "
+                         "as many of each")
     order = [a for a in range(nd) if a not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)

@@ -1,21 +1,24 @@
 """Neural-network building blocks written on primitives; the scheduler fuses each into one row kernel."""
 from __future__ import annotations
 
-from .. import dtypes, views
+from .. import dtypes
+from . import checks
 from .core import elementwise
+from .creation import zeros
 from .elementwise import gelu, relu, silu  # noqa: F401
 from .reductions import max, mean, sum
 
 
-def _check_float(name, x):
-    if x.dtype.kind != "f":
-        raise TypeError(f"{name}: needs a floating-point input, got {x.dtype}")
+def _empty_axis(x, axis) -> bool:
+    """softmax over an axis of size 0 has no max to subtract; the answer is empty (as torch's)."""
+    return x.ndim > 0 and x.shape[axis] == 0
 
 
 def softmax(x, axis=-1):
     """exp(x - max) / sum over ``axis``; one fused row kernel, or the hand-written kernel for long rows."""
-    _check_float("softmax", x)
-    axis = views.normalize_axis(axis, x.ndim)
+    axis = checks.check_softmax("softmax", x, axis)
+    if _empty_axis(x, axis):
+        return zeros(x.shape, dtype=x.dtype, device=x.device)
     if _long_rows(x, axis):
         return long_row_softmax(x, axis, log=False)
     e = elementwise("exp", x - max(x, axis=axis, keepdims=True))
@@ -23,8 +26,9 @@ def softmax(x, axis=-1):
 
 
 def log_softmax(x, axis=-1):
-    _check_float("log_softmax", x)
-    axis = views.normalize_axis(axis, x.ndim)
+    axis = checks.check_softmax("log_softmax", x, axis)
+    if _empty_axis(x, axis):
+        return zeros(x.shape, dtype=x.dtype, device=x.device)
     if _long_rows(x, axis):
         return long_row_softmax(x, axis, log=True)
     shifted = x - max(x, axis=axis, keepdims=True)
@@ -47,11 +51,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
     Written on primitives: on the H200 the fused code beats our hand-written kernel
     (docs/benchmarks.md); backward lives in flyarray.interop.torch.rms_norm.
     """
-    _check_float("rms_norm", x)
-    if weight is not None and weight.shape != x.shape[-1:]:
-        raise ValueError(f"rms_norm: weight shape {weight.shape} does not match the last axis of {x.shape}")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"rms_norm: residual shape {residual.shape} differs from x's {x.shape}")
+    checks.check_norm("rms_norm", x, weight=weight, residual=residual, eps=eps)
     h = x + residual if residual is not None else x
     hf = h.astype(dtypes.float32, copy=False)
     y = hf * elementwise("rsqrt", mean(hf * hf, axis=-1, keepdims=True) + eps)
@@ -66,10 +66,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
-    _check_float("layer_norm", x)
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and p.shape != x.shape[-1:]:
-            raise ValueError(f"layer_norm: {name} shape {p.shape} does not match the last axis of {x.shape}")
+    checks.check_norm("layer_norm", x, weight=weight, bias=bias, eps=eps)
     mu = mean(x, axis=-1, keepdims=True)
     centered = x - mu
     y = centered * elementwise("rsqrt", mean(centered * centered, axis=-1, keepdims=True) + eps)

@@ -56,23 +56,37 @@ def _count(x, axis) -> int:
     return math.prod(x.shape[a] for a in axes)
 
 
+def _float_input(name, x):
+    """(x in the dtype to accumulate in, the result dtype): integers become float32; float16/bfloat16
+    are computed in float32 and rounded once at the end, so every backend gives the same answer
+    (the reference backend rounds each op to its dtype: a float16 sum of large values overflows)."""
+    from ..primitives import check_storage_only
+    check_storage_only(name, x.dtype)
+    out = x.dtype if x.dtype.kind == "f" else dt.default_float()
+    return astype(x, dt.compute_dtype(out), copy=False), out
+
+
 def mean(x, /, *, axis=None, keepdims=False):
-    if x.dtype.kind != "f":
-        x = astype(x, dt.default_float())
+    xf, out = _float_input("mean", x)
     n = _count(x, axis)
-    return sum(x, axis=axis, keepdims=keepdims) * (1.0 / n if n else float("nan"))
+    m = sum(xf, axis=axis, keepdims=keepdims) * (1.0 / n if n else float("nan"))
+    return astype(m, out, copy=False)
 
 
-def var(x, /, *, axis=None, correction=0.0, keepdims=False):
-    if x.dtype.kind != "f":
-        x = astype(x, dt.default_float())
-    n = _count(x, axis)
-    centered = x - mean(x, axis=axis, keepdims=True)
+def _var(xf, axis, correction, keepdims):
+    n = _count(xf, axis)
+    centered = xf - mean(xf, axis=axis, keepdims=True)
     denom = n - correction
     scale = 1.0 / denom if denom > 0 else float("nan")
     return sum(centered * centered, axis=axis, keepdims=keepdims) * scale
 
 
+def var(x, /, *, axis=None, correction=0.0, keepdims=False):
+    xf, out = _float_input("var", x)
+    return astype(_var(xf, axis, correction, keepdims), out, copy=False)
+
+
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     from .core import elementwise
-    return elementwise("sqrt", var(x, axis=axis, correction=correction, keepdims=keepdims))
+    xf, out = _float_input("std", x)
+    return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims)), out, copy=False)
