@@ -161,7 +161,8 @@ class Array:
         return _ops().getitem(self, key)
 
     def __setitem__(self, key, value):
-        raise TypeError("flyarray arrays are immutable; use x.at[...] style functional updates (fa.where) instead")
+        raise TypeError("flyarray arrays are immutable; build a new array instead, e.g. fa.where(mask, value, x) "
+                        "or fa.concat of slices")
 
     # ---- conversions ------------------------------------------------------------------------------
     def astype(self, dtype, copy=True):

@@ -263,21 +263,27 @@ def _miss_reason(key) -> str:
     entries = key[0]
     best, best_common = None, -1
     for other in _plans:
-        if len(other[0]) != len(entries):
+        if len(other[0]) != len(entries) or other[1:] != key[1:]:
             continue
         common = next((i for i, (a, b) in enumerate(zip(other[0], entries)) if a != b), len(entries))
         if common > best_common:
             best, best_common = other, common
     if best is None:
-        return f"new graph structure ({len(entries)} nodes)"
-    if best_common == len(entries):
-        return "same graph, other roots, backend or settings"
+        return f"new graph structure ({len(entries)} nodes; roots, backend {key[2]!r} and settings as keyed)"
     old, new = best[0][best_common], entries[best_common]
-    what = "leaf" if new[0] == "leaf" else getattr(new[0], "name", new[0])
+    if old[0] == new[0] == "leaf":
+        changed = [f"{name} {_short(a)} -> {_short(b)}" for name, a, b in zip(_LEAF_FIELDS, old, new) if a != b]
+        return f"input buffer at node {best_common}: " + ", ".join(changed)
+    what = getattr(new[0], "name", new[0])
     return f"node {best_common} ({what}) differs from a cached plan's: {_short(old)} -> {_short(new)}"
 
 
+_LEAF_FIELDS = ("", "dtype", "shape", "strides", "storage offset", "16-byte alignment (ptr % 16)", "device")
+
+
 def _short(entry) -> str:
+    if not isinstance(entry, tuple):
+        return getattr(entry, "name", None) or str(entry)
     return "(" + ", ".join(getattr(e, "name", None) or str(e) for e in entry) + ")"
 
 

@@ -115,7 +115,7 @@ def test_replayed_plans_match_fresh_evaluation(program, seed):
         y1, ty1 = _inputs(rng, shape, "contiguous")
         np.testing.assert_allclose(_run(ops, tx1, ty1, -1.25), _np_program(ops, x1, y1, -1.25), rtol=2e-5, atol=2e-5)
         s = fa.stats()
-        assert s["plan_hits"] == 1 and s["plan_misses"] == 0, s
+        assert s["plan_misses"] == 0 and s["plan_hits"] == s["evaluations"] and s["kernels_compiled"] == 0, s
         for layout in ("transposed", "offset"):
             x2, tx2 = _inputs(rng, shape, layout)
             y2, ty2 = _inputs(rng, shape, layout)
@@ -201,7 +201,7 @@ def test_log_says_why_a_plan_missed(backend, monkeypatch, capsys):
     fa.eval(fa.exp(fa.asarray(torch.randn(4, 5))) + 1)
     fa.eval(fa.exp(fa.asarray(torch.randn(5, 4).T)) + 1)  # same ops, new strides
     err = capsys.readouterr().err
-    assert "plan miss" in err and "leaf" in err and "(5, 1) -> (1, 5)" in err, err
+    assert "plan miss: input buffer at node 1: strides (5, 1) -> (1, 4)" in err, err
 
 
 def test_clear_caches_empties_the_plan_cache(backend):
@@ -262,8 +262,8 @@ def test_shared_unevaluated_array_across_threads(backend):
             th.start()
         for th in threads:
             th.join()
-        want = np.sin(t.numpy()) + 1
-        assert all(np.allclose(r, want, rtol=1e-6) for r in results)
+        want = (torch.sin(t) + 1).numpy()
+        assert len(results) == 8 and all(np.allclose(r, want, rtol=1e-5, atol=1e-6) for r in results)
 
 
 # ---- rms_norm(residual=) -------------------------------------------------------------------------
