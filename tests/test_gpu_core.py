@@ -157,3 +157,66 @@ def test_jax_round_trip_is_zero_copy():
     assert torch.from_dlpack(x).data_ptr() == j.unsafe_buffer_pointer()
     y = jnp.from_dlpack(fa.sqrt(x))
     assert jnp.allclose(y, jnp.sqrt(j))
+
+
+# ---- the plan stage on the GPU: direct launches bound with new buffers and scalars -------------------
+def test_plan_hits_launch_directly_with_new_scalars_and_buffers():
+    x = torch.randn(4097, device="cuda")
+    results = []
+    for scale, shift in [(0.5, 1.0), (0.7, -2.0), (-0.0, 0.0), (3.0, 2.5)]:
+        fa.reset_stats()
+        x = torch.randn(4097, device="cuda")
+        out = torch.from_dlpack(fa.asarray(x) * scale + shift)
+        results.append(fa.stats())
+        torch.testing.assert_close(out, x * scale + shift)
+    assert all(s["plan_hits"] == 1 and s["kernels_compiled"] == 0 for s in results[1:]), results
+
+
+def test_signed_zero_and_wide_scalars_on_gpu():
+    x = fa.asarray(torch.ones(8, device="cuda"))
+    assert torch.isnan(torch.from_dlpack(1.0 / (x * 0.0) + 1.0 / (x * -0.0))).all()
+    i = torch.arange(8, device="cuda", dtype=torch.int64)
+    for v in (1, 2 ** 40, 16, -3):
+        assert torch.equal(torch.from_dlpack(fa.asarray(i) + v), i + v)
+    d = torch.zeros(8, device="cuda", dtype=torch.float64)
+    for v in (0.0, 1e-300, 0.1):
+        assert torch.equal(torch.from_dlpack(fa.asarray(d) + v), d + v)
+
+
+def test_rms_norm_residual_one_kernel_on_gpu():
+    x, r = (torch.randn(64, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    fa.reset_stats()
+    y, h = fa.nn.rms_norm(fa.asarray(x), fa.asarray(w), 1e-6, residual=fa.asarray(r))
+    ty, th = torch.from_dlpack(y), torch.from_dlpack(h)
+    assert fa.stats()["kernels_launched"] == 1
+    hf = (x + r).float()
+    assert _rel(ty, hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()) < 1e-2
+    assert _rel(th, hf) < 1e-2
+
+
+def test_jit_replay_on_gpu_with_new_inputs_and_views():
+    @fa.jit
+    def f(a, b):
+        h = fa.exp(a) * b + 1.0
+        return h, h.T, fa.sum(h, axis=0)
+
+    for _ in range(3):
+        a, b = torch.randn(33, 65, device="cuda"), torch.randn(33, 65, device="cuda")
+        h, ht, s = f(a, b)
+        want = a.exp() * b + 1
+        torch.testing.assert_close(torch.from_dlpack(h), want)
+        torch.testing.assert_close(torch.from_dlpack(ht), want.T)
+        torch.testing.assert_close(torch.from_dlpack(s), want.sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_plan_check_mode_on_gpu(monkeypatch):
+    monkeypatch.setenv("FLYARRAY_PLAN_CHECK", "1")
+    fa.clear_caches()
+    try:
+        for _ in range(3):
+            x = torch.randn(128, 300, device="cuda")
+            torch.testing.assert_close(torch.from_dlpack(fa.nn.softmax(fa.asarray(x) * 2.0)), torch.softmax(x * 2, -1))
+    finally:
+        monkeypatch.delenv("FLYARRAY_PLAN_CHECK")
+        fa.clear_caches()
