@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import flyarray as fa
-from flyarray import runtime
+from flyarray import plan, runtime
 from flyarray.kernels import tuning
 
 from .conftest import assert_matches
@@ -50,6 +50,12 @@ def _reset():
         dc._reset_for_tests()
 
 
+def _forget_kernels_in_memory():
+    """As a new process would: no loaded kernel, and no plan holding one."""
+    runtime._memory.clear()
+    plan.clear()
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A fresh cache dir (not created yet), empty memory caches, the interpret backend."""
@@ -57,6 +63,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYARRAY_CACHE_DIR", str(root))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setattr(runtime, "_memory", {})
+    monkeypatch.setattr(plan, "_plans", type(plan._plans)())
     monkeypatch.setattr(tuning, "_memory", {})
     _reset()
     fa.set_backend("interpret")
@@ -92,7 +99,7 @@ def test_a_planted_pyc_is_never_run(cache, tmp_path):
     os.makedirs(os.path.dirname(pyc), exist_ok=True)
     py_compile.compile(str(evil), cfile=pyc, doraise=True,
                        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    runtime._memory.clear()
+    _forget_kernels_in_memory()
     evaluate()
     assert runtime.stats()["disk_cache_hits"] >= 1
     assert not marker.exists(), "a planted .pyc ran"
@@ -118,7 +125,7 @@ def test_an_entry_swapped_after_its_check_is_not_run(cache, tmp_path):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.py"
     evil.write_text(entry.read_text().split("\n", 1)[0] + f"\nopen({str(marker)!r}, 'w').close()\n")
-    runtime._memory.clear()
+    _forget_kernels_in_memory()
     _AUDIT.update(path=str(entry), opens=0, evil=str(evil))
     try:
         evaluate()
@@ -309,7 +316,7 @@ def test_temp_files_do_not_follow_planted_symlinks(cache, tmp_path):
     evaluate()
     [entry] = entries(cache)
     entry.unlink()
-    runtime._memory.clear()
+    _forget_kernels_in_memory()
     victim = tmp_path / "victim"
     victim.write_text("precious")
     pid = os.getpid()
@@ -361,7 +368,7 @@ def test_an_entry_that_is_not_a_regular_file_is_rebuilt(cache, kind):
         entry.mkdir()
     else:
         os.symlink("/dev/zero", entry)
-    runtime._memory.clear()
+    _forget_kernels_in_memory()
     with warnings.catch_warnings(record=True) as caught, _Guard():
         warnings.simplefilter("always")
         evaluate()
@@ -533,7 +540,7 @@ def test_an_attacker_in_another_process_runs_nothing_and_writes_nothing_outside(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # corrupt entries are expected, and rebuilt
             while time.time() < end:
-                runtime._memory.clear()
+                _forget_kernels_in_memory()
                 tuning._memory.clear()
                 if rounds % 3 == 2:
                     for entry in entries(cache):
