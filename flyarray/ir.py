@@ -90,7 +90,18 @@ def buffer_view(node: Node):
 
 
 def source(tensor: torch.Tensor) -> Node:
-    return Node(SOURCE, (), None, tuple(tensor.shape), _dt.from_torch(tensor.dtype), tensor.device, tensor)
+    """A leaf over a tensor; its params keep the tensor's version counter, which FLYARRAY_CHECK
+    compares at evaluation (an in-place write in between would change a recorded value)."""
+    return Node(SOURCE, (), version_of(tensor), tuple(tensor.shape), _dt.from_torch(tensor.dtype), tensor.device,
+                tensor)
+
+
+def version_of(tensor: torch.Tensor):
+    """The tensor's in-place version counter; None for inference tensors, which keep none."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def constant(value, shape, dtype: _dt.DType, device) -> Node:

@@ -314,10 +314,22 @@ def evaluate(roots: list) -> tuple:
     backend = runtime.backend_for(roots[0].device)
     runtime._stats["evaluations"] += 1
     walk = Walk(roots, backend)
+    if runtime._check:
+        _check_versions(walk)
     plan = _plan_for(walk, roots, backend)
     slots = plan.run(walk.leaves, walk.scalars)
     plan.bind(walk, slots)
     return walk, plan, slots
+
+
+def _check_versions(walk: Walk):
+    """FLYARRAY_CHECK: an input tensor written in place between record and evaluation is an error."""
+    for node, tensor in zip(walk.leaf_nodes, walk.leaves):
+        if node.prim is ir.SOURCE and node.params is not None and ir.version_of(tensor) != node.params:
+            raise RuntimeError(f"FLYARRAY_CHECK: the tensor behind an input of shape {tuple(tensor.shape)} was "
+                               "modified in place after fa.asarray recorded it and before evaluation; the result "
+                               "would silently use the new values. Use fa.asarray(t, copy=True) or fa.eval earlier "
+                               "(docs/semantics.md, 'Aliasing and zero copy').")
 
 
 def unrealized_bases(arrays) -> list:

@@ -416,3 +416,54 @@ def test_jit_returns_inputs_and_views_of_results(backend):
         assert torch.from_dlpack(a).data_ptr() == t.data_ptr()
         torch.testing.assert_close(torch.from_dlpack(b), (t + 1).T)
         torch.testing.assert_close(torch.from_dlpack(c), t[0] + 1)
+
+
+def test_check_mode_catches_an_input_written_in_place_before_evaluation(backend, monkeypatch):
+    monkeypatch.setenv("FLYARRAY_CHECK", "1")
+    fa.clear_caches()
+    try:
+        t = torch.ones(4)
+        y = fa.asarray(t) * 2
+        t.add_(1)  # the recorded input changes under the lazy value
+        with pytest.raises(RuntimeError, match="modified in place after fa.asarray"):
+            fa.eval(y)
+        z = fa.asarray(t) * 2  # recorded after the write: fine
+        np.testing.assert_array_equal(np.asarray(z), np.full(4, 4.0))
+    finally:
+        monkeypatch.delenv("FLYARRAY_CHECK")
+        fa.clear_caches()
+
+
+def test_inference_tensors_come_in(backend):
+    with torch.inference_mode():
+        t = torch.randn(5)
+    np.testing.assert_allclose(np.asarray(fa.asarray(t) + 1), t.numpy() + 1, rtol=1e-6)
+
+
+def test_jit_replays_and_interop_ops_from_many_threads(backend):
+    from flyarray.interop import torch as fat
+    g = fa.jit(lambda a: fa.exp(a) * 2 - 1)
+    x = torch.randn(4, 32)
+    w = torch.randn(32)
+    want_g = torch.exp(x) * 2 - 1
+    want_r = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    failures = []
+    rounds = 20 if backend == "reference" else 2
+
+    def work():
+        for _ in range(rounds):
+            try:
+                ok = torch.allclose(torch.from_dlpack(g(x)), want_g, rtol=1e-5, atol=1e-6)
+                ok &= torch.allclose(fat.rms_norm(x, w, 1e-6), want_r, rtol=1e-4, atol=1e-5)
+            except Exception as exc:  # a failure in a thread must fail the test
+                failures.append(repr(exc))
+                return
+            if not ok:
+                failures.append("wrong result")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]

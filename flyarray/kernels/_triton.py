@@ -8,6 +8,7 @@ interpreter, so ``runner`` wraps the plain Python function of the kernel in an
 """
 from __future__ import annotations
 
+import threading
 import types
 
 import torch
@@ -19,6 +20,10 @@ from flyarray.diskcache import in_triton_cache
 
 
 _INTERPRETED: dict = {}
+# The interpreter patches triton.language's module globals for the length of a launch, and the
+# snapshot/restore below is process-wide: two threads interleaving would restore each other's patches
+# away mid-launch. One interpreted launch at a time (it runs on the CPU anyway).
+_INTERPRETER_LOCK = threading.RLock()
 
 
 def _interpreted(kernel) -> "_InterpretedLaunch":
@@ -43,12 +48,13 @@ class _InterpretedLaunch:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
-            try:
-                _interpret_tensor_methods()
-                return self.fn[grid](*args, **kwargs)
-            finally:
-                _restore(snapshot)
+            with _INTERPRETER_LOCK:
+                snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
+                try:
+                    _interpret_tensor_methods()
+                    return self.fn[grid](*args, **kwargs)
+                finally:
+                    _restore(snapshot)
         return launch
 
     def __call__(self, *args, **kwargs):

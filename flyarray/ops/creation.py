@@ -24,11 +24,16 @@ def _device(device) -> torch.device:
 
 
 def asarray(obj, dtype=None, device=None, copy=None) -> Array:
-    """An Array over ``obj``; the same memory where device and layout allow (copy=None or False)."""
+    """An Array over ``obj``; the same memory where device and layout allow (copy=None or False).
+
+    A torch tensor that requires grad is taken detached: flyarray arrays carry no autograd (use
+    ``flyarray.interop.torch``'s differentiable ops for that). The array and the tensor share memory:
+    an in-place change to the tensor before evaluation changes the result (docs/semantics.md,
+    "Aliasing and zero copy"); ``copy=True`` takes a snapshot instead."""
     if type(obj) is torch.Tensor and dtype is None and device is None and not copy and not obj.requires_grad:
         d = dt.TORCH_TO_FLYARRAY.get(obj.dtype)
         if d is not None:  # the hot path of a torch round trip: no checks left to make, no copy
-            return Array(ir.Node(ir.SOURCE, (), None, tuple(obj.shape), d, obj.device, obj))
+            return Array(ir.Node(ir.SOURCE, (), ir.version_of(obj), tuple(obj.shape), d, obj.device, obj))
     target_dtype = dt.dtype(dtype) if dtype is not None else None
     if isinstance(obj, Array):
         out = obj
