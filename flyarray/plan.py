@@ -48,51 +48,53 @@ class Walk:
     __slots__ = ("nodes", "position", "leaves", "leaf_nodes", "scalars", "scalar_nodes", "key")
 
     def __init__(self, roots: list, backend: str):
-        position = {}
+        position = {}  # node -> walk position (nodes hash by identity)
         nodes, entries = [], []
         leaves, leaf_nodes, scalars, scalar_nodes = [], [], [], []
+        constant, plain = ir.CONSTANT, _PLAIN_PARAMS
         for root in roots:
             stack = [root]
             while stack:
-                node = stack[-1]
-                if node.id in position:
-                    stack.pop()
+                node = stack.pop()
+                if node in position:
                     continue
                 buffer = node.buffer
                 if buffer is None:
-                    pending = [i for i in node.inputs if i.id not in position]
-                    if pending:
-                        stack.extend(pending)
+                    inputs = node.inputs
+                    missing = [i for i in inputs if i not in position]
+                    if missing:  # inputs first: come back to this node after them
+                        stack.append(node)
+                        stack += missing
                         continue
-                stack.pop()
-                position[node.id] = len(nodes)
+                position[node] = len(nodes)
                 nodes.append(node)
                 if buffer is not None:
                     leaves.append(buffer)
                     leaf_nodes.append(node)
-                    entries.append(_leaf_entry(buffer, node))
-                elif node.prim is ir.CONSTANT:
+                    entries.append(("leaf", node.dtype, node.shape, buffer.stride(), buffer.storage_offset(),
+                                    buffer.data_ptr() % 16, node.device))
+                elif node.prim is constant:
                     scalars.append(node.params)
                     scalar_nodes.append(node)
-                    entries.append((ir.CONSTANT, node.shape, node.dtype, node.device))
+                    entries.append((constant, node.shape, node.dtype, node.device))
                 else:
-                    entries.append((node.prim, _params_key(node), node.shape, node.dtype,
-                                    *[position[i.id] for i in node.inputs]))
+                    prim = node.prim
+                    params = node.params if prim.kind in plain else _params_key(node)
+                    entries.append((prim, params, node.shape, node.dtype, *[position[i] for i in inputs]))
         self.nodes, self.position = nodes, position
         self.leaves, self.leaf_nodes = leaves, leaf_nodes
         self.scalars, self.scalar_nodes = scalars, scalar_nodes
-        self.key = (tuple(entries), tuple(position[r.id] for r in roots), backend, _settings)
+        self.key = (tuple(entries), tuple([position[r] for r in roots]), backend, _settings)
 
 
-def _leaf_entry(t: torch.Tensor, node) -> tuple:
-    return ("leaf", node.dtype, node.shape, t.stride(), t.storage_offset(), t.data_ptr() % 16, node.device)
+_PLAIN_PARAMS = frozenset(("elementwise", "view", "reduce", "output", "concat"))  # None or tuples of ints
 
 
 def _params_key(node):
     """A node's static params as a key: floats by their bits (0.0 and -0.0 differ, NaN equals itself)."""
     kind = node.prim.kind
-    if kind in ("elementwise", "view", "reduce", "output", "concat"):
-        return node.params  # None, or tuples of ints
+    if kind in _PLAIN_PARAMS:
+        return node.params
     if kind == "library":
         return (len(node.params["outputs"]), freeze(node.params["kwargs"]))
     return freeze(node.params)  # iota
@@ -152,12 +154,13 @@ class _Builder:
         self.slot = {n.id: i for i, n in enumerate(walk.leaf_nodes)}
         self.scalar = {n.id: i for i, n in enumerate(walk.scalar_nodes)}
         self.n_slots = len(walk.leaf_nodes)
+        self.allocated = set()  # slots of contiguous buffers this plan makes (not library outputs)
         self.steps, self.binds, self.description = [], [], []
 
     def new_slot(self, node) -> int:
         self.slot[node.id] = self.n_slots
         self.n_slots += 1
-        position = self.walk.position.get(node.id)
+        position = self.walk.position.get(node)
         if position is not None:
             self.binds.append((position, self.slot[node.id]))
         return self.slot[node.id]
@@ -176,33 +179,60 @@ class _Builder:
 
     def add_allocation(self, step: Allocate):
         node = step.node
-        slot, shape, dtype, device = self.new_slot(node), node.shape, node.dtype.torch, self.device
+        slot, shape, template = self.new_slot(node), node.shape, _empty_like_of(node.dtype.torch, self.device)
+        self.allocated.add(slot)
 
         def allocate(slots, scalars):
-            slots[slot] = torch.empty(shape, dtype=dtype, device=device)
+            slots[slot] = template.new_empty(shape)
         self.steps.append(allocate)
-        self.description.append(("alloc", slot, shape, dtype))
+        self.description.append(("alloc", slot, shape, node.dtype.name))
 
     def add_kernel(self, step: KernelStep):
-        kernel = step.kernel
-        spec = None if self.backend == "reference" else codegen.launch_spec(kernel)
-        launch = runtime.kernel_launcher(kernel, spec, self.backend, self.device)
+        kernel, backend = step.kernel, self.backend
+        spec = None if backend == "reference" else codegen.launch_spec(kernel)
         ins = [self.slot[n.id] for n in step.inputs]
         fresh = [(n, self.new_slot(n)) for n in step.outputs if n.id not in self.slot]
+        self.allocated.update(slot for _, slot in fresh)
         outs = [self.slot[n.id] for n in step.outputs]
         sc = [self.scalar[n.id] for n in step.scalars]
-        allocations = [(slot, n.shape, n.dtype.torch) for n, slot in fresh]
-        device = self.device
+        launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
+                                         [n.shape for n in step.outputs])
+        if backend == "reference":  # the reference launch makes its fresh outputs (often with no copy)
+            made = {slot for _, slot in fresh}
 
-        def run_kernel(slots, scalars):
-            for slot, shape, dtype in allocations:
-                slots[slot] = torch.empty(shape, dtype=dtype, device=device)
-            launch([slots[i] for i in ins], [slots[o] for o in outs], [scalars[j] for j in sc])
+            def run_kernel(slots, scalars):
+                results = launch([slots[i] for i in ins], [None if o in made else slots[o] for o in outs],
+                                 [scalars[j] for j in sc])
+                for o, value in zip(outs, results):
+                    slots[o] = value
+        else:
+            allocations = [(slot, n.shape, _empty_like_of(n.dtype.torch, self.device)) for n, slot in fresh]
+
+            def run_kernel(slots, scalars):
+                for slot, shape, template in allocations:
+                    slots[slot] = template.new_empty(shape)
+                launch([slots[i] for i in ins], [slots[o] for o in outs], [scalars[j] for j in sc])
         self.steps.append(run_kernel)
         self.description.append(("kernel", spec.key if spec else _kernel_key(kernel), tuple(spec.args) if spec else (),
-                                 tuple(ins), tuple(outs), tuple(sc), tuple(allocations)))
+                                 tuple(ins), tuple(outs), tuple(sc), tuple((n.shape, slot) for n, slot in fresh)))
         runtime._log(2, f"  kernel {spec.key[:12] if spec else 'reference'}: {len(kernel.ops)} ops, "
                         f"{len(ins)} in, {len(outs)} out")
+
+    def input_views(self, step: KernelStep) -> list:
+        """How each input buffer lies in memory, where the plan knows it for every evaluation: a leaf's
+        layout is in the key; a buffer this plan allocates is contiguous."""
+        from .views import View
+        out = []
+        for node in step.inputs:
+            slot = self.slot[node.id]
+            if slot < len(self.walk.leaves):
+                t = self.walk.leaves[slot]
+                out.append(View(tuple(t.shape), tuple(t.stride()), 0))
+            elif slot in self.allocated:
+                out.append(View.contiguous(node.shape))
+            else:
+                out.append(None)  # a library kernel's output: its layout is the kernel's business
+        return out
 
     def add_library(self, lib):
         prim, kwargs, backend = lib.prim, lib.params["kwargs"], self.backend
@@ -211,10 +241,10 @@ class _Builder:
             base, ops = (node.inputs[0], node.params) if node.kind == "view" else (node, ())
             ins.append((self.slot[base.id], ops))
         outs = []
-        lib_position = self.walk.position.get(lib.id)
+        lib_position = self.walk.position.get(lib)
         for i, child in enumerate(lib.params["outputs"]):
             slot = self.new_slot(child) if child.id not in self.slot else self.slot[child.id]
-            if lib_position is not None and child.id not in self.walk.position:
+            if lib_position is not None and child not in self.walk.position:
                 self.binds.append((lib_position, i, slot))
             outs.append(slot)
 
@@ -226,6 +256,19 @@ class _Builder:
                 slots[slot] = value
         self.steps.append(run_library)
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs)))
+
+
+_TEMPLATES: dict = {}
+
+
+def _empty_like_of(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An empty tensor whose ``new_empty`` allocates like ``torch.empty(dtype=, device=)`` without
+    parsing the dtype and device on every call (holds no data: a plan may keep it)."""
+    key = (dtype, device)
+    template = _TEMPLATES.get(key)
+    if template is None:
+        template = _TEMPLATES[key] = torch.empty(0, dtype=dtype, device=device)
+    return template
 
 
 def _kernel_key(kernel: Kernel):

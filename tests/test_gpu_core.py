@@ -220,3 +220,18 @@ def test_plan_check_mode_on_gpu(monkeypatch):
     finally:
         monkeypatch.delenv("FLYARRAY_PLAN_CHECK")
         fa.clear_caches()
+
+
+def test_library_kernels_relaunch_directly_with_other_alignments_and_sizes():
+    """kernels/_triton.DirectLaunch reuses a CompiledKernel only for the same specialization: an
+    unaligned slice, a size of 1 and other sizes after a first launch still give right answers."""
+    base = torch.randn(64 * 4096 + 8, device="cuda")
+    for offset, rows, n in [(0, 64, 4096), (0, 64, 4096), (1, 64, 4096), (3, 1, 4096), (0, 17, 999), (0, 64, 4096)]:
+        x = base[offset:offset + rows * n].view(rows, n)
+        vals, idx = fa.top_k(fa.asarray(x), 8)
+        want = torch.topk(x, 8)
+        torch.testing.assert_close(torch.from_dlpack(vals), want.values)
+    a = torch.randn(33, 64, device="cuda", dtype=torch.bfloat16)
+    for m in (33, 1, 16, 33):
+        out = torch.from_dlpack(fa.asarray(a[:m]) @ fa.asarray(a.T.contiguous()))
+        assert _rel(out, a[:m].float() @ a.T.float()) < 1e-2

@@ -8,6 +8,8 @@ interpreter, so ``runner`` wraps the plain Python function of the kernel in an
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import types
 
@@ -159,21 +161,111 @@ def _nested(jit_fn, memo):
 
 def runner(kernel, device: torch.device):
     """The launchable form of ``kernel`` for tensors on ``device``."""
-    if torch.device(device).type == "cpu":
+    if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "cpu":
         return _interpreted(kernel)
-    return in_triton_cache(kernel)  # its compiles go to flyarray's checked cache, not the process's default
+    launch = _DIRECT.get(id(kernel))
+    if launch is None or launch.kernel is not kernel:
+        launch = _DIRECT[id(kernel)] = DirectLaunch(kernel)
+    return launch
+
+
+_DIRECT: dict = {}
+
+
+class DirectLaunch:
+    """``kernel[grid](*args, **kwargs)`` on a GPU, skipping Triton's per-call binding after the first.
+
+    The first launch with a given *specialization* goes through Triton's JIT (which compiles or
+    loads, inside flyarray's checked cache) and returns the ``CompiledKernel``; later launches with
+    the same specialization call its launcher directly. The specialization key is at least as fine
+    as Triton's own: for each tensor its dtype and 16-byte alignment; for each int whether it is 1,
+    divisible by 16, and its width; the type of everything else and the value of every keyword
+    (constexprs and launch options). Arguments of any other kind (descriptors, tuples) and callable
+    grids always take the JIT path, as do launches while a launch hook (a profiler) is set.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.scoped = in_triton_cache(kernel)
+        self.params = [p.name for p in kernel.params]
+        self.defaults = {p.name: p.default for p in kernel.params if p.default is not inspect_empty}
+        self.compiled = {}
+
+    def __getattr__(self, name):  # arg_names, fn, ... of the kernel itself
+        if name == "kernel":
+            raise AttributeError(name)
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, grid):
+        if callable(grid):
+            return self.scoped[grid]
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+
+        def launch(*args, **kwargs):
+            key = _specialization(args, kwargs)
+            found = self.compiled.get(key) if key is not None else None
+            if found is None or _launch_hooks_set():
+                compiled = self.scoped[grid](*args, **kwargs)
+                if key is not None and hasattr(compiled, "packed_metadata"):
+                    compiled.run  # noqa: B018  (load the binary and its launcher now)
+                    self.compiled[key] = (compiled, self.bind_order(len(args), kwargs))
+                return compiled
+            compiled, order = found
+            values = [args[i] if type(i) is int else kwargs[i] if i in kwargs else self.defaults[i] for i in order]
+            device = next((a.device.index for a in args if isinstance(a, torch.Tensor)), None)
+            compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(
+                device if device is not None else torch.cuda.current_device()), compiled.function,
+                compiled.packed_metadata, None, None, None, *values)
+            return compiled
+        return launch
+
+    def bind_order(self, n_args, kwargs) -> list:
+        """Where each kernel parameter's value comes from: a position, or a name (keyword or default)."""
+        return [i if i < n_args else name for i, name in enumerate(self.params)]
+
+
+def _specialization(args, kwargs):
+    key = []
+    for a in args:
+        t = type(a)
+        if t is torch.Tensor:
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif t is int:
+            key.append(("i", a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a >= 2 ** 63))
+        elif t is float or t is bool or a is None:
+            key.append((t, a) if t is not float else float)
+        else:
+            return None  # a descriptor, a tuple, a dtype...: Triton's JIT decides
+    for name, value in kwargs.items():
+        if type(value) not in (int, bool, float, str, type(None)) and not isinstance(value, tl.dtype):
+            return None
+        key.append((name, type(value), value))
+    return tuple(key)
+
+
+def _launch_hooks_set() -> bool:
+    hook = getattr(getattr(triton, "knobs", None) and triton.knobs.runtime, "launch_enter_hook", None)
+    return bool(getattr(hook, "calls", hook))
+
+
+inspect_empty = inspect.Parameter.empty
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_of(device_type: str, index: int) -> str:
+    if torch.version.hip:  # ROCm reports e.g. 'gfx950:sramecc+:xnack-'
+        return torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+    # (CUDA builds of torch have a gcnArchName attribute too, holding no AMD arch: never read it there.)
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
 
 
 def current_arch(device: torch.device) -> str:
-    """'sm_90', 'gfx950', 'gfx942', ... for a GPU device; 'cpu' for the interpreter."""
-    device = torch.device(device)
+    """'sm_90', 'gfx950', 'gfx942', ... for a GPU device; 'cpu' for the interpreter (cached per device)."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
     if device.type == "cpu":
         return "cpu"
-    if torch.version.hip:  # ROCm reports e.g. 'gfx950:sramecc+:xnack-'
-        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-    # (CUDA builds of torch have a gcnArchName attribute too, holding no AMD arch: never read it there.)
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
+    return _arch_of(device.type, device.index if device.index is not None else torch.cuda.current_device())
 
 
 def pick_config(table: dict, arch: str) -> dict:

@@ -185,8 +185,8 @@ def _out_ref(node, walk, program, arg_of):
     base, ops = (node.inputs[0], node.params) if node.prim is ir.VIEW else (node, ())
     if base.id in arg_of:
         return ("arg", arg_of[base.id], ops, node.shape)
-    if walk is not None and base.id in walk.position:
-        position = walk.position[base.id]
+    if walk is not None and base in walk.position:
+        position = walk.position[base]
         slot = next((b[-1] for b in program.binds if len(b) == 2 and b[0] == position), None)
         if slot is None and base in walk.leaf_nodes:
             slot = walk.leaf_nodes.index(base)
