@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 
 from . import codegen, runtime
+from .expand import expand_composites
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
 from .targets import KernelSpec, compile_for
@@ -42,7 +43,9 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     out = fn(*args, **kwargs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     reports = []
-    for step in schedule(unrealized_bases(outs)):
+    roots = unrealized_bases(outs)
+    expand_composites(roots)
+    for step in schedule(roots):
         if isinstance(step, KernelStep):
             reports.append(compile_for(fused_spec(step), target))
         elif isinstance(step, LibraryCall):

@@ -29,6 +29,7 @@ import torch
 
 from . import codegen, config, ir, runtime
 from .kernel_ir import Kernel
+from .expand import expand_composites
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
 PLAN_CACHE_SIZE = 4096
@@ -95,7 +96,7 @@ def _params_key(node):
     kind = node.prim.kind
     if kind in _PLAIN_PARAMS:
         return node.params
-    if kind == "library":
+    if kind in ("library", "composite"):
         return (len(node.params["outputs"]), freeze(node.params["kwargs"]))
     return freeze(node.params)  # iota
 
@@ -117,17 +118,20 @@ def freeze(value):
 # ---- 2. plans -----------------------------------------------------------------------------------
 class Plan:
     """Slots 0..n_leaves-1 hold the bound leaves; every step reads and fills slots."""
-    __slots__ = ("steps", "n_slots", "n_leaves", "binds", "root_slots", "description")
+    __slots__ = ("steps", "n_slots", "n_leaves", "binds", "root_slots", "description", "static_scalars")
 
-    def __init__(self, steps, n_slots, n_leaves, binds, root_slots, description):
+    def __init__(self, steps, n_slots, n_leaves, binds, root_slots, description, static_scalars=()):
         self.steps = steps
         self.n_slots = n_slots
         self.n_leaves = n_leaves
         self.binds = binds  # (walk position, slot) or (library position, output index, slot)
         self.root_slots = root_slots
         self.description = description  # structure only: what FLYARRAY_PLAN_CHECK compares
+        self.static_scalars = list(static_scalars)
 
     def run(self, leaves: list, scalars: list) -> list:
+        if self.static_scalars:
+            scalars = scalars + self.static_scalars
         slots = leaves + [None] * (self.n_slots - self.n_leaves)
         for step in self.steps:
             step(slots, scalars)
@@ -155,6 +159,7 @@ class _Builder:
         self.scalar = {n.id: i for i, n in enumerate(walk.scalar_nodes)}
         self.n_slots = len(walk.leaf_nodes)
         self.allocated = set()  # slots of contiguous buffers this plan makes (not library outputs)
+        self.static_scalars = []  # constants made by expanding composites: structure, so the plan keeps them
         self.steps, self.binds, self.description = [], [], []
 
     def new_slot(self, node) -> int:
@@ -166,6 +171,7 @@ class _Builder:
         return self.slot[node.id]
 
     def build(self) -> Plan:
+        expand_composites(self.roots)
         for step in schedule(self.roots):
             if isinstance(step, KernelStep):
                 self.add_kernel(step)
@@ -175,7 +181,7 @@ class _Builder:
                 self.add_allocation(step)
         root_slots = [self.slot[r.id] for r in self.roots]
         return Plan(self.steps, self.n_slots, len(self.walk.leaf_nodes), self.binds, root_slots,
-                    tuple(self.description))
+                    tuple(self.description), self.static_scalars)
 
     def add_allocation(self, step: Allocate):
         node = step.node
@@ -194,7 +200,7 @@ class _Builder:
         fresh = [(n, self.new_slot(n)) for n in step.outputs if n.id not in self.slot]
         self.allocated.update(slot for _, slot in fresh)
         outs = [self.slot[n.id] for n in step.outputs]
-        sc = [self.scalar[n.id] for n in step.scalars]
+        sc = [self.scalar_slot(n) for n in step.scalars]
         launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
                                          [n.shape for n in step.outputs])
         if backend == "reference":  # the reference launch makes its fresh outputs (often with no copy)
@@ -217,6 +223,15 @@ class _Builder:
                                  tuple(ins), tuple(outs), tuple(sc), tuple((n.shape, slot) for n, slot in fresh)))
         runtime._log(2, f"  kernel {spec.key[:12] if spec else 'reference'}: {len(kernel.ops)} ops, "
                         f"{len(ins)} in, {len(outs)} out")
+
+    def scalar_slot(self, node) -> int:
+        """Where a constant's value comes from: bound from the walk, or kept by the plan when an
+        expansion made it (its value follows from the composite's params, which are in the key)."""
+        slot = self.scalar.get(node.id)
+        if slot is None:
+            slot = self.scalar[node.id] = len(self.walk.scalars) + len(self.static_scalars)
+            self.static_scalars.append(node.params)
+        return slot
 
     def input_views(self, step: KernelStep) -> list:
         """How each input buffer lies in memory, where the plan knows it for every evaluation: a leaf's

@@ -73,6 +73,20 @@ class Library(Primitive):
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+class Composite(Primitive):
+    """An op written on primitives, recorded as one node so recording and the plan's walk stay cheap.
+
+    ``expand(*input_nodes, **params) -> [root node per output]`` builds its primitive graph; the
+    plan stage calls it only on a plan miss (expand.py), so a hit never pays for the expansion.
+    Python scalars in ``params`` are part of the plan's key (by their bits).
+    """
+    kind = "composite"
+
+    def __init__(self, name, expand):
+        super().__init__(name)
+        self.expand = expand
+
+
 ELEMENTWISE: dict = {}
 REDUCE: dict = {}
 LIBRARY: dict = {}

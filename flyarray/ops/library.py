@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import ir
 from .._array import Array
-from ..primitives import Library  # noqa: F401  (ops define their primitives through this name)
+from ..primitives import Composite, Library  # noqa: F401  (ops define their primitives through these names)
 from .core import common_device, node_of
 
 
@@ -21,3 +21,25 @@ def call(prim: Library, inputs: list, **params) -> list:
     outputs = [ir.Node(ir.OUTPUT, (lib,), i, shape, d, device) for i, (shape, d) in enumerate(avals)]
     lib.params = {"outputs": outputs, "kwargs": params}
     return [Array(o) for o in outputs]
+
+
+def composite(prim: Composite, inputs: list, avals: list, **params) -> list:
+    """Record a composite op as one node; ``avals`` [(shape, dtype), ...] are its outputs, already
+    checked by the caller. ``prim.expand`` builds the primitives on a plan miss (expand.py)."""
+    device = common_device(inputs)
+    nodes = [node_of(a) for a in inputs]
+    node = ir.Node(prim, tuple(nodes), None, (), avals[0][1], device)
+    # Made last to first: the scheduler takes newer roots first, so output 0 (the op's result) is
+    # planned first and the values it reads (rms_norm's residual sum) ride along in its kernel.
+    outputs = [ir.Node(ir.OUTPUT, (node,), i, shape, d, device) for i, (shape, d) in reversed(list(enumerate(avals)))]
+    outputs.reverse()
+    node.params = {"outputs": outputs, "kwargs": params}
+    return [Array(o) for o in outputs]
+
+
+def expansion(fn):
+    """A Composite's expand rule written on Arrays: nodes in, one root node per output back."""
+    def expand(*nodes, **params):
+        out = fn(*[Array(n) for n in nodes], **params)
+        return [a._node for a in (out if isinstance(out, (tuple, list)) else (out,))]
+    return expand

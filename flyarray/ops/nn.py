@@ -5,6 +5,7 @@ from .. import dtypes
 from . import checks
 from .core import elementwise
 from .creation import zeros
+from .library import Composite, composite, expansion
 from .elementwise import gelu, relu, silu  # noqa: F401
 from .reductions import max, mean, sum
 
@@ -21,6 +22,11 @@ def softmax(x, axis=-1):
         return zeros(x.shape, dtype=x.dtype, device=x.device)
     if _long_rows(x, axis):
         return long_row_softmax(x, axis, log=False)
+    (y,) = composite(SOFTMAX, [x], [(x.shape, x.dtype)], axis=axis)
+    return y
+
+
+def _softmax(x, *, axis):
     e = elementwise("exp", x - max(x, axis=axis, keepdims=True))
     return e / sum(e, axis=axis, keepdims=True)
 
@@ -31,8 +37,18 @@ def log_softmax(x, axis=-1):
         return zeros(x.shape, dtype=x.dtype, device=x.device)
     if _long_rows(x, axis):
         return long_row_softmax(x, axis, log=True)
+    (y,) = composite(LOG_SOFTMAX, [x], [(x.shape, x.dtype)], axis=axis)
+    return y
+
+
+def _log_softmax(x, *, axis):
     shifted = x - max(x, axis=axis, keepdims=True)
     return shifted - elementwise("log", sum(elementwise("exp", shifted), axis=axis, keepdims=True))
+
+
+# Recorded as one node each (recording and the plan's walk stay cheap); expanded on a plan miss.
+SOFTMAX = Composite("softmax", expansion(_softmax))
+LOG_SOFTMAX = Composite("log_softmax", expansion(_log_softmax))
 
 
 def _long_rows(x, axis) -> bool:
@@ -52,17 +68,32 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
     (docs/benchmarks.md); backward lives in flyarray.interop.torch.rms_norm.
     """
     checks.check_norm("rms_norm", x, weight=weight, residual=residual, eps=eps)
+    inputs = [x] + [a for a in (weight, residual) if a is not None]
+    avals = [(x.shape, x.dtype)]
+    if residual is not None:
+        avals.append((x.shape, dtypes.result_type(x.dtype, residual.dtype)))
+    outs = composite(RMS_NORM, inputs, avals, eps=float(eps), has_weight=weight is not None,
+                     has_residual=residual is not None)
+    if residual is None:
+        return outs[0]
+    from ..plan import evaluate_together
+    evaluate_together(*outs)  # reading either one computes both in one kernel
+    return tuple(outs)
+
+
+def _rms_norm(x, *rest, eps, has_weight, has_residual):
+    weight = rest[0] if has_weight else None
+    residual = rest[-1] if has_residual else None
     h = x + residual if residual is not None else x
     hf = h.astype(dtypes.float32, copy=False)
     y = hf * elementwise("rsqrt", mean(hf * hf, axis=-1, keepdims=True) + eps)
     if weight is not None:
         y = y * weight.astype(dtypes.float32, copy=False)
     y = y.astype(x.dtype, copy=False)
-    if residual is None:
-        return y
-    from ..plan import evaluate_together
-    evaluate_together(y, h)  # reading either one computes both in one kernel
-    return y, h
+    return (y, h) if residual is not None else (y,)
+
+
+RMS_NORM = Composite("rms_norm", expansion(_rms_norm))
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
