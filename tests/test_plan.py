@@ -470,3 +470,30 @@ def test_jit_replays_and_interop_ops_from_many_threads(backend):
     for t in threads:
         t.join()
     assert not failures, failures[:3]
+
+
+# ---- composites: fa.nn ops recorded as one node, expanded on a plan miss --------------------------------
+def test_nn_ops_record_one_node_and_expand_only_on_a_miss(backend):
+    from flyarray import ir
+    x, w = torch.randn(6, 16), torch.randn(16)
+    y = fa.nn.rms_norm(fa.asarray(x), fa.asarray(w), 1e-6)
+    assert len(ir.toposort([y._node])) == 4  # x, w, the composite, its output
+    fa.reset_stats()
+    for eps in (1e-6, 1e-6, 1e-2):  # eps is part of the key: a new eps is a new plan, never a stale value
+        got = fa.nn.rms_norm(fa.asarray(x), fa.asarray(w), eps).torch()
+        torch.testing.assert_close(got, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
+    s = fa.stats()
+    assert s["plan_misses"] == 2 and s["plan_hits"] == 1, s  # 1e-6 planned once, then hit; 1e-2 is new
+
+
+def test_composites_inside_bigger_graphs_and_jit(backend):
+    x = torch.randn(5, 12)
+    a = fa.asarray(x)
+    out = fa.nn.softmax(a * 2.0, axis=0) + fa.nn.log_softmax(a, axis=1)
+    want = torch.softmax(x * 2, 0) + torch.log_softmax(x, 1)
+    torch.testing.assert_close(torch.from_dlpack(out), want, rtol=1e-5, atol=1e-5)
+    g = fa.jit(lambda t: fa.nn.softmax(t) * 3.0)
+    for _ in range(2):
+        torch.testing.assert_close(g(x).torch(), torch.softmax(x, -1) * 3, rtol=1e-5, atol=1e-6)
+    info = fa.inspect(fa.nn.softmax, fa.asarray(x), target="gfx950")  # expands for the cross-compile too
+    assert len(info.kernels) == 1
