@@ -403,7 +403,10 @@ class _Emitter:
         cdt = _cdt(op.dtype)
         if isinstance(op, Load):
             v = self.view_of_op[i]
-            value = f"tl.load(in{op.input} + ({self.address(v, op.domain)}), mask={self.mask_for(op.domain)}, other=0)"
+            # fp8 loads take no ``other``: Triton's interpreter cannot cast the 0 to fp8 (masked-off
+            # lanes are never stored, and fp8 is storage only: no reduction reads them).
+            other = "" if op.dtype in dt.STORAGE_ONLY else ", other=0"
+            value = f"tl.load(in{op.input} + ({self.address(v, op.domain)}), mask={self.mask_for(op.domain)}{other})"
             # Widen only when the compute dtype differs: a cast to the storage dtype itself is a no-op,
             # and Triton's interpreter cannot even do that one for fp8.
             L.append(f"{indent}v{i} = {value}" + ("" if op.dtype.kind == "b" or cdt is op.dtype else f".to({_tl(cdt)})"))
