@@ -403,8 +403,13 @@ class _Emitter:
         cdt = _cdt(op.dtype)
         if isinstance(op, Load):
             v = self.view_of_op[i]
-            value = f"tl.load(in{op.input} + ({self.address(v, op.domain)}), mask={self.mask_for(op.domain)}, other=0)"
-            L.append(f"{indent}v{i} = {value}" + ("" if op.dtype.kind == "b" else f".to({_tl(cdt)})"))
+            # fp8 loads take no ``other``: Triton's interpreter cannot cast the 0 to fp8 (masked-off
+            # lanes are never stored, and fp8 is storage only: no reduction reads them).
+            other = "" if op.dtype in dt.STORAGE_ONLY else ", other=0"
+            value = f"tl.load(in{op.input} + ({self.address(v, op.domain)}), mask={self.mask_for(op.domain)}{other})"
+            # Widen only when the compute dtype differs: a cast to the storage dtype itself is a no-op,
+            # and Triton's interpreter cannot even do that one for fp8.
+            L.append(f"{indent}v{i} = {value}" + ("" if op.dtype.kind == "b" or cdt is op.dtype else f".to({_tl(cdt)})"))
         elif isinstance(op, Iota):
             L.append(f"{indent}v{i} = {self.iota_expr(i, op)}")
         elif isinstance(op, Const):
@@ -547,22 +552,17 @@ class _Emitter:
         self.emit_stores(full=False)
 
     def stages(self) -> dict:
-        stage = {}
+        """Per op, how many dependent reduction loops precede it. Ops are in SSA order, so one
+        forward pass suffices (no recursion: a fused chain can be thousands of ops deep)."""
+        stage, outer = {}, {}  # outer[i]: the latest stage of a per-row value that op i depends on
         for i, op in enumerate(self.k.ops):
             deps = [op.arg] if isinstance(op, Reduce) else list(getattr(op, "args", ()))
-            below = max((stage[d] for d in deps), default=0)
             if isinstance(op, Reduce):
-                stage[i] = self.max_outer_stage(op.arg, stage) + 1
+                stage[i] = outer[op.arg] + 1
             else:
-                stage[i] = below
+                stage[i] = max((stage[d] for d in deps), default=0)
+            outer[i] = stage[i] if op.domain == "outer" else max((outer[d] for d in deps), default=0)
         return stage
-
-    def max_outer_stage(self, i, stage) -> int:
-        op = self.k.ops[i]
-        if op.domain == "outer":
-            return stage[i]
-        deps = list(getattr(op, "args", ()))
-        return max((self.max_outer_stage(d, stage) for d in deps), default=0)
 
     def full_closure(self, roots, done) -> list:
         """Full-domain ops (in order) needed for ``roots``, stopping at per-row values already computed."""

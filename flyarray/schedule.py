@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from typing import Optional
 
 from . import ir, views
 from .kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce, Store
 from .primitives import ELEMENTWISE, LIBRARY
 from .views import View
-
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
 
 @dataclasses.dataclass
@@ -57,46 +54,93 @@ class Allocate:
     node: ir.Node  # a buffer that later kernels write parts of (concat)
 
 
-class _Unviewable(Exception):
-    """A movement chain that no strided map over the buffer describes."""
-
-
 def schedule(roots: list) -> list:
-    """Steps that realize every node in ``roots`` (non-view nodes), in an order that runs."""
+    """Steps that realize every node in ``roots``, in an order that runs.
+
+    A root is a non-view node, or a view node the user asked for: when its base is an unevaluated
+    elementwise/constant/iota expression larger than the view, one kernel over the view's shape
+    computes only the elements the view reads into a buffer of the view node's own (a KernelStep
+    whose output is the view node); otherwise the base is realized whole instead.
+    """
     return _Scheduler(roots).run()
+
+
+def _drive(gen):
+    """Run recursion written as generators on an explicit stack: inside one, ``value = yield sub``
+    calls the generator ``sub`` and receives what it returns. Graph walks as deep as the graph (a
+    chain of 20000 fused ops) then need no Python recursion and no raised recursion limit."""
+    stack, value, error = [gen], None, None
+    while stack:
+        try:
+            sub = stack[-1].throw(error) if error is not None else stack[-1].send(value)
+        except StopIteration as stop:
+            stack.pop()
+            value, error = stop.value, None
+            continue
+        except BaseException as exc:  # propagate to the caller's generator, as a real call would
+            stack.pop()
+            if not stack:
+                raise
+            value, error = None, exc
+            continue
+        stack.append(sub)
+        value, error = None, None
+    return value
 
 
 class _Scheduler:
     def __init__(self, roots):
-        self.roots = [r for r in roots if not r.realized]
-        self.wanted = {r.id for r in self.roots}
         self.planned = {}  # node id -> node whose buffer a step produces
         self.steps = []
+        self.memo_version = 0  # len(planned) when the memos below were filled
+        self.memos = ({}, {}, {})  # leaf_views, pushable, reachable reductions: see walk_memo
+        roots = [r for r in roots if not r.realized]
+        whole = {r.id for r in roots if r.kind != "view"}
+        self.roots, ids = [], set()
+        for r in roots:
+            if r.kind == "view" and not self.reads_part(r, whole):
+                r = r.inputs[0]
+            if not r.realized and r.id not in ids:
+                ids.add(r.id)
+                self.roots.append(r)
+        self.wanted = ids
         self.uses = {}
         for node in ir.toposort(self.roots):
             for i in node.inputs:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
 
+    def reads_part(self, view, whole) -> bool:
+        """Whether a requested view gets a kernel over its own shape instead of its base computed
+        whole: a slice of a huge broadcast expression then costs what it reads. Only for bases that
+        are cheap per element (elementwise, constant, iota: reductions and library outputs are
+        computed whole anyway), larger than the view, not requested whole, and reachable through
+        the view's strided map."""
+        base = view.inputs[0]
+        return (base.kind in ("elementwise", "constant", "iota") and not base.realized and base.id not in whole
+                and view.size < base.size and self.pushable(base, view.params))
+
     def run(self) -> list:
         # Later roots first: they tend to consume earlier ones, which then ride along as extra outputs.
         for root in sorted(self.roots, key=lambda n: -n.id):
-            self.ensure(root)
+            _drive(self.ensure(root))
         return self.steps
 
     def is_available(self, node) -> bool:
         return node.realized or node.id in self.planned
 
+    # The methods below that ``yield`` are generators run by _drive (see there).
     def ensure(self, node: ir.Node):
         """Plan a step that gives ``node`` a buffer (after the steps it depends on)."""
         if self.is_available(node):
             return
         kind = node.kind
-        if kind == "view":
-            raise AssertionError("views are never materialized by themselves")
+        if kind == "view":  # a requested view that reads part of its base (reads_part)
+            yield self.build_kernel(node)
+            return
         if kind == "output":
             lib = node.inputs[0]
             for i in lib.inputs:
-                self.ensure_materialized_input(i)
+                yield self.ensure_materialized_input(i)
             if lib.id not in self.planned:
                 self.planned[lib.id] = lib
                 for child in lib.params["outputs"]:
@@ -104,12 +148,12 @@ class _Scheduler:
                 self.steps.append(LibraryCall(lib))
             return
         if kind == "concat":
-            self.plan_concat(node)
+            yield self.plan_concat(node)
             return
         if kind == "elementwise" and self.fuse_into_library(node):
-            self.ensure(node)  # now the output of a library call
+            yield self.ensure(node)  # now the output of a library call
             return
-        self.build_kernel(node)
+        yield self.build_kernel(node)
 
     def fuse_into_library(self, node) -> bool:
         """Elementwise epilogues move into library kernels that take them (matmul: bias, act, residual, cast)."""
@@ -118,7 +162,7 @@ class _Scheduler:
     def ensure_materialized_input(self, node: ir.Node):
         """Library kernels take buffers: realize the base of a view (the view itself is strided)."""
         base = node.inputs[0] if node.kind == "view" else node
-        self.ensure(base)
+        yield self.ensure(base)
 
     def plan_concat(self, node):
         self.planned[node.id] = node
@@ -128,14 +172,14 @@ class _Scheduler:
         full_strides = views.contiguous_strides(node.shape)
         for part in node.inputs:
             target = View(part.shape, full_strides, offset * full_strides[axis])
-            self.build_kernel(part, target=(node, target))
+            yield self.build_kernel(part, target=(node, target))
             offset += part.shape[axis]
 
     # ---- kernels -----------------------------------------------------------------------------------
     def build_kernel(self, root: ir.Node, target=None):
         full, axes = self.domain_of(root)
         builder = _KernelBuilder(self, full, axes)
-        builder.add_root(root, target)
+        yield builder.add_root(root, target)
         if target is None:
             self.planned[root.id] = root
         self.steps.append(builder.finish())
@@ -143,6 +187,8 @@ class _Scheduler:
     def domain_of(self, root: ir.Node):
         if root.kind == "reduce":
             return root.inputs[0].shape, root.params
+        if root.kind == "view":  # elementwise over the view's shape; reductions below get kernels of their own
+            return root.shape, ()
         for red in self._reachable_reductions(root):
             full, axes = red.inputs[0].shape, red.params
             if not _worth_a_row_kernel(full, red.shape):
@@ -151,19 +197,99 @@ class _Scheduler:
                 return full, axes
         return root.shape, ()
 
-    def _reachable_reductions(self, root):
-        found, seen, stack = [], set(), [root]
-        while stack:
-            node = stack.pop()
-            if node.id in seen or (node is not root and self.is_available(node)):
+    def walk_memo(self) -> tuple:
+        """Memos of graph walks, shared by every kernel of this schedule. A walk's answer depends only
+        on which nodes are available, which changes only when a node is planned: the memos are
+        emptied then. Nothing is planned while a kernel's lowering descends through the nodes it must
+        materialize first, so a chain of n such steps walks each node once instead of once per kernel
+        (which made long chains cubic)."""
+        if self.memo_version != len(self.planned):
+            self.memo_version = len(self.planned)
+            for memo in self.memos:
+                memo.clear()
+        return self.memos
+
+    def _reachable_reductions(self, root) -> tuple:
+        """Reductions that ``root`` computes through elementwise ops and views, in depth-first order
+        (a root already planned, a concat part, is looked through all the same)."""
+        if not self.is_available(root):
+            return self._reachable(root)
+        if root.kind == "reduce":
+            return (root,)
+        if root.kind in ("elementwise", "view"):
+            return tuple(dict.fromkeys(r for i in root.inputs for r in self._reachable(i)))
+        return ()
+
+    def _reachable(self, node) -> tuple:
+        memo = self.walk_memo()[2]
+        stack = [node]
+        while stack:  # post-order, iterative: graphs are deeper than Python's recursion limit
+            n = stack[-1]
+            if n.id in memo:
+                stack.pop()
                 continue
-            seen.add(node.id)
-            if node.kind == "reduce":
-                found.append(node)
+            if self.is_available(n):
+                found = ()
+            elif n.kind == "reduce":
+                found = (n,)
+            elif n.kind in ("elementwise", "view"):
+                pending = [i for i in n.inputs if i.id not in memo]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                found = tuple(dict.fromkeys(r for i in n.inputs for r in memo[i.id]))
+            else:
+                found = ()
+            stack.pop()
+            memo[n.id] = found
+        return memo[node.id]
+
+    # ---- pushing views down ----------------------------------------------------------------------
+    def pushable(self, node, chain) -> bool:
+        """Whether the movement ``chain`` can be pushed through ``node`` down to what it reads: it must
+        give a strided view over every buffer (or iota) below."""
+        memo, key = self.walk_memo()[1], (node.id, chain)
+        ok = memo.get(key)
+        if ok is None:
+            ok = memo[key] = all(v is not None and views.apply_all(v, chain) is not None
+                                 for v in self.leaf_views(node))
+        return ok
+
+    def leaf_views(self, node) -> frozenset:
+        """How ``node``'s elements lie in each buffer it is computed from, as views of ``node``'s shape
+        (None where no strided view describes one). Elementwise ops and views are walked through,
+        constants need no buffer, anything else is (or becomes) a buffer.
+
+        One set per node answers every chain, so a chain that fails deep below fails here at once
+        instead of being re-pushed down the whole graph (which made chains that materialize at each
+        step cubic)."""
+        memo = self.walk_memo()[0]
+        stack = [node]
+        while stack:  # post-order, iterative: graphs are deeper than Python's recursion limit
+            n = stack[-1]
+            if n.id in memo:
+                stack.pop()
                 continue
-            if node.kind in ("elementwise", "view"):
-                stack.extend(reversed(node.inputs))
-        return found
+            through = n.kind in ("view", "elementwise") and not self.is_available(n)
+            pending = [i for i in n.inputs if i.id not in memo] if through else ()
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            if not through:
+                memo[n.id] = self._own_views(n)
+            elif n.kind == "view":
+                memo[n.id] = frozenset(None if v is None else views.apply_all(v, n.params) for v in memo[n.inputs[0].id])
+            else:
+                memo[n.id] = frozenset().union(*(memo[i.id] for i in n.inputs))
+        return memo[node.id]
+
+    def _own_views(self, node) -> frozenset:
+        if node.kind == "constant":
+            return frozenset()
+        if self.is_available(node) or node.kind == "source":
+            return frozenset((ir.buffer_view(node),))
+        return frozenset((View.contiguous(node.shape),))  # an iota, or a reduction/boundary: a contiguous buffer
 
 
 def _worth_a_row_kernel(full, keep) -> bool:
@@ -183,6 +309,8 @@ def _same_rows(shape, keep_shape) -> bool:
 
 
 class _KernelBuilder:
+    """One kernel's ops. The lowering methods that ``yield`` are generators run by _drive."""
+
     def __init__(self, sched: _Scheduler, full: tuple, axes: tuple):
         self.sched = sched
         self.full = tuple(full)
@@ -206,7 +334,7 @@ class _KernelBuilder:
         else:
             domain = "outer"
             chain = (("reshape", self.keep),) if root.shape != self.keep else ()
-        op = self.lower(root, chain, domain)
+        op = yield self.lower(root, chain, domain)
         shape = self.full if domain == "full" else self.keep
         view = target[1] if target else View.contiguous(root.shape)
         if view.shape != shape:
@@ -237,61 +365,63 @@ class _KernelBuilder:
         return self.op_index[op]
 
     # ---- lowering ----------------------------------------------------------------------------------
-    def lower(self, node: ir.Node, chain: tuple, domain: str) -> int:
+    def lower(self, node: ir.Node, chain: tuple, domain: str):
         key = (node.id, chain, domain)
         if key not in self.memo:
-            self.memo[key] = self._lower(node, chain, domain)
+            self.memo[key] = yield self._lower(node, chain, domain)
         return self.memo[key]
 
-    def _lower(self, node, chain, domain) -> int:
+    def _lower(self, node, chain, domain):
         if self.sched.is_available(node) and node.id not in self.stored:
-            return self.load(node, chain, domain)
+            return (yield self.load(node, chain, domain))
         kind = node.kind
         if kind == "view":
-            return self.lower(node.inputs[0], node.params + chain, domain)
+            return (yield self.lower(node.inputs[0], node.params + chain, domain))
         if kind == "constant":
             return self.add(Const(self.scalar(node), domain, node.dtype))
         if domain == "full" and self.axes and kind in ("elementwise", "reduce", "iota"):
             outer_chain = self.as_row_broadcast(node.shape, chain)
             if outer_chain is not None:  # computed once per row, broadcast along it
-                return self.lower(node, outer_chain, "outer")
+                return (yield self.lower(node, outer_chain, "outer"))
         if kind == "iota":
             view = views.apply_all(View.contiguous(node.shape), chain)
             if view is None:
-                self.sched.ensure(node)
-                return self.load(node, chain, domain)
+                yield self.sched.ensure(node)
+                return (yield self.load(node, chain, domain))
             return self.add(Iota(node.params, view, domain, node.dtype))
         if kind == "elementwise":
-            return self.lower_elementwise(node, chain, domain)
+            return (yield self.lower_elementwise(node, chain, domain))
         if kind == "reduce":
-            return self.lower_reduce(node, chain, domain)
-        self.sched.ensure(node)  # source, library output, concat
-        return self.load(node, chain, domain)
+            return (yield self.lower_reduce(node, chain, domain))
+        yield self.sched.ensure(node)  # source, library output, concat
+        return (yield self.load(node, chain, domain))
 
-    def lower_elementwise(self, node, chain, domain) -> int:
+    def lower_elementwise(self, node, chain, domain):
         wanted = node.id in self.sched.wanted and node.id not in self.stored
         if wanted and not (domain == "full" and self.is_identity(node.shape, chain, self.full)):
-            self.sched.ensure(node)  # the user holds it and this kernel cannot store it as-is
-            return self.load(node, chain, domain)
-        if chain and not self.pushable(node, chain):
-            self.sched.ensure(node)
-            return self.load(node, chain, domain)
-        args = tuple(self.lower(i, chain, domain) for i in node.inputs)
+            yield self.sched.ensure(node)  # the user holds it and this kernel cannot store it as-is
+            return (yield self.load(node, chain, domain))
+        if chain and not self.sched.pushable(node, chain):
+            yield self.sched.ensure(node)
+            return (yield self.load(node, chain, domain))
+        args = []
+        for i in node.inputs:
+            args.append((yield self.lower(i, chain, domain)))
         in_dtype = node.inputs[0].dtype if node.prim.name != "where" else node.inputs[1].dtype
-        op = self.add(Elementwise(node.prim.name, args, domain, node.dtype, in_dtype))
+        op = self.add(Elementwise(node.prim.name, tuple(args), domain, node.dtype, in_dtype))
         if wanted:  # ride along: store this user-held value from this kernel
             self.sched.planned[node.id] = node
             self.stored.add(node.id)
             self.store(op, node, View.contiguous(self.full), "full")
         return op
 
-    def lower_reduce(self, node, chain, domain) -> int:
+    def lower_reduce(self, node, chain, domain):
         fits = node.inputs[0].shape == self.full and node.params == self.axes
         fits = fits and domain == "outer" and self.is_identity(node.shape, chain, self.keep)
         if not fits:
-            self.sched.ensure(node)
-            return self.load(node, chain, domain)
-        arg = self.lower(node.inputs[0], (), "full")
+            yield self.sched.ensure(node)
+            return (yield self.load(node, chain, domain))
+        arg = yield self.lower(node.inputs[0], (), "full")
         op = self.add(Reduce(node.prim.name, arg, node.dtype))
         if node.id in self.sched.wanted and node.id not in self.stored:
             self.sched.planned[node.id] = node
@@ -299,13 +429,13 @@ class _KernelBuilder:
             self.store(op, node, View.contiguous(self.keep), "outer")
         return op
 
-    def load(self, node, chain, domain) -> int:
-        if node.kind == "view":
+    def load(self, node, chain, domain):
+        if node.kind == "view" and node.id not in self.sched.planned:  # a planned view has a buffer of its own
             node, chain = node.inputs[0], node.params + chain
         view = views.apply_all(ir.buffer_view(node), chain)
         if view is None:  # e.g. flattening a transposed user buffer: copy it contiguous first
             copy = ir.Node(_copy_prim(), (node,), None, node.shape, node.dtype, node.device)
-            self.sched.build_kernel(copy)
+            yield self.sched.build_kernel(copy)
             node, view = copy, views.apply_all(View.contiguous(copy.shape), chain)
         if node.id not in self.input_index:
             self.input_index[node.id] = len(self.inputs)
@@ -330,26 +460,6 @@ class _KernelBuilder:
             return False
         ref = View.contiguous(want)
         return view.offset == 0 and all(a == b for a, b, s in zip(view.strides, ref.strides, want) if s != 1)
-
-    def pushable(self, node, chain) -> bool:
-        """Whether ``chain`` can be pushed through ``node`` down to what it reads."""
-        key = ("push", node.id, chain)
-        if key in self.memo:
-            return self.memo[key]
-        if node.kind == "view":
-            ok = self.pushable(node.inputs[0], node.params + chain)
-        elif node.kind == "constant":
-            ok = True
-        elif node.kind == "elementwise" and not self.sched.is_available(node):
-            ok = all(self.pushable(i, chain) for i in node.inputs)
-        elif node.kind == "iota" and not self.sched.is_available(node):
-            ok = views.apply_all(View.contiguous(node.shape), chain) is not None
-        elif self.sched.is_available(node) or node.kind == "source":
-            ok = views.apply_all(ir.buffer_view(node), chain) is not None
-        else:  # a reduction or boundary: it becomes a buffer, contiguous
-            ok = views.apply_all(View.contiguous(node.shape), chain) is not None
-        self.memo[key] = ok
-        return ok
 
 
 def _copy_prim():
