@@ -147,6 +147,8 @@ class Plan:
                 node = nodes[bind[0]].params["outputs"][bind[1]]
             node.buffer = slots[bind[-1]]
             node.inputs = ()
+            if node.prim is ir.VIEW:  # a view computed alone (schedule.py): a buffer of its own now
+                node.prim, node.params = ir.SOURCE, None
 
 
 class _Builder:
@@ -179,7 +181,8 @@ class _Builder:
                 self.add_library(step.node)
             else:
                 self.add_allocation(step)
-        root_slots = [self.slot[r.id] for r in self.roots]
+        # a requested view that the scheduler realized through its base: the base's slot
+        root_slots = [self.slot[r.id] if r.id in self.slot else self.slot[r.inputs[0].id] for r in self.roots]
         return Plan(self.steps, self.n_slots, len(self.walk.leaf_nodes), self.binds, root_slots,
                     tuple(self.description), self.static_scalars)
 
@@ -353,11 +356,11 @@ def clear():
 # ---- 3/4. realize ---------------------------------------------------------------------------------
 def realize(arrays):
     """Compute every array's value once; afterwards its node (or its view's base) holds a buffer."""
-    roots = unrealized_bases(arrays)
+    roots = requested_nodes(arrays)
     if not roots:
         return
     with _lock:
-        roots = [r for r in roots if r.buffer is None]  # another thread may have computed them meanwhile
+        roots = [r for r in roots if _pending(r)]  # another thread may have computed them meanwhile
         if not roots:
             return
         if _companions:
@@ -368,7 +371,8 @@ def realize(arrays):
 
 
 def evaluate(roots: list) -> tuple:
-    """Walk, plan, run and bind ``roots`` (unrealized, non-view nodes); returns (walk, plan, slots)."""
+    """Walk, plan, run and bind ``roots`` (unrealized nodes; a view node asks for that view only, which
+    the scheduler may compute alone: schedule.py); returns (walk, plan, slots)."""
     backend = runtime.backend_for(roots[0].device)
     runtime._stats["evaluations"] += 1
     walk = Walk(roots, backend)
@@ -400,6 +404,25 @@ def unrealized_bases(arrays) -> list:
         if node.buffer is None and node not in roots:
             roots.append(node)
     return roots
+
+
+def requested_nodes(arrays) -> list:
+    """The nodes to compute for the arrays: a view of an unevaluated base is handed to the scheduler
+    itself, which computes only what the view reads where that is cheaper (a small slice of a big
+    broadcast expression); anything else as its base. A base evaluated together with companions
+    (evaluate_together) is computed whole, with them."""
+    roots = []
+    for a in arrays:
+        node = a._node
+        if node.prim is ir.VIEW and (node.inputs[0].buffer is not None or node.inputs[0].id in _companions):
+            node = node.inputs[0]
+        if node.buffer is None and node not in roots:
+            roots.append(node)
+    return roots
+
+
+def _pending(node) -> bool:
+    return node.buffer is None and (node.prim is not ir.VIEW or node.inputs[0].buffer is None)
 
 
 def evaluate_together(*arrays):
