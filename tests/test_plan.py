@@ -231,27 +231,32 @@ def test_an_error_leaves_every_array_as_it_was():
 
 
 def test_threads_reading_shared_lazy_arrays_get_right_answers(backend):
-    n_threads, rounds = 8, 30 if backend == "reference" else 3
+    """The stress test: 8 threads x N rounds; each round every thread reads the same lazy array (made
+    before the threads start), evaluates a private one and replays a jitted function."""
+    n_threads, rounds = 8, 500 if backend == "reference" else 10
     base = torch.randn(64)
-    expected = (np.exp(base.numpy()) * 2 + 1)
+    shared = [fa.exp(fa.asarray(base)) * float(r + 1) for r in range(rounds)]
+    expected = [torch.exp(base) * (r + 1) for r in range(rounds)]
+    g = fa.jit(lambda t, s: fa.sin(t) * s)
     failures = []
 
-    def work():
-        for _ in range(rounds):
-            shared = fa.exp(fa.asarray(base)) * 2 + 1
+    def work(seed):
+        for r in range(rounds):
             barrier.wait()
-            got = np.asarray(shared)
-            mine = np.asarray(fa.exp(fa.asarray(base)) * 2 + 1)
-            if not (np.allclose(got, expected, rtol=1e-5) and np.allclose(mine, expected, rtol=1e-5)):
-                failures.append(1)
+            ok = torch.allclose(shared[r].torch(), expected[r], rtol=1e-5)
+            mine = torch.full((16,), float(seed + r))
+            ok &= torch.equal(fa.sqrt(fa.asarray(mine) * fa.asarray(mine)).torch(), mine)
+            ok &= torch.allclose(g(base, float(seed)).torch(), torch.sin(base) * seed, rtol=1e-5, atol=1e-6)
+            if not ok:
+                failures.append(r)
 
     barrier = threading.Barrier(n_threads)
-    threads = [threading.Thread(target=work) for _ in range(n_threads)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not failures
+    assert not failures, failures[:5]
 
 
 def test_shared_unevaluated_array_across_threads(backend):
