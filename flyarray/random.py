@@ -146,7 +146,7 @@ def _shape(shape):
 
 
 # ---- continuous distributions --------------------------------------------------------------------
-_NMANT = {"float16": (16, 10), "bfloat16": (16, 7), "float32": (32, 23), "float64": (64, 52)}
+_NMANT = {"float16": (16, 10), "bfloat16": (8, 7), "float32": (32, 23), "float64": (64, 52)}  # (random bits, mantissa bits), as JAX
 
 
 def _float_dtype(dtype, fn):
@@ -274,36 +274,35 @@ def categorical(k, logits, axis=-1) -> Array:
 
 # ---- integers -------------------------------------------------------------------------------------
 def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
-    """Integers in [minval, maxval), as ``jax.random.randint``: two words of bits per value reduced mod
-    the span (bias below span / 2**nbits). int64 uses 32-bit words: the span must be at most 2**32."""
+    """Integers in [minval, maxval) (clipped to dtype's range), as ``jax.random.randint``: two 32-bit
+    words per value reduced mod the span (JAX's formula, bias about span / 2**32). int64 uses 32-bit
+    words too (JAX's would use 64): its span must be at most 2**32."""
     d = dt.dtype(dtype)
     if d.kind not in "iu":
         raise TypeError(f"randint: dtype must be an integer type, got {d}")
     shape = _shape(shape)
-    nbits = min(d.bits, 32)
-    mask = (1 << nbits) - 1
+    mask = _M32  # 32-bit words for every dtype: JAX samples 8- and 16-bit types as int32
     info = dt.iinfo(d)
-    lo_c, hi_c = info.min, info.max
+    narrow = d.bits < 32
+    top = info.max + 1 if narrow else info.max  # JAX clips a narrow maxval to max + 1: 256 for uint8
     if not isinstance(minval, Array) and not isinstance(maxval, Array):
-        lo, hi = int(minval), int(maxval)
-        out_of_range = hi > info.max
-        lo, hi = min(max(lo, lo_c), hi_c), min(max(hi, lo_c), hi_c)
-        span = 1 if hi <= lo else hi - lo + (1 if out_of_range else 0)
+        out_of_range = not narrow and int(maxval) > info.max
+        lo, hi = min(max(int(minval), info.min), info.max), min(max(int(maxval), info.min), top)
+        span = 1 if hi <= lo else hi - lo + out_of_range
         if span > 2 ** 32:
             raise ValueError(f"randint: the range [{minval}, {maxval}) is wider than 2**32")
-        mult = ((2 ** (nbits // 2) % span) ** 2 & mask) % span
+        mult = ((2 ** 16 % span) ** 2 & mask) % span
     else:
-        mn = minval if isinstance(minval, Array) else creation.asarray(int(minval), dtype=dt.int64, device=k.device)
-        mx = maxval if isinstance(maxval, Array) else creation.asarray(int(maxval), dtype=dt.int64, device=k.device)
-        mn, mx = mn.astype(dt.int64, copy=False), mx.astype(dt.int64, copy=False)
-        out_of_range = mx > info.max
-        lo, hi = ew.clip(mn, lo_c, hi_c), ew.clip(mx, lo_c, hi_c)
-        span = core.where(hi <= lo, 1, hi - lo + ew.logical_and(out_of_range, hi > lo).astype(dt.int64))
-        mult = ew.remainder(ew.bitwise_and(ew.square(ew.remainder(2 ** (nbits // 2), span)), mask), span)
+        mn, mx = (x.astype(dt.int64, copy=False) if isinstance(x, Array) else
+                  creation.asarray(int(x), dtype=dt.int64, device=k.device) for x in (minval, maxval))
+        lo, hi = ew.clip(mn, info.min, info.max), ew.clip(mx, info.min, top)
+        grow = ew.logical_and(mx > info.max, hi > lo).astype(dt.int64) if not narrow else 0
+        span = core.where(hi <= lo, 1, hi - lo + grow)
+        mult = ew.remainder(ew.bitwise_and(ew.square(ew.remainder(2 ** 16, span)), mask), span)
     _check_key(k, "randint")
     keys = split(k)
     k1, k2 = keys[0], keys[1]
-    higher, lower = _low_bits(k1, shape, nbits), _low_bits(k2, shape, nbits)
+    higher, lower = _low_bits(k1, shape, 32), _low_bits(k2, shape, 32)
     offset = ew.bitwise_and(ew.remainder(higher, span) * mult, mask)
     offset = ew.remainder(ew.bitwise_and(offset + ew.remainder(lower, span), mask), span)
     out = (offset + lo).astype(d)
