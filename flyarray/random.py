@@ -6,7 +6,7 @@ same numbers on every backend, and reusing a key reuses its numbers (derive new 
 or ``fold_in``). The generator is threefry2x32 (primitives.threefry2x32, and codegen.PRELUDE's Triton
 twin), an elementwise primitive over the key words and an iota counter: the bits are computed in the
 kernel that consumes them, so ``x * (uniform(k, x.shape) > 0.1)`` is one kernel with no mask in
-memory. Bits, keys, uniform, randint, bernoulli and permutation follow JAX (jax_threefry_partitionable,
+memory. Keys, bits, uniform, randint, bernoulli, categorical and permutation follow JAX (jax_threefry_partitionable,
 the default since JAX 0.5) bit for bit; docs/random.md has the details.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 
 from . import dtypes as dt
@@ -59,10 +60,11 @@ def key_data(keys) -> Array:
 def wrap_key_data(data, *, device=None) -> Array:
     """A key from raw words, e.g. ``jax.random.key_data(k)`` (uint32) or ``key_data``'s output."""
     if isinstance(data, Array):
-        _check_keys(data, "wrap_key_data")
-        return ew.bitwise_and(data.astype(dt.int64), _M32)
-    t = torch.as_tensor(__import__("numpy").asarray(data).astype("int64")) & _M32
-    out = creation.asarray(t, device=device)
+        if data.dtype.kind not in "iu":
+            raise TypeError(f"wrap_key_data: key data must be integers, got {data.dtype}")
+        out = ew.bitwise_and(data.astype(dt.int64), _M32)
+    else:
+        out = creation.asarray(torch.as_tensor(np.asarray(data).astype(np.int64)) & _M32, device=device)
     _check_keys(out, "wrap_key_data")
     return out
 
