@@ -274,7 +274,7 @@ def check_accepts(prim: Elementwise, d: dt.DType):
 # ---- counter-based random bits (fa.random) ---------------------------------------------------------
 # threefry2x32 (Salmon et al., SC'11; JAX's default generator): a key (k0, k1) and a counter (c0, c1),
 # 32-bit words held in int64, -> two 32-bit words. Written once in torch here (the reference) and once
-# in Triton (codegen.PRELUDE's _threefry2x32), both in int64 with every word masked to 32 bits.
+# in Triton (codegen.PRELUDE's _threefry2x32): here int64 with every word masked to 32 bits, there uint32.
 # RANDOM is registered into ELEMENTWISE by flyarray/random.py, after ops/elementwise.py has made one
 # array API function per primitive: these are not fa.* functions. random_bits is JAX's 32 random bits
 # (x0 ^ x1); threefry2x32_0 and _1 are the words (keys, 64-bit bits).
