@@ -16,6 +16,7 @@ from .dtypes import (DType, bfloat16, bool_, finfo, float8_e4m3fn, float8_e5m2, 
 from .ops import *  # noqa: E402,F401,F403
 from .ops import nn  # noqa: E402
 from . import quant  # noqa: E402
+from . import random  # noqa: E402
 from .plan import ConcretizationError  # noqa: E402
 from .runtime import reset_stats, set_backend, stats  # noqa: E402
 from .transforms import jit  # noqa: E402

@@ -150,6 +150,64 @@ def _logaddexp(a, b):
     m = _maximum(a, b)
     d = tl.abs(a - b)
     return tl.where(tl.abs(m) == float("inf"), m, m + tl.log(1.0 + tl.exp(-d)))
+
+
+# threefry2x32 (fa.random) on uint32 words (they wrap, as the algorithm wants); int64 in and out.
+# The same algorithm in torch is primitives.threefry2x32 (the reference backend's, int64 with masks).
+@triton.jit
+def _threefry_rounds(x0, x1, r0: tl.constexpr, r1: tl.constexpr, r2: tl.constexpr, r3: tl.constexpr):
+    x0 = x0 + x1
+    x1 = ((x1 << r0) | (x1 >> (32 - r0))) ^ x0
+    x0 = x0 + x1
+    x1 = ((x1 << r1) | (x1 >> (32 - r1))) ^ x0
+    x0 = x0 + x1
+    x1 = ((x1 << r2) | (x1 >> (32 - r2))) ^ x0
+    x0 = x0 + x1
+    x1 = ((x1 << r3) | (x1 >> (32 - r3))) ^ x0
+    return x0, x1
+
+
+@triton.jit
+def _threefry2x32(k0, k1, c0, c1):
+    k0 = k0.to(tl.uint32)
+    k1 = k1.to(tl.uint32)
+    k2 = k0 ^ k1 ^ 0x1BD11BDA
+    x0 = c0.to(tl.uint32) + k0
+    x1 = c1.to(tl.uint32) + k1
+    x0, x1 = _threefry_rounds(x0, x1, 13, 15, 26, 6)
+    x0 = x0 + k1
+    x1 = x1 + k2 + 1
+    x0, x1 = _threefry_rounds(x0, x1, 17, 29, 16, 24)
+    x0 = x0 + k2
+    x1 = x1 + k0 + 2
+    x0, x1 = _threefry_rounds(x0, x1, 13, 15, 26, 6)
+    x0 = x0 + k0
+    x1 = x1 + k1 + 3
+    x0, x1 = _threefry_rounds(x0, x1, 17, 29, 16, 24)
+    x0 = x0 + k1
+    x1 = x1 + k2 + 4
+    x0, x1 = _threefry_rounds(x0, x1, 13, 15, 26, 6)
+    x0 = x0 + k2
+    x1 = x1 + k0 + 5
+    return x0, x1
+
+
+@triton.jit
+def _threefry_xor(k0, k1, c0, c1):
+    x0, x1 = _threefry2x32(k0, k1, c0, c1)
+    return (x0 ^ x1).to(tl.int64)
+
+
+@triton.jit
+def _threefry_x0(k0, k1, c0, c1):
+    x0, x1 = _threefry2x32(k0, k1, c0, c1)
+    return x0.to(tl.int64)
+
+
+@triton.jit
+def _threefry_x1(k0, k1, c0, c1):
+    x0, x1 = _threefry2x32(k0, k1, c0, c1)
+    return x1.to(tl.int64)
 '''
 
 

@@ -283,3 +283,38 @@ def check_accepts(prim: Elementwise, d: dt.DType):
     check_storage_only(prim.name, d)
     if d.kind not in _ACCEPTS[prim.accepts]:
         raise TypeError(f"{prim.name} does not accept {d} inputs")
+
+
+# ---- counter-based random bits (fa.random) ---------------------------------------------------------
+# threefry2x32 (Salmon et al., SC'11; JAX's default generator): a key (k0, k1) and a counter (c0, c1),
+# 32-bit words held in int64, -> two 32-bit words. Written once in torch here (the reference) and once
+# in Triton (codegen.PRELUDE's _threefry2x32): here int64 with every word masked to 32 bits, there uint32.
+# RANDOM is registered into ELEMENTWISE by flyarray/random.py, after ops/elementwise.py has made one
+# array API function per primitive: these are not fa.* functions. random_bits is JAX's 32 random bits
+# (x0 ^ x1); threefry2x32_0 and _1 are the words (keys, 64-bit bits).
+_M32 = 0xFFFFFFFF
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k0, k1, c0, c1):
+    """The two output words; works on int64 tensors and on Python ints."""
+    ks = (k0 & _M32, k1 & _M32, (k0 ^ k1 ^ 0x1BD11BDA) & _M32)
+    x0, x1 = (c0 + ks[0]) & _M32, (c1 + ks[1]) & _M32
+    for i in range(5):
+        for r in _THREEFRY_ROTATIONS[i % 2]:
+            x0 = (x0 + x1) & _M32
+            x1 = (((x1 << r) | (x1 >> (32 - r))) & _M32) ^ x0
+        x0 = (x0 + ks[(i + 1) % 3]) & _M32
+        x1 = (x1 + ks[(i + 2) % 3] + i + 1) & _M32
+    return x0, x1
+
+
+RANDOM = {name: Elementwise(name, 4, "integer", "same", ref, _f(f"{fn}({{0}}, {{1}}, {{2}}, {{3}})"))
+          for name, ref, fn in [
+              ("random_bits", lambda *a: _xor(*threefry2x32(*a)), "_threefry_xor"),
+              ("threefry2x32_0", lambda *a: threefry2x32(*a)[0], "_threefry_x0"),
+              ("threefry2x32_1", lambda *a: threefry2x32(*a)[1], "_threefry_x1")]}
+
+
+def _xor(a, b):
+    return a ^ b

@@ -1,0 +1,334 @@
+"""fa.random: explicit, counter-based random numbers (JAX's design), generated inside fused kernels.
+
+A key is an int64 array of shape (2,) holding two 32-bit words (JAX's uint32[2] key data; flyarray
+has no uint32). Every sampler is a pure function of (key, shape, parameters): the same key gives the
+same numbers on every backend, and reusing a key reuses its numbers (derive new keys with ``split``
+or ``fold_in``). The generator is threefry2x32 (primitives.threefry2x32, and codegen.PRELUDE's Triton
+twin), an elementwise primitive over the key words and an iota counter: the bits are computed in the
+kernel that consumes them, so ``x * (uniform(k, x.shape) > 0.1)`` is one kernel with no mask in
+memory. Keys, bits, uniform, randint, bernoulli, categorical and permutation follow JAX (jax_threefry_partitionable,
+the default since JAX 0.5) bit for bit; docs/random.md has the details.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from . import dtypes as dt
+from ._array import Array
+from .ops import core, creation, elementwise as ew, manipulation, reductions
+from .primitives import ELEMENTWISE, RANDOM
+from .views import broadcast_shapes
+
+ELEMENTWISE.update(RANDOM)  # after ops/elementwise.py: no fa.random_bits function
+
+__all__ = ["key", "PRNGKey", "key_data", "wrap_key_data", "split", "fold_in", "bits", "uniform", "normal",
+           "bernoulli", "randint", "categorical", "gumbel", "permutation", "truncated_normal"]
+
+_M32 = 0xFFFFFFFF
+
+
+# ---- keys ------------------------------------------------------------------------------------------
+def key(seed, *, device=None) -> Array:
+    """A key from an integer seed: the words (seed >> 32, seed) mod 2**32, as ``jax.random.key``
+    for seeds in [0, 2**64) (a negative seed is taken as its 64-bit two's complement)."""
+    if isinstance(seed, Array):
+        if seed.ndim != 0 or seed.dtype.kind not in "iu":
+            raise TypeError(f"key: the seed must be a 0-d integer array, got {seed.dtype}{list(seed.shape)}")
+        s = seed.astype(dt.int64)
+        return manipulation.stack([ew.bitwise_and(ew.bitwise_right_shift(s, 32), _M32), ew.bitwise_and(s, _M32)])
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"key: the seed must be an integer, got {seed!r}")
+    seed = int(seed)
+    if not -2 ** 63 <= seed < 2 ** 64:
+        raise OverflowError(f"key: seed {seed} does not fit 64 bits")
+    return creation.asarray([(seed >> 32) & _M32, seed & _M32], dtype=dt.int64, device=device)
+
+
+PRNGKey = key
+
+
+def key_data(keys) -> Array:
+    """The raw words of a key (or an array of keys, shape (..., 2)): int64 values in [0, 2**32)."""
+    _check_keys(keys, "key_data")
+    return keys
+
+
+def wrap_key_data(data, *, device=None) -> Array:
+    """A key from raw words, e.g. ``jax.random.key_data(k)`` (uint32) or ``key_data``'s output."""
+    if isinstance(data, Array):
+        if data.dtype.kind not in "iu":
+            raise TypeError(f"wrap_key_data: key data must be integers, got {data.dtype}")
+        out = ew.bitwise_and(data.astype(dt.int64), _M32)
+    else:
+        out = creation.asarray(torch.as_tensor(np.asarray(data).astype(np.int64)) & _M32, device=device)
+    _check_keys(out, "wrap_key_data")
+    return out
+
+
+def _check_keys(k, fn):
+    if not isinstance(k, Array):
+        raise TypeError(f"{fn}: expected a key (an int64 array of shape (..., 2)), got {type(k).__name__}")
+    if k.dtype is not dt.int64 or k.ndim < 1 or k.shape[-1] != 2:
+        raise TypeError(f"{fn}: a key is an int64 array of shape (..., 2) (fa.random.key), "
+                        f"got {k.dtype}{list(k.shape)}")
+
+
+def _check_key(k, fn):
+    _check_keys(k, fn)
+    if k.shape != (2,):
+        raise ValueError(f"{fn}: expected one key (shape (2,)), got shape {k.shape}; index a split first")
+    return k[0], k[1]
+
+
+def _threefry(prim, k, shape):
+    """threefry2x32 primitive ``prim`` over key ``k`` and the flat index of ``shape`` (JAX's counter)."""
+    k0, k1 = _check_key(k, "fa.random")
+    shape = tuple(shape)
+    n = math.prod(shape)
+    idx = manipulation.reshape(creation.arange(n, dtype=dt.int64, device=k.device), shape)
+    hi, lo = (0, idx) if n <= 2 ** 32 else (ew.bitwise_right_shift(idx, 32), ew.bitwise_and(idx, _M32))
+    return core.elementwise(prim, k0, k1, hi, lo)
+
+
+def split(k, num=2) -> Array:
+    """``num`` new keys, shape (num, 2): key i is threefry2x32(k, (0, i)), as JAX."""
+    if isinstance(num, tuple):
+        shape = num
+    else:
+        shape = (int(num),)
+    words = [_threefry(p, k, shape) for p in ("threefry2x32_0", "threefry2x32_1")]
+    return manipulation.stack(words, axis=-1)  # a concat: the keys get a buffer, never recomputed per element
+
+
+def fold_in(k, data) -> Array:
+    """A new key from ``k`` and an integer (Python int, or a 0-d integer array) taken mod 2**32:
+    threefry2x32(k, (0, data)), JAX's fold_in (and key ``data`` of ``split(k, n)``)."""
+    k0, k1 = _check_key(k, "fold_in")
+    if isinstance(data, Array):
+        hi, lo = 0, ew.bitwise_and(data.astype(dt.int64), _M32)
+    else:
+        hi, lo = 0, int(data) & _M32
+    words = [core.elementwise(p, k0, k1, hi, lo) for p in ("threefry2x32_0", "threefry2x32_1")]
+    return manipulation.stack([manipulation.reshape(w, ()) for w in words])
+
+
+# ---- bits ------------------------------------------------------------------------------------------
+def bits(k, shape=(), dtype=None) -> Array:
+    """Random bits, as ``jax.random.bits``. dtype None: int64 holding 32 bits (JAX's uint32), in
+    [0, 2**32); uint8 / int8 / int16 / int32: that many low bits (signed ones two's complement);
+    int64: 64 bits (JAX's uint64 bits, two's complement)."""
+    shape = _shape(shape)
+    d = dt.int64 if dtype is None else dt.dtype(dtype)
+    if dtype is not None and d is dt.int64:
+        x0 = _threefry("threefry2x32_0", k, shape)
+        return ew.bitwise_or(ew.bitwise_left_shift(x0, 32), _threefry("threefry2x32_1", k, shape))
+    if d.kind not in "iu":
+        raise TypeError(f"bits: dtype must be an integer type, got {d}")
+    b = _threefry("random_bits", k, shape)
+    return b if d is dt.int64 else b.astype(d)
+
+
+def _low_bits(k, shape, nbits):
+    """JAX's ``_random_bits(key, nbits, shape)`` for nbits <= 32, as non-negative int64."""
+    b = _threefry("random_bits", k, shape)
+    return b if nbits == 32 else ew.bitwise_and(b, (1 << nbits) - 1)
+
+
+def _shape(shape):
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return shape
+
+
+# ---- continuous distributions --------------------------------------------------------------------
+_NMANT = {"float16": (16, 10), "bfloat16": (8, 7), "float32": (32, 23), "float64": (64, 52)}  # (random bits, mantissa bits), as JAX
+
+
+def _float_dtype(dtype, fn):
+    d = dt.dtype(dtype)
+    if d.kind != "f" or d in dt.STORAGE_ONLY:
+        raise TypeError(f"{fn}: dtype must be float16, bfloat16, float32 or float64, got {d}")
+    return d
+
+
+def _unit(k, shape, d) -> Array:
+    """Uniform on [0, 1) in dtype ``d``: JAX's mantissa bits. (bits >> (nbits - nmant)) * 2**-nmant is
+    exactly JAX's bitcast((bits >> shift) | bits(1.0)) - 1.0, with no bitcast."""
+    nbits, nmant = _NMANT[d.name]
+    if nbits == 64:
+        x0, x1 = _threefry("threefry2x32_0", k, shape), _threefry("threefry2x32_1", k, shape)
+        m = ew.bitwise_or(ew.bitwise_left_shift(x0, 20), ew.bitwise_right_shift(x1, 12))
+        return m.astype(dt.float64) * 2.0 ** -52
+    m = ew.bitwise_right_shift(_low_bits(k, shape, nbits), nbits - nmant)
+    u = m.astype(dt.float32) * 2.0 ** -nmant  # exact: m < 2**23
+    return u if d is dt.float32 else u.astype(d)
+
+
+def _scalar_or(x, d):
+    """A Python number stays a (weak) scalar; an array is cast to ``d``."""
+    if isinstance(x, Array):
+        return x.astype(d, copy=False)
+    return float(x)
+
+
+def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
+    """Uniform on [minval, maxval), as ``jax.random.uniform``."""
+    d = _float_dtype(dtype, "uniform")
+    shape = _shape(shape)
+    u = _unit(k, shape, d)
+    lo, hi = _scalar_or(minval, d), _scalar_or(maxval, d)
+    if not isinstance(lo, Array) and not isinstance(hi, Array) and (lo, hi) == (0.0, 1.0):
+        return u
+    out = u * (hi - lo) + lo
+    out = ew.maximum(out, lo)
+    return manipulation.broadcast_to(out, shape) if out.shape != shape else out
+
+
+def _nextafter(x: float, toward: float, d) -> float:
+    t = torch.nextafter(torch.tensor(x, dtype=d.torch), torch.tensor(toward, dtype=d.torch))
+    return float(t)
+
+
+# Giles' single-precision erfinv (XLA's ErfInv for float32), in ops that fuse.
+_ERFINV_SMALL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                 -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_LARGE = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+                 -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+def _horner(w, coeffs):
+    p = coeffs[0]
+    for c in coeffs[1:]:
+        p = c + p * w
+    return p
+
+
+def _erfinv(x: Array) -> Array:
+    w = -ew.log1p(-(x * x))
+    small = _horner(w - 2.5, _ERFINV_SMALL)
+    large = _horner(ew.sqrt(ew.maximum(w, 5.0)) - 3.0, _ERFINV_LARGE)
+    p = core.where(w < 5.0, small, large) * x
+    return core.where(ew.abs(x) == 1.0, x * float("inf"), p)
+
+
+def normal(k, shape=(), dtype=dt.float32) -> Array:
+    """Standard normal, as ``jax.random.normal``: sqrt(2) * erfinv(u), u uniform on (-1, 1).
+    The erfinv is float32-accurate (Giles), also for float64."""
+    d = _float_dtype(dtype, "normal")
+    u = uniform(k, shape, d, _nextafter(-1.0, 0.0, d), 1.0)
+    return _in(d, math.sqrt(2.0) * _erfinv(_wide(u)))
+
+
+def _wide(x):  # fp16/bf16 math in float32 on every backend (fused kernels do it anyway)
+    return x.astype(dt.float32) if x.dtype in (dt.float16, dt.bfloat16) else x
+
+
+def _in(d, x):
+    return x.astype(d, copy=False)
+
+
+def truncated_normal(k, lower, upper, shape=None, dtype=dt.float32) -> Array:
+    """Standard normal conditioned on (lower, upper), as ``jax.random.truncated_normal``."""
+    d = _float_dtype(dtype, "truncated_normal")
+    lo = creation.asarray(lower, dtype=d) if not isinstance(lower, Array) else lower.astype(d, copy=False)
+    hi = creation.asarray(upper, dtype=d) if not isinstance(upper, Array) else upper.astype(d, copy=False)
+    shape = _shape(broadcast_shapes(lo.shape, hi.shape) if shape is None else shape)
+    sqrt2 = math.sqrt(2.0)
+    a, b = ew.erf(_wide(lo) / sqrt2), ew.erf(_wide(hi) / sqrt2)
+    u = uniform(k, shape, d, _in(d, a), _in(d, b))
+    out = _in(d, sqrt2 * _erfinv(_wide(u)))
+    out = ew.maximum(out, ew.nextafter(lo, creation.full((), float("inf"), dtype=d, device=lo.device)))
+    return ew.minimum(out, ew.nextafter(hi, creation.full((), float("-inf"), dtype=d, device=hi.device)))
+
+
+def gumbel(k, shape=(), dtype=dt.float32) -> Array:
+    """Standard Gumbel, as ``jax.random.gumbel`` (mode 'low'): -log(-log(u)), u uniform on [tiny, 1)."""
+    d = _float_dtype(dtype, "gumbel")
+    u = uniform(k, shape, d, dt.finfo(d).smallest_normal, 1.0)
+    return _in(d, -ew.log(-ew.log(_wide(u))))
+
+
+def bernoulli(k, p=0.5, shape=None) -> Array:
+    """True with probability p, as ``jax.random.bernoulli``: uniform(k, shape, p's dtype) < p."""
+    d = p.dtype if isinstance(p, Array) else dt.float32
+    if shape is None:
+        shape = p.shape if isinstance(p, Array) else ()
+    return uniform(k, shape, _float_dtype(d, "bernoulli")) < p
+
+
+def categorical(k, logits, axis=-1) -> Array:
+    """Samples of the categorical distributions exp(logits) (normalized along ``axis``), as
+    ``jax.random.categorical``: argmax(logits + gumbel). The noise, the add and the argmax are one
+    row kernel."""
+    if not isinstance(logits, Array):
+        logits = creation.asarray(logits)
+    axis = axis % logits.ndim
+    g = gumbel(k, logits.shape, logits.dtype if logits.dtype.kind == "f" else dt.float32)
+    return reductions.argmax(g + logits, axis=axis)
+
+
+# ---- integers -------------------------------------------------------------------------------------
+def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
+    """Integers in [minval, maxval) (clipped to dtype's range), as ``jax.random.randint``: two 32-bit
+    words per value reduced mod the span (JAX's formula, bias about span / 2**32). int64 uses 32-bit
+    words too (JAX's would use 64): its span must be at most 2**32."""
+    d = dt.dtype(dtype)
+    if d.kind not in "iu":
+        raise TypeError(f"randint: dtype must be an integer type, got {d}")
+    shape = _shape(shape)
+    mask = _M32  # 32-bit words for every dtype: JAX samples 8- and 16-bit types as int32
+    info = dt.iinfo(d)
+    narrow = d.bits < 32
+    top = info.max + 1 if narrow else info.max  # JAX clips a narrow maxval to max + 1: 256 for uint8
+    if not isinstance(minval, Array) and not isinstance(maxval, Array):
+        out_of_range = not narrow and int(maxval) > info.max
+        lo, hi = min(max(int(minval), info.min), info.max), min(max(int(maxval), info.min), top)
+        span = 1 if hi <= lo else hi - lo + out_of_range
+        if span > 2 ** 32:
+            raise ValueError(f"randint: the range [{minval}, {maxval}) is wider than 2**32")
+        mult = ((2 ** 16 % span) ** 2 & mask) % span
+    else:
+        mn, mx = (x.astype(dt.int64, copy=False) if isinstance(x, Array) else
+                  creation.asarray(int(x), dtype=dt.int64, device=k.device) for x in (minval, maxval))
+        lo, hi = ew.clip(mn, info.min, info.max), ew.clip(mx, info.min, top)
+        grow = ew.logical_and(mx > info.max, hi > lo).astype(dt.int64) if not narrow else 0
+        span = core.where(hi <= lo, 1, hi - lo + grow)
+        mult = ew.remainder(ew.bitwise_and(ew.square(ew.remainder(2 ** 16, span)), mask), span)
+    _check_key(k, "randint")
+    keys = split(k)
+    k1, k2 = keys[0], keys[1]
+    higher, lower = _low_bits(k1, shape, 32), _low_bits(k2, shape, 32)
+    offset = ew.bitwise_and(ew.remainder(higher, span) * mult, mask)
+    offset = ew.remainder(ew.bitwise_and(offset + ew.remainder(lower, span), mask), span)
+    out = (offset + lo).astype(d)
+    return manipulation.broadcast_to(out, shape) if out.shape != shape else out
+
+
+def permutation(k, x, axis=0) -> Array:
+    """A random permutation of ``arange(x)`` (an int) or of ``x`` along ``axis``, as
+    ``jax.random.permutation`` (its stable sort of random bits, 3*log2(n)/32 rounds). This one
+    evaluates: flyarray has no sort, so the argsort runs in torch (not traceable by fa.jit)."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        n, values = int(x), None
+    else:
+        values = x if isinstance(x, Array) else creation.asarray(x)
+        axis = axis % values.ndim
+        n = values.shape[axis]
+    perm = torch.arange(n, dtype=torch.int64, device=k.device)
+    rounds = math.ceil(3 * math.log(max(1, n)) / math.log(2 ** 32 - 1))
+    for _ in range(rounds):
+        ks = split(k)
+        k, sub = ks[0], ks[1]
+        sort_keys = _threefry("random_bits", sub, (n,))._tensor()
+        perm = perm[torch.argsort(sort_keys, stable=True)]
+    if values is None:
+        return creation.asarray(perm)
+    t = values._tensor()
+    return creation.asarray(torch.index_select(t, axis, perm.to(t.device)))

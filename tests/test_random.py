@@ -1,0 +1,344 @@
+"""fa.random: the generator against known answers and JAX, bit-exact across backends, fused, and
+statistically sound (moments and Kolmogorov-Smirnov distances on fixed seeds, so deterministic)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import flyarray as fa
+from flyarray.primitives import threefry2x32
+
+R = fa.random
+
+# jax 0.10.2 (jax_threefry_partitionable, the default), key(42); 64-bit entries with jax_enable_x64.
+# Floats as their bit patterns (uint32 / uint16 / uint64).
+JAX = {
+    'key': [[0, 0], [0, 42], [0, 2147483647]],
+    'bits': [[2098992034, 2919706841, 2646866425, 2409546199], [1935504149, 2516274904, 321304473, 3329172656],
+             [3002007181, 3516005296, 1504549425, 3748733552]],
+    'bits8': [162, 217, 249, 215, 21],
+    'split': [[1832780943, 270669613], [64467757, 2916123636], [2465931498, 255383827]],
+    'fold_in': [2547012911, 1371500959],
+    'uniform32': [1056585764, 1059981104, 1058915320, 1057988288, 1055308516],
+    'uniform16': [11488, 12824, 15310, 14862, 14128],
+    'uniform_bf16': [16162, 16216, 16248, 16214, 15776],
+    'uniform_range': [0.4435478448867798, 1.3989858627319336, 1.081357479095459, 0.8050804138183594,
+                      0.2532230615615845],
+    'normal': [-0.02830461598932743, 0.4671318531036377, 0.2957029640674591, 0.15354591608047485,
+               -0.12403281778097153],
+    'randint': [7, 7, 4, 14, 10, 12],
+    'randint_u8': [196, 18, 183, 193, 141, 107],
+    'randint_i8': [-56, 14, -29, 69, 9, -81],
+    'randint_big': [977810628, 1236381714, -1367112521, -1019495231, -1671904627, -1277190805],
+    'bernoulli': [False, False, False, False, False, False, True, False],
+    'perm10': [7, 4, 2, 5, 3, 6, 8, 9, 0, 1],
+    'perm2000_head': [1474, 815, 539, 874, 1693, 84, 995, 1191],
+    'categorical': [2, 0],
+    'gumbel': [0.3340933918952942, 0.952019453048706, 0.7255305647850037, 0.5481715202331543],
+    'truncated_normal': [0.14770005643367767, 0.5684449076652527, 0.42102551460266113, 0.29997000098228455],
+    'bits64': [7871734211187709741, 276886910877598708, 10591095138341673235],
+    'uniform64': [4601358860358518916, 4579806337745978368, 4603346652718294810],
+}
+
+
+def _np(x):
+    return np.asarray(x)
+
+
+def _bits16(x):
+    return (x.torch().view(torch.int16).to(torch.int64) & 0xFFFF).tolist()
+
+
+# ---- the generator ---------------------------------------------------------------------------------
+def test_threefry_known_answers():
+    # Random123's known-answer tests for threefry2x32 (20 rounds), as JAX's own test uses them
+    assert threefry2x32(0, 0, 0, 0) == (0x6b200159, 0x99ba4efe)
+    assert threefry2x32(*(0xFFFFFFFF,) * 4) == (0x1cb996fc, 0xbb002be7)
+    assert threefry2x32(0x13198a2e, 0x03707344, 0x243f6a88, 0x85a308d3) == (0xc4923a9c, 0x483df7a0)
+
+
+def test_random_primitives_are_not_array_api_functions():
+    assert not hasattr(fa, "random_bits") and not hasattr(fa, "threefry2x32_0")
+
+
+# ---- JAX, bit for bit --------------------------------------------------------------------------------
+def test_keys_match_jax(backend):
+    assert [_np(R.key(s)).tolist() for s in (0, 42, 2 ** 31 - 1)] == JAX['key']
+    k = R.key(42)
+    assert _np(R.split(k, 3)).tolist() == JAX['split']
+    assert _np(R.fold_in(k, 7)).tolist() == JAX['fold_in']
+    assert _np(R.fold_in(k, fa.asarray(7))).tolist() == JAX['fold_in']
+    assert _np(R.key_data(R.wrap_key_data(np.array(JAX['split'][1], np.uint32)))).tolist() == JAX['split'][1]
+
+
+def test_bits_match_jax(backend):
+    k = R.key(42)
+    b = R.bits(k, (3, 4))
+    assert b.dtype == fa.int64 and _np(b).tolist() == JAX['bits']
+    assert _np(R.bits(k, (5,), fa.uint8)).tolist() == JAX['bits8']
+    assert (_np(R.bits(k, (3,), fa.int64)).view(np.uint64).tolist()) == JAX['bits64']
+    assert _np(R.bits(k, (3, 4), fa.int32)).tolist() == _np(np.array(JAX['bits'], np.uint32).view(np.int32)).tolist()
+
+
+def test_uniform_matches_jax(backend):
+    k = R.key(42)
+    assert _np(R.uniform(k, (5,))).view(np.uint32).tolist() == JAX['uniform32']
+    assert _np(R.uniform(k, (3,), fa.float64)).view(np.uint64).tolist() == JAX['uniform64']
+    assert _np(R.uniform(k, (5,), fa.float16)).view(np.uint16).tolist() == JAX['uniform16']
+    assert _bits16(R.uniform(k, (5,), fa.bfloat16)) == JAX['uniform_bf16']
+    np.testing.assert_allclose(_np(R.uniform(k, (5,), minval=-2.0, maxval=3.0)), JAX['uniform_range'], rtol=1e-6)
+
+
+def test_integer_samplers_match_jax(backend):
+    k = R.key(42)
+    assert _np(R.randint(k, (6,), -5, 17)).tolist() == JAX['randint']
+    assert R.randint(k, (6,), 0, 256, fa.uint8).dtype == fa.uint8
+    assert _np(R.randint(k, (6,), 0, 256, fa.uint8)).tolist() == JAX['randint_u8']
+    assert _np(R.randint(k, (6,), -100, 100, fa.int8)).tolist() == JAX['randint_i8']
+    assert _np(R.randint(k, (6,), -2 ** 31, 2 ** 31 - 1)).tolist() == JAX['randint_big']
+    lo, hi = fa.asarray(-5), fa.asarray([17] * 6)
+    assert _np(R.randint(k, (6,), lo, hi)).tolist() == JAX['randint']
+    assert _np(R.bernoulli(k, 0.3, (8,))).tolist() == JAX['bernoulli']
+
+
+def test_permutation_matches_jax():
+    k = R.key(42)
+    assert _np(R.permutation(k, 10)).tolist() == JAX['perm10']
+    assert _np(R.permutation(k, 2000))[:8].tolist() == JAX['perm2000_head']  # two sort rounds
+    x = fa.asarray(np.arange(30, dtype=np.float32).reshape(10, 3))
+    np.testing.assert_array_equal(_np(R.permutation(k, x)), _np(x)[JAX['perm10']])
+
+
+def test_float_samplers_match_jax_closely(backend):
+    k = R.key(42)
+    np.testing.assert_allclose(_np(R.normal(k, (5,))), JAX['normal'], rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(_np(R.gumbel(k, (4,))), JAX['gumbel'], rtol=2e-6)
+    np.testing.assert_allclose(_np(R.truncated_normal(k, -1.0, 2.0, (4,))), JAX['truncated_normal'], rtol=2e-6)
+    logits = fa.asarray(np.log(np.array([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]], np.float32)))
+    assert _np(R.categorical(k, logits)).tolist() == JAX['categorical']
+
+
+# ---- every backend gives the same numbers ---------------------------------------------------------------
+def _on(backend, fn):
+    fa.set_backend(backend)
+    try:
+        return fn()
+    finally:
+        fa.set_backend(None)
+
+
+SAMPLERS = {
+    "bits": lambda k: R.bits(k, (7, 300)),
+    "bits64": lambda k: R.bits(k, (2100,), fa.int64),
+    "randint": lambda k: R.randint(k, (2100,), -1000, 12345),
+    "bernoulli": lambda k: R.bernoulli(k, 0.25, (2100,)),
+    "uniform": lambda k: R.uniform(k, (3, 700), minval=-1.5, maxval=2.0),
+    "uniform64": lambda k: R.uniform(k, (2100,), fa.float64),
+    "uniform16": lambda k: R.uniform(k, (2100,), fa.float16).astype(fa.float32),
+    "normal": lambda k: R.normal(k, (2100,)),
+    "gumbel": lambda k: R.gumbel(k, (2100,)),
+    "truncated_normal": lambda k: R.truncated_normal(k, -0.5, 1.5, (2100,)),
+    "categorical": lambda k: R.categorical(k, fa.asarray(np.linspace(-2, 2, 40 * 50, dtype=np.float32)
+                                                         .reshape(40, 50))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_same_key_same_numbers_on_every_backend(name):
+    k = R.split(R.key(7), 4)[3]
+    ref = _on("reference", lambda: _np(SAMPLERS[name](k)))
+    got = _on("interpret", lambda: _np(SAMPLERS[name](k)))
+    assert ref.dtype == got.dtype
+    if ref.dtype.kind == "f":  # a few ulps of max(|x|, 1): values near 0 come from differences (gumbel)
+        np.testing.assert_array_less(np.abs(got - ref), 4 * np.finfo(ref.dtype).eps * np.maximum(np.abs(ref), 1))
+    else:
+        np.testing.assert_array_equal(got, ref)
+    again = _on("reference", lambda: _np(SAMPLERS[name](k)))
+    np.testing.assert_array_equal(again, ref)  # reusing a key reuses its numbers
+
+
+def test_large_counter_uses_both_words():
+    # past 2**32 elements the counter's high word is the flat index >> 32: check the split is right on a view
+    k = R.key(1)
+    hi_lo = threefry2x32(*_np(k).tolist(), 1, 5)
+    kd = _np(k).tolist()
+    want = hi_lo[0] ^ hi_lo[1]
+    from flyarray.ops import core
+    got = core.elementwise("random_bits", fa.asarray(kd[0]), fa.asarray(kd[1]), fa.asarray(1), fa.asarray(5))
+    assert int(got) == want
+
+
+# ---- fusion ----------------------------------------------------------------------------------------------
+def test_dropout_is_one_kernel(backend):
+    x = fa.asarray(torch.linspace(-3, 3, 3000).reshape(30, 100))
+    k = R.key(3)
+    y = x * (R.uniform(k, x.shape) > 0.1)
+    fa.reset_stats()
+    fa.eval(y)
+    assert fa.stats()["kernels_launched"] == 1
+    mask = _np(R.uniform(k, x.shape)) > 0.1
+    np.testing.assert_array_equal(_np(y), _np(x) * mask)
+    assert 0.85 < mask.mean() < 0.95
+
+
+def test_categorical_is_one_row_kernel(backend):
+    logits = fa.asarray(torch.randn(8, 64, generator=torch.Generator().manual_seed(0)))
+    s = R.categorical(R.key(0), logits)
+    fa.reset_stats()
+    fa.eval(s)
+    assert fa.stats()["kernels_launched"] == 1
+
+
+def test_jit_with_keys(backend):
+    @fa.jit
+    def dropout(k, x):
+        return x * (R.uniform(k, x.shape) > 0.5) * 2.0
+    x = fa.ones((64,))
+    a, b = _np(dropout(R.key(0), x)), _np(dropout(R.key(1), x))
+    np.testing.assert_array_equal(a, _np(x * (R.uniform(R.key(0), (64,)) > 0.5) * 2.0))
+    assert not np.array_equal(a, b)
+
+
+# ---- statistics (reference backend: 1e5 samples; the interpret backend gives the same bits) -----------------
+N = 100_000
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _ks(samples, cdf):
+    """Kolmogorov-Smirnov distance between the samples' empirical CDF and ``cdf``."""
+    x = np.sort(np.asarray(samples, np.float64))
+    f = cdf(x)
+    n = len(x)
+    return max(np.max(np.arange(1, n + 1) / n - f), np.max(f - np.arange(n) / n))
+
+
+def _check_ks(samples, cdf):
+    d = _ks(samples, cdf)
+    assert d < 1.36 / math.sqrt(len(samples)), d  # alpha = 0.05, fixed seed: deterministic
+
+
+def _check_moments(x, mean, var, sigmas=5):
+    x = np.asarray(x, np.float64)
+    n = len(x)
+    assert abs(x.mean() - mean) < sigmas * math.sqrt(var / n), (x.mean(), mean)
+    assert abs(x.var() - var) < sigmas * var * math.sqrt(2.0 / n) * 2, (x.var(), var)  # 2x: heavier tails
+
+
+def _phi(x):
+    return 0.5 * (1 + _erf(x / math.sqrt(2)))
+
+
+@pytest.fixture
+def reference():
+    fa.set_backend("reference")
+    yield
+    fa.set_backend(None)
+
+
+def test_uniform_statistics(reference):
+    u = _np(R.uniform(R.key(11), (N,)))
+    assert u.min() >= 0 and u.max() < 1
+    _check_moments(u, 0.5, 1 / 12)
+    _check_ks(u, lambda x: x)
+    v = _np(R.uniform(R.key(11), (N,), minval=-2.0, maxval=3.0))
+    assert v.min() >= -2 and v.max() < 3
+    _check_ks(v, lambda x: (x + 2) / 5)
+    _check_ks(_np(R.uniform(R.key(12), (N,), fa.float64)), lambda x: x)
+
+
+def test_normal_statistics(reference):
+    z = _np(R.normal(R.key(13), (N,)))
+    assert np.isfinite(z).all()
+    _check_moments(z, 0.0, 1.0)
+    _check_ks(z, _phi)
+    _check_ks(_np(R.normal(R.key(14), (N,), fa.float64)), _phi)
+
+
+def test_truncated_normal_statistics(reference):
+    lo, hi = -0.5, 1.5
+    z = _np(R.truncated_normal(R.key(15), lo, hi, (N,)))
+    assert z.min() > lo and z.max() < hi
+    a, b = _phi(np.float64(lo)), _phi(np.float64(hi))
+    _check_ks(z, lambda x: (_phi(x) - a) / (b - a))
+
+
+def test_gumbel_statistics(reference):
+    g = _np(R.gumbel(R.key(16), (N,)))
+    _check_moments(g, 0.5772156649015329, math.pi ** 2 / 6)
+    _check_ks(g, lambda x: np.exp(-np.exp(-x)))
+
+
+def test_bernoulli_and_randint_statistics(reference):
+    b = _np(R.bernoulli(R.key(17), 0.3, (N,)))
+    assert b.dtype == np.bool_
+    _check_moments(b.astype(np.float64), 0.3, 0.21)
+    r = _np(R.randint(R.key(18), (N,), -3, 7))
+    assert r.dtype == np.int32 and r.min() == -3 and r.max() == 6
+    counts = np.bincount(r + 3, minlength=10)
+    assert np.all(np.abs(counts - N / 10) < 5 * math.sqrt(N * 0.1 * 0.9)), counts
+    _check_moments(r, 1.5, (10 ** 2 - 1) / 12)
+
+
+def test_categorical_statistics(reference):
+    p = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    logits = fa.broadcast_to(fa.asarray(np.log(p)), (N // 4, 4))
+    s = _np(R.categorical(R.key(19), logits))
+    freq = np.bincount(s, minlength=4) / len(s)
+    assert np.all(np.abs(freq - p) < 5 * np.sqrt(p * (1 - p) / len(s))), freq
+
+
+def test_split_and_fold_in_streams_look_independent(reference):
+    k = R.key(20)
+    keys = R.split(k, 3)
+    streams = [_np(R.uniform(keys[i], (N,))) for i in range(3)]
+    streams += [_np(R.uniform(R.fold_in(k, d), (N,))) for d in (3, 4, 2 ** 31)]
+    streams.append(_np(R.uniform(k, (N,))))
+    bound = 5 / math.sqrt(N)
+    c = np.corrcoef(np.stack(streams))
+    off = c[~np.eye(len(streams), dtype=bool)]
+    assert np.abs(off).max() < bound, off
+    for s in streams[:2]:  # neighbours within a stream
+        assert abs(np.corrcoef(s[:-1], s[1:])[0, 1]) < bound
+    assert _np(R.fold_in(k, 1)).tolist() == _np(keys[1]).tolist()  # fold_in(k, i) is split's key i
+
+
+def test_interpret_statistics(interpret):
+    n = 16384
+    u = _np(R.uniform(R.key(23), (n,)))  # (key 21's sample is among the 5% that fail at alpha = 0.05)
+    _check_moments(u, 0.5, 1 / 12)
+    _check_ks(u, lambda x: x)
+    z = _np(R.normal(R.key(22), (n,)))
+    _check_moments(z, 0.0, 1.0)
+    _check_ks(z, _phi)
+
+
+def test_ks_is_calibrated(reference):
+    # one fixed key per test is a single draw: about 1 in 20 keys fails the alpha = 0.05 test. Over many
+    # keys the KS statistic must follow Kolmogorov's law: mean of sqrt(n) D about 0.8687, 5% above 1.36.
+    n, keys = 10_000, R.split(R.key(24), 100)
+    d = np.array([_ks(_np(R.uniform(keys[i], (n,))), lambda x: x) * math.sqrt(n) for i in range(100)])
+    assert 0.78 < d.mean() < 0.96 and (d > 1.36).mean() <= 0.12, (d.mean(), (d > 1.36).mean())
+
+
+def test_permutation_is_a_permutation():
+    p = _np(R.permutation(R.key(23), 5000))
+    assert sorted(p.tolist()) == list(range(5000))
+    assert abs(np.corrcoef(p, np.arange(5000))[0, 1]) < 5 / math.sqrt(5000)
+
+
+# ---- errors -------------------------------------------------------------------------------------------------
+def test_errors():
+    k = R.key(0)
+    with pytest.raises(TypeError):
+        R.uniform(k, (3,), fa.int32)
+    with pytest.raises(TypeError):
+        R.uniform(fa.zeros((2,)), (3,))
+    with pytest.raises(ValueError):
+        R.uniform(R.split(k, 2), (3,))
+    with pytest.raises(TypeError):
+        R.key(1.5)
+    with pytest.raises(TypeError):
+        R.randint(k, (3,), 0, 5, fa.float32)
+    with pytest.raises(ValueError):
+        R.randint(k, (3,), 0, 2 ** 40, fa.int64)
