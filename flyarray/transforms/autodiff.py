@@ -18,7 +18,7 @@ from its inputs' tangents.
 from __future__ import annotations
 
 import functools
-import itertools
+import threading
 import weakref
 
 from .. import ad_rules, ir
@@ -145,9 +145,25 @@ def _fresh(node, taken):
     traced = getattr(plan._trace, "sources", None)
     if node.id not in taken and node.prim is ir.SOURCE and traced and node.id in traced:
         return node  # an argument fa.jit is tracing: keep it (jit finds its arguments by node)
-    if node.prim is ir.SOURCE and node.buffer is not None and not traced:
+    if node.prim is ir.SOURCE and node.buffer is not None and not traced and not _depth.value:
+        # a fresh leaf over the same buffer (free); not under an outer transform, which must see the link
         return ir.Node(ir.SOURCE, (), node.params, node.shape, node.dtype, node.device, node.buffer)
     return ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)  # a free copy
+
+
+class _Depth(threading.local):
+    value = 0
+
+
+_depth = _Depth()  # how many transforms are recording their function on this thread
+
+
+def _call(fn, nodes):
+    _depth.value += 1
+    try:
+        return list(fn(*[Array(n) for n in nodes]))
+    finally:
+        _depth.value -= 1
 
 
 def _start():
@@ -170,7 +186,7 @@ def vjp_flat(fn, primals, diff):
     None where ``diff`` is False or no derivative flows)."""
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = list(fn(*[Array(n) for n in nodes]))
+    outs = _call(fn, nodes)
     roots = [o._node for o in outs]
     targets = [n for n, d in zip(nodes, diff) if d]
     eqns, active = _trace(roots, targets, start)
@@ -256,7 +272,7 @@ def jvp_flat(fn, primals, tangents):
     diff = [t is not None for t in tangents]
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = list(fn(*[Array(n) for n in nodes]))
+    outs = _call(fn, nodes)
     roots = [o._node for o in outs]
     eqns, _ = _trace(roots, [n for n, d in zip(nodes, diff) if d], start)
     tan = {n.id: _fit(t, n, "tangent") for n, t in zip(nodes, tangents) if t is not None}
