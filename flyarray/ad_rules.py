@@ -394,12 +394,14 @@ def _gather_last(x, idx):
 
 
 def _top_k_formulation(x, *, k):
-    values, idx = F.top_k(x, k)
+    from .transforms.autodiff import stop_gradient
+    _, idx = F.top_k(stop_gradient(x), k)  # which positions: no derivative (and no recursion into top_k)
     return [_gather_last(x, idx), idx]
 
 
 def _softmax_top_k_formulation(x, *, k, renormalize):
-    probs, idx = F.top_k(x, k)  # the indices are the logits' top k (softmax is monotone)
+    from .transforms.autodiff import stop_gradient
+    _, idx = F.top_k(stop_gradient(x), k)  # the indices are the logits' top k (softmax is monotone)
     p = _gather_last(F.nn.softmax(x.astype(dt.float32, copy=False), axis=-1), idx)
     if renormalize:
         p = p / F.sum(p, axis=-1, keepdims=True)

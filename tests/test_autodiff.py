@@ -404,3 +404,42 @@ def test_interpret_backend(interpret):
     _check(lambda a: fa.sum(fa.concat([a[::3], a.mT[::2]], axis=0) ** 2) + fa.max(a),
            lambda a: (torch.cat([a[::3], a.mT[::2]], 0) ** 2).sum() + a.max(), x[:, :4])
     _check(lambda a: fa.sum(fa.prod(fa.exp(a * 0.1), axis=1)), lambda a: torch.exp(a * 0.1).prod(1).sum(), x)
+
+
+def test_library_ops_more():
+    from flyarray import ad_rules
+    # ragged_dot: lhs through our kernel's transpose, rhs through group masks
+    lhs = rng.uniform(-1, 1, (6, 4)).astype(np.float32)
+    rhs = rng.uniform(-1, 1, (3, 4, 5)).astype(np.float32)
+    gs = np.array([2, 0, 3], np.int32)
+
+    def t_ragged(a, b):
+        rows = [a[0:2] @ b[0], a[2:2] @ b[1], a[2:5] @ b[2], torch.zeros(1, 5)]
+        return torch.sin(torch.cat(rows)).sum()
+    _check(lambda a, b: fa.sum(fa.sin(fa.ragged_dot(a, b, fa.asarray(gs)))), t_ragged, lhs, rhs)
+    # softmax_top_k through its formulation
+    x = rng.uniform(-2, 2, (3, 8)).astype(np.float32)
+    w = rng.uniform(-1, 1, (3, 2)).astype(np.float32)
+
+    def t_stk(a):
+        p = torch.softmax(a, -1)
+        v, _ = torch.topk(p, 2)
+        return ((v / v.sum(-1, keepdim=True)) * torch.from_numpy(w)).sum()
+    _check(lambda a: fa.sum(fa.nn.softmax_top_k(a, 2, renormalize=True)[0] * fa.asarray(w)), t_stk, x)
+    # the long-row softmax library op: its backward library op (softmax_bwd)
+    _check(lambda a: fa.sum(fa.nn.long_row_softmax(a, log=True)[:, :3] * fa.asarray(w[:, :1])),
+           lambda a: (torch.log_softmax(a, -1)[:, :3] * torch.from_numpy(w[:, :1])).sum(), x)
+    # matmul_epilogue (made by the scheduler; differentiated through its formulation if ever seen)
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((3, 4), (4, 5)))
+    bias = rng.uniform(-1, 1, (5,)).astype(np.float32)
+    got = fa.vjp(lambda p, q, c: ad_rules._epilogue_formulation(p, q, c, activation="gelu", has_bias=True,
+                                                                   has_residual=False, out_dtype="float32")[0],
+                 fa.asarray(a), fa.asarray(b), fa.asarray(bias))[1](fa.ones((3, 5)))
+    want = _torch_grads(lambda p, q, c: torch.nn.functional.gelu(p @ q + c).sum(), a, b, bias)
+    for g, wt in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), wt, rtol=RTOL, atol=ATOL)
+    # forward mode through a library op's formulation (top_k)
+    t = rng.uniform(-1, 1, x.shape).astype(np.float32)
+    _, ty = fa.jvp(lambda a: fa.top_k(a, 3)[0], (fa.asarray(x),), (fa.asarray(t),))
+    _, want = torch.func.jvp(lambda a: torch.topk(a, 3)[0], (torch.from_numpy(x),), (torch.from_numpy(t),))
+    np.testing.assert_allclose(np.asarray(ty), want.numpy(), rtol=RTOL, atol=ATOL)
