@@ -1,0 +1,556 @@
+"""Derivative rules, one place per primitive: each rule is attached to its primitive object as ``vjp``
+(and, where forward mode needs more than the generic rule, ``jvp``).
+
+The primitives live in primitives.py (elementwise, reduce), ir.py (view, the movement ops), ops/manipulation.py
+(concat) and the library-op modules (matmul, attention, ...). Their derivative rules are written with fa
+ops, which primitives.py may not import (nothing below the front imports ``ops``: docs/architecture.md),
+so they live here, in the same order as primitives.py's tables, and register onto those objects when
+flyarray.transforms.autodiff is imported.
+
+A VJP rule is ``rule(g, e) -> [cotangent or None per input]``: ``g`` is the cotangent of the node's value
+(an Array of the node's shape and dtype; for a library node, a list with one per output, zeros where
+an output is unused), ``e`` an ``autodiff.Eqn`` (``e.x`` the input Arrays, ``e.y`` the output Array(s),
+``e.params``, ``e.shape``, ``e.dtype``, ``e.active``: which inputs want a cotangent). None means zero.
+Rules only record ops: the backward pass is a lazy graph that the scheduler fuses like any other.
+
+A JVP rule is ``rule(t, e) -> tangent`` (``t``: one tangent or None per input). An elementwise primitive
+needs none: its Jacobian is diagonal in each input, so its VJP rule applied to an input's tangent is
+that input's contribution to the output tangent (autodiff.jvp_elementwise).
+"""
+from __future__ import annotations
+
+import math
+
+from . import dtypes as dt
+from . import ir, ops as F
+from .ops import core
+from .ops.library_ops import ATTENTION, RAGGED_DOT, SCALED_MATMUL, SOFTMAX, SOFTMAX_TOP_K, TOP_K
+from .ops.linalg import MATMUL, MATMUL_EPILOGUE
+from .ops.manipulation import CONCAT
+from .primitives import ELEMENTWISE, REDUCE, Library
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def zeros(shape, d, device):
+    return F.zeros(shape, dtype=d, device=device)
+
+
+def _zero_rule(g, e):
+    return [None] * len(e.x)
+
+
+# ---- elementwise (primitives.ELEMENTWISE) ------------------------------------------------------------
+def _unary(fn):
+    return lambda g, e: [fn(g, e.x[0], e.y)]
+
+
+def _binary(fn):
+    return lambda g, e: list(fn(g, e.x[0], e.x[1], e.y))
+
+
+def _balanced_eq(x, y, out):
+    """JAX's tie rule for maximum/minimum: 1 where x alone is the answer, 0.5 where x and y tie."""
+    return F.where(x == out, F.where(y == out, 0.5, 1.0), 0.0).astype(out.dtype, copy=False)
+
+
+_UNARY = {
+    "exp": lambda g, x, y: g * y,
+    "exp2": lambda g, x, y: g * y * math.log(2.0),
+    "log": lambda g, x, y: g / x,
+    "log2": lambda g, x, y: g / (x * math.log(2.0)),
+    "log10": lambda g, x, y: g / (x * math.log(10.0)),
+    "sqrt": lambda g, x, y: g * 0.5 / y,
+    "rsqrt": lambda g, x, y: g * -0.5 * y / x,
+    "sin": lambda g, x, y: g * F.cos(x),
+    "cos": lambda g, x, y: -(g * F.sin(x)),
+    "tan": lambda g, x, y: g * (1.0 + y * y),
+    "tanh": lambda g, x, y: g * (1.0 - y * y),
+    "erf": lambda g, x, y: g * (_TWO_OVER_SQRT_PI * F.exp(-(x * x))),
+    "sigmoid": lambda g, x, y: g * (y * (1.0 - y)),
+    "acos": lambda g, x, y: -(g * F.rsqrt(1.0 - x * x)),
+    "acosh": lambda g, x, y: g * F.rsqrt((x - 1.0) * (x + 1.0)),
+    "asin": lambda g, x, y: g * F.rsqrt(1.0 - x * x),
+    "asinh": lambda g, x, y: g * F.rsqrt(x * x + 1.0),
+    "atan": lambda g, x, y: g / (1.0 + x * x),
+    "atanh": lambda g, x, y: g / (1.0 - x * x),
+    "cosh": lambda g, x, y: g * F.sinh(x),
+    "sinh": lambda g, x, y: g * F.cosh(x),
+    "expm1": lambda g, x, y: g * (y + 1.0),
+    "log1p": lambda g, x, y: g / (1.0 + x),
+    "relu": lambda g, x, y: F.where(x > 0, g, 0.0),  # 0 at 0, as JAX and torch
+    "silu": lambda g, x, y: g * _silu_grad(x),
+    "gelu": lambda g, x, y: g * (0.5 * (1.0 + F.erf(x * 0.7071067811865476)) + x * F.exp(x * x * -0.5) * _INV_SQRT_2PI),
+    "gelu_tanh": lambda g, x, y: g * _gelu_tanh_grad(x),
+    "negative": lambda g, x, y: -g,
+    "positive": lambda g, x, y: g,
+    "abs": lambda g, x, y: g * F.sign(x),  # 0 at 0, as JAX
+    "square": lambda g, x, y: g * (2.0 * x),
+    "reciprocal": lambda g, x, y: -(g * y * y),
+}
+
+
+def _silu_grad(x):
+    s = F.sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _gelu_tanh_grad(x):
+    t = F.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _pow_rule(g, x, p, y):
+    dx = g * F.where(p == 0, 0.0, p * F.pow(x, p - 1.0))  # JAX: d/dx x**0 is 0, also at x == 0
+    dp = g * F.log(F.where(x == 0, 1.0, x)) * y  # JAX: 0 where x == 0
+    return dx, dp
+
+
+def _hypot_rule(g, a, b, y):
+    safe = F.where(y == 0, 1.0, y)
+    return g * a / safe, g * b / safe
+
+
+def _copysign_rule(g, a, b, y):
+    flip = F.signbit(a) != F.signbit(y)
+    return F.where(flip, -g, g), None
+
+
+_BINARY = {
+    "add": lambda g, a, b, y: (g, g),
+    "subtract": lambda g, a, b, y: (g, -g),
+    "multiply": lambda g, a, b, y: (g * b, g * a),
+    "divide": lambda g, a, b, y: (g / b, -(g * y) / b),
+    "pow": _pow_rule,
+    "maximum": lambda g, a, b, y: (g * _balanced_eq(a, b, y), g * _balanced_eq(b, a, y)),
+    "minimum": lambda g, a, b, y: (g * _balanced_eq(a, b, y), g * _balanced_eq(b, a, y)),
+    "atan2": lambda g, a, b, y: (g * b / (a * a + b * b), -(g * a) / (a * a + b * b)),
+    "hypot": _hypot_rule,
+    "copysign": _copysign_rule,
+    "logaddexp": lambda g, a, b, y: (g * F.exp(a - y), g * F.exp(b - y)),
+    # remainder(a, b) = a - floor(a / b) * b: d/da = 1, d/db = -floor(a / b) (almost everywhere)
+    "remainder": lambda g, a, b, y: (g, -(g * F.floor(a / b))),
+}
+
+# Piecewise-constant: zero gradient almost everywhere (JAX gives zeros too).
+_ZERO = ("sign", "floor", "ceil", "trunc", "round", "floor_divide", "nextafter")
+
+
+def _where_rule(g, e):
+    c = e.x[0]
+    return [None, F.where(c, g, 0.0), F.where(c, 0.0, g)]
+
+
+def _astype_rule(g, e):
+    """The cotangent is cast back to the input's dtype (float inputs only: integers get none)."""
+    return [g.astype(e.x[0].dtype, copy=False)]
+
+
+def _astype_jvp(t, e):
+    return t[0].astype(e.dtype, copy=False)
+
+
+for _name, _fn in _UNARY.items():
+    ELEMENTWISE[_name].vjp = _unary(_fn)
+for _name, _fn in _BINARY.items():
+    ELEMENTWISE[_name].vjp = _binary(_fn)
+for _name in _ZERO:
+    ELEMENTWISE[_name].vjp = _zero_rule
+ELEMENTWISE["where"].vjp = _where_rule
+ELEMENTWISE["astype"].vjp = _astype_rule
+ELEMENTWISE["astype"].jvp = _astype_jvp
+# Bool-valued (comparisons, logical_*, is*, signbit) and integer-only (bitwise_*) primitives make no
+# float values, so no cotangent ever reaches them: they need no rule.
+
+
+# ---- reductions (primitives.REDUCE); nodes keep dims, params are the reduced axes --------------------
+def _sum_vjp(g, e):
+    return [F.broadcast_to(g, e.x[0].shape).astype(e.x[0].dtype, copy=False)]
+
+
+def _sum_jvp(t, e):
+    return F.sum(t[0], axis=e.params, keepdims=True).astype(e.dtype, copy=False)
+
+
+def _chooser_weights(e):
+    """max/min: the positions that attain the result share its cotangent equally (JAX's rule)."""
+    x, y = e.x[0], e.y
+    loc = (x == y).astype(x.dtype)
+    return loc / F.sum(loc, axis=e.params, keepdims=True)
+
+
+def _prod_weights(e):
+    """d prod / d x_i = prod of the others, also where x has zeros (one zero: the product of the
+    rest at that position, two or more: 0)."""
+    x, y, axes = e.x[0], e.y, e.params
+    is_zero = x == 0
+    zeros_in_row = F.sum(is_zero.astype(x.dtype), axis=axes, keepdims=True)
+    others = F.prod(F.where(is_zero, 1.0, x), axis=axes, keepdims=True)
+    return F.where(zeros_in_row == 0, y / F.where(is_zero, 1.0, x),
+                   F.where((zeros_in_row == 1) & is_zero, others, 0.0))
+
+
+REDUCE["sum"].vjp = _sum_vjp
+REDUCE["sum"].jvp = _sum_jvp
+for _name, _weights in (("max", _chooser_weights), ("min", _chooser_weights), ("prod", _prod_weights)):
+    REDUCE[_name].vjp = (lambda w: lambda g, e: [g * w(e)])(_weights)
+    REDUCE[_name].jvp = (lambda w: lambda t, e: F.sum(t[0] * w(e), axis=e.params, keepdims=True))(_weights)
+# any/all/argmax/argmin give bool or integer results: no cotangent reaches them.
+
+
+# ---- views (ir.VIEW: a chain of movement ops over a base) -------------------------------------------
+def _view_shapes(base_shape, ops):
+    shapes = [tuple(base_shape)]
+    for op in ops:
+        kind = op[0]
+        if kind in ("reshape", "expand"):
+            shapes.append(tuple(op[1]))
+        elif kind == "permute":
+            shapes.append(tuple(shapes[-1][p] for p in op[1]))
+        elif kind == "slice":
+            shapes.append(tuple(op[3]))
+        else:  # flip
+            shapes.append(shapes[-1])
+    return shapes
+
+
+def _view_vjp(g, e):
+    ops = e.params
+    shapes = _view_shapes(e.x[0].shape, ops)
+    for op, before in zip(reversed(ops), reversed(shapes[:-1])):
+        kind = op[0]
+        if kind == "reshape":
+            g = F.reshape(g, before)
+        elif kind == "permute":
+            inverse = [0] * len(op[1])
+            for i, p in enumerate(op[1]):
+                inverse[p] = i
+            g = F.permute_dims(g, tuple(inverse))
+        elif kind == "expand":
+            axes = tuple(i for i, (b, a) in enumerate(zip(before, op[1])) if b == 1 and a != 1)
+            if axes:
+                g = F.sum(g, axis=axes, keepdims=True)
+        elif kind == "slice":
+            _, starts, steps, sizes = op
+            for axis, (start, step, size, full) in enumerate(zip(starts, steps, sizes, before)):
+                if start != 0 or step != 1 or size != full:
+                    g = unslice(g, axis, start, step, full)
+        else:
+            g = F.flip(g, axis=op[1])
+    return [g]
+
+
+def unslice(g, axis, start, step, full):
+    """The transpose of ``x[start : start + step * n : step]`` along ``axis``: ``g`` put back at those
+    positions of an axis of size ``full``, zeros elsewhere (flyarray has no pad op: concat with zeros)."""
+    n = g.shape[axis]
+    shape = list(g.shape)
+    if n == 0:
+        shape[axis] = full
+        return zeros(tuple(shape), g.dtype, g.device)
+    span = n
+    if step > 1:  # interleave step-1 zeros after each element, then drop the trailing ones
+        spread = F.expand_dims(g, axis + 1)
+        gap = list(spread.shape)
+        gap[axis + 1] = step - 1
+        spread = F.concat([spread, zeros(tuple(gap), g.dtype, g.device)], axis=axis + 1)
+        shape[axis] = n * step
+        g = F.reshape(spread, tuple(shape))
+        span = (n - 1) * step + 1
+        g = F.getitem(g, (slice(None),) * axis + (slice(0, span),))
+    parts = []
+    for size in (start, full - start - span):
+        if size:
+            shape[axis] = size
+            parts.append(zeros(tuple(shape), g.dtype, g.device))
+    if not parts:
+        return g
+    pieces = ([parts.pop(0)] if start else []) + [g] + parts
+    return F.concat(pieces, axis=axis)
+
+
+def _view_jvp(t, e):
+    return core.movement(t[0], e.params, e.shape)
+
+
+ir.VIEW.vjp = _view_vjp
+ir.VIEW.jvp = _view_jvp
+
+
+# ---- concat (ops/manipulation.CONCAT; params: the axis) --------------------------------------------
+def _concat_vjp(g, e):
+    axis, out, offset = e.params, [], 0
+    for x in e.x:
+        n = x.shape[axis]
+        out.append(F.getitem(g, (slice(None),) * axis + (slice(offset, offset + n),)))
+        offset += n
+    return out
+
+
+def _concat_jvp(t, e):
+    return F.concat([ti if ti is not None else zeros(x.shape, x.dtype, x.device) for ti, x in zip(t, e.x)],
+                    axis=e.params)
+
+
+CONCAT.vjp = _concat_vjp
+CONCAT.jvp = _concat_jvp
+
+
+# ---- library ops (one node, outputs read through output nodes) ----------------------------------------
+def unbroadcast(g, shape):
+    """Sum ``g`` down to ``shape`` (the transpose of broadcasting ``shape`` up to ``g.shape``)."""
+    lead = g.ndim - len(shape)
+    if lead:
+        g = F.sum(g, axis=tuple(range(lead)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
+    if axes:
+        g = F.sum(g, axis=axes, keepdims=True)
+    return g
+
+
+def _matmul_vjp(gs, e):
+    (g,), (a, b) = gs, e.x
+    return [unbroadcast(F.matmul(g, b.mT), a.shape) if e.active[0] else None,
+            unbroadcast(F.matmul(a.mT, g), b.shape) if e.active[1] else None]
+
+
+def _matmul_jvp(t, e):
+    (a, b), (ta, tb) = e.x, t
+    out = None
+    if ta is not None:
+        out = F.matmul(ta, b)
+    if tb is not None:
+        tb_part = F.matmul(a, tb)
+        out = tb_part if out is None else out + tb_part
+    return [out]
+
+
+MATMUL.vjp = _matmul_vjp
+MATMUL.jvp = _matmul_jvp
+
+
+# Formulations: library ops written on primitives. A library op with no dedicated backward kernel is
+# differentiated through its formulation (autodiff records it, then takes its VJP or JVP).
+def _epilogue_formulation(a, b, *extras, activation, has_bias, has_residual, out_dtype):
+    it = iter(extras)
+    f32 = dt.float32 if a.dtype != dt.float64 else dt.float64
+    acc = F.matmul(a.astype(f32, copy=False), b.astype(f32, copy=False))
+    if has_bias:
+        acc = acc + next(it).astype(f32, copy=False)
+    if activation is not None:
+        acc = core.elementwise(activation, acc)
+    if has_residual:
+        acc = acc + next(it).astype(f32, copy=False)
+    return [acc.astype(dt.dtype(out_dtype), copy=False)]
+
+
+def _attention_formulation(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
+    """softmax(scale q k^T + bias, masked) v on (B, S, H, D), GQA by repeating key/value heads;
+    rows that see no key give 0, as the kernel."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    it = iter(extras)
+    bias = next(it) if has_bias else None
+    mask = next(it) if has_mask else None
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    f32 = dt.float32
+    qh = F.permute_dims(q.astype(f32, copy=False), (0, 2, 1, 3))
+
+    def heads(t):
+        th = F.permute_dims(t.astype(f32, copy=False), (0, 2, 1, 3))  # B, Hkv, Sk, D
+        if Hq != Hkv:
+            th = F.broadcast_to(F.expand_dims(th, 2), (B, Hkv, Hq // Hkv, Sk, D))
+            th = F.reshape(th, (B, Hq, Sk, D))
+        return th
+
+    s = F.matmul(qh, heads(k).mT) * scale
+    if bias is not None:
+        s = s + bias.astype(f32, copy=False)
+    keep = None
+    if is_causal:
+        rows = F.reshape(F.arange(Sq), (Sq, 1))
+        keep = F.arange(Sk) <= rows + (Sk - Sq)
+    if mask is not None:
+        keep = mask if keep is None else keep & mask
+    if keep is not None:
+        s = F.where(keep, s, -math.inf)
+    m = F.max(s, axis=-1, keepdims=True)
+    from .transforms.autodiff import stop_gradient
+    m = stop_gradient(F.where(F.isfinite(m), m, 0.0))  # a shift: softmax does not depend on it
+    p = F.exp(s - m)
+    denom = F.sum(p, axis=-1, keepdims=True)
+    p = p / F.where(denom == 0, 1.0, denom)
+    out = F.matmul(p, heads(v))
+    return [F.permute_dims(out, (0, 2, 1, 3)).astype(q.dtype, copy=False)]
+
+
+def _gather_last(x, idx):
+    """x[..., idx[..., j]] along the last axis, written as a masked sum (no gather primitive)."""
+    n = x.shape[-1]
+    hit = F.expand_dims(idx, -1) == F.arange(n, dtype=idx.dtype)
+    return F.sum(F.where(hit, F.expand_dims(x, -2), 0.0), axis=-1)
+
+
+def _top_k_formulation(x, *, k):
+    from .transforms.autodiff import stop_gradient
+    _, idx = F.top_k(stop_gradient(x), k)  # which positions: no derivative (and no recursion into top_k)
+    return [_gather_last(x, idx), idx]
+
+
+def _softmax_top_k_formulation(x, *, k, renormalize):
+    from .transforms.autodiff import stop_gradient
+    _, idx = F.top_k(stop_gradient(x), k)  # the indices are the logits' top k (softmax is monotone)
+    p = _gather_last(F.nn.softmax(x.astype(dt.float32, copy=False), axis=-1), idx)
+    if renormalize:
+        p = p / F.sum(p, axis=-1, keepdims=True)
+    return [p.astype(x.dtype, copy=False), idx]
+
+
+def _softmax_formulation(x, *, axis, log):
+    xf = x.astype(dt.float32, copy=False)
+    out = F.nn.log_softmax(xf, axis=axis) if log else F.nn.softmax(xf, axis=axis)
+    return [out.astype(x.dtype, copy=False)]
+
+
+def _ragged_dot_formulation(lhs, rhs, group_sizes):
+    onehot = _group_onehot(group_sizes, lhs.shape[0], lhs.dtype)  # (m, g)
+    w = F.sum(F.reshape(onehot, onehot.shape + (1, 1)) * F.expand_dims(rhs, 0), axis=1)  # (m, k, n)
+    return [F.sum(F.expand_dims(lhs, -1) * w, axis=1)]
+
+
+def _group_onehot(group_sizes, m, d):
+    """(m, g): 1 where row r belongs to group i (rows past the last group belong to none)."""
+    g = group_sizes.shape[0]
+    gs = group_sizes.astype(dt.int64, copy=False)
+    j = F.arange(g)
+    ends = F.sum(F.where(F.reshape(j, (1, g)) <= F.reshape(j, (g, 1)), F.reshape(gs, (1, g)), 0), axis=1)
+    starts = ends - gs
+    r = F.reshape(F.arange(m), (m, 1))
+    return ((r >= F.reshape(starts, (1, g))) & (r < F.reshape(ends, (1, g)))).astype(d)
+
+
+FORMULATIONS = {
+    "matmul_epilogue": _epilogue_formulation,
+    "attention": _attention_formulation,
+    "top_k": _top_k_formulation,
+    "softmax_top_k": _softmax_top_k_formulation,
+    "softmax": _softmax_formulation,
+    "ragged_dot": _ragged_dot_formulation,
+}
+
+
+# attention: the backward kernels of kernels/attention.py, recorded as one library node (dq, dk, dv).
+# The kernel recomputes the forward for its log-sum-exp (the forward node keeps only the output).
+def _attention_bwd_abstract(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
+    return [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+
+
+def _split(rest, has_bias, has_mask):
+    it = iter(rest)
+    bias = next(it) if has_bias else None
+    mask = next(it) if has_mask else None
+    return bias, mask, next(it)
+
+
+def _attention_bwd_kernel(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
+    from .kernels import attention
+    bias, mask, do = _split(rest, has_bias, has_mask)
+    out, lse = attention.attention_fwd(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
+    return attention.attention_bwd(do.contiguous(), q, k, v, out, lse, bias=bias, mask=mask, scale=scale,
+                                   is_causal=is_causal)
+
+
+def _attention_bwd_reference(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
+    import torch
+
+    from .kernels import attention
+    bias, mask, do = _split(rest, has_bias, has_mask)
+    with torch.enable_grad():
+        qkv = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+        out = attention.reference_attention(*qkv, bias, mask, scale=scale, is_causal=is_causal)
+        grads = torch.autograd.grad(out, qkv, do.double())
+    return [gr.to(t.dtype) for gr, t in zip(grads, (q, k, v))]
+
+
+ATTENTION_BWD = Library("attention_bwd", _attention_bwd_abstract, _attention_bwd_kernel, _attention_bwd_reference)
+
+
+def _attention_vjp(gs, e):
+    kw = e.params["kwargs"]
+    if kw["has_bias"] and e.active[3]:
+        return None  # the kernel has no bias gradient: differentiate the formulation instead
+    q, k, v = e.x[:3]
+    (g,) = gs
+    dq, dk, dv = core_call(ATTENTION_BWD, [*e.x, g.astype(q.dtype, copy=False)], **kw)
+    return [dq, dk, dv] + [None] * (len(e.x) - 3)
+
+
+# long-row softmax: kernels/softmax.py's backward kernel, recorded as a library node.
+def _softmax_bwd_abstract(dy, y, *, axis, log):
+    return [(y.shape, y.dtype)]
+
+
+def _softmax_bwd_kernel(dy, y, *, axis, log):
+    from .kernels import softmax
+    return softmax.softmax_bwd(dy, y, log, axis)
+
+
+def _softmax_bwd_reference(dy, y, *, axis, log):
+    import torch
+    dyf, yf = dy.double(), y.double()
+    if log:
+        dx = dyf - torch.exp(yf) * dyf.sum(axis, keepdim=True)
+    else:
+        dx = yf * (dyf - (dyf * yf).sum(axis, keepdim=True))
+    return dx.to(y.dtype)
+
+
+SOFTMAX_BWD = Library("softmax_bwd", _softmax_bwd_abstract, _softmax_bwd_kernel, _softmax_bwd_reference)
+
+
+def _softmax_vjp(gs, e):
+    (g,), (y,) = gs, e.y
+    kw = e.params["kwargs"]
+    return core_call(SOFTMAX_BWD, [g.astype(y.dtype, copy=False), y], **kw)
+
+
+def _top_k_vjp(gs, e):
+    """values' cotangent goes back to the chosen positions (a masked sum: no scatter primitive)."""
+    (x,), (gv, _) = e.x, gs
+    idx = e.y[1]
+    n = x.shape[-1]
+    hit = F.expand_dims(idx, -1) == F.arange(n, dtype=idx.dtype)  # (..., k, n)
+    return [F.sum(F.where(hit, F.expand_dims(gv, -1), 0.0), axis=-2).astype(x.dtype, copy=False)]
+
+
+def _ragged_dot_vjp(gs, e):
+    (g,), (lhs, rhs, group_sizes) = gs, e.x
+    dlhs = F.ragged_dot(g, F.permute_dims(rhs, (0, 2, 1)), group_sizes) if e.active[0] else None
+    drhs = None
+    if e.active[1]:
+        onehot = _group_onehot(group_sizes, lhs.shape[0], lhs.dtype)  # (m, g)
+        rows = F.expand_dims(F.permute_dims(onehot, (1, 0)), -1) * F.expand_dims(lhs, 0)  # (g, m, k)
+        drhs = F.matmul(rows.mT, F.expand_dims(g, 0))  # (g, k, n)
+    return [dlhs, drhs, None]
+
+
+def _not_differentiable(name, why):
+    def rule(g, e):
+        raise TypeError(f"{name} is not differentiable: {why}")
+    return rule
+
+
+def core_call(prim, inputs, **params):
+    from .ops.library import call
+    return call(prim, inputs, **params)
+
+
+ATTENTION.vjp = _attention_vjp
+SOFTMAX.vjp = _softmax_vjp
+TOP_K.vjp = _top_k_vjp
+RAGGED_DOT.vjp = _ragged_dot_vjp
+SCALED_MATMUL.vjp = _not_differentiable("scaled_matmul", "its operands are fp8/MX storage formats")
+SCALED_MATMUL.jvp = SCALED_MATMUL.vjp
+# matmul_epilogue and softmax_top_k: differentiated through their formulations (FORMULATIONS).
