@@ -271,7 +271,8 @@ class _Builder:
             runtime._stats["kernels_launched"] += 1
             tensors = [runtime.apply_movement(slots[s], ops) if ops else slots[s] for s, ops in ins]
             for slot, value in zip(outs, prim.run(backend, tensors, kwargs)):
-                slots[slot] = value
+                # fused kernels read a library output as contiguous (its layout is planned before it exists)
+                slots[slot] = value if value.is_contiguous() else value.contiguous()
         self.steps.append(run_library)
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs)))
 

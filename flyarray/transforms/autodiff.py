@@ -22,6 +22,7 @@ import threading
 import weakref
 
 from .. import ad_rules, ir
+from ..expand import expand_composites
 from .. import dtypes as dt
 from .. import tree_util as tu
 from .._array import Array
@@ -188,6 +189,7 @@ def vjp_flat(fn, primals, diff):
     nodes = _inputs(primals, diff, start)
     outs = _call(fn, nodes)
     roots = [o._node for o in outs]
+    expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     targets = [n for n, d in zip(nodes, diff) if d]
     eqns, active = _trace(roots, targets, start)
 
@@ -274,6 +276,7 @@ def jvp_flat(fn, primals, tangents):
     nodes = _inputs(primals, diff, start)
     outs = _call(fn, nodes)
     roots = [o._node for o in outs]
+    expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     eqns, _ = _trace(roots, [n for n, d in zip(nodes, diff) if d], start)
     tan = {n.id: _fit(t, n, "tangent") for n, t in zip(nodes, tangents) if t is not None}
     multi = {}
