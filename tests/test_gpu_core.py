@@ -235,3 +235,25 @@ def test_library_kernels_relaunch_directly_with_other_alignments_and_sizes():
     for m in (33, 1, 16, 33):
         out = torch.from_dlpack(fa.asarray(a[:m]) @ fa.asarray(a.T.contiguous()))
         assert _rel(out, a[:m].float() @ a.T.float()) < 1e-2
+
+
+def test_random_bits_on_gpu_match_the_reference_backend():
+    fa.set_backend(None)  # CPU arrays take the reference backend, CUDA ones the gpu backend
+    cpu_key = fa.random.key(7, device="cpu")
+    want = fa.random.bits(cpu_key, (1000,)).torch()
+    wantu = fa.random.uniform(cpu_key, (1000,)).torch()
+    key = fa.random.key(7, device="cuda")
+    got = fa.random.bits(key, (1000,)).torch()
+    assert torch.equal(got.cpu(), want)
+    x = torch.ones(1000, device="cuda")
+    fa.reset_stats()
+    dropped = (fa.asarray(x) * (fa.random.uniform(key, (1000,)) > 0.5)).torch()
+    assert fa.stats()["kernels_launched"] == 1
+    assert torch.equal(dropped.cpu(), (wantu > 0.5).float())
+
+
+def test_grad_on_gpu_matches_torch():
+    x = torch.randn(257, device="cuda", requires_grad=True)
+    torch.sum(torch.exp(torch.sin(x) * 2 + 1) * x).backward()
+    g = fa.grad(lambda a: fa.sum(fa.exp(fa.sin(a) * 2 + 1) * a))(fa.asarray(x.detach()))
+    assert _rel(g.torch(), x.grad) < 1e-5
