@@ -45,77 +45,77 @@ def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None):
     then takes the tensor itself. An output given as None is produced (a contiguous buffer of
     ``output_shapes[k]``): the computed tensor becomes the buffer when it is fresh and laid out as
     that buffer would be (no copy), else a new buffer receives it.
+
+    The kernel becomes one straight-line Python function (generated here from the kernel's own
+    structure, never read from disk), so an evaluation pays for the torch calls and little else.
     """
     shapes = {"full": kernel.full_shape, "outer": kernel.keep_shape}
     input_views = input_views or [None] * kernel.n_inputs
-    steps = [_compile_op(op, shapes, kernel.axes, input_views, kernel.ops) for op in kernel.ops]
-    for i in _scalars_only(kernel):  # read as Python scalars only: no tensor to make
-        steps[i] = _nothing
-    stores = []
+    env = {"torch": torch}
+    body = []
+    if any(isinstance(op, (Const, Iota)) for op in kernel.ops):
+        body.append("dev = inputs[0].device if inputs else None")
+    skip = _scalars_only(kernel)  # read as Python scalars only: no tensor to make
+    for i, op in enumerate(kernel.ops):
+        if i not in skip:
+            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env)
     output_shapes = output_shapes or [st.view.shape for st in kernel.stores]
-    for st, buffer_shape in zip(kernel.stores, output_shapes):
+    stores = []
+    for k, (st, buffer_shape) in enumerate(zip(kernel.stores, output_shapes)):
         fresh = st.view.is_contiguous() and isinstance(kernel.ops[st.op], (Elementwise, Reduce))
-        stores.append((st.op, _strided_reader(st.view), st.view.shape, tuple(buffer_shape), st.dtype.torch, fresh))
+        env[f"store{k}"] = _store(_strided_reader(st.view), tuple(st.view.shape), tuple(buffer_shape),
+                                  st.dtype.torch, fresh)
+        stores.append(f"store{k}(v{st.op}, outputs[{k}], inputs)")
+    body.append(f"return [{', '.join(stores)}]")
+    source = "def run(inputs, outputs, scalars):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(source, f"<flyarray reference kernel {id(kernel):x}>", "exec"), env)
+    return env["run"]
 
-    def run(inputs, outputs, scalars):
-        values = []
-        for step in steps:
-            values.append(step(values, inputs, scalars))
-        results = []
-        for (op, dest_of, shape, buffer_shape, dtype, fresh), out in zip(stores, outputs):
-            value = values[op]
-            if out is None:
-                if fresh and value.shape == shape and value.dtype is dtype and value.is_contiguous() \
-                        and not value._is_view() and all(value is not t for t in inputs):
-                    results.append(value if shape == buffer_shape else value.view(buffer_shape))  # no copy
-                    continue
-                out = torch.empty(buffer_shape, dtype=dtype, device=value.device)
-            dest_of(out).copy_(value if value.shape == shape else value.expand(shape))
-            results.append(out)
-        return results
-    return run
+
+def _store(dest_of, shape, buffer_shape, dtype, fresh):
+    def store(value, out, inputs):
+        if out is None:
+            if fresh and value.shape == shape and value.dtype is dtype and value.is_contiguous() \
+                    and not value._is_view() and all(value is not t for t in inputs):
+                return value if shape == buffer_shape else value.view(buffer_shape)  # torch just made it
+            out = torch.empty(buffer_shape, dtype=dtype, device=value.device)
+        dest_of(out).copy_(value if value.shape == shape else value.expand(shape))
+        return out
+    return store
 
 
 _SCALAR_OPERAND = {"add": torch.add, "multiply": torch.mul, "subtract": torch.sub, "divide": torch.div}
 _COMMUTES = {"add", "multiply"}
 
 
-def _compile_op(op, shapes, axes, input_views, ops):
+def _emit_op(i, op, shapes, axes, input_views, ops, env) -> list:
+    """Source lines computing ``v{i}``; the objects they name go into ``env``."""
     if isinstance(op, Load):
-        index = op.input
-        if input_views[index] == op.view:  # reads the buffer exactly as it lies: the tensor itself
-            return lambda values, inputs, scalars: inputs[index]
-        read = _strided_reader(op.view)
-        return lambda values, inputs, scalars: read(inputs[index])
+        if input_views[op.input] == op.view:  # reads the buffer exactly as it lies: the tensor itself
+            return [f"v{i} = inputs[{op.input}]"]
+        env[f"read{i}"] = _strided_reader(op.view)
+        return [f"v{i} = read{i}(inputs[{op.input}])"]
     if isinstance(op, Const):
-        shape, dtype, slot = shapes[op.domain], op.dtype.torch, op.slot
-        return lambda values, inputs, scalars: torch.full((), scalars[slot], dtype=dtype, device=(
-            inputs[0].device if inputs else None)).expand(shape)
+        env[f"shape{i}"], env[f"dtype{i}"] = shapes[op.domain], op.dtype.torch
+        return [f"v{i} = torch.full((), scalars[{op.slot}], dtype=dtype{i}, device=dev).expand(shape{i})"]
     if isinstance(op, Iota):
-        return lambda values, inputs, scalars: _iota(op, inputs[0].device if inputs else None)
-    dtype = op.dtype.torch
-    if isinstance(op, Elementwise):
-        args = op.args
-        if op.prim == "astype":
-            a = args[0]
-            return lambda values, inputs, scalars: values[a].to(dtype)
-        scalar_form = _with_python_scalar(op, ops, dtype)
-        if scalar_form is not None:
-            return scalar_form
-        fn = ELEMENTWISE[op.prim].reference
-
-        def elementwise(values, inputs, scalars):
-            out = fn(*[values[a] for a in args])
-            return out if out.dtype is dtype else out.to(dtype)
-        return elementwise
+        env[f"iota{i}"] = lambda device, op=op: _iota(op, device)
+        return [f"v{i} = iota{i}(dev)"]
+    env[f"dtype{i}"] = op.dtype.torch
     if isinstance(op, Reduce):
-        fn, arg = REDUCE[op.prim].reference, op.arg
-        return lambda values, inputs, scalars: fn(values[arg], axes).to(dtype)
-    raise TypeError(f"unknown op {op}")
-
-
-def _nothing(values, inputs, scalars):
-    return None
+        env[f"fn{i}"], env[f"axes{i}"] = REDUCE[op.prim].reference, axes
+        return [f"v{i} = fn{i}(v{op.arg}, axes{i}).to(dtype{i})"]
+    if not isinstance(op, Elementwise):
+        raise TypeError(f"unknown op {op}")
+    if op.prim == "astype":
+        return [f"v{i} = v{op.args[0]}.to(dtype{i})"]
+    found = _scalar_operand(op, ops)
+    if found is not None:  # ``x + 0.5``: torch takes the Python scalar (same result dtype, no tensor made)
+        env[f"fn{i}"], a, b = found
+        return [f"v{i} = fn{i}(v{a}, scalars[{ops[b].slot}])"]
+    env[f"fn{i}"] = ELEMENTWISE[op.prim].reference
+    args = ", ".join(f"v{a}" for a in op.args)
+    return [f"v{i} = fn{i}({args})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
 
 
 def _scalars_only(kernel) -> set:
@@ -141,16 +141,6 @@ def _scalar_operand(op, ops):
     if isinstance(ops[a], Const) or not isinstance(ops[b], Const):
         return None
     return fn, a, b
-
-
-def _with_python_scalar(op, ops, dtype):
-    """``x + 0.5``: torch takes the Python scalar directly (same result dtype, no 0-d tensor made)."""
-    found = _scalar_operand(op, ops)
-    if found is None:
-        return None
-    fn, a, b = found
-    slot = ops[b].slot
-    return lambda values, inputs, scalars: fn(values[a], scalars[slot])
 
 
 def _iota(op: Iota, device) -> torch.Tensor:
