@@ -118,8 +118,11 @@ def view(base: Node, ops: tuple, shape: tuple) -> Node:
     return Node(VIEW, (base,), tuple(ops), shape, base.dtype, base.device)
 
 
-def toposort(roots) -> list:
-    """Nodes reachable from ``roots`` that are not realized, inputs before users."""
+def toposort(roots, inputs_of=None) -> list:
+    """Nodes reachable from ``roots``, inputs before users (iteratively: graphs are deep).
+
+    ``inputs_of(node)`` says which inputs to follow; by default a realized node's are not (it is a
+    buffer now), so the walk stops at values already computed."""
     order, seen = [], set()
     stack = [(r, False) for r in roots]
     while stack:
@@ -131,6 +134,8 @@ def toposort(roots) -> list:
             continue
         seen.add(node.id)
         stack.append((node, True))
-        if not node.realized:
+        if inputs_of is not None:
+            stack.extend((i, False) for i in inputs_of(node))
+        elif not node.realized:
             stack.extend((i, False) for i in node.inputs)
     return order

@@ -89,19 +89,7 @@ def _edges(node):
 def _trace(roots, inputs, start):
     """The Eqns of the nodes that carry a derivative from ``inputs`` to ``roots``, inputs first."""
     input_ids = {n.id for n in inputs}
-    order, seen, stack = [], set(), [(r, False) for r in roots]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if node.id in seen:
-            continue
-        seen.add(node.id)
-        stack.append((node, True))
-        if node.id in input_ids or node.id < start:
-            continue
-        stack.extend((i, False) for i in _edges(node)[0])
+    order = ir.toposort(roots, lambda n: () if n.id in input_ids or n.id < start else _edges(n)[0])
     active, eqns = set(input_ids), []
     for node in order:
         if node.id in input_ids or node.id < start:
