@@ -109,12 +109,21 @@ def _flatten(value, tensors, where):
             keys.append(_leaf_key(leaf))
         else:
             keys.append(_static_key(leaf, where))
+    structure = _structure(treedef)
     try:
-        hash(treedef)
+        hash(structure)
     except TypeError:
         raise TypeError(f"fa.jit: {where} is a pytree whose node data is not hashable ({treedef}); "
                         "register_pytree_node's aux_data must be hashable") from None
-    return (treedef, tuple(keys))
+    return (structure, tuple(keys))
+
+
+def _structure(treedef):
+    """A treedef as nested tuples: hashed once per lookup (a PyTreeDef rebuilds its key on every
+    hash and comparison, which made a pytree argument's signature cost ~20 us more)."""
+    if treedef.kind is None:
+        return None
+    return (treedef.kind, treedef.aux, tuple([_structure(c) for c in treedef.children]))
 
 
 def _static_key(value, where):
