@@ -437,6 +437,19 @@ def test_jit_namedtuples_and_registered_classes_in_and_out(backend):
         fa.jit(lambda p: _Params(p.w, 1.5))(params)
 
 
+class _Unhashable:
+    def __init__(self, a):
+        self.a = a
+
+
+fa.tree_util.register_pytree_node(_Unhashable, lambda u: ([u.a], {"not": "hashable"}), lambda aux, c: _Unhashable(*c))
+
+
+def test_jit_names_a_pytree_with_unhashable_node_data(backend):
+    with pytest.raises(TypeError, match="argument 0 is a pytree whose node data is not hashable"):
+        fa.jit(lambda u: u.a + 1)(_Unhashable(torch.ones(2)))
+
+
 def test_jit_keeps_no_input_or_output_buffers(backend):
     g = fa.jit(lambda x: fa.exp(x) + 1)
     t = torch.randn(1000)
