@@ -3,6 +3,7 @@
 Plans are reused across evaluations of the same structure with new data, new scalars, new strides
 and new shapes must give exactly what a fresh process gives; stats count hits and misses.
 """
+import collections
 import gc
 import threading
 import weakref
@@ -381,6 +382,72 @@ def test_jit_pytrees_in_and_out(backend):
         torch.testing.assert_close(torch.from_dlpack(out["out"]), want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_dlpack(out["parts"][0]), want * 2, rtol=1e-5, atol=1e-5)
         assert out["parts"][1] is None
+
+
+class _Params(collections.namedtuple("_Params", "w b")):
+    pass
+
+
+class _Model:
+    """A registered pytree class: two array children and a hashable aux (its name)."""
+
+    def __init__(self, name, scale, shift):
+        self.name, self.scale, self.shift = name, scale, shift
+
+
+fa.tree_util.register_pytree_node(_Model, lambda m: ([m.scale, m.shift], m.name),
+                                  lambda name, children: _Model(name, *children))
+
+
+def test_jit_namedtuples_and_registered_classes_in_and_out(backend):
+    traces = []
+
+    @fa.jit
+    def f(params, model, x):
+        traces.append(model.name)
+        h = x * params.w + params.b
+        return _Params(w=h * model.scale, b=params.b + model.shift), _Model(model.name, h, model.shift * 2)
+
+    params = _Params(w=torch.randn(4, 3), b=torch.randn(3))
+    model = _Model("m", torch.randn(3), torch.randn(3))
+    x = torch.randn(4, 3)
+    for step in range(3):  # a loop that feeds the outputs back: trace once, replay twice
+        new_params, new_model = f(params, model, x)
+        assert type(new_params) is _Params and type(new_model) is _Model and new_model.name == "m"
+        h = x * params.w + params.b
+        torch.testing.assert_close(torch.from_dlpack(new_params.w), h * model.scale, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_dlpack(new_params.b), params.b + model.shift, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_dlpack(new_model.scale), h, rtol=1e-5, atol=1e-5)
+        params = _Params(*(torch.from_dlpack(a) for a in new_params))  # torch tensors in, as a user would
+        model = _Model("m", model.scale, model.shift)
+    assert traces == ["m"]
+    f(params, _Model("other", model.scale, model.shift), x)  # aux data is part of the signature
+    assert traces == ["m", "other"]
+    f(_Params(params.w, params.b.to(torch.float64)), model, x)  # a leaf's dtype
+    assert len(traces) == 3
+    f(_Params(params.w.T.contiguous().T, params.b), model, x)  # a leaf's strides
+    assert len(traces) == 4
+    g = fa.jit(lambda p: p[0] + p[1])
+    g(params)
+    g(tuple(params))  # a plain tuple is another structure than the namedtuple
+    assert len(g.cache) == 2
+    with pytest.raises(TypeError, match="neither an array nor hashable"):
+        f(_Params(params.w, {1, 2}), model, x)
+    with pytest.raises(TypeError, match="returned a float"):
+        fa.jit(lambda p: _Params(p.w, 1.5))(params)
+
+
+class _Unhashable:
+    def __init__(self, a):
+        self.a = a
+
+
+fa.tree_util.register_pytree_node(_Unhashable, lambda u: ([u.a], {"not": "hashable"}), lambda aux, c: _Unhashable(*c))
+
+
+def test_jit_names_a_pytree_with_unhashable_node_data(backend):
+    with pytest.raises(TypeError, match="argument 0 is a pytree whose node data is not hashable"):
+        fa.jit(lambda u: u.a + 1)(_Unhashable(torch.ones(2)))
 
 
 def test_jit_keeps_no_input_or_output_buffers(backend):

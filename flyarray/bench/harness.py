@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-SUITES = ["elementwise", "norms", "topk", "gemm", "attention", "mx", "overhead"]
+SUITES = ["elementwise", "norms", "topk", "gemm", "attention", "mx", "overhead", "training"]
 
 
 @dataclasses.dataclass

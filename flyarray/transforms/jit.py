@@ -6,10 +6,12 @@ with where each of its leaves comes from: an argument, or a buffer the function 
 calls with the same signature bind the new arguments' buffers into that plan and launch: no
 recording, no graph walk, no scheduling.
 
-The signature is the structure of the arguments (nested tuples, lists and dicts), for each array
+The signature is the structure of the arguments (pytrees, flattened with ``fa.tree_util``: tuples,
+lists, dicts, None, namedtuples and classes registered with ``register_pytree_node``), for each array
 exactly what the plan's launches specialize on (shape, dtype, strides, storage offset, 16-byte
 alignment, device), and the type and value of every other argument: a non-array argument is
-static, as if named in ``static_argnums``, so it must be hashable. As in JAX, Python values the
+static, as if named in ``static_argnums``, so it must be hashable. Outputs are pytrees of arrays
+too, rebuilt with ``tree_unflatten`` on every replay. As in JAX, Python values the
 function closes over are baked in at trace time, and asking for a traced value's data inside the
 function (``float(x.sum())``, ``print(x)``, ``fa.eval(x)``, ``if x > 0:``) raises
 ``ConcretizationError`` naming the line.
@@ -21,7 +23,7 @@ import inspect
 
 import torch
 
-from .. import ir, plan, runtime
+from .. import ir, plan, runtime, tree_util
 from .._array import Array
 
 
@@ -84,19 +86,44 @@ def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tup
     return tuple(key)
 
 
+def _leaf_key(t):
+    """What a plan's launches specialize on for one array leaf."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.storage_offset(), t.data_ptr() % 16)
+
+
 def _flatten(value, tensors, where):
-    """The signature of one argument; its array leaves are appended to ``tensors``."""
-    if isinstance(value, Array):
+    """The signature of one argument (a pytree, flattened with fa.tree_util): its structure and, per
+    leaf, the array signature or the static key; its array leaves are appended to ``tensors``."""
+    if type(value) is Array:  # the common cases first: one array, no tree to walk
         value = value._tensor()
-    if isinstance(value, torch.Tensor):
+    if type(value) is torch.Tensor:
         tensors.append(value)
-        return (value.shape, value.stride(), value.dtype, value.device, value.storage_offset(),
-                value.data_ptr() % 16)
-    if type(value) in (tuple, list):
-        return (type(value), tuple(_flatten(v, tensors, where) for v in value))
-    if type(value) is dict:
-        return (dict, tuple((k, _flatten(value[k], tensors, where)) for k in sorted(value)))
-    return _static_key(value, where)
+        return _leaf_key(value)
+    leaves, treedef = tree_util.tree_flatten(value)
+    keys = []
+    for leaf in leaves:
+        if isinstance(leaf, Array):
+            leaf = leaf._tensor()
+        if isinstance(leaf, torch.Tensor):
+            tensors.append(leaf)
+            keys.append(_leaf_key(leaf))
+        else:
+            keys.append(_static_key(leaf, where))
+    structure = _structure(treedef)
+    try:
+        hash(structure)
+    except TypeError:
+        raise TypeError(f"fa.jit: {where} is a pytree whose node data is not hashable ({treedef}); "
+                        "register_pytree_node's aux_data must be hashable") from None
+    return (structure, tuple(keys))
+
+
+def _structure(treedef):
+    """A treedef as nested tuples: hashed once per lookup (a PyTreeDef rebuilds its key on every
+    hash and comparison, which made a pytree argument's signature cost ~20 us more)."""
+    if treedef.kind is None:
+        return None
+    return (treedef.kind, treedef.aux, tuple([_structure(c) for c in treedef.children]))
 
 
 def _static_key(value, where):
@@ -104,19 +131,18 @@ def _static_key(value, where):
         return plan.freeze(value)
     except TypeError:
         raise TypeError(f"fa.jit: {where} ({type(value).__name__}) is neither an array nor hashable; pass arrays "
-                        "as fa.Array or torch.Tensor (or tuples, lists and dicts of them), and other arguments as "
-                        "hashable values") from None
+                        "as fa.Array or torch.Tensor (or pytrees of them: tuples, lists, dicts, namedtuples, "
+                        "registered classes), and other arguments as hashable values") from None
 
 
 def _rebuild(value, it):
-    """``value`` with every array leaf replaced by the next abstract array from ``it``."""
+    """``value`` with every array leaf replaced by the next abstract array from ``it`` (same order
+    as ``_flatten``)."""
     if isinstance(value, (Array, torch.Tensor)):
         return next(it)
-    if type(value) in (tuple, list):
-        return type(value)(_rebuild(v, it) for v in value)
-    if type(value) is dict:
-        return {k: _rebuild(value[k], it) for k in sorted(value)}
-    return value
+    leaves, treedef = tree_util.tree_flatten(value)
+    return tree_util.tree_unflatten(
+        treedef, [next(it) if isinstance(leaf, (Array, torch.Tensor)) else leaf for leaf in leaves])
 
 
 # ---- trace and replay -----------------------------------------------------------------------------
@@ -171,7 +197,7 @@ class _Trace:
             t = slots[index] if kind == "slot" else tensors[index] if kind == "arg" else index
             node = ir.source(t)
             outs.append(Array(ir.view(node, ops, shape) if ops else node))
-        return _unflatten_outputs(self.treedef, iter(outs))
+        return tree_util.tree_unflatten(self.treedef, outs)
 
 
 def _leaf_sources(walk, arg_of) -> list:
@@ -196,29 +222,11 @@ def _out_ref(node, walk, program, arg_of):
 
 
 def _flatten_outputs(out):
-    leaves = []
-
-    def walk(value):
-        if isinstance(value, Array):
-            leaves.append(value)
-            return None
-        if type(value) in (tuple, list):
-            return (type(value), tuple(walk(v) for v in value))
-        if type(value) is dict:
-            return (dict, tuple((k, walk(v)) for k, v in value.items()))
-        if value is None:
-            return ("none",)
-        raise TypeError(f"fa.jit: the function returned a {type(value).__name__}; return arrays, or tuples, "
-                        "lists and dicts of arrays")
-    return leaves, walk(out)
-
-
-def _unflatten_outputs(treedef, it):
-    if treedef is None:
-        return next(it)
-    kind = treedef[0]
-    if kind == "none":
-        return None
-    if kind is dict:
-        return {k: _unflatten_outputs(v, it) for k, v in treedef[1]}
-    return kind(_unflatten_outputs(v, it) for v in treedef[1])
+    """The output's Array leaves and its structure (fa.tree_util: None and empty containers have no
+    leaves); any other leaf is an error."""
+    leaves, treedef = tree_util.tree_flatten(out)
+    for leaf in leaves:
+        if not isinstance(leaf, Array):
+            raise TypeError(f"fa.jit: the function returned a {type(leaf).__name__}; return arrays, or pytrees "
+                            "of arrays (tuples, lists, dicts, namedtuples, registered classes)")
+    return leaves, treedef
