@@ -24,6 +24,7 @@ from .kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce
 from .primitives import ELEMENTWISE, REDUCE
 
 ROW_BLOCK_LIMIT = 16384  # widest row kept in registers in one pass
+COLUMN_TILE = 64  # kept x reduced tile side of column-major row kernels (reductions over a strided axis)
 
 # Launch shapes (per-arch tuned values replace these in launch_shape; benchmarks/tune_fused.py explores them).
 TUNING = {
@@ -306,9 +307,25 @@ class _Emitter:
         self.store_view = list(range(vi, vi + len(kernel.stores)))
         chunk = TUNING["reduce_block_n"]
         self.pure_reduce = self.rows and all(st.domain == "outer" for st in kernel.stores)
-        self.one_pass = (not self.rows) or (layout.N <= ROW_BLOCK_LIMIT and
+        # Column-major tiles: where the loads walk the kept axis contiguously and the reduced one with a
+        # stride (a sum over axis 0 of a row-major matrix), the tile is [BLOCK_N reduced, BLOCK_M kept]
+        # so that neighbouring threads read neighbouring addresses; the row loop then walks the
+        # reduced axis in chunks (a whole column in registers would not fit).
+        self.t = self.rows and self.column_major()
+        self.RX = "[None, :]" if self.t else "[:, None]"  # a per-row vector as a 2-D tile
+        self.CX = "[:, None]" if self.t else "[None, :]"  # a per-column vector as a 2-D tile
+        self.AX = 0 if self.t else 1  # the tile's reduced axis
+        self.TILE = "[BLOCK_N, BLOCK_M]" if self.t else "[BLOCK_M, BLOCK_N]"
+        self.one_pass = (not self.rows) or (layout.N <= ROW_BLOCK_LIMIT and not self.t and
                                             not (self.pure_reduce and chunk and layout.N > chunk))
         self.lines = []
+
+    def column_major(self) -> bool:
+        lay = self.lay
+        loads = [self.view_of_op[i] for i, op in enumerate(self.k.ops) if isinstance(op, Load) and op.domain == "full"]
+        if not loads or self.lay.N <= COLUMN_TILE or not lay.kept_sizes or not lay.red_sizes:
+            return False
+        return all(lay.kept_strides[v][-1] == 1 and lay.red_strides[v][-1] != 1 for v in loads)
 
     # ---- the launch ------------------------------------------------------------------------------
     def launch_spec(self) -> LaunchSpec:
@@ -339,7 +356,7 @@ class _Emitter:
         ops = tuple(_op_signature(op) for op in self.k.ops)
         stores = tuple((st.op, st.domain, st.dtype.name) for st in self.k.stores)
         scalars = tuple(d.name for d in self.k.scalar_dtypes)
-        return (self.rows, self.p, self.q, self.lay.index64, self.one_pass, ops, stores,
+        return (self.rows, self.p, self.q, self.lay.index64, self.one_pass, self.t, ops, stores,
                 self.k.n_inputs, scalars, config.eager_rounding())
 
     def launch_shape(self):
@@ -351,6 +368,9 @@ class _Emitter:
             warps = TUNING["ew_warps"] if block >= 1024 else max(1, block // 256)
             return {"BLOCK": block}, (max(1, -(-lay.M // block)),), warps
         n = max(lay.N, 1)
+        if self.t:  # column-major: a narrow kept strip (more programs), a deeper reduced chunk
+            block_m, block_n = COLUMN_TILE // 2, COLUMN_TILE * 2
+            return {"BLOCK_M": block_m, "BLOCK_N": block_n}, (max(1, -(-lay.M // block_m)),), 4
         if self.one_pass:
             block_n = max(16, 1 << (n - 1).bit_length())
         elif self.pure_reduce and TUNING["reduce_block_n"]:
@@ -399,7 +419,7 @@ class _Emitter:
                 L.append(f"tl.store(out{s} + off{v}, {self.value_for_store(st)}, mask=mask)")
             return L
         L.append(f"rows = tl.program_id(0).to({idx}) * BLOCK_M + tl.arange(0, BLOCK_M).to({idx})")
-        L.append("rmask = (rows < M)[:, None]")
+        L.append(f"rmask = (rows < M){self.RX}")
         self.unravel("rows", "K", self.p, "i")
         self.offsets_for("i", "k", self.p, "ro", row=True)
         if self.one_pass:
@@ -416,7 +436,7 @@ class _Emitter:
         L = self.lines
         idx = "tl.int64" if self.lay.index64 else "tl.int32"
         L.append(f"{indent}cols = ({expr}).to({idx})")
-        L.append(f"{indent}cmask = (cols < N)[None, :]")
+        L.append(f"{indent}cmask = (cols < N){self.CX}")
         L.append(f"{indent}mask = rmask & cmask")
         self.unravel("cols", "R", self.q, "j", indent)
         self.offsets_for("j", "r", self.q, "co", indent=indent)
@@ -441,9 +461,9 @@ class _Emitter:
                 terms = [f"o{v}"] + terms
             expr = " + ".join(terms) if terms else "0"
             if self.rows and row:
-                L.append(f"{indent}{out}{v} = ({expr})[:, None]" if terms[1:] else f"{indent}{out}{v} = o{v} + rows[:, None] * 0")
+                L.append(f"{indent}{out}{v} = ({expr}){self.RX}" if terms[1:] else f"{indent}{out}{v} = o{v} + rows{self.RX} * 0")
             elif self.rows:
-                L.append(f"{indent}{out}{v} = ({expr})[None, :]" if terms else f"{indent}{out}{v} = cols[None, :] * 0")
+                L.append(f"{indent}{out}{v} = ({expr}){self.CX}" if terms else f"{indent}{out}{v} = cols{self.CX} * 0")
             else:
                 L.append(f"{indent}{out}{v} = {expr}" if rank else f"{indent}{out}{v} = o{v} + lin * 0")
 
@@ -546,10 +566,10 @@ class _Emitter:
         combine, neutral, acc = self.reduce_parts(op)
         val = f"tl.where(mask, v{op.arg}.to({_tl(acc)}), {neutral})"
         if op.prim in ("argmax", "argmin"):
-            L.append(f"{indent}v{i}_v, v{i} = tl.reduce(({val}, cols[None, :] + rows[:, None] * 0), 1, {combine}, keep_dims=True)")
+            L.append(f"{indent}v{i}_v, v{i} = tl.reduce(({val}, cols{self.CX} + rows{self.RX} * 0), {self.AX}, {combine}, keep_dims=True)")
             L.append(f"{indent}v{i} = v{i}.to(tl.int64)")
         else:
-            L.append(f"{indent}v{i} = tl.reduce({val}, 1, {combine}, keep_dims=True)")
+            L.append(f"{indent}v{i} = tl.reduce({val}, {self.AX}, {combine}, keep_dims=True)")
             L.append(f"{indent}v{i} = {self.finish_reduce(i, op)}")
 
     def finish_reduce(self, i, op: Reduce) -> str:
@@ -573,9 +593,9 @@ class _Emitter:
             reds = [i for i, op in enumerate(ops) if isinstance(op, Reduce) and stage[i] == s]
             for i in reds:
                 combine, neutral, acc = self.reduce_parts(ops[i])
-                L.append(f"acc{i} = tl.full([BLOCK_M, BLOCK_N], {neutral}, {_tl(acc)})")
+                L.append(f"acc{i} = tl.full({self.TILE}, {neutral}, {_tl(acc)})")
                 if ops[i].prim in ("argmax", "argmin"):
-                    L.append(f"idx{i} = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)")
+                    L.append(f"idx{i} = tl.zeros({self.TILE}, tl.int64)")
             L.append("for n0 in range(0, N, BLOCK_N):")
             self.emit_cols("n0 + tl.arange(0, BLOCK_N)", indent="    ")
             needed = self.full_closure([ops[i].arg for i in reds], done)
@@ -585,15 +605,15 @@ class _Emitter:
                 combine, neutral, acc = self.reduce_parts(ops[i])
                 val = f"tl.where(mask, v{ops[i].arg}.to({_tl(acc)}), {neutral})"
                 if ops[i].prim in ("argmax", "argmin"):
-                    L.append(f"    acc{i}, idx{i} = {combine}(acc{i}, idx{i}, {val}, (cols[None, :] + rows[:, None] * 0).to(tl.int64))")
+                    L.append(f"    acc{i}, idx{i} = {combine}(acc{i}, idx{i}, {val}, (cols{self.CX} + rows{self.RX} * 0).to(tl.int64))")
                 else:
                     L.append(f"    acc{i} = {combine}(acc{i}, {val})")
             for i in reds:
                 combine, _, _ = self.reduce_parts(ops[i])
                 if ops[i].prim in ("argmax", "argmin"):
-                    L.append(f"v{i}_v, v{i} = tl.reduce((acc{i}, idx{i}), 1, {combine}, keep_dims=True)")
+                    L.append(f"v{i}_v, v{i} = tl.reduce((acc{i}, idx{i}), {self.AX}, {combine}, keep_dims=True)")
                 else:
-                    L.append(f"v{i} = tl.reduce(acc{i}, 1, {combine}, keep_dims=True)")
+                    L.append(f"v{i} = tl.reduce(acc{i}, {self.AX}, {combine}, keep_dims=True)")
                     L.append(f"v{i} = {self.finish_reduce(i, ops[i])}")
                 done.add(i)
             for i, op in enumerate(ops):
@@ -650,7 +670,7 @@ class _Emitter:
         if not self.rows:
             shape = "lin"
         else:
-            shape = "(rows[:, None] + cols[None, :])" if st.domain == "full" else "rows[:, None]"
+            shape = f"(rows{self.RX} + cols{self.CX})" if st.domain == "full" else f"rows{self.RX}"
         if isinstance(op, Const) or (self.rows and st.domain == "full" and op.domain == "outer"):
             value = f"({value} + {shape} * 0)"
         if target.kind == "b":
