@@ -92,6 +92,29 @@ def test_attention():
            rtol=1e-4, atol=1e-5)
 
 
+def test_more_library_ops_and_random():
+    x = fa.asarray(X)
+    _, idx = fa.vmap(lambda a: fa.top_k(a, 2))(x)
+    np.testing.assert_array_equal(np.asarray(idx), torch.topk(torch.from_numpy(X), 2).indices.numpy())
+    _check(lambda a: fa.nn.softmax_top_k(a, 2, renormalize=True)[0], X)
+    keys = fa.random.split(fa.random.key(0), 4)  # batched keys: each example its own numbers
+    got = fa.vmap(lambda k: fa.random.uniform(k, (3,)))(keys)
+    want = np.stack([np.asarray(fa.random.uniform(keys[i], (3,))) for i in range(4)])
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert fa.vmap(fa.sin)(fa.zeros((0, 3))).shape == (0, 3)
+
+
+def test_per_example_gradients_of_library_ops():
+    q = rng.uniform(-1, 1, (2, 1, 4, 2, 8)).astype(np.float32)
+    loss = fa.grad(lambda a: fa.sum(fa.nn.dot_product_attention(a, a, a) ** 2))  # attention_bwd
+    _check(loss, q, rtol=1e-4, atol=1e-5)
+    got = fa.vmap(fa.grad(lambda a: fa.sum(fa.nn.long_row_softmax(a) * a)))(fa.asarray(X))  # softmax_bwd
+    want = torch.func.vmap(torch.func.grad(lambda a: (torch.softmax(a, -1) * a).sum()))(torch.from_numpy(X))
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+    got = fa.vmap(lambda a: fa.jvp(fa.sin, (a,), (fa.ones_like(a),))[1])(fa.asarray(X))
+    np.testing.assert_allclose(np.asarray(got), np.cos(X), rtol=1e-5, atol=1e-6)
+
+
 def test_out_axes_and_pytrees():
     x, y = fa.asarray(X), fa.asarray(Y)
     got = fa.vmap(lambda a: fa.sum(a, axis=0), out_axes=1)(x)
