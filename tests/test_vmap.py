@@ -178,6 +178,28 @@ def test_grad_of_vmap():
     np.testing.assert_allclose(np.asarray(got), X, rtol=1e-6)
 
 
+def test_custom_rules_survive_vmap():
+    @fa.custom_vjp
+    def f(x, s):
+        return fa.sin(x) * s
+    f.defvjp(lambda x, s: (fa.sin(x) * s, (x, s)), lambda r, g: (g * 100.0 * r[1], None))
+
+    @fa.custom_jvp
+    def h(x):
+        return fa.exp(x)
+    h.defjvp(lambda p, t: (fa.exp(p[0]), t[0] * 7.0))
+    x, s = fa.asarray(X[:, 0]), fa.asarray(W[:, 0])
+    np.testing.assert_allclose(np.asarray(fa.vmap(f, in_axes=(0, None))(x, s)), np.sin(X[:, 0]) * W[:, 0], rtol=1e-6)
+    got = fa.grad(lambda a: fa.sum(fa.vmap(f, in_axes=(0, None))(a, s)))(x)
+    np.testing.assert_allclose(np.asarray(got), np.broadcast_to(100.0 * W[:, 0], (5, 4)), rtol=1e-6)
+    got = fa.grad(lambda a: fa.sum(fa.vmap(h)(a)))(x)
+    np.testing.assert_allclose(np.asarray(got), np.full((5, 4), 7.0))
+    got = fa.grad(lambda w: fa.sum(fa.vmap(lambda r: h(r * w))(x)))(s)  # unbatched w: per-example sums
+    np.testing.assert_allclose(np.asarray(got), 7.0 * X[:, 0].sum(0), rtol=1e-5)
+    _, t = fa.jvp(fa.vmap(h), (x,), (fa.ones_like(x),))
+    np.testing.assert_allclose(np.asarray(t), np.full((5, 4), 7.0))
+
+
 def test_jit_of_vmap():
     f = fa.jit(fa.vmap(lambda a, b: fa.nn.softmax(a * b), in_axes=(0, None)))
     for seed in range(2):

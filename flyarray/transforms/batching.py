@@ -79,7 +79,7 @@ def _stand_in(xb, n):
 def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
     """Batched values (node id -> Array, batch axis at 0) of the nodes between the stand-ins in ``values``
     and ``roots``; nodes that depend on no stand-in are absent (they are kept as they are)."""
-    from .autodiff import _STOPPED, stop_gradient
+    from .autodiff import _CUSTOM, _STOPPED, stop_gradient
     order, seen, stack = [], set(), [(r, False) for r in roots]
     while stack:
         node, done = stack.pop()
@@ -91,9 +91,16 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
         seen.add(node.id)
         stack.append((node, True))
         if node.id not in values and node.id >= start:
-            stack.extend((i, False) for i in node.inputs)
-    library = {}  # library node id -> its batched outputs
+            stack.extend((i, False) for i in (_CUSTOM[node][0].inputs if node in _CUSTOM else node.inputs))
+    library = {}  # library (or custom call) node id -> its batched outputs
     for node in order:
+        if node in _CUSTOM and node.id >= start:
+            group, index = _CUSTOM[node]
+            if group.id not in library and any(i.id in values for i in group.inputs):
+                library[group.id] = _batch_custom(group.params, values, n)
+            if group.id in library:
+                values[node.id] = library[group.id][index]
+            continue
         if node.id in values or node.id < start:
             continue
         if node.prim is ir.OUTPUT:
@@ -123,6 +130,26 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
                                  f"expected {node.dtype}{list((n,) + node.shape)}")
         values[node.id] = stop_gradient(out) if node in _STOPPED else out
     return values
+
+
+def _batch_custom(call, values, n):
+    """A custom_vjp/custom_jvp call with a batched argument: the same call of a custom function whose
+    function, fwd/bwd or JVP rule are vmapped (every array argument batched: an unbatched one is broadcast,
+    so reverse mode sums its per-example cotangents through the broadcast)."""
+    from ..ops import broadcast_to
+    from .autodiff import custom_vjp, custom_jvp
+    arrays = [call.arg_leaves[i] for i in call.array_positions]
+    arrays = [values[a._node.id] if a._node.id in values else broadcast_to(a, (n,) + a.shape) for a in arrays]
+    args = call.with_arrays(arrays)
+    axes = tuple(tu.tree_unflatten(call.arg_tree, [0 if isinstance(x, Array) else None for x in call.arg_leaves]))
+    owner = call.owner
+    if isinstance(owner, custom_vjp):
+        batched = custom_vjp(vmap(owner.fun, in_axes=axes))
+        batched.defvjp(vmap(owner.fwd, in_axes=axes), vmap(owner.bwd))
+    else:
+        batched = custom_jvp(vmap(owner.fun, in_axes=axes))
+        batched.defjvp(vmap(owner.rule, in_axes=(axes, axes)))
+    return tu.tree_leaves(batched(*args))
 
 
 def vmap(fun, in_axes=0, out_axes=0):
