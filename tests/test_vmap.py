@@ -130,6 +130,8 @@ def test_out_axes_and_pytrees():
     np.testing.assert_allclose(np.asarray(b), np.full(5, 2.0))
     got = fa.vmap(lambda a, n: a * n, in_axes=(0, None))(x, 3)  # a Python number passes as it is
     np.testing.assert_allclose(np.asarray(got), X * 3, rtol=1e-6)
+    got = fa.vmap(lambda a, *, b: a * b, in_axes=None)(2.0, b=y)  # keywords: batched at axis 0
+    np.testing.assert_allclose(np.asarray(got), 2.0 * Y, rtol=1e-6)
     got = fa.vmap(lambda a: a + 1.0)(torch.from_numpy(X))
     np.testing.assert_allclose(np.asarray(got), X + 1.0, rtol=1e-6)
 

@@ -111,7 +111,8 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
         if node.realized and node.kind not in ("source", "constant", "iota") and not node.inputs:
             raise ValueError(f"vmap: {node.prim.name} of shape {node.shape} was evaluated (printed, converted, "
                              "fa.eval'd) inside the function being vectorized, which drops its history; evaluate "
-                             "values only outside the transformed function")
+                             "values only outside the transformed function (fa.jit evaluates: write "
+                             "fa.jit(fa.vmap(f)), not fa.vmap(fa.jit(f)))")
         batched = [i.id in values for i in node.inputs]
         if not any(batched):
             continue
@@ -158,19 +159,21 @@ def vmap(fun, in_axes=0, out_axes=0):
     ``in_axes``: an int, None, or a pytree prefix of the positional arguments (a tuple with one entry per
     argument, each an int/None or a prefix of that argument) giving the batched axis of each leaf (None:
     not batched). ``out_axes`` likewise for the outputs: where the batch axis goes (None: the output must
-    not depend on the batched arguments). The batched axes must all have the same size.
+    not depend on the batched arguments). Keyword arguments are batched at axis 0. The batched axes must
+    all have the same size.
     """
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)  # JAX takes a list of per-argument axes as a tuple
 
     @functools.wraps(fun)
-    def vmapped(*args):
+    def vmapped(*args, **kwargs):
         from ..ops import asarray, broadcast_to, moveaxis
         if isinstance(in_axes, tuple) and len(in_axes) != len(args):
             raise ValueError(f"vmap: in_axes {in_axes} has {len(in_axes)} entries, but the function was called "
                              f"with {len(args)} positional argument(s)")
-        leaves, tree = tu.tree_flatten(args)
+        leaves, tree = tu.tree_flatten((args, kwargs))
         axes = _axes_per_leaf(in_axes, args, "in_axes")
+        axes += [0] * (len(leaves) - len(axes))  # keyword arguments are batched at axis 0, as in JAX
         sizes, batched, inner = [], {}, list(leaves)
         for i, (leaf, ax) in enumerate(zip(leaves, axes)):
             if ax is None:
@@ -190,7 +193,8 @@ def vmap(fun, in_axes=0, out_axes=0):
         for i, xb in batched.items():
             inner[i] = _stand_in(xb, n)
             values[inner[i]._node.id] = xb
-        out = fun(*tu.tree_unflatten(tree, inner))
+        inner_args, inner_kwargs = tu.tree_unflatten(tree, inner)
+        out = fun(*inner_args, **inner_kwargs)
         out_leaves, out_tree = tu.tree_flatten(out)
         out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
         expand_composites([o._node for o in out_leaves])  # fa.nn's composites batch through their primitives
