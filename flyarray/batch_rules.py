@@ -4,7 +4,8 @@
 A rule is ``rule(b) -> Array`` (a library op: a list, one Array per output), ``b`` a ``batching.Batch``:
 ``b.node`` the per-example node being re-interpreted, ``b.n`` the batch size, ``b.x`` the input Arrays
 (batched ones carry the batch axis in front: shape ``(n,) + input.shape``; the others are the per-example
-values themselves), ``b.batched`` which inputs are batched, ``b.full(i)`` input ``i`` broadcast to batched.
+values themselves), ``b.batched`` which inputs are batched, ``b.full(i)`` input ``i`` broadcast to batched, ``b.users`` the
+per-example graph's users of each node id (None: an output of the function).
 A rule is called only when at least one input is batched, and returns the batched value with the batch
 axis at 0 (shape ``(n,) + node.shape``). Rules only record fa ops: the batched graph is a lazy graph the
 scheduler fuses like the hand-written batched function.
@@ -14,7 +15,7 @@ NotImplementedError naming them.
 """
 from __future__ import annotations
 
-from . import ir, ops as F
+from . import ir, ops as F, views
 from ._array import Array
 from .ad_rules import ATTENTION_BWD, SOFTMAX_BWD
 from .ops import core
@@ -62,7 +63,12 @@ def _batched_op(op, n):
 
 def _view(b):
     ops = tuple(_batched_op(op, b.n) for op in b.node.params)
-    return core.movement(b.x[0], ops, (b.n,) + b.node.shape)
+    out = core.movement(b.x[0], ops, (b.n,) + b.node.shape)
+    node = out._node
+    if node.kind == "view" and node.shape == node.inputs[0].shape and not node.inputs[0].realized \
+            and core.folded_view(node) == views.View.contiguous(node.shape):
+        return Array(node.inputs[0])  # the chain is the identity (matmul's vector case below): read the value itself
+    return out
 
 
 ir.VIEW.batch = _view
@@ -84,6 +90,15 @@ def _leading(b):
 
 def _matmul(b):
     """Batch axes broadcast (right-aligned): a batched operand gets its batch axis in front of both ranks."""
+    a, w = b.node.inputs
+    users = b.users.get(b.node.params["outputs"][0].id, ())
+    if b.batched == [True, False] and len(a.shape) == 2 and a.shape[0] == 1 and len(w.shape) == 2 \
+            and len(users) == 1 and users[0] is not None and users[0].kind == "view" \
+            and core.folded_view(users[0]) == views.View.contiguous((w.shape[1],)):
+        # vector @ matrix (fa.matmul lifts the vector to 1 x K, then reads [..., 0, :]): one (n, K) @ (K, N), as
+        # written by hand, so the scheduler's epilogue fusion still applies (the view then folds to the identity)
+        (out,) = call(MATMUL, [F.reshape(b.x[0], (b.n, a.shape[1])), b.x[1]])
+        return [F.reshape(out, (b.n, 1, w.shape[1]))]
     rank = max(len(i.shape) for i in b.node.inputs)
     xs = []
     for x, is_b, inp in zip(b.x, b.batched, b.node.inputs):

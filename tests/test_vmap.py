@@ -65,6 +65,8 @@ def test_views_and_concat(f):
 def test_matmul():
     w = fa.asarray(W)
     _check(lambda v: v @ w, X[:, 0])  # vector @ matrix per example
+    _check(lambda v: fa.relu((v[None] @ w)[0, ::-1] + 1.0), X[:, 0])
+    _check(lambda v: (v[None] @ w) * 2.0, X[:, 0])
     _check(lambda m: m @ w, X)
     _check(lambda v, m: v @ m, X[:, 0], rng.uniform(-1, 1, (5, 4, 2)).astype(np.float32))
     _check(lambda m, v: m @ v, X, X[:, 1])
@@ -229,6 +231,8 @@ def test_kernel_counts_match_hand_batched():
     assert _kernels(fa.vmap(lambda a, b: fa.sum(a * b)), x, x) == 1  # per-example dot product
     assert _kernels(fa.vmap(lambda a, b: a @ b), x, x) == 1  # the same through matmul: one batched GEMM
     assert _kernels(fa.vmap(lambda v: fa.relu(v @ w) * 2.0), x) == _kernels(lambda a: fa.relu(a @ w) * 2.0, x)
+    bias = fa.asarray(W[0])  # matmul + bias + activation: one GEMM with its epilogue, by hand and under vmap
+    assert _kernels(fa.vmap(lambda v: fa.relu(v @ w + bias)), x) == _kernels(lambda a: fa.relu(a @ w + bias), x) == 1
     chain = lambda a: fa.sum(fa.exp(fa.sin(a) * 2.0 + 1.0) * a, axis=-1)  # noqa: E731
     assert _kernels(fa.vmap(chain), fa.asarray(X)) == _kernels(chain, fa.asarray(X)) == 1
     g = fa.grad(lambda a: fa.sum(fa.exp(fa.sin(a) * 2.0 + 1.0) * a))

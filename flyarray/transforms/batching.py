@@ -30,10 +30,10 @@ __all__ = ["vmap"]
 class Batch:
     """What a batching rule sees: the per-example ``node``, batch size ``n``, input values ``x`` and
     which of them are ``batched`` (batch axis at 0)."""
-    __slots__ = ("node", "n", "x", "batched")
+    __slots__ = ("node", "n", "x", "batched", "users")
 
-    def __init__(self, node, n, x, batched):
-        self.node, self.n, self.x, self.batched = node, n, x, batched
+    def __init__(self, node, n, x, batched, users):
+        self.node, self.n, self.x, self.batched, self.users = node, n, x, batched, users
 
     def full(self, i) -> Array:
         """Input ``i`` with the batch axis: an unbatched one broadcast (a view, or a constant)."""
@@ -92,6 +92,11 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
         stack.append((node, True))
         if node.id not in values and node.id >= start:
             stack.extend((i, False) for i in (_CUSTOM[node][0].inputs if node in _CUSTOM else node.inputs))
+    users = {r.id: [None] for r in roots}  # node id -> the nodes that read it (None: an output)
+    for node in order:
+        if node.id not in values and node.id >= start:
+            for i in node.inputs:
+                users.setdefault(i.id, []).append(node)
     library = {}  # library (or custom call) node id -> its batched outputs
     for node in order:
         if node in _CUSTOM and node.id >= start:
@@ -122,7 +127,7 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
             raise NotImplementedError(f"vmap: no batching rule for the {what} {node.prim.name!r}; add one in "
                                       "flyarray/batch_rules.py")
         xs = [values[i.id] if b else Array(i) for i, b in zip(node.inputs, batched)]
-        out = rule(Batch(node, n, xs, batched))
+        out = rule(Batch(node, n, xs, batched, users))
         if node.kind == "library":
             library[node.id] = out
             continue
