@@ -4,8 +4,8 @@
 A rule is ``rule(b) -> Array`` (a library op: a list, one Array per output), ``b`` a ``batching.Batch``:
 ``b.node`` the per-example node being re-interpreted, ``b.n`` the batch size, ``b.x`` the input Arrays
 (batched ones carry the batch axis in front: shape ``(n,) + input.shape``; the others are the per-example
-values themselves), ``b.batched`` which inputs are batched, ``b.full(i)`` input ``i`` broadcast to batched, ``b.users`` the
-per-example graph's users of each node id (None: an output of the function).
+values themselves), ``b.batched`` which inputs are batched, ``b.full(i)`` input ``i`` broadcast to batched,
+``b.users`` the per-example graph's users of each node id (None: an output of the function).
 A rule is called only when at least one input is batched, and returns the batched value with the batch
 axis at 0 (shape ``(n,) + node.shape``). Rules only record fa ops: the batched graph is a lazy graph the
 scheduler fuses like the hand-written batched function.

@@ -247,6 +247,8 @@ def test_errors():
         fa.vmap(fa.sin, in_axes=3)(x)
     with pytest.raises(ValueError, match="in_axes .* 1 entries.* 2 positional"):
         fa.vmap(lambda a, b: a + b, in_axes=(0,))(x, x)
+    with pytest.raises(ValueError, match="not a pytree prefix of the arguments"):
+        fa.vmap(lambda a, b: a + b, in_axes=({"x": 0}, 0))(x, x)
     with pytest.raises(ValueError, match="at least one"):
         fa.vmap(fa.sin, in_axes=None)(x)
     with pytest.raises(ValueError, match="out_axes is None"):

@@ -50,7 +50,8 @@ def _axes_per_leaf(prefix, tree, what):
     try:
         subtrees = tu._flatten_up_to(p_tree, tree, 1)
     except ValueError:
-        raise ValueError(f"vmap: {what} {prefix!r} is not a pytree prefix of the {'arguments' if what == 'in_axes' else 'outputs'} "
+        whose = "arguments" if what == "in_axes" else "outputs"
+        raise ValueError(f"vmap: {what} {prefix!r} is not a pytree prefix of the {whose} "
                          f"({tu.tree_structure(tree)})") from None
     axes = []
     for ax, sub in zip(p_leaves, subtrees):
