@@ -22,6 +22,7 @@ from .runtime import reset_stats, set_backend, stats  # noqa: E402
 from .transforms import jit  # noqa: E402
 from .transforms import custom_jvp, custom_vjp, grad, jvp, stop_gradient, value_and_grad, vjp  # noqa: E402,F401
 from . import tree_util  # noqa: E402,F401
+from .transforms.batching import vmap  # noqa: E402,F401
 
 bool = bool_  # the array API spells it fa.bool
 __version__ = "0.1.0"

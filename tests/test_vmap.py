@@ -1,0 +1,276 @@
+"""fa.vmap against the stacked Python loop (np.stack of f(x[i])), torch.func, and kernel counts."""
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+import flyarray as fa
+
+rng = np.random.default_rng(0)
+X = rng.uniform(-2, 2, (5, 3, 4)).astype(np.float32)
+Y = rng.uniform(-2, 2, (5, 3, 4)).astype(np.float32)
+W = rng.uniform(-1, 1, (4, 6)).astype(np.float32)
+
+
+def _loop(f, *xs, in_axes=0):
+    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(xs)
+    n = next(x.shape[a] for x, a in zip(xs, axes) if a is not None)
+    outs = [f(*[fa.asarray(x if a is None else np.take(x, i, axis=a)) for x, a in zip(xs, axes)]) for i in range(n)]
+    return np.stack([np.asarray(o) for o in outs])
+
+
+def _check(f, *xs, in_axes=0, rtol=2e-5, atol=1e-5):
+    got = fa.vmap(f, in_axes=in_axes)(*[fa.asarray(x) for x in xs])
+    np.testing.assert_allclose(np.asarray(got), _loop(f, *xs, in_axes=in_axes), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("f", [
+    lambda a: fa.exp(fa.sin(a) * 2.0 + 1.0),
+    lambda a: fa.where(a > 0, a, -a * 0.5).astype(fa.float64),
+    lambda a: a * fa.arange(4, dtype=fa.float32) + fa.ones((3, 4)),
+    lambda a: fa.maximum(a, 0.25) - fa.asarray(W[:, :4][:3]),
+], ids=["unary_chain", "where_astype", "iota_constant", "closed_over"])
+def test_elementwise(f):
+    _check(f, X)
+
+
+def test_binary_and_in_axes():
+    _check(lambda a, b: fa.atan2(a, b) + a * b, X, Y)
+    _check(lambda a, b: a * b, X, Y[0], in_axes=(0, None))
+    _check(lambda a, b: a - b, X, np.moveaxis(Y, 0, 2), in_axes=(0, 2))
+    _check(lambda a, b: a - b, X, np.moveaxis(Y, 0, 2), in_axes=(0, -1))
+
+
+@pytest.mark.parametrize("f", [
+    lambda a: fa.sum(a), lambda a: fa.sum(a, axis=1), lambda a: fa.max(a, axis=0, keepdims=True),
+    lambda a: fa.mean(a, axis=-1), lambda a: fa.prod(a * 0.5, axis=(0, 1)), lambda a: fa.argmax(a, axis=1),
+    lambda a: fa.var(a, axis=0), lambda a: fa.any(a > 1.5, axis=1),
+], ids=["sum", "sum1", "max_keep", "mean", "prod", "argmax", "var", "any"])
+def test_reductions(f):
+    _check(f, X)
+
+
+@pytest.mark.parametrize("f", [
+    lambda a: a.reshape(12), lambda a: a.reshape(2, 6).T, lambda a: a.T[1:, ::-2],
+    lambda a: fa.broadcast_to(a[:, None, :], (3, 2, 4)), lambda a: fa.flip(a, axis=1),
+    lambda a: fa.moveaxis(a[None], 0, 2), lambda a: fa.squeeze(a[1:2]), lambda a: a[..., 2],
+    lambda a: fa.concat([a, a[:1] * 2.0, fa.zeros((2, 4))], axis=0),
+    lambda a: fa.stack([a, fa.ones((3, 4))], axis=-1),
+], ids=["reshape", "reshape_T", "slices", "broadcast", "flip", "moveaxis", "squeeze", "index", "concat", "stack"])
+def test_views_and_concat(f):
+    _check(f, X)
+
+
+def test_matmul():
+    w = fa.asarray(W)
+    _check(lambda v: v @ w, X[:, 0])  # vector @ matrix per example
+    _check(lambda v: fa.relu((v[None] @ w)[0, ::-1] + 1.0), X[:, 0])
+    _check(lambda v: (v[None] @ w) * 2.0, X[:, 0])
+    _check(lambda m: m @ w, X)
+    _check(lambda v, m: v @ m, X[:, 0], rng.uniform(-1, 1, (5, 4, 2)).astype(np.float32))
+    _check(lambda m, v: m @ v, X, X[:, 1])
+    _check(lambda a, b: fa.matmul(a, b), X, W, in_axes=(0, None))
+
+
+def test_nn():
+    wt = fa.asarray(W[:, 0])
+    _check(fa.nn.softmax, X)
+    _check(lambda a: fa.nn.log_softmax(a, axis=0), X)
+    _check(lambda a: fa.nn.rms_norm(a, wt), X, rtol=1e-4)
+    _check(lambda a: fa.nn.layer_norm(a), X, rtol=1e-4, atol=1e-4)
+    _check(lambda a: fa.top_k(a, 2)[0], X)
+    _check(lambda a: fa.nn.long_row_softmax(a, axis=0), X)
+
+
+def test_attention():
+    q = rng.uniform(-1, 1, (3, 2, 5, 2, 4)).astype(np.float32)
+    k = rng.uniform(-1, 1, (3, 2, 6, 1, 4)).astype(np.float32)
+    bias = rng.uniform(-1, 1, (3, 2, 1, 5, 6)).astype(np.float32)
+    kk, vv = fa.asarray(k[0]), fa.asarray(k[1])
+    _check(lambda a: fa.nn.dot_product_attention(a, kk, vv, is_causal=True), q, rtol=1e-4, atol=1e-5)
+    _check(lambda a, b, c: fa.nn.dot_product_attention(a, b, b, bias=c), q, k, bias, rtol=1e-4, atol=1e-5)
+    _check(lambda a, b, c: fa.nn.dot_product_attention(a, b, b, bias=c), q, k, bias[0], in_axes=(0, 0, None),
+           rtol=1e-4, atol=1e-5)
+
+
+def test_more_library_ops_and_random():
+    x = fa.asarray(X)
+    _, idx = fa.vmap(lambda a: fa.top_k(a, 2))(x)
+    np.testing.assert_array_equal(np.asarray(idx), torch.topk(torch.from_numpy(X), 2).indices.numpy())
+    _check(lambda a: fa.nn.softmax_top_k(a, 2, renormalize=True)[0], X)
+    keys = fa.random.split(fa.random.key(0), 4)  # batched keys: each example its own numbers
+    got = fa.vmap(lambda k: fa.random.uniform(k, (3,)))(keys)
+    want = np.stack([np.asarray(fa.random.uniform(keys[i], (3,))) for i in range(4)])
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert fa.vmap(fa.sin)(fa.zeros((0, 3))).shape == (0, 3)
+
+
+def test_per_example_gradients_of_library_ops():
+    q = rng.uniform(-1, 1, (2, 1, 4, 2, 8)).astype(np.float32)
+    loss = fa.grad(lambda a: fa.sum(fa.nn.dot_product_attention(a, a, a) ** 2))  # attention_bwd
+    _check(loss, q, rtol=1e-4, atol=1e-5)
+    got = fa.vmap(fa.grad(lambda a: fa.sum(fa.nn.long_row_softmax(a) * a)))(fa.asarray(X))  # softmax_bwd
+    want = torch.func.vmap(torch.func.grad(lambda a: (torch.softmax(a, -1) * a).sum()))(torch.from_numpy(X))
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+    got = fa.vmap(lambda a: fa.jvp(fa.sin, (a,), (fa.ones_like(a),))[1])(fa.asarray(X))
+    np.testing.assert_allclose(np.asarray(got), np.cos(X), rtol=1e-5, atol=1e-6)
+
+
+def test_out_axes_and_pytrees():
+    x, y = fa.asarray(X), fa.asarray(Y)
+    got = fa.vmap(lambda a: fa.sum(a, axis=0), out_axes=1)(x)
+    np.testing.assert_allclose(np.asarray(got), X.sum(1).T, rtol=1e-5)
+    P = collections.namedtuple("P", "w b")
+    f = fa.vmap(lambda d, p: {"out": d["x"] * p.w + p.b, "w": p.w},
+                in_axes=({"x": 0}, P(w=None, b=1)), out_axes={"out": -1, "w": None})
+    got = f({"x": x}, P(w=fa.asarray(W[:, 0]), b=fa.asarray(np.moveaxis(Y[:, 0], 0, 1))))
+    np.testing.assert_allclose(np.asarray(got["out"]), np.moveaxis(X * W[:, 0] + Y[:, 0][:, None], 0, -1), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got["w"]), W[:, 0])
+    a, b = fa.vmap(lambda a: (a, 2.0 * fa.ones(())), in_axes=[0], out_axes=(0, 0))(x)  # unbatched out: broadcast
+    np.testing.assert_allclose(np.asarray(a), X)
+    np.testing.assert_allclose(np.asarray(b), np.full(5, 2.0))
+    got = fa.vmap(lambda a, n: a * n, in_axes=(0, None))(x, 3)  # a Python number passes as it is
+    np.testing.assert_allclose(np.asarray(got), X * 3, rtol=1e-6)
+    got = fa.vmap(lambda a, *, b: a * b, in_axes=None)(2.0, b=y)  # keywords: batched at axis 0
+    np.testing.assert_allclose(np.asarray(got), 2.0 * Y, rtol=1e-6)
+    got = fa.vmap(lambda a: a + 1.0)(torch.from_numpy(X))
+    np.testing.assert_allclose(np.asarray(got), X + 1.0, rtol=1e-6)
+
+
+def test_nested():
+    x = fa.asarray(X)
+    got = fa.vmap(fa.vmap(lambda v: fa.sum(v * v)))(x)
+    np.testing.assert_allclose(np.asarray(got), (X * X).sum(-1), rtol=1e-5)
+    outer = fa.vmap(fa.vmap(lambda a, b: fa.sum(a * b), in_axes=(None, 0)), in_axes=(0, None))  # all pairs
+    got = outer(fa.asarray(X[:, 0]), fa.asarray(Y[:, 1]))
+    np.testing.assert_allclose(np.asarray(got), X[:, 0] @ Y[:, 1].T, rtol=1e-5)
+    got = fa.vmap(fa.vmap(fa.nn.softmax, in_axes=1, out_axes=1))(x)
+    np.testing.assert_allclose(np.asarray(got), torch.softmax(torch.from_numpy(X), 1).numpy(), rtol=1e-5)
+
+
+def _loss(w, x, y):
+    return fa.sum((fa.tanh(x @ w) - y) ** 2)
+
+
+def _torch_loss(w, x, y):
+    return ((torch.tanh(x @ w) - y) ** 2).sum()
+
+
+def test_per_example_gradients():
+    xs, ys = X[:, 0], rng.uniform(-1, 1, (5, 6)).astype(np.float32)
+    got = fa.vmap(fa.grad(_loss), in_axes=(None, 0, 0))(fa.asarray(W), fa.asarray(xs), fa.asarray(ys))
+    want = torch.func.vmap(torch.func.grad(_torch_loss), in_dims=(None, 0, 0))(
+        torch.from_numpy(W), torch.from_numpy(xs), torch.from_numpy(ys))
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+    got = fa.vmap(fa.grad(lambda a: fa.sum(fa.nn.softmax(a) * a)))(fa.asarray(X))
+    want = torch.func.vmap(torch.func.grad(lambda a: (torch.softmax(a, -1) * a).sum()))(torch.from_numpy(X))
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_grad_of_vmap():
+    xs, ys = X[:, 0], rng.uniform(-1, 1, (5, 6)).astype(np.float32)
+
+    def total(w, x, y):
+        return fa.sum(fa.vmap(_loss, in_axes=(None, 0, 0))(w, x, y))
+    got = fa.grad(total)(fa.asarray(W), fa.asarray(xs), fa.asarray(ys))
+    w = torch.from_numpy(W).requires_grad_(True)
+    _torch_loss(w, torch.from_numpy(xs), torch.from_numpy(ys)).backward()
+    np.testing.assert_allclose(np.asarray(got), w.grad.numpy(), rtol=1e-4, atol=1e-5)
+    # stop_gradient inside the vectorized function still stops the gradient
+    got = fa.grad(lambda a: fa.sum(fa.vmap(lambda r: r * fa.stop_gradient(r))(a)))(fa.asarray(X))
+    np.testing.assert_allclose(np.asarray(got), X, rtol=1e-6)
+
+
+def test_custom_rules_survive_vmap():
+    @fa.custom_vjp
+    def f(x, s):
+        return fa.sin(x) * s
+    f.defvjp(lambda x, s: (fa.sin(x) * s, (x, s)), lambda r, g: (g * 100.0 * r[1], None))
+
+    @fa.custom_jvp
+    def h(x):
+        return fa.exp(x)
+    h.defjvp(lambda p, t: (fa.exp(p[0]), t[0] * 7.0))
+    x, s = fa.asarray(X[:, 0]), fa.asarray(W[:, 0])
+    np.testing.assert_allclose(np.asarray(fa.vmap(f, in_axes=(0, None))(x, s)), np.sin(X[:, 0]) * W[:, 0], rtol=1e-6)
+    got = fa.grad(lambda a: fa.sum(fa.vmap(f, in_axes=(0, None))(a, s)))(x)
+    np.testing.assert_allclose(np.asarray(got), np.broadcast_to(100.0 * W[:, 0], (5, 4)), rtol=1e-6)
+    got = fa.grad(lambda a: fa.sum(fa.vmap(h)(a)))(x)
+    np.testing.assert_allclose(np.asarray(got), np.full((5, 4), 7.0))
+    got = fa.grad(lambda w: fa.sum(fa.vmap(lambda r: h(r * w))(x)))(s)  # unbatched w: per-example sums
+    np.testing.assert_allclose(np.asarray(got), 7.0 * X[:, 0].sum(0), rtol=1e-5)
+    _, t = fa.jvp(fa.vmap(h), (x,), (fa.ones_like(x),))
+    np.testing.assert_allclose(np.asarray(t), np.full((5, 4), 7.0))
+
+
+def test_jit_of_vmap():
+    f = fa.jit(fa.vmap(lambda a, b: fa.nn.softmax(a * b), in_axes=(0, None)))
+    for seed in range(2):
+        x = np.random.default_rng(seed).uniform(-1, 1, (5, 3, 4)).astype(np.float32)
+        got = f(fa.asarray(x), fa.asarray(W[:, 0]))
+        np.testing.assert_allclose(np.asarray(got), torch.softmax(torch.from_numpy(x * W[:, 0]), -1).numpy(), rtol=1e-5)
+    g = fa.jit(fa.vmap(fa.grad(_loss), in_axes=(None, 0, 0)))
+    ys = rng.uniform(-1, 1, (5, 6)).astype(np.float32)
+    got = g(fa.asarray(W), fa.asarray(X[:, 0]), fa.asarray(ys))
+    want = torch.func.vmap(torch.func.grad(_torch_loss), in_dims=(None, 0, 0))(
+        torch.from_numpy(W), torch.from_numpy(X[:, 0]), torch.from_numpy(ys))
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _kernels(fn, *args):
+    out = fn(*args)
+    fa.reset_stats()
+    fa.eval(*(out if isinstance(out, tuple) else (out,)))
+    return fa.stats()["kernels_launched"]
+
+
+def test_kernel_counts_match_hand_batched():
+    x, w = fa.asarray(X[:4, 0]), fa.asarray(W)
+    assert _kernels(fa.vmap(fa.nn.softmax), x) == 1 == _kernels(fa.nn.softmax, x)
+    assert _kernels(fa.vmap(lambda a, b: fa.sum(a * b)), x, x) == 1  # per-example dot product
+    assert _kernels(fa.vmap(lambda a, b: a @ b), x, x) == 1  # the same through matmul: one batched GEMM
+    assert _kernels(fa.vmap(lambda v: fa.relu(v @ w) * 2.0), x) == _kernels(lambda a: fa.relu(a @ w) * 2.0, x)
+    bias = fa.asarray(W[0])  # matmul + bias + activation: one GEMM with its epilogue, by hand and under vmap
+    assert _kernels(fa.vmap(lambda v: fa.relu(v @ w + bias)), x) == _kernels(lambda a: fa.relu(a @ w + bias), x) == 1
+    chain = lambda a: fa.sum(fa.exp(fa.sin(a) * 2.0 + 1.0) * a, axis=-1)  # noqa: E731
+    assert _kernels(fa.vmap(chain), fa.asarray(X)) == _kernels(chain, fa.asarray(X)) == 1
+    g = fa.grad(lambda a: fa.sum(fa.exp(fa.sin(a) * 2.0 + 1.0) * a))
+    assert _kernels(fa.vmap(g), fa.asarray(X)) == 1
+
+
+def test_errors():
+    x = fa.asarray(X)
+    with pytest.raises(ValueError, match=r"different sizes.*\(5, 3, 4\).*\(3, 4\)"):
+        fa.vmap(lambda a, b: a + b)(x, fa.asarray(X[0]))
+    with pytest.raises(ValueError, match="in_axes 3 is out of range.*rank 3"):
+        fa.vmap(fa.sin, in_axes=3)(x)
+    with pytest.raises(ValueError, match="in_axes .* 1 entries.* 2 positional"):
+        fa.vmap(lambda a, b: a + b, in_axes=(0,))(x, x)
+    with pytest.raises(ValueError, match="not a pytree prefix of the arguments"):
+        fa.vmap(lambda a, b: a + b, in_axes=({"x": 0}, 0))(x, x)
+    with pytest.raises(ValueError, match="at least one"):
+        fa.vmap(fa.sin, in_axes=None)(x)
+    with pytest.raises(ValueError, match="out_axes is None"):
+        fa.vmap(fa.sin, out_axes=None)(x)
+    with pytest.raises(ValueError, match="out_axes 4 is out of range"):
+        fa.vmap(fa.sin, out_axes=4)(x)
+    with pytest.raises(TypeError, match="ints or None"):
+        fa.vmap(fa.sin, in_axes=1.0)(x)
+    with pytest.raises(NotImplementedError, match="ragged_dot"):
+        fa.vmap(lambda a: fa.ragged_dot(a, fa.asarray(W[None]), fa.asarray(np.array([3], np.int32))))(x)
+    def evaluates(a):
+        s = fa.sin(a) * 2.0
+        fa.eval(s)
+        return s + 1.0
+    with pytest.raises(ValueError, match="evaluated"):
+        fa.vmap(evaluates)(x)
+
+
+def test_interpret_backend(interpret):
+    x = rng.uniform(-1, 1, (3, 8)).astype(np.float32)
+    _check(lambda a: fa.nn.softmax(a * 2.0) + fa.sum(a[::-1] ** 2), x)
+    _check(lambda a: fa.concat([a[:2], fa.max(a, axis=0, keepdims=True)]).reshape(3, 1), x[:, :2])
+    got = fa.vmap(fa.grad(lambda a: fa.sum(fa.nn.softmax(a) * a)))(fa.asarray(x))
+    want = torch.func.vmap(torch.func.grad(lambda a: (torch.softmax(a, -1) * a).sum()))(torch.from_numpy(x))
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
