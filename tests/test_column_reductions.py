@@ -54,3 +54,25 @@ def test_column_major_kernels_compile_without_spills(target):
     x = fa.asarray(torch.randn(8192, 4096, dtype=torch.bfloat16))
     info = fa.inspect(lambda a: fa.sum(a.astype(fa.float32), axis=0), x, target=target)
     assert [k.summary()["spills"] for k in info.kernels] == [0]
+
+
+# ---- full reductions of big arrays run in two stages (ops/core._split_full_reduction) ---------------
+@pytest.mark.parametrize("name", ["sum", "max", "min", "prod", "mean", "any", "f16"])
+def test_split_full_reductions(backend, monkeypatch, name):
+    from flyarray.ops import core
+    monkeypatch.setattr(core, "SPLIT_ON_CPU", True)
+    monkeypatch.setattr(core, "SPLIT_MIN", 4096)
+    x = torch.rand(8192) + 0.5
+    cases = {"sum": (lambda a: fa.sum(a), lambda t: t.sum()),
+             "max": (lambda a: fa.max(a * -2.0), lambda t: (t * -2).max()),
+             "min": (lambda a: fa.min(a), lambda t: t.min()),
+             "prod": (lambda a: fa.prod(a ** 0.001), lambda t: (t ** 0.001).prod()),
+             "mean": (lambda a: fa.mean((a - 1.0) ** 2, keepdims=True), lambda t: ((t - 1) ** 2).mean().reshape(1)),
+             "any": (lambda a: fa.any(a > 1.49), lambda t: (t > 1.49).any()),
+             "f16": (lambda a: fa.sum(a.astype(fa.float16)), lambda t: t.half().float().sum().half())}
+    ours, ref = cases[name]
+    fa.reset_stats()
+    got, want = ours(fa.asarray(x)).torch(), ref(x)
+    assert fa.stats()["kernels_launched"] == 2  # the partial rows, then their total
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-3 if name == "f16" else 1e-5, atol=1e-5)

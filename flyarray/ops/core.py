@@ -181,11 +181,50 @@ def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     if not axes:
         return Array(cast_node(node, out_dtype)) if name not in ("argmax", "argmin") else \
             Array(constant(0, node.shape, dt.int64, node.device))
+    out_shape = tuple(s for i, s in enumerate(node.shape) if i not in axes)
+    split = _split_full_reduction(name, node, axes, out_dtype)
+    if split is not None:
+        return Array(ir.view(split, (("reshape", keep_shape if keepdims else out_shape),),
+                             keep_shape if keepdims else out_shape))
     red = ir.Node(prim, (node,), axes, keep_shape, out_dtype, node.device)
     if keepdims:
         return Array(red)
-    out_shape = tuple(s for i, s in enumerate(node.shape) if i not in axes)
     return Array(ir.view(red, (("reshape", out_shape),), out_shape))
+
+
+SPLIT_MIN = 1 << 20  # a full reduction at least this big runs in two stages
+SPLIT_ON_CPU = False  # CPU backends gain nothing from it (tests turn it on to check the rewrite)
+_SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")  # associative; arg-reductions keep one pass
+
+
+def _split_full_reduction(name, node, axes, out_dtype):
+    """A reduction of a whole big array as two reductions: over rows of a (S, N/S) view, then over
+    the S partial results. One row kernel over one row would run as one program (one SM); S rows
+    spread it over the GPU. Partials of float16/bfloat16 are kept in float32."""
+    n = math.prod(node.shape)
+    if name not in _SPLITTABLE or len(axes) != len(node.shape) or n < SPLIT_MIN:
+        return None
+    if node.device.type == "cpu" and not SPLIT_ON_CPU:
+        return None
+    if node.kind == "view" or (node.buffer is not None and not ir.buffer_view(node).is_contiguous()):
+        return None  # flattening it would need a copy first
+    rows = _split_factor(n)
+    if rows is None:
+        return None
+    flat = ir.view(node, (("reshape", (rows, n // rows)),), (rows, n // rows))
+    partial_dtype = dt.float32 if out_dtype in (dt.float16, dt.bfloat16) else out_dtype
+    partial = ir.Node(REDUCE[name], (cast_node(flat, partial_dtype) if name not in ("any", "all") else flat,),
+                      (1,), (rows, 1), partial_dtype, node.device)
+    total = ir.Node(REDUCE[name], (partial,), (0, 1), (1, 1), partial_dtype, node.device)
+    return cast_node(total, out_dtype)
+
+
+def _split_factor(n: int):
+    """The most rows (<= 2048) that divide ``n`` into rows of at least 1024 elements, or None."""
+    for rows in range(min(2048, n // 1024), 1, -1):
+        if n % rows == 0:
+            return rows
+    return None
 
 
 def movement(x, ops, shape) -> Array:
