@@ -1,0 +1,20 @@
+"""The worked examples in docs/ run as written (so the docs cannot rot)."""
+import pathlib
+import re
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+
+
+def _python_block(page: str, heading: str) -> str:
+    text = (DOCS / page).read_text()
+    section = text[text.index(heading):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_transforms_worked_example_trains_from_a_random_key(capsys):
+    code = _python_block("transforms.md", "## Worked example")
+    scope = {}
+    exec(compile(code, "docs/transforms.md", "exec"), scope)
+    assert float(scope["l"]) < 1e-3
+    w = scope["np"].asarray(scope["params"]["w"]).ravel()
+    assert abs(w[0] - 2.0) < 0.01 and abs(w[1] + 1.0) < 0.01 and abs(w[2] - 0.5) < 0.01
