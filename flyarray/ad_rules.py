@@ -24,8 +24,8 @@ import math
 from . import dtypes as dt
 from . import ir, ops as F
 from .ops import core
-from .ops.library_ops import ATTENTION, RAGGED_DOT, SCALED_MATMUL, SOFTMAX, SOFTMAX_TOP_K, TOP_K
-from .ops.linalg import MATMUL, MATMUL_EPILOGUE
+from .ops.library_ops import ATTENTION, RAGGED_DOT, SCALED_MATMUL, SOFTMAX, TOP_K
+from .ops.linalg import MATMUL
 from .ops.manipulation import CONCAT
 from .primitives import ELEMENTWISE, REDUCE, Library
 
