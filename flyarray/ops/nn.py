@@ -97,7 +97,22 @@ RMS_NORM = Composite("rms_norm", expansion(_rms_norm))
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance), in x's dtype.
+    Recorded as one node and fused into one row kernel."""
     checks.check_norm("layer_norm", x, weight=weight, bias=bias, eps=eps)
+    inputs = [x] + [a for a in (weight, bias) if a is not None]
+    d = x.dtype
+    for p in (weight, bias):
+        if p is not None:
+            d = dtypes.result_type(d, p.dtype)
+    (y,) = composite(LAYER_NORM, inputs, [(x.shape, d)], eps=float(eps), has_weight=weight is not None,
+                     has_bias=bias is not None)
+    return y
+
+
+def _layer_norm(x, *rest, eps, has_weight, has_bias):
+    weight = rest[0] if has_weight else None
+    bias = rest[-1] if has_bias else None
     mu = mean(x, axis=-1, keepdims=True)
     centered = x - mu
     y = centered * elementwise("rsqrt", mean(centered * centered, axis=-1, keepdims=True) + eps)
@@ -105,7 +120,10 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         y = y * weight
     if bias is not None:
         y = y + bias
-    return y
+    return (y,)
+
+
+LAYER_NORM = Composite("layer_norm", expansion(_layer_norm))
 
 
 from .library_ops import dot_product_attention, long_row_softmax, scaled_matmul, softmax_top_k  # noqa: E402,F401
