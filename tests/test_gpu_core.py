@@ -257,3 +257,25 @@ def test_grad_on_gpu_matches_torch():
     torch.sum(torch.exp(torch.sin(x) * 2 + 1) * x).backward()
     g = fa.grad(lambda a: fa.sum(fa.exp(fa.sin(a) * 2 + 1) * a))(fa.asarray(x.detach()))
     assert _rel(g.torch(), x.grad) < 1e-5
+
+
+def test_big_full_reductions_split_in_two_stages_on_gpu():
+    """ops/core._split_full_reduction: rows of a (S, N/S) view, then the partials (not yet run on a GPU
+    when written: this test is the first check there)."""
+    x = torch.randn(1 << 24, device="cuda", dtype=torch.bfloat16)
+    fa.reset_stats()
+    got = fa.sum(fa.asarray(x).astype(fa.float32)).torch()
+    assert fa.stats()["kernels_launched"] == 2
+    want = x.double().sum()
+    assert abs(got.double() - want) <= 1e-3 * x.double().abs().sum()
+    m = fa.max(fa.asarray(x)).torch()
+    assert m == x.max()
+    loss = fa.mean((fa.asarray(x).astype(fa.float32) - 0.5) ** 2).torch()
+    torch.testing.assert_close(loss, ((x.float() - 0.5) ** 2).mean(), rtol=1e-4, atol=1e-5)
+
+
+def test_column_reductions_on_gpu():
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+    got = fa.sum(fa.asarray(x).astype(fa.float32), axis=0).torch()
+    assert _rel(got, x.float().sum(0)) < 1e-5
+    assert torch.equal(fa.argmax(fa.asarray(x), axis=0).torch(), x.argmax(0))
