@@ -118,14 +118,13 @@ def freeze(value):
 # ---- 2. plans -----------------------------------------------------------------------------------
 class Plan:
     """Slots 0..n_leaves-1 hold the bound leaves; every step reads and fills slots."""
-    __slots__ = ("steps", "n_slots", "n_leaves", "binds", "root_slots", "description", "static_scalars")
+    __slots__ = ("steps", "n_slots", "n_leaves", "binds", "description", "static_scalars")
 
-    def __init__(self, steps, n_slots, n_leaves, binds, root_slots, description, static_scalars=()):
+    def __init__(self, steps, n_slots, n_leaves, binds, description, static_scalars=()):
         self.steps = steps
         self.n_slots = n_slots
         self.n_leaves = n_leaves
         self.binds = binds  # (walk position, slot) or (library position, output index, slot)
-        self.root_slots = root_slots
         self.description = description  # structure only: what FLYARRAY_PLAN_CHECK compares
         self.static_scalars = list(static_scalars)
 
@@ -181,10 +180,8 @@ class _Builder:
                 self.add_library(step.node)
             else:
                 self.add_allocation(step)
-        # a requested view that the scheduler realized through its base: the base's slot
-        root_slots = [self.slot[r.id] if r.id in self.slot else self.slot[r.inputs[0].id] for r in self.roots]
-        return Plan(self.steps, self.n_slots, len(self.walk.leaf_nodes), self.binds, root_slots,
-                    tuple(self.description), self.static_scalars)
+        return Plan(self.steps, self.n_slots, len(self.walk.leaf_nodes), self.binds, tuple(self.description),
+                    self.static_scalars)
 
     def add_allocation(self, step: Allocate):
         node = step.node
