@@ -2,9 +2,9 @@
 
 Nothing computes when an op is recorded. Evaluation is triggered only by
 ``fa.eval``, ``block_until_ready`` and data access (``__repr__``,
-``__array__``, ``__dlpack__``, ``item``, ``tolist``, ``__bool__``,
-``__int__``, ``__float__``, ``__index__``, ``__complex__``) -- that list is
-the whole of it (docs/semantics.md).
+``__array__``, ``__dlpack__``, ``__dlpack_device__``, ``torch()``, ``item``,
+``tolist``, ``__bool__``, ``__int__``, ``__float__``, ``__index__``,
+``__complex__``) -- that list is the whole of it (docs/semantics.md).
 """
 from __future__ import annotations
 
