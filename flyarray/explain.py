@@ -1,0 +1,224 @@
+"""fa.explain: what evaluating some arrays would do, shown without running or compiling anything.
+
+The same path an evaluation takes (plan.realize) up to the schedule, and no further: the walk
+under the pending arrays (whose key says whether a plan is cached), composite expansion, and the
+scheduler's steps. For each step: its kind, the primitive ops it contains, its inputs (user buffer
+or an intermediate made by an earlier step) and outputs, the bytes it moves (inputs read once,
+outputs written once) and, for a fused kernel, whether its generated source is compiled in memory.
+
+Scheduling may rewrite nodes (a composite is expanded into primitives, a matmul epilogue moves into
+the GEMM): that is exactly what an evaluation would do first, and changes no value. Nothing is
+launched, compiled or bound: every array stays unevaluated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+
+from . import codegen, plan, runtime
+from .expand import expand_composites
+from .kernel_ir import Elementwise, Iota, Reduce
+from .schedule import Allocate, KernelStep, LibraryCall, schedule
+
+
+@dataclasses.dataclass
+class Buffer:
+    shape: tuple
+    dtype: str
+    origin: str  # "user buffer" | "intermediate (step N)" | "output"
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.shape, self.dtype)
+
+    def describe(self) -> str:
+        text = f"{self.dtype}{list(self.shape)}"
+        return f"{text} {self.origin}" if self.origin != "output" else text
+
+
+@dataclasses.dataclass
+class StepInfo:
+    index: int
+    kind: str  # "fused kernel" | "library call" | "allocation"
+    ops: list
+    inputs: list  # Buffer
+    outputs: list  # Buffer
+    compiled: str  # "yes" | "no" | "n/a (...)"
+    key: str = ""  # the generated source's cache key (fused kernels)
+
+    @property
+    def bytes_moved(self) -> int:
+        if self.kind == "allocation":
+            return 0
+        return sum(b.nbytes for b in self.inputs) + sum(b.nbytes for b in self.outputs)
+
+
+@dataclasses.dataclass
+class Explanation:
+    arrays: list  # (shape, dtype, "pending" | "evaluated (no work)") per requested array
+    steps: list  # StepInfo, in launch order
+    backend: str = ""
+    plan_cached: bool = False
+
+    @property
+    def n_kernels(self) -> int:
+        """Launches an evaluation would make: fused kernels and library calls."""
+        return sum(s.kind != "allocation" for s in self.steps)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(s.bytes_moved for s in self.steps)
+
+    def _header(self) -> str:
+        if not self.steps:
+            return "fa.explain: evaluated (no work)"
+        return (f"fa.explain: {len(self.steps)} step(s), {self.n_kernels} kernel launch(es) on backend "
+                f"{self.backend!r}, {_fmt_bytes(self.bytes_moved)} moved; plan cached: "
+                f"{'yes' if self.plan_cached else 'no'}")
+
+    def _rows(self) -> list:
+        return [[str(s.index), s.kind, ", ".join(s.ops) or "-", "; ".join(b.describe() for b in s.inputs) or "-",
+                 "; ".join(b.describe() for b in s.outputs) or "-", _fmt_bytes(s.bytes_moved), s.compiled]
+                for s in self.steps]
+
+    _COLUMNS = ["#", "kind", "ops", "inputs", "outputs", "bytes", "compiled"]
+
+    def __str__(self) -> str:
+        lines = [self._header()]
+        for i, (shape, dtype, state) in enumerate(self.arrays):
+            lines.append(f"  array {i}: {dtype}{list(shape)} {state}")
+        if self.steps:
+            rows = [self._COLUMNS] + self._rows()
+            widths = [max(len(r[c]) for r in rows) for c in range(len(self._COLUMNS))]
+            for j, row in enumerate(rows):
+                lines.append("  " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+                if j == 0:
+                    lines.append("  " + "-+-".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        parts = [f"<div><p>{esc(self._header())}</p>"]
+        if self.arrays:
+            parts.append("<ul>" + "".join(f"<li>array {i}: {esc(d)}{esc(str(list(s)))} {esc(st)}</li>"
+                                          for i, (s, d, st) in enumerate(self.arrays)) + "</ul>")
+        if self.steps:
+            parts.append("<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in self._COLUMNS)
+                         + "</tr></thead><tbody>")
+            for row in self._rows():
+                parts.append("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>")
+            parts.append("</tbody></table>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def explain(*arrays) -> Explanation:
+    """The pending graph under ``arrays`` and how an evaluation would cut it into kernels, without
+    launching or compiling anything (see the module docstring)."""
+    from ._array import Array
+    flat = [a for a in arrays if isinstance(a, Array)]
+    states = [(tuple(a.shape), a.dtype.name, "pending" if plan._pending(a._node) else "evaluated (no work)")
+              for a in flat]
+    with plan._lock:  # as plan.realize chooses its roots
+        roots = [r for r in plan.requested_nodes(flat) if plan._pending(r)]
+        if not roots:
+            return Explanation(states, [])
+        if plan._companions:
+            roots = plan._with_companions(roots)
+        backend = runtime.backend_for(roots[0].device)
+        cached = plan.Walk(roots, backend).key in plan._plans
+        expand_composites(roots)
+        steps = schedule(roots)
+    return Explanation(states, _describe(steps, backend), backend, cached)
+
+
+def _describe(steps, backend) -> list:
+    made = {}  # node id -> index of the step that makes its buffer
+    out = []
+    for index, step in enumerate(steps):
+        if isinstance(step, KernelStep):
+            kernel = step.kernel
+            ops = [op.prim for op in kernel.ops if isinstance(op, (Elementwise, Reduce))]
+            ops += ["iota" for op in kernel.ops if isinstance(op, Iota)][:1]
+            inputs = [_input(n, made) for n in step.inputs]
+            outputs = step.outputs
+            compiled, key = _compiled_state(kernel, backend)
+            info = StepInfo(index, "fused kernel", _compact(ops), inputs, [_output(n) for n in outputs], compiled, key)
+        elif isinstance(step, LibraryCall):
+            node = step.node
+            inputs = [_input(n.inputs[0] if n.kind == "view" else n, made, shape=n.shape) for n in node.inputs]
+            outputs = node.params["outputs"]
+            info = StepInfo(index, "library call", [_library_op(node)], inputs, [_output(n) for n in outputs],
+                            "n/a (library kernel)")
+        elif isinstance(step, Allocate):
+            outputs = [step.node]
+            info = StepInfo(index, "allocation", [], [], [_output(step.node)], "n/a")
+        else:  # pragma: no cover - a step kind this module does not know yet
+            outputs = []
+            info = StepInfo(index, type(step).__name__, [], [], [], "n/a")
+        for n in outputs:
+            made.setdefault(n.id, index)
+        out.append(info)
+    return out
+
+
+def _input(node, made, shape=None) -> Buffer:
+    shape = node.shape if shape is None else shape
+    if node.id in made:
+        return Buffer(shape, node.dtype.name, f"intermediate (step {made[node.id]})")
+    if node.buffer is not None:
+        return Buffer(shape, node.dtype.name, "user buffer")
+    return Buffer(shape, node.dtype.name, "intermediate")
+
+
+def _output(node) -> Buffer:
+    return Buffer(node.shape, node.dtype.name, "output")
+
+
+def _compiled_state(kernel, backend):
+    if backend == "reference":
+        return "n/a (reference backend)", ""
+    try:
+        spec = codegen.launch_spec(kernel)  # generates source (structure only); compiles nothing
+    except Exception as exc:  # pragma: no cover - explain must not fail where evaluation would report
+        return f"unknown ({type(exc).__name__})", ""
+    if spec.empty:
+        return "n/a (empty)", spec.key
+    return ("yes" if (spec.key, backend) in runtime._memory else "no"), spec.key
+
+
+def _library_op(node) -> str:
+    kwargs = node.params.get("kwargs", {}) if isinstance(node.params, dict) else {}
+    shown = [f"{k}={v}" for k, v in kwargs.items() if v not in (None, False)]
+    return node.prim.name + (f"({', '.join(shown)})" if shown else "")
+
+
+def _compact(ops: list) -> list:
+    """Runs of the same op shown once with a count: exp, mul x2, add, sum."""
+    out = []
+    for op in ops:
+        if out and out[-1][0] == op:
+            out[-1][1] += 1
+        else:
+            out.append([op, 1])
+    return [op if n == 1 else f"{op} x{n}" for op, n in out]
+
+
+def _nbytes(shape, dtype_name) -> int:
+    from . import dtypes
+    n = 1
+    for s in shape:
+        n *= s
+    return n * dtypes.dtype(dtype_name).itemsize
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+__all__ = ["explain", "Explanation", "StepInfo", "Buffer"]
