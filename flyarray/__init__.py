@@ -30,12 +30,15 @@ __version__ = "0.1.0"
 
 
 def result_type(*args):
+    """The dtype an op over ``args`` (Arrays, DTypes, Python scalars) computes in: the array API's
+    promotion table, with JAX's rules across kinds (int + float -> the float) and weak Python scalars."""
     import builtins  # this module's ``bool`` is fa.bool (a DType), not the Python type
     return _dtypes.result_type(*[a.dtype if isinstance(a, Array) else _dtypes.dtype(a)
                                  if not isinstance(a, (int, float, builtins.bool)) else a for a in args])
 
 
 def can_cast(from_, to):
+    """Whether ``from_`` promotes to ``to`` without changing ``to`` (the array API's can_cast); any dtype pair."""
     from_, to = _dtypes.dtype(from_), _dtypes.dtype(to)
     try:
         return _dtypes.promote(from_, to) == to

@@ -17,6 +17,8 @@ from .ir import Node
 
 
 class Array:
+    """An immutable, lazy n-d array: ops record a graph node; evaluation happens only on data access,
+    ``fa.eval`` or ``block_until_ready``. Unlike numpy/JAX arrays it has no in-place ``__setitem__``."""
     __slots__ = ("_node", "__weakref__")
     __array_priority__ = 100  # numpy defers to our reflected operators
 
@@ -26,22 +28,27 @@ class Array:
     # ---- metadata (no evaluation) -------------------------------------------------------
     @property
     def shape(self) -> tuple:
+        """The shape, a tuple of ints (no evaluation)."""
         return self._node.shape
 
     @property
     def dtype(self) -> _dt.DType:
+        """The element type, an ``fa.DType`` (e.g. ``fa.float32``); no evaluation."""
         return self._node.dtype
 
     @property
     def device(self) -> torch.device:
+        """The ``torch.device`` the array lives (or will be computed) on; no evaluation."""
         return self._node.device
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions, ``len(shape)`` (no evaluation)."""
         return len(self._node.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements, the product of ``shape`` (no evaluation)."""
         return self._node.size
 
     def __len__(self):
@@ -51,12 +58,14 @@ class Array:
 
     @property
     def T(self) -> "Array":
+        """The transpose of a 2-D array (a lazy view). Unlike numpy, other ranks raise ValueError; use ``mT``."""
         if self.ndim != 2:
             raise ValueError(f".T needs a 2-D array (got shape {self.shape}); use .mT or permute_dims")
         return _ops().permute_dims(self, (1, 0))
 
     @property
     def mT(self) -> "Array":
+        """The last two axes swapped (a lazy view); needs at least 2 dimensions. Any dtype."""
         if self.ndim < 2:
             raise ValueError(f".mT needs at least 2 dimensions (got shape {self.shape})")
         axes = list(range(self.ndim))
@@ -65,6 +74,7 @@ class Array:
 
     # ---- evaluation triggers ----------------------------------------------------------------
     def block_until_ready(self) -> "Array":
+        """Evaluate this array and wait for its device to finish; returns ``self`` (as in JAX)."""
         from .runtime import synchronize
         _plan().realize([self])
         synchronize(self.device)
@@ -122,11 +132,13 @@ class Array:
         return (buffer if buffer is not None else self._tensor()).__dlpack_device__()
 
     def item(self):
+        """The value of a one-element array as a Python scalar (bool, int or float); evaluates."""
         if self.size != 1:
             raise ValueError(f"item() needs an array of one element, got shape {self.shape}")
         return self._tensor().item()
 
     def tolist(self):
+        """The value as nested Python lists of scalars (a scalar for 0-d); evaluates."""
         return self._tensor().tolist()
 
     def __bool__(self):
@@ -166,49 +178,64 @@ class Array:
 
     # ---- conversions ------------------------------------------------------------------------------
     def astype(self, dtype, copy=True):
+        """This array cast to ``dtype`` (any dtype to any dtype); see ``fa.astype``."""
         return _ops().astype(self, dtype, copy=copy)
 
     def to_device(self, device, stream=None):
+        """A copy of this array on ``device`` (a torch device or string); ``stream`` is ignored."""
         return _ops().asarray(self, device=device)
 
     def reshape(self, *shape):
+        """``fa.reshape`` with the shape given as a tuple or as separate ints (numpy style)."""
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         return _ops().reshape(self, tuple(shape))
 
     def sum(self, axis=None, keepdims=False, dtype=None):
+        """``fa.sum`` over ``axis``: bool/integer inputs sum to int64, floats keep their dtype."""
         return _ops().sum(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
     def mean(self, axis=None, keepdims=False):
+        """``fa.mean`` over ``axis``: a float result (integers give float32)."""
         return _ops().mean(self, axis=axis, keepdims=keepdims)
 
     def max(self, axis=None, keepdims=False):
+        """``fa.max`` over ``axis``, in this array's dtype; an empty axis raises ValueError."""
         return _ops().max(self, axis=axis, keepdims=keepdims)
 
     def min(self, axis=None, keepdims=False):
+        """``fa.min`` over ``axis``, in this array's dtype; an empty axis raises ValueError."""
         return _ops().min(self, axis=axis, keepdims=keepdims)
 
     def prod(self, axis=None, keepdims=False):
+        """``fa.prod`` over ``axis``: bool/integer inputs multiply in int64, floats keep their dtype."""
         return _ops().prod(self, axis=axis, keepdims=keepdims)
 
     def argmax(self, axis=None, keepdims=False):
+        """``fa.argmax``: int64 index of the first maximum (into the flattened array when axis is None)."""
         return _ops().argmax(self, axis=axis, keepdims=keepdims)
 
     def argmin(self, axis=None, keepdims=False):
+        """``fa.argmin``: int64 index of the first minimum (into the flattened array when axis is None)."""
         return _ops().argmin(self, axis=axis, keepdims=keepdims)
 
     def var(self, axis=None, correction=0.0, keepdims=False):
+        """``fa.var`` over ``axis`` with ``correction`` (ddof); a float result (integers give float32)."""
         return _ops().var(self, axis=axis, correction=correction, keepdims=keepdims)
 
     def std(self, axis=None, correction=0.0, keepdims=False):
+        """``fa.std`` over ``axis`` with ``correction`` (ddof); a float result (integers give float32)."""
         return _ops().std(self, axis=axis, correction=correction, keepdims=keepdims)
 
     def any(self, axis=None, keepdims=False):
+        """``fa.any``: whether any element along ``axis`` is nonzero; a bool result."""
         return _ops().any(self, axis=axis, keepdims=keepdims)
 
     def all(self, axis=None, keepdims=False):
+        """``fa.all``: whether every element along ``axis`` is nonzero; a bool result."""
         return _ops().all(self, axis=axis, keepdims=keepdims)
 
     def flatten(self):
+        """This array reshaped to 1-D in C order (a view where strides allow, else a copy). Any dtype."""
         return _ops().reshape(self, (-1,))
 
 

@@ -16,6 +16,9 @@ import torch
 
 @dataclasses.dataclass(frozen=True, eq=False)  # one instance per dtype: identity is equality (and fast)
 class DType:
+    """An element type (``fa.float32``, ``fa.int8``, ...): name, kind ('b', 'i', 'u', 'f'), itemsize, and the
+    matching torch dtype. One instance per dtype (identity is equality); APIs that take a dtype also accept
+    a torch dtype or a name such as "float32"."""
     name: str
     kind: str  # 'b', 'i', 'u', 'f'
     itemsize: int
@@ -197,6 +200,7 @@ class IInfo:
 
 
 def finfo(d) -> FInfo:
+    """Limits of a floating dtype (bits, eps, max, min, smallest_normal), from torch.finfo; TypeError otherwise."""
     d = dtype(d)
     if d.kind != "f":
         raise TypeError(f"finfo needs a floating dtype, got {d}")
@@ -205,6 +209,7 @@ def finfo(d) -> FInfo:
 
 
 def iinfo(d) -> IInfo:
+    """Limits of an integer dtype (bits, max, min), from torch.iinfo; TypeError for bool and floats."""
     d = dtype(d)
     if d.kind not in "iu":
         raise TypeError(f"iinfo needs an integer dtype, got {d}")

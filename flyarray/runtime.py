@@ -81,6 +81,7 @@ def stats() -> dict:
 
 
 def reset_stats():
+    """Zero the counters that ``fa.stats()`` reports (kernels compiled and launched, cache hits, ...)."""
     _stats.clear()
 
 

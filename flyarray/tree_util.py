@@ -142,18 +142,22 @@ def _unflatten(treedef, it):
 
 
 def tree_leaves(tree, is_leaf=None) -> list:
+    """The leaves of ``tree`` in flattening order (as jax.tree_util.tree_leaves); None is an empty node."""
     return tree_flatten(tree, is_leaf)[0]
 
 
 def tree_structure(tree, is_leaf=None) -> PyTreeDef:
+    """The ``PyTreeDef`` of ``tree`` (as jax.tree_util.tree_structure)."""
     return tree_flatten(tree, is_leaf)[1]
 
 
 def treedef_is_leaf(treedef: PyTreeDef) -> bool:
+    """Whether ``treedef`` is the structure of a single leaf (as jax.tree_util.treedef_is_leaf)."""
     return treedef.kind is None
 
 
 def all_leaves(iterable) -> bool:
+    """Whether every item of ``iterable`` is a leaf, i.e. no registered container (as JAX's all_leaves)."""
     return all(tree_structure(x).kind is None for x in iterable)
 
 

@@ -142,6 +142,8 @@ def _promote_and_broadcast(name, prim, args):
 
 
 def where(cond, x, y) -> Array:
+    """``x`` where ``cond`` is true, else ``y``, elementwise, broadcasting all three. ``cond`` (cast to bool)
+    and ``x``/``y`` may be Arrays or Python scalars; any dtypes; the result is ``result_type(x, y)``."""
     device = common_device((cond, x, y))
     if not isinstance(cond, Array):
         cond = Array(constant(bool(cond), (), dt.bool_, device))
@@ -154,6 +156,8 @@ def where(cond, x, y) -> Array:
 
 
 def astype(x, dtype, copy=True) -> Array:
+    """``x`` cast to ``dtype`` (any dtype to any dtype, torch's conversion rules: float -> int truncates).
+    ``copy=False`` returns ``x`` itself when the dtype already matches."""
     d = dt.dtype(dtype)
     node = node_of(x)
     if node.dtype == d and not copy:

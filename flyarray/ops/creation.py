@@ -123,41 +123,55 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
 
 
 def full(shape, fill_value, *, dtype=None, device=None) -> Array:
+    """A lazy constant array of ``shape`` filled with ``fill_value`` (no memory until evaluated).
+
+    Default dtype from the scalar: bool -> bool, int -> int64, float -> float32 (numpy gives float64)."""
     shape = _shape(shape)
     d = dt.dtype(dtype) if dtype is not None else dt.result_type(fill_value)
     return Array(constant(fill_value, shape, d, _device(device)))
 
 
 def zeros(shape, *, dtype=None, device=None) -> Array:
+    """A lazy array of zeros; any dtype, default float32 (numpy's is float64)."""
     return full(shape, 0, dtype=dtype or dt.default_float(), device=device)
 
 
 def ones(shape, *, dtype=None, device=None) -> Array:
+    """A lazy array of ones; any dtype, default float32 (numpy's is float64)."""
     return full(shape, 1, dtype=dtype or dt.default_float(), device=device)
 
 
 def empty(shape, *, dtype=None, device=None) -> Array:
-    """Uninitialized in spirit; we hand back zeros, which costs nothing until read."""
+    """Uninitialized in spirit; we hand back zeros (any dtype, default float32), which cost nothing until read.
+
+    numpy returns uninitialized memory; here the contents are always zero."""
     return zeros(shape, dtype=dtype, device=device)
 
 
 def full_like(x, fill_value, *, dtype=None, device=None) -> Array:
+    """``full`` with the shape of ``x`` and, unless given, its dtype and device."""
     return full(x.shape, fill_value, dtype=dtype or x.dtype, device=device or x.device)
 
 
 def zeros_like(x, *, dtype=None, device=None) -> Array:
+    """Zeros with the shape of ``x`` and, unless given, its dtype and device."""
     return full_like(x, 0, dtype=dtype, device=device)
 
 
 def ones_like(x, *, dtype=None, device=None) -> Array:
+    """Ones with the shape of ``x`` and, unless given, its dtype and device."""
     return full_like(x, 1, dtype=dtype, device=device)
 
 
 def empty_like(x, *, dtype=None, device=None) -> Array:
+    """Like ``zeros_like``: flyarray's "empty" arrays are zeros (numpy leaves them uninitialized)."""
     return zeros_like(x, dtype=dtype, device=device)
 
 
 def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
+    """Evenly spaced values in [start, stop) with ``step``, computed lazily in the kernel that reads them.
+
+    Default dtype: int64 when start, stop and step are all ints, else float32 (numpy gives float64)."""
     if stop is None:
         start, stop = 0, start
     for name, v in (("start", start), ("stop", stop), ("step", step)):
@@ -176,6 +190,9 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
 
 
 def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> Array:
+    """``num`` evenly spaced values from start to stop (stop included when ``endpoint``), computed lazily.
+
+    Default dtype float32 (numpy's is float64); ``num`` is positional-or-keyword as in the array API."""
     num = views.as_int(num, "linspace: num")
     if num < 0:
         raise ValueError(f"linspace: num must be >= 0, got {num}")
@@ -188,6 +205,7 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
 
 
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
+    """A 2-D array with ones on diagonal ``k`` and zeros elsewhere, computed lazily; default dtype float32."""
     n_cols = n_rows if n_cols is None else n_cols
     shape = views.check_shape((n_rows, n_cols), "eye: (n_rows, n_cols)")
     k = views.as_int(k, "eye: k")

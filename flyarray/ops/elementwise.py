@@ -6,6 +6,58 @@ from ..primitives import ELEMENTWISE
 from .core import astype, elementwise, where  # noqa: F401  (re-exported)
 
 
+# name -> what it computes (one line). The dtype sentence comes from the primitive's ``accepts``/``out``.
+_MEANING = {
+    "exp": "e**x", "exp2": "2**x", "expm1": "exp(x) - 1, accurate near 0", "log": "Natural logarithm",
+    "log2": "Base-2 logarithm", "log10": "Base-10 logarithm", "log1p": "log(1 + x), accurate near 0",
+    "sqrt": "Square root", "rsqrt": "1 / sqrt(x) (not in numpy)", "sin": "Sine (radians)", "cos": "Cosine (radians)",
+    "tan": "Tangent (radians)", "asin": "Inverse sine", "acos": "Inverse cosine", "atan": "Inverse tangent",
+    "sinh": "Hyperbolic sine", "cosh": "Hyperbolic cosine", "tanh": "Hyperbolic tangent",
+    "asinh": "Inverse hyperbolic sine", "acosh": "Inverse hyperbolic cosine", "atanh": "Inverse hyperbolic tangent",
+    "erf": "the error function (as scipy.special.erf; not in numpy)", "sigmoid": "The logistic 1 / (1 + exp(-x))",
+    "relu": "max(x, 0)", "silu": "x * sigmoid(x)", "negative": "-x", "positive": "+x (a copy)", "abs": "|x|",
+    "square": "x * x", "sign": "-1, 0 or 1 by the sign of x; NaN stays NaN", "floor": "Round toward -inf",
+    "ceil": "Round toward +inf", "trunc": "Round toward 0",
+    "round": "Round half to even; no ``decimals`` argument (numpy has one)", "reciprocal": "1 / x",
+    "bitwise_invert": "Bitwise NOT (~x); logical NOT on bool", "logical_not": "x == 0",
+    "isnan": "Whether x is NaN", "isinf": "Whether x is +-inf", "isfinite": "Whether x is neither inf nor NaN",
+    "signbit": "Whether the sign bit is set (True for -0.0 and negative NaN)",
+    "add": "x1 + x2 (logical or on bool)", "subtract": "x1 - x2", "multiply": "x1 * x2 (logical and on bool)",
+    "divide": "True division x1 / x2", "floor_divide": "x1 // x2, rounding toward -inf (as numpy)",
+    "remainder": "x1 % x2 with the sign of x2 (numpy's mod)",
+    "pow": "x1 ** x2 (integers by repeated squaring, in the integer dtype)",
+    "maximum": "The larger of x1 and x2; NaN propagates", "minimum": "The smaller of x1 and x2; NaN propagates",
+    "atan2": "Angle of the point (x2, x1), in radians", "hypot": "sqrt(x1**2 + x2**2) without overflow",
+    "copysign": "|x1| with the sign of x2", "nextafter": "The next representable value after x1 toward x2",
+    "logaddexp": "log(exp(x1) + exp(x2)) without overflow", "equal": "x1 == x2", "not_equal": "x1 != x2",
+    "less": "x1 < x2", "less_equal": "x1 <= x2", "greater": "x1 > x2", "greater_equal": "x1 >= x2",
+    "logical_and": "x1 != 0 and x2 != 0", "logical_or": "x1 != 0 or x2 != 0",
+    "logical_xor": "(x1 != 0) xor (x2 != 0)", "bitwise_and": "x1 & x2", "bitwise_or": "x1 | x2",
+    "bitwise_xor": "x1 ^ x2", "bitwise_left_shift": "x1 << x2",
+    "bitwise_right_shift": "x1 >> x2 (arithmetic for signed dtypes)",
+}
+
+# (accepts, out) -> the dtype sentence. Float8 (storage-only) inputs raise TypeError everywhere.
+_FLOAT_RESULT = "the input's float dtype; bool/integer inputs compute in float32 (numpy: float64)"
+_DTYPES = {
+    ("numeric", "float"): "Bool, integer or float dtypes; returns " + _FLOAT_RESULT + ".",
+    ("float", "same"): "Bool, integer or float dtypes; returns " + _FLOAT_RESULT + ".",
+    ("numeric", "same"): "Integer and float dtypes (bool raises TypeError); returns the promoted input dtype.",
+    ("numeric", "bool"): "Integer and float dtypes (bool raises TypeError); returns bool.",
+    ("any", "same"): "Any dtype; returns the promoted input dtype.",
+    ("any", "bool"): "Any dtype; returns bool.",
+    ("int_bool", "same"): "Bool and integer dtypes; returns the promoted input dtype.",
+    ("integer", "same"): "Integer dtypes; returns the promoted input dtype.",
+}
+
+
+def _doc(name, prim):
+    args = "" if prim.arity == 1 else " Arrays and Python scalars broadcast and promote (``result_type``)."
+    meaning = _MEANING.get(name, name)
+    dtypes = _DTYPES.get((prim.accepts, prim.out), "")
+    return f"Elementwise {name}: {meaning[0].lower() + meaning[1:]}.\n\n{dtypes}{args}"
+
+
 def _make(name, arity):
     if arity == 1:
         def fn(x, /):
@@ -14,7 +66,7 @@ def _make(name, arity):
         def fn(x1, x2, /):
             return elementwise(name, x1, x2)
     fn.__name__ = name
-    fn.__doc__ = f"Elementwise {name} (array API), recorded lazily; fuses with its neighbours."
+    fn.__doc__ = _doc(name, ELEMENTWISE[name])
     return fn
 
 
@@ -24,7 +76,9 @@ for _name, _prim in ELEMENTWISE.items():
 
 
 def clip(x, /, min=None, max=None):
-    """Clamp to [min, max]; NaN stays NaN (as numpy)."""
+    """Clamp to [min, max] (scalars or arrays; either may be None); NaN stays NaN (as numpy).
+
+    The result is cast back to ``x``'s dtype (numpy promotes with the bounds' dtypes)."""
     out = x
     if min is not None:
         out = where(out < min, min, out) if not _is_array(min) else elementwise("maximum", out, min)
@@ -39,26 +93,36 @@ def _is_array(v):
 
 
 def conj(x, /):
+    """The complex conjugate: ``x`` itself, since flyarray has no complex dtypes. Any dtype."""
     return x
 
 
 def real(x, /):
+    """The real part: ``x`` itself, since flyarray has no complex dtypes. Any dtype."""
     return x
 
 
 def relu(x, /):
+    """max(x, 0) elementwise, in ``x``'s dtype; integer and float dtypes (bool raises TypeError).
+    Fuses into a preceding matmul's epilogue. Not in numpy (jax.nn.relu)."""
     return elementwise("relu", x)
 
 
 def silu(x, /):
+    """x * sigmoid(x) elementwise; float dtypes keep theirs, bool/integer inputs give float32.
+    Fuses into a preceding matmul's epilogue. Not in numpy (jax.nn.silu)."""
     return elementwise("silu", x)
 
 
 def gelu(x, /, approximate=False):
+    """GELU, x * Phi(x) exactly (erf) or with the tanh approximation when ``approximate``.
+    Float dtypes keep theirs, bool/integer give float32. Unlike jax.nn.gelu, the default is exact."""
     return elementwise("gelu_tanh" if approximate else "gelu", x)
 
 
 def isclose(a, b, rtol=1e-5, atol=1e-8):
+    """|a - b| <= atol + rtol * |b| elementwise, as a bool array; numeric dtypes.
+    Unlike numpy, no ``equal_nan`` and infinities are not special-cased (inf vs inf gives False)."""
     return elementwise("less_equal", elementwise("abs", a - b), atol + rtol * elementwise("abs", b))
 
 

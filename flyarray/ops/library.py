@@ -14,6 +14,8 @@ from .core import common_device, node_of
 
 
 def call(prim: Library, inputs: list, **params) -> list:
+    """Record library op ``prim`` over Arrays ``inputs``: checks and result types come from ``prim.abstract``;
+    returns one lazy Array per output. An internal building block (``fa.quant`` and ``fa.nn`` use it)."""
     device = common_device(inputs)
     nodes = [node_of(a) for a in inputs]
     avals = prim.abstract(*nodes, **params)

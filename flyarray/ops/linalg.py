@@ -37,7 +37,9 @@ MATMUL = Library("matmul", _matmul_abstract, _matmul_kernel, _matmul_reference) 
 
 
 def matmul(x1, x2, /):
-    """x1 @ x2 with the array API's rules: 1-D operands gain and lose an axis, batch axes broadcast."""
+    """x1 @ x2 with the array API's rules: 1-D operands gain and lose an axis, batch axes broadcast.
+
+    Float dtypes only (mixed dtypes promote first); unlike numpy, integer and bool operands raise TypeError."""
     a, b = node_of(x1), node_of(x2)
     if not a.shape or not b.shape:
         raise ValueError(f"matmul: operands must have at least one dimension, got {a.shape} and {b.shape}")
@@ -57,6 +59,8 @@ def matmul(x1, x2, /):
 
 
 def vecdot(x1, x2, /, *, axis=-1):
+    """``sum(x1 * x2, axis=axis)`` with broadcasting (no conjugation: no complex dtypes). Numeric dtypes;
+    unlike the array API, integer and bool inputs give int64 (sum's rule)."""
     from .reductions import sum
     return sum(x1 * x2, axis=axis)
 

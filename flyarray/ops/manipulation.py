@@ -13,6 +13,8 @@ from .core import movement, node_of
 
 
 def reshape(x, shape, copy=None) -> Array:
+    """``x`` with a new ``shape`` (one -1 is inferred), in C order; any dtype. A view where strides allow,
+    else a copy made lazily; ``copy`` is accepted and ignored (the array API's copy=False does not raise)."""
     node = node_of(x)
     shape = tuple(views.as_int(s, "reshape: each size") for s in views.axis_tuple(shape, "reshape: shape"))
     shape = views.check_shape(_infer_minus_one(node.shape, shape), "reshape: shape")
@@ -39,6 +41,7 @@ def _infer_minus_one(old, shape):
 
 
 def permute_dims(x, axes) -> Array:
+    """``x`` with its axes reordered by the permutation ``axes`` (numpy's transpose); a view, any dtype."""
     node = node_of(x)
     axes = tuple(views.normalize_axis(a, len(node.shape), "permute_dims: axis")
                  for a in views.axis_tuple(axes, "permute_dims: axes"))
@@ -52,10 +55,12 @@ def permute_dims(x, axes) -> Array:
 
 
 def matrix_transpose(x) -> Array:
+    """``x`` with its last two axes swapped (``x.mT``); a view, any dtype; needs at least 2 dimensions."""
     return x.mT
 
 
 def expand_dims(x, axis=0) -> Array:
+    """``x`` with a size-1 axis inserted at ``axis`` (an int or, as in numpy, a tuple); a view, any dtype."""
     node = node_of(x)
     axes = views.axis_tuple(axis, "expand_dims: axis")
     ndim = len(node.shape) + len(axes)
@@ -69,6 +74,9 @@ def expand_dims(x, axis=0) -> Array:
 
 
 def squeeze(x, axis=None) -> Array:
+    """``x`` without the size-1 axes ``axis`` (all of them when None); a view, any dtype.
+
+    A named axis whose size is not 1 raises ValueError."""
     node = node_of(x)
     if axis is None:
         axes = tuple(i for i, s in enumerate(node.shape) if s == 1)
@@ -81,6 +89,7 @@ def squeeze(x, axis=None) -> Array:
 
 
 def broadcast_to(x, shape) -> Array:
+    """``x`` broadcast to ``shape`` by numpy's rules; a stride-0 view (no copy), any dtype."""
     node = node_of(x)
     shape = views.check_shape(shape, "broadcast_to: shape")
     if views.broadcast_shapes(node.shape, shape) != shape:
@@ -93,11 +102,13 @@ def broadcast_to(x, shape) -> Array:
 
 
 def broadcast_arrays(*arrays) -> list:
+    """The arrays broadcast to their common shape, as a list of views (numpy returns a tuple); any dtypes."""
     shape = views.broadcast_shapes(*[a.shape for a in arrays])
     return [broadcast_to(a, shape) for a in arrays]
 
 
 def flip(x, axis=None) -> Array:
+    """``x`` reversed along ``axis`` (all axes when None); a view (numpy-style negative strides), any dtype."""
     node = node_of(x)
     axes = views.normalize_axes(axis, len(node.shape))
     if not axes:
@@ -106,6 +117,7 @@ def flip(x, axis=None) -> Array:
 
 
 def moveaxis(x, source, destination) -> Array:
+    """``x`` with axes ``source`` moved to positions ``destination`` (ints or tuples); a view, any dtype."""
     nd = x.ndim
     src = [views.normalize_axis(a, nd, "moveaxis: source") for a in views.axis_tuple(source, "moveaxis: source")]
     dst = [views.normalize_axis(a, nd, "moveaxis: destination")
@@ -120,12 +132,14 @@ def moveaxis(x, source, destination) -> Array:
 
 
 def getitem(x, key) -> Array:
-    """Basic indexing (ints, slices with steps, None, ...) as a view; no copy."""
+    """Basic indexing (ints, slices with steps, None, ...) as a view; no copy; any dtype.
+
+    Unlike numpy/JAX, advanced (integer- or boolean-array) indexing raises TypeError; use fa.where."""
     node = node_of(x)
     key = key if isinstance(key, tuple) else (key,)
     for k in key:
         if isinstance(k, Array) or hasattr(k, "__array__") or isinstance(k, (list,)):
-            raise TypeError("advanced (array) indexing is not supported; use fa.take or fa.where")
+            raise TypeError("advanced (array) indexing is not supported yet; use fa.where with a mask, or slices")
         if not (k is None or k is Ellipsis or isinstance(k, (int, slice)) or hasattr(k, "__index__")):
             raise TypeError(f"unsupported index {k!r} of type {type(k).__name__}")
     if sum(k is Ellipsis for k in key) > 1:
@@ -176,7 +190,8 @@ def getitem(x, key) -> Array:
 
 
 def concat(arrays, axis=0) -> Array:
-    """Concatenate along ``axis``: one output buffer, each input copied into its slice by our kernel."""
+    """Concatenate along ``axis`` (None: flatten first): one output buffer, each input copied into its slice
+    by our kernel. Dtypes promote as ``result_type``; 0-d arrays raise ValueError."""
     from .. import dtypes as dt
     from ..ir import Node
     from .core import cast_node, common_device
@@ -202,6 +217,7 @@ def concat(arrays, axis=0) -> Array:
 
 
 def stack(arrays, axis=0) -> Array:
+    """Join same-shaped arrays along a new axis ``axis``; dtypes promote (``result_type``). Copies, as concat."""
     arrays = list(arrays)
     if not arrays:
         raise ValueError("stack needs at least one array")

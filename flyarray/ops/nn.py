@@ -16,7 +16,9 @@ def _empty_axis(x, axis) -> bool:
 
 
 def softmax(x, axis=-1):
-    """exp(x - max) / sum over ``axis``; one fused row kernel, or the hand-written kernel for long rows."""
+    """exp(x - max) / sum over ``axis``; one fused row kernel, or the hand-written kernel for long rows.
+
+    Float dtypes only (integers raise TypeError, unlike jax.nn.softmax); the result keeps x's dtype."""
     axis = checks.check_softmax("softmax", x, axis)
     if _empty_axis(x, axis):
         return zeros(x.shape, dtype=x.dtype, device=x.device)
@@ -32,6 +34,8 @@ def _softmax(x, *, axis):
 
 
 def log_softmax(x, axis=-1):
+    """x - max - log(sum(exp(x - max))) over ``axis``, as jax.nn.log_softmax; fused like ``softmax``.
+    Float dtypes only (integers raise TypeError); the result keeps x's dtype."""
     axis = checks.check_softmax("log_softmax", x, axis)
     if _empty_axis(x, axis):
         return zeros(x.shape, dtype=x.dtype, device=x.device)
@@ -97,7 +101,8 @@ RMS_NORM = Composite("rms_norm", expansion(_rms_norm))
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance), in x's dtype.
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance, as torch's).
+    Float x, weight and bias (weight/bias of the last axis's size); the result is their promoted dtype.
     Recorded as one node and fused into one row kernel."""
     checks.check_norm("layer_norm", x, weight=weight, bias=bias, eps=eps)
     inputs = [x] + [a for a in (weight, bias) if a is not None]

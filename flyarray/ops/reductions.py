@@ -9,34 +9,48 @@ from .core import astype, reduce
 
 
 def sum(x, /, *, axis=None, keepdims=False, dtype=None):
+    """Sum over ``axis`` (int, tuple or None for all). bool/integer inputs give int64 (numpy: platform int,
+    uint64 for unsigned); floats keep their dtype, float16/bfloat16 accumulating in float32. ``dtype`` casts first."""
     return reduce("sum", x, axis, keepdims, dtype)
 
 
 def prod(x, /, *, axis=None, keepdims=False, dtype=None):
+    """Product over ``axis``: bool/integer inputs give int64, floats keep their dtype (float16/bfloat16
+    accumulate in float32); ``dtype`` casts the input first. Empty axes give 1."""
     return reduce("prod", x, axis, keepdims, dtype)
 
 
 def max(x, /, *, axis=None, keepdims=False):
+    """Maximum over ``axis``, in ``x``'s dtype (bool, integer or float); NaN propagates as in numpy.
+    An empty axis raises ValueError."""
     return reduce("max", x, axis, keepdims)
 
 
 def min(x, /, *, axis=None, keepdims=False):
+    """Minimum over ``axis``, in ``x``'s dtype (bool, integer or float); NaN propagates as in numpy.
+    An empty axis raises ValueError."""
     return reduce("min", x, axis, keepdims)
 
 
 def any(x, /, *, axis=None, keepdims=False):
+    """Whether any element along ``axis`` is nonzero (any input dtype, as bool); a bool result."""
     return reduce("any", x, axis, keepdims)
 
 
 def all(x, /, *, axis=None, keepdims=False):
+    """Whether every element along ``axis`` is nonzero (any input dtype, as bool); a bool result."""
     return reduce("all", x, axis, keepdims)
 
 
 def argmax(x, /, *, axis=None, keepdims=False):
+    """int64 index of the first maximum along ``axis`` (an int; None: into the flattened array).
+    NaN counts as the maximum, as in numpy. Any dtype; an empty axis raises ValueError."""
     return _arg("argmax", x, axis, keepdims)
 
 
 def argmin(x, /, *, axis=None, keepdims=False):
+    """int64 index of the first minimum along ``axis`` (an int; None: into the flattened array).
+    NaN counts as the minimum, as in numpy. Any dtype; an empty axis raises ValueError."""
     return _arg("argmin", x, axis, keepdims)
 
 
@@ -67,6 +81,8 @@ def _float_input(name, x):
 
 
 def mean(x, /, *, axis=None, keepdims=False):
+    """Arithmetic mean over ``axis``. Float inputs keep their dtype (float16/bfloat16 computed in float32);
+    integer/bool inputs give float32 (numpy gives float64). An empty axis gives NaN."""
     xf, out = _float_input("mean", x)
     n = _count(x, axis)
     m = sum(xf, axis=axis, keepdims=keepdims) * (1.0 / n if n else float("nan"))
@@ -82,11 +98,15 @@ def _var(xf, axis, correction, keepdims):
 
 
 def var(x, /, *, axis=None, correction=0.0, keepdims=False):
+    """Variance over ``axis``, dividing by N - ``correction`` (numpy's ddof). Float inputs keep their dtype;
+    integer/bool inputs give float32 (numpy: float64). N - correction <= 0 gives NaN."""
     xf, out = _float_input("var", x)
     return astype(_var(xf, axis, correction, keepdims), out, copy=False)
 
 
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
+    """Standard deviation, sqrt of ``var`` (``correction`` is numpy's ddof). Float inputs keep their dtype;
+    integer/bool inputs give float32 (numpy: float64)."""
     from .core import elementwise
     xf, out = _float_input("std", x)
     return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims)), out, copy=False)
