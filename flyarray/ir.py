@@ -37,17 +37,19 @@ class Primitive:
         return f"<{self.kind} {self.name}>"
 
 
-class _Simple(Primitive):
+class Tagged(Primitive):
+    """A primitive whose rules live elsewhere (the scheduler, a transform): only its name and kind."""
+
     def __init__(self, name, kind):
         super().__init__(name)
         self.kind = kind
 
 
-SOURCE = _Simple("source", "source")
-CONSTANT = _Simple("constant", "constant")
-IOTA = _Simple("iota", "iota")
-VIEW = _Simple("view", "view")
-OUTPUT = _Simple("output", "output")
+SOURCE = Tagged("source", "source")
+CONSTANT = Tagged("constant", "constant")
+IOTA = Tagged("iota", "iota")
+VIEW = Tagged("view", "view")
+OUTPUT = Tagged("output", "output")
 
 
 class Node:

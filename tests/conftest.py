@@ -56,6 +56,22 @@ def interpret():
     fa.set_backend(None)
 
 
+@pytest.fixture
+def no_evaluation(backend):
+    """Fails the test if anything was evaluated (errors must come at record time)."""
+    import flyarray as fa
+    fa.reset_stats()
+    yield
+    assert fa.stats()["evaluations"] == 0
+    assert fa.stats()["kernels_launched"] == 0
+
+
+def lazy(shape, dtype="float32"):
+    """An unevaluated array of zeros (an exp over a buffer): record-time errors must not evaluate it."""
+    import flyarray as fa
+    return fa.exp(fa.asarray(np.zeros(shape, dtype)))
+
+
 def assert_matches(got, want, *, rtol=None, atol=None, check_dtype=True):
     """Compare a flyarray result (anything np.asarray takes) with a numpy expectation."""
     want = np.asarray(want)

@@ -5,18 +5,11 @@ import torch
 
 import flyarray as fa
 
-
-@pytest.fixture
-def no_evaluation(backend):
-    """Fails the test if anything was evaluated (errors must come at record time)."""
-    fa.reset_stats()
-    yield
-    assert fa.stats()["evaluations"] == 0
-    assert fa.stats()["kernels_launched"] == 0
+from .conftest import lazy
 
 
-def lazy(shape, dtype="float32"):
-    return fa.exp(fa.asarray(np.zeros(shape, dtype)))  # unevaluated
+
+
 
 
 def test_broadcast_error_names_both_shapes(no_evaluation):

@@ -13,7 +13,7 @@ import torch
 import flyarray as fa
 import flyarray.interop.torch as fat
 
-from .conftest import assert_matches
+from .conftest import assert_matches, lazy
 
 from .interpreter_probe import INTERPRETER_PROBLEM  # noqa: E402
 
@@ -21,16 +21,8 @@ from .interpreter_probe import INTERPRETER_PROBLEM  # noqa: E402
 _NEEDS_INTERPRETER = pytest.mark.skipif(INTERPRETER_PROBLEM is not None, reason=str(INTERPRETER_PROBLEM))
 
 
-@pytest.fixture
-def no_evaluation(backend):
-    fa.reset_stats()
-    yield
-    assert fa.stats()["evaluations"] == 0
-    assert fa.stats()["kernels_launched"] == 0
 
 
-def lazy(shape, dtype="float32"):
-    return fa.exp(fa.asarray(np.zeros(shape, dtype)))  # unevaluated
 
 
 # ---- 1. float8 is storage only ----------------------------------------------------------------

@@ -228,4 +228,4 @@ def stack(arrays, axis=0) -> Array:
     return concat([expand_dims(a, axis) for a in arrays], axis=axis)
 
 
-CONCAT = ir._Simple("concat", "concat")
+CONCAT = ir.Tagged("concat", "concat")

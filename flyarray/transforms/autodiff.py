@@ -34,17 +34,10 @@ _STOPPED = weakref.WeakSet()  # copy nodes made by stop_gradient: no derivative 
 _CUSTOM = weakref.WeakKeyDictionary()  # output copy node of a custom_vjp/custom_jvp call -> (group node, index)
 
 
-class _Marker(ir.Primitive):
-    """Graph-walk-only primitives: never scheduled (the nodes that carry them are never evaluated)."""
-
-    def __init__(self, name, kind):
-        super().__init__(name)
-        self.kind = kind
-
-
-CUSTOM_OUT = _Marker("custom_output", "custom_output")
-CUSTOM_VJP = _Marker("custom_vjp", "custom")
-CUSTOM_JVP = _Marker("custom_jvp", "custom")
+# Graph-walk-only primitives: never scheduled (the nodes that carry them are never evaluated).
+CUSTOM_OUT = ir.Tagged("custom_output", "custom_output")
+CUSTOM_VJP = ir.Tagged("custom_vjp", "custom")
+CUSTOM_JVP = ir.Tagged("custom_jvp", "custom")
 
 
 class Eqn:

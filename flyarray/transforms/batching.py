@@ -81,18 +81,8 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
     """Batched values (node id -> Array, batch axis at 0) of the nodes between the stand-ins in ``values``
     and ``roots``; nodes that depend on no stand-in are absent (they are kept as they are)."""
     from .autodiff import _CUSTOM, _STOPPED, stop_gradient
-    order, seen, stack = [], set(), [(r, False) for r in roots]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if node.id in seen:
-            continue
-        seen.add(node.id)
-        stack.append((node, True))
-        if node.id not in values and node.id >= start:
-            stack.extend((i, False) for i in (_CUSTOM[node][0].inputs if node in _CUSTOM else node.inputs))
+    order = ir.toposort(roots, lambda node: () if node.id in values or node.id < start else
+                        (_CUSTOM[node][0].inputs if node in _CUSTOM else node.inputs))
     users = {r.id: [None] for r in roots}  # node id -> the nodes that read it (None: an output)
     for node in order:
         if node.id not in values and node.id >= start:
