@@ -16,8 +16,9 @@ for _ in range(3):
     loss, params = step(params, x, y)
 torch.cuda.synchronize()
 fa.reset_stats()
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]  # CPU: the fa:: step labels
+with torch.profiler.profile(activities=acts) as prof:
     loss, params = step(params, x, y)
     torch.cuda.synchronize()
 print(fa.stats())
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 import struct
 
 from . import config
@@ -342,14 +343,26 @@ class _Emitter:
             params += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"] if self.rows else ["BLOCK: tl.constexpr"]
             sig = ",\n    ".join(params)
             jit = f"@triton.jit(do_not_specialize={scalars!r})" if scalars else "@triton.jit"
-            source = (PRELUDE + f"\n\n{jit}\ndef kernel(\n    {sig},\n):\n"
-                      + "\n".join("    " + line for line in body) + "\n")
+            name = self.kernel_name()
+            source = (PRELUDE + f"\n\n{jit}\ndef {name}(\n    {sig},\n):\n"
+                      + "\n".join("    " + line for line in body) + f"\n\n\nkernel = {name}\n")
             cached = _SOURCES[signature] = (hashlib.sha256(source.encode()).hexdigest()[:32], source)
         key, source = cached
         args = self.size_args() + self.view_args() + iota_values(self.k)
         args += [self.lay.M, self.lay.N] if self.rows else [self.lay.M]
         constexprs, grid, warps = self.launch_shape()
         return LaunchSpec(key, source, args, constexprs, grid, warps, self.lay.M == 0)
+
+    def kernel_name(self) -> str:
+        """What a profiler shows: ``fa_<shape of work>_<ops in order>``, e.g. ``fa_colsum_add_erf_exp_sum``.
+        Derived from the ops alone, so equal signatures still give the same source."""
+        kind = "ew" if not self.rows else ("colred" if self.t else "rowred")
+        names = []
+        for op in self.k.ops:
+            if isinstance(op, (Elementwise, Reduce)) and op.prim not in names:
+                names.append(op.prim)
+        shown = names[:NAME_OPS] + ([f"and{len(names) - NAME_OPS}"] if len(names) > NAME_OPS else [])
+        return "_".join(["fa", kind] + [re.sub(r"\W", "", n) for n in shown])
 
     def signature(self) -> tuple:
         """Everything the source depends on; equal signatures give the same source."""
@@ -679,6 +692,7 @@ class _Emitter:
 
 
 _SOURCES: dict = {}
+NAME_OPS = 6  # op names shown in a kernel's name (profilers truncate long ones)
 
 
 def _op_signature(op) -> tuple:

@@ -28,6 +28,7 @@ import weakref
 import torch
 
 from . import codegen, config, ir, runtime
+from . import _profiler
 from .kernel_ir import Kernel
 from .expand import expand_composites
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
@@ -118,10 +119,11 @@ def freeze(value):
 # ---- 2. plans -----------------------------------------------------------------------------------
 class Plan:
     """Slots 0..n_leaves-1 hold the bound leaves; every step reads and fills slots."""
-    __slots__ = ("steps", "n_slots", "n_leaves", "binds", "description", "static_scalars")
+    __slots__ = ("steps", "labels", "n_slots", "n_leaves", "binds", "description", "static_scalars")
 
-    def __init__(self, steps, n_slots, n_leaves, binds, description, static_scalars=()):
+    def __init__(self, steps, labels, n_slots, n_leaves, binds, description, static_scalars=()):
         self.steps = steps
+        self.labels = labels  # per step, what a profiler shows: fa::fused(exp,add) or fa::rms_norm+residual
         self.n_slots = n_slots
         self.n_leaves = n_leaves
         self.binds = binds  # (walk position, slot) or (library position, output index, slot)
@@ -132,6 +134,11 @@ class Plan:
         if self.static_scalars:
             scalars = scalars + self.static_scalars
         slots = leaves + [None] * (self.n_slots - self.n_leaves)
+        if _profiler.enabled():
+            for step, label in zip(self.steps, self.labels):
+                with _profiler.step(label):
+                    step(slots, scalars)
+            return slots
         for step in self.steps:
             step(slots, scalars)
         return slots
@@ -161,7 +168,7 @@ class _Builder:
         self.n_slots = len(walk.leaf_nodes)
         self.allocated = set()  # slots of contiguous buffers this plan makes (not library outputs)
         self.static_scalars = []  # constants made by expanding composites: structure, so the plan keeps them
-        self.steps, self.binds, self.description = [], [], []
+        self.steps, self.labels, self.binds, self.description = [], [], [], []
 
     def new_slot(self, node) -> int:
         self.slot[node.id] = self.n_slots
@@ -180,7 +187,7 @@ class _Builder:
                 self.add_library(step.node)
             else:
                 self.add_allocation(step)
-        return Plan(self.steps, self.n_slots, len(self.walk.leaf_nodes), self.binds, tuple(self.description),
+        return Plan(self.steps, self.labels, self.n_slots, len(self.walk.leaf_nodes), self.binds, tuple(self.description),
                     self.static_scalars)
 
     def add_allocation(self, step: Allocate):
@@ -191,6 +198,7 @@ class _Builder:
         def allocate(slots, scalars):
             slots[slot] = template.new_empty(shape)
         self.steps.append(allocate)
+        self.labels.append("fa::alloc")
         self.description.append(("alloc", slot, shape, node.dtype.name))
 
     def add_kernel(self, step: KernelStep):
@@ -219,6 +227,7 @@ class _Builder:
                     slots[slot] = template.new_empty(shape)
                 launch([slots[i] for i in ins], [slots[o] for o in outs], [scalars[j] for j in sc])
         self.steps.append(run_kernel)
+        self.labels.append(_profiler.kernel_label(kernel))
         self.description.append(("kernel", spec.key if spec else _kernel_key(kernel), tuple(spec.args) if spec else (),
                                  tuple(ins), tuple(outs), tuple(sc), tuple((n.shape, slot) for n, slot in fresh)))
         runtime._log(2, f"  kernel {spec.key[:12] if spec else 'reference'}: {len(kernel.ops)} ops, "
@@ -271,6 +280,7 @@ class _Builder:
                 # fused kernels read a library output as contiguous (its layout is planned before it exists)
                 slots[slot] = value if value.is_contiguous() else value.contiguous()
         self.steps.append(run_library)
+        self.labels.append(_profiler.library_label(prim.name, kwargs))
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs)))
 
 
