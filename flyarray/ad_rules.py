@@ -216,6 +216,20 @@ def _view_shapes(base_shape, ops):
     return shapes
 
 
+def _permuted(g, axes):
+    """``permute_dims(g, axes)``; a pending product transposed is the product of its operands
+    transposed, in the other order: ``(a @ b).mT == b.mT @ a.mT``. The cotangent of ``x @ w.T``
+    with respect to ``w`` is then computed in ``w``'s own layout, so an update ``w - lr * dw``
+    reads it row by row instead of across a transpose (a GEMM reads either layout at full speed)."""
+    node = g._node
+    swap_last = len(axes) >= 2 and axes == tuple(range(len(axes) - 2)) + (len(axes) - 1, len(axes) - 2)
+    if swap_last and node.kind == "output" and not node.realized and node.inputs[0].prim is MATMUL:
+        a, b = (core.Array(i) for i in node.inputs[0].inputs)
+        if a.ndim == b.ndim == len(axes):
+            return F.matmul(b.mT, a.mT)
+    return F.permute_dims(g, axes)
+
+
 def _view_vjp(g, e):
     ops = e.params
     shapes = _view_shapes(e.x[0].shape, ops)
@@ -227,7 +241,7 @@ def _view_vjp(g, e):
             inverse = [0] * len(op[1])
             for i, p in enumerate(op[1]):
                 inverse[p] = i
-            g = F.permute_dims(g, tuple(inverse))
+            g = _permuted(g, tuple(inverse))
         elif kind == "expand":
             axes = tuple(i for i, (b, a) in enumerate(zip(before, op[1])) if b == 1 and a != 1)
             if axes:

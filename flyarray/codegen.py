@@ -602,6 +602,10 @@ class _Emitter:
                 self.emit_op(i, op)
                 done.add(i)
         last = max(stage.values(), default=0)
+        full_stores = [s for s in self.k.stores if s.domain == "full"]
+        # Full values that need no reduction result are stored from the first loop, as they are
+        # computed (one pass over the inputs), instead of by a loop of their own that recomputes them.
+        stored_early = bool(full_stores) and last >= 1 and all(stage[s.op] == 0 for s in full_stores)
         for s in range(1, last + 1):
             reds = [i for i, op in enumerate(ops) if isinstance(op, Reduce) and stage[i] == s]
             for i in reds:
@@ -611,9 +615,12 @@ class _Emitter:
                     L.append(f"idx{i} = tl.zeros({self.TILE}, tl.int64)")
             L.append("for n0 in range(0, N, BLOCK_N):")
             self.emit_cols("n0 + tl.arange(0, BLOCK_N)", indent="    ")
-            needed = self.full_closure([ops[i].arg for i in reds], done)
+            roots = [ops[i].arg for i in reds] + ([st.op for st in full_stores] if stored_early and s == 1 else [])
+            needed = self.full_closure(roots, done)
             for j in needed:
                 self.emit_op(j, ops[j], indent="    ")
+            if stored_early and s == 1:
+                self.emit_stores(full=True, indent="    ")
             for i in reds:
                 combine, neutral, acc = self.reduce_parts(ops[i])
                 val = f"tl.where(mask, v{ops[i].arg}.to({_tl(acc)}), {neutral})"
@@ -633,8 +640,7 @@ class _Emitter:
                 if op.domain == "outer" and stage[i] == s and i not in done:
                     self.emit_op(i, op)
                     done.add(i)
-        full_stores = [s for s in self.k.stores if s.domain == "full"]
-        if full_stores:
+        if full_stores and not stored_early:
             L.append("for n0 in range(0, N, BLOCK_N):")
             self.emit_cols("n0 + tl.arange(0, BLOCK_N)", indent="    ")
             for j in self.full_closure([s.op for s in full_stores], done):

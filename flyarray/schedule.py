@@ -105,9 +105,18 @@ class _Scheduler:
                 self.roots.append(r)
         self.wanted = ids
         self.uses = {}
+        self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         for node in ir.toposort(self.roots):
             for i in node.inputs:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
+            if node.kind == "library":
+                self.library_inputs.update((i.inputs[0] if i.kind == "view" else i).id for i in node.inputs)
+
+    def must_store(self, node) -> bool:
+        """Whether ``node`` gets a buffer whatever kernel computes it: the user holds it, or a library
+        call reads it. A kernel that meets such a value on its own domain stores it as it goes (one
+        pass) instead of recomputing it, and a second kernel then reads that buffer."""
+        return node.id in self.wanted or node.id in self.library_inputs
 
     def reads_part(self, view, whole) -> bool:
         """Whether a requested view gets a kernel over its own shape instead of its base computed
@@ -397,7 +406,7 @@ class _KernelBuilder:
         return (yield self.load(node, chain, domain))
 
     def lower_elementwise(self, node, chain, domain):
-        wanted = node.id in self.sched.wanted and node.id not in self.stored
+        wanted = self.sched.must_store(node) and node.id not in self.stored
         if wanted and not (domain == "full" and self.is_identity(node.shape, chain, self.full)):
             yield self.sched.ensure(node)  # the user holds it and this kernel cannot store it as-is
             return (yield self.load(node, chain, domain))
@@ -423,7 +432,7 @@ class _KernelBuilder:
             return (yield self.load(node, chain, domain))
         arg = yield self.lower(node.inputs[0], (), "full")
         op = self.add(Reduce(node.prim.name, arg, node.dtype))
-        if node.id in self.sched.wanted and node.id not in self.stored:
+        if self.sched.must_store(node) and node.id not in self.stored:
             self.sched.planned[node.id] = node
             self.stored.add(node.id)
             self.store(op, node, View.contiguous(self.keep), "outer")

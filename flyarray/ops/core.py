@@ -187,6 +187,8 @@ def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
             Array(constant(0, node.shape, dt.int64, node.device))
     out_shape = tuple(s for i, s in enumerate(node.shape) if i not in axes)
     split = _split_full_reduction(name, node, axes, out_dtype)
+    if split is None:
+        split = _split_column_reduction(name, node, axes, out_dtype)
     if split is not None:
         return Array(ir.view(split, (("reshape", keep_shape if keepdims else out_shape),),
                              keep_shape if keepdims else out_shape))
@@ -210,17 +212,75 @@ def _split_full_reduction(name, node, axes, out_dtype):
         return None
     if node.device.type == "cpu" and not SPLIT_ON_CPU:
         return None
+    partial_dtype = dt.float32 if out_dtype in (dt.float16, dt.bfloat16) else out_dtype
+    by_rows = _split_by_own_rows(name, node, partial_dtype)
+    if by_rows is not None:
+        return cast_node(by_rows, out_dtype)
     if node.kind == "view" or (node.buffer is not None and not ir.buffer_view(node).is_contiguous()):
         return None  # flattening it would need a copy first
     rows = _split_factor(n)
     if rows is None:
         return None
     flat = ir.view(node, (("reshape", (rows, n // rows)),), (rows, n // rows))
-    partial_dtype = dt.float32 if out_dtype in (dt.float16, dt.bfloat16) else out_dtype
     partial = ir.Node(REDUCE[name], (cast_node(flat, partial_dtype) if name not in ("any", "all") else flat,),
                       (1,), (rows, 1), partial_dtype, node.device)
     total = ir.Node(REDUCE[name], (partial,), (0, 1), (1, 1), partial_dtype, node.device)
     return cast_node(total, out_dtype)
+
+
+def _split_by_own_rows(name, node, partial_dtype):
+    """The first stage over the array's own trailing axes, when they make rows of >= 1024 elements
+    and there are 128..65536 such rows: no reshape, so any layout (views, broadcast operands
+    such as a bias) fuses into the partial kernel instead of being copied out flat first."""
+    ndim = len(node.shape)
+    for k in range(ndim - 1, 0, -1):
+        rows, length = math.prod(node.shape[:k]), math.prod(node.shape[k:])
+        if length >= 1024:
+            if not 128 <= rows <= 65536:
+                return None
+            source = cast_node(node, partial_dtype) if name not in ("any", "all") else node
+            keep = node.shape[:k] + (1,) * (ndim - k)
+            partial = ir.Node(REDUCE[name], (source,), tuple(range(k, ndim)), keep, partial_dtype, node.device)
+            return ir.Node(REDUCE[name], (partial,), tuple(range(ndim)), (1,) * ndim, partial_dtype, node.device)
+    return None
+
+
+COLUMN_PROGRAMS = 1024  # a column reduction launching fewer programs than this is split (GPU)
+_COLUMN_STRIP = 32  # kept elements per program of a column-major reduction kernel (codegen.COLUMN_TILE // 2)
+
+
+def _split_column_reduction(name, node, axes, out_dtype):
+    """A reduction over leading axes (a column sum of a tall matrix: a bias gradient) as two: over
+    chunks of the reduced rows, then over the chunk partials. Its kernel parallelizes over strips
+    of kept columns only; 4096 columns are 128 programs, too few to fill a GPU, each walking all
+    8192 rows. Chunks multiply the programs. Partials of float16/bfloat16 are kept in float32."""
+    if name not in _SPLITTABLE or axes != tuple(range(len(axes))) or len(axes) == len(node.shape):
+        return None
+    if node.device.type == "cpu" and not SPLIT_ON_CPU:
+        return None
+    if node.kind == "view" or (node.buffer is not None and not ir.buffer_view(node).is_contiguous()):
+        return None  # folding the reduced axes into one would need a copy first
+    rows = math.prod(node.shape[:len(axes)])
+    kept = node.shape[len(axes):]
+    chunks = _column_chunks(rows, -(-math.prod(kept) // _COLUMN_STRIP))
+    if chunks is None:
+        return None
+    shape = (chunks, rows // chunks, *kept)
+    chunked = ir.view(node, (("reshape", shape),), shape)
+    partial_dtype = dt.float32 if out_dtype in (dt.float16, dt.bfloat16) else out_dtype
+    source = cast_node(chunked, partial_dtype) if name not in ("any", "all") else chunked
+    partial = ir.Node(REDUCE[name], (source,), (1,), (chunks, 1, *kept), partial_dtype, node.device)
+    total = ir.Node(REDUCE[name], (partial,), (0, 1), (1, 1, *kept), partial_dtype, node.device)
+    return cast_node(total, out_dtype)
+
+
+def _column_chunks(rows: int, programs: int):
+    """The fewest chunks (a power of two dividing ``rows``, chunks of >= 256 rows) that give
+    COLUMN_PROGRAMS programs; None when no split is needed or none divides."""
+    chunks = 1
+    while programs * chunks < COLUMN_PROGRAMS and rows % (chunks * 2) == 0 and rows // (chunks * 2) >= 256:
+        chunks *= 2
+    return chunks if chunks > 1 else None
 
 
 def _split_factor(n: int):
