@@ -75,7 +75,9 @@ def test_split_full_reductions(backend, monkeypatch, name):
     got, want = ours(fa.asarray(x)).torch(), ref(x)
     assert fa.stats()["kernels_launched"] == 2  # the partial rows, then their total
     assert got.shape == want.shape and got.dtype == want.dtype
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-3 if name == "f16" else 1e-5, atol=1e-5)
+    # prod: 8192 float32 rounding errors compound (about 1e-5 relative apart from torch's order)
+    rtol = {"f16": 2e-3, "prod": 1e-4}.get(name, 1e-5)
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=1e-5)
 
 
 def test_split_full_reduction_over_own_rows_fuses_a_broadcast_operand(backend, monkeypatch):
