@@ -420,3 +420,17 @@ def test_result_type_of_dtypes_arrays_and_scalars():
     assert fa.result_type(fa.int64, fa.float16) == fa.float16  # JAX: the float wins
     assert fa.result_type(fa.float16, fa.bfloat16) == fa.float32
     assert fa.can_cast(fa.int8, fa.int16) and not fa.can_cast(fa.int16, fa.int8)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_small_integer_powers_are_multiplications(n):
+    """x ** 2 (3, 4) with a Python int is x * x (JAX's integer_pow, torch's pow(x, 2)): no general pow
+    in the graph, the same values as torch for signed zeros, infinities and NaN, and its gradient."""
+    from flyarray import ir
+    x = torch.tensor([-0.0, 0.0, float("inf"), -float("inf"), float("nan"), -3.0, 1.5, 1e20, 1e-30])
+    y = fa.asarray(x) ** n
+    assert {node.prim.name for node in ir.toposort([y._node]) if node.kind == "elementwise"} == {"multiply"}
+    torch.testing.assert_close(y.torch(), x ** n, equal_nan=True)
+    torch.testing.assert_close(fa.grad(lambda a: fa.sum(a ** n))(fa.asarray(x[5:7])).torch(),
+                               n * x[5:7] ** (n - 1))
+    assert any(node.prim.name == "pow" for node in ir.toposort([(fa.asarray(x) ** 5)._node]))

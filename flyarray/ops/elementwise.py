@@ -120,6 +120,27 @@ def gelu(x, /, approximate=False):
     return elementwise("gelu_tanh" if approximate else "gelu", x)
 
 
+_SMALL_POWERS = (2, 3, 4)  # x ** n by multiplications for these Python-int exponents
+_STORAGE_ONLY = dt.STORAGE_ONLY
+
+
+def pow(x1, x2, /):
+    """Elementwise pow: x1 ** x2 (integers by repeated squaring, in the integer dtype).
+
+    Arrays and Python scalars broadcast and promote (``result_type``). A float array raised to the
+    Python int 2, 3 or 4 is computed by multiplication (``x * x``), as JAX's ``integer_pow`` and
+    torch's ``pow(x, 2)`` do: far cheaper than a general pow on a GPU, and its
+    derivative is a product rather than another pow. Bool inputs raise TypeError."""
+    from .._array import Array
+    if type(x2) is int and x2 in _SMALL_POWERS and isinstance(x1, Array) and x1.dtype.kind == "f" \
+            and x1.dtype not in _STORAGE_ONLY:
+        square = elementwise("multiply", x1, x1)
+        if x2 == 2:
+            return square
+        return elementwise("multiply", square, x1 if x2 == 3 else square)
+    return elementwise("pow", x1, x2)
+
+
 def isclose(a, b, rtol=1e-5, atol=1e-8):
     """|a - b| <= atol + rtol * |b| elementwise, as a bool array; numeric dtypes.
     Unlike numpy, no ``equal_nan`` and infinities are not special-cased (inf vs inf gives False)."""
