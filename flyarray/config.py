@@ -45,3 +45,8 @@ def eager_rounding() -> bool:
 
 def plan_check() -> bool:
     return os.environ.get("FLYARRAY_PLAN_CHECK", "") not in ("", "0")
+
+
+def cuda_graphs() -> bool:
+    """FLYARRAY_CUDA_GRAPHS=0 turns fa.jit's graph replay off process-wide (on by default)."""
+    return os.environ.get("FLYARRAY_CUDA_GRAPHS", "1") not in ("", "0")

@@ -199,4 +199,24 @@ def cases(device, small=True):
         timing="host", tol=1e-4,
         goal=">= 3x faster than eager" if gpu else "<= 1.5x eager",
     ))
+
+    # -- a 6-layer tanh MLP on 16 rows (12 launches: 6 GEMMs, 6 fused kernels) under fa.jit: one CUDA
+    #    graph per call (graphs.py) against launching kernel by kernel, torch eager and torch.compile
+    x16, w64 = _randn((16, 256), device, 4), _randn((256, 256), device, 5) / 16
+    graphed, launched = fa.jit(_layers6), fa.jit(_layers6, cuda_graph=False)
+    for name, fn, goal in (("[cuda graph]", graphed, "graph replay < plain replay (GPU)"),
+                           ("[no graph]", launched, "replay cost")):
+        out.append(Case(
+            name=f"6-layer MLP 16x256 fa.jit {name}",
+            ours=lambda fn=fn: fn(x16, w64).torch(),
+            eager=lambda: _layers6(x16, w64, torch),
+            compilable=lambda: _layers6(x16, w64, torch),
+            timing="host", tol=1e-4, goal=goal,
+        ))
     return out
+
+
+def _layers6(x, w, xp=fa):
+    for _ in range(6):
+        x = xp.tanh(x @ w) * 0.5
+    return x

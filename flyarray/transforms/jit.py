@@ -20,21 +20,27 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 
 import torch
 
-from .. import ir, plan, runtime, tree_util
+from .. import graphs, ir, plan, runtime, tree_util
 from .._array import Array
 
 
-def jit(fn=None, *, static_argnums=(), static_argnames=()):
+def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
     """Compile ``fn`` once per argument signature and replay it (see the module docstring).
 
     ``static_argnums`` / ``static_argnames`` name arguments that are never traced; they must be
     hashable, and each distinct value (compared with its type: 2, 2.0 and True differ) traces anew.
+    ``cuda_graph``: None replays a multi-kernel trace on a GPU as one CUDA/HIP graph where the rule
+    in ``flyarray/graphs.py`` says it pays (docs/semantics.md); False never; True whenever possible.
     """
     if fn is None:
-        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
+        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
+                                 cuda_graph=cuda_graph)
+    if cuda_graph not in (None, True, False):
+        raise TypeError(f"fa.jit: cuda_graph must be None, True or False, got {cuda_graph!r}")
     static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     _check_static_names(fn, static_argnums, static_argnames)
@@ -47,6 +53,7 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
         trace = cache.get(key)
         if trace is None:
             trace, result = _Trace.record(fn, args, kwargs, tensors, static_argnums, static_argnames)
+            trace.cuda_graph = cuda_graph
             cache[key] = trace
             return result
         return trace.replay(tensors)
@@ -159,6 +166,10 @@ class _Trace:
         self.scalars = scalars
         self.out_refs = out_refs
         self.treedef = treedef
+        self.cuda_graph = None  # fa.jit's option
+        self.graphed = None  # a graphs.GraphedPlan once captured
+        self.graph_decided = False  # whether the first replay chose graph or plain launches
+        self.lock = threading.Lock()
 
     @classmethod
     def record(cls, fn, args, kwargs, tensors, static_argnums, static_argnames):
@@ -189,7 +200,11 @@ class _Trace:
 
     def replay(self, tensors):
         slots = None
-        if self.plan is not None:
+        if self.graphed is not None:
+            slots = self.graphed.run(tensors)
+        elif not self.graph_decided:
+            slots = self._first_replay(tensors)
+        if slots is None and self.plan is not None:
             leaves = [tensors[src] if type(src) is int else src for src in self.leaf_sources]
             slots = self.plan.run(leaves, self.scalars)
         outs = []
@@ -198,6 +213,29 @@ class _Trace:
             node = ir.source(t)
             outs.append(Array(ir.view(node, ops, shape) if ops else node))
         return tree_util.tree_unflatten(self.treedef, outs)
+
+
+    def _first_replay(self, tensors):
+        """Decide once whether this trace replays as a CUDA graph (graphs.py); capture it if so and
+        return this call's output slots from it, else None (launch as usual)."""
+        with self.lock:
+            if self.graph_decided:
+                return self.graphed.run(tensors) if self.graphed is not None else None
+            self.graph_decided = True
+            out_slots = sorted({index for kind, index, _, _ in self.out_refs if kind == "slot"})
+            arguments = [tensors[src] for src in dict.fromkeys(self.leaf_sources) if type(src) is int]
+            if not graphs.worth_a_graph(self.plan, arguments, out_slots, self.cuda_graph):
+                return None
+            try:
+                graphed, why = graphs.GraphedPlan.capture(self.plan, self.leaf_sources, tensors, self.scalars,
+                                                          out_slots)
+            except Exception as exc:  # noqa: BLE001 - anything uncapturable falls back to plain launches
+                graphed, why = None, f"{type(exc).__name__}: {exc}"
+            if graphed is None:
+                runtime._log(1, f"fa.jit: no CUDA graph for this trace ({why}); launching kernel by kernel")
+                return None
+            self.graphed = graphed
+            return graphed.run(tensors)
 
 
 def _leaf_sources(walk, arg_of) -> list:
