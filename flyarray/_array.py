@@ -173,8 +173,15 @@ class Array:
         return _ops().getitem(self, key)
 
     def __setitem__(self, key, value):
-        raise TypeError("flyarray arrays are immutable; build a new array instead, e.g. fa.where(mask, value, x) "
-                        "or fa.concat of slices")
+        raise TypeError("flyarray arrays are immutable; use x = x.at[key].set(value) (a new array), "
+                        "or fa.where(mask, value, x)")
+
+    @property
+    def at(self):
+        """JAX's functional updates: ``x.at[key].set(v)`` / ``.add`` / ``.multiply`` / ``.divide`` / ``.min`` /
+        ``.max`` return a new array (``x`` is unchanged); ``.get()`` reads ``x[key]``. Any index form."""
+        from .ops.indexing import At
+        return At(self)
 
     # ---- conversions ------------------------------------------------------------------------------
     def astype(self, dtype, copy=True):

@@ -4,6 +4,7 @@ from .creation import (arange, asarray, empty, empty_like, eye, from_dlpack, ful
                        ones, ones_like, zeros, zeros_like)
 from .elementwise import *  # noqa: F401,F403
 from .elementwise import clip, conj, gelu, isclose, real, relu, silu  # noqa: F401
+from .indexing import nonzero, take, take_along_axis  # noqa: F401
 from .library_ops import ragged_dot, top_k  # noqa: F401
 from .linalg import matmul, vecdot  # noqa: F401
 from .manipulation import (broadcast_arrays, broadcast_to, concat, expand_dims, flip, getitem,  # noqa: F401

@@ -5,7 +5,8 @@ All but concat are views (views.py): they record movement ops and run nothing.
 from __future__ import annotations
 
 import math
-import operator
+
+import numpy as np
 
 from .. import ir, views
 from .._array import Array
@@ -132,61 +133,9 @@ def moveaxis(x, source, destination) -> Array:
 
 
 def getitem(x, key) -> Array:
-    """Basic indexing (ints, slices with steps, None, ...) as a view; no copy; any dtype.
-
-    Unlike numpy/JAX, advanced (integer- or boolean-array) indexing raises TypeError; use fa.where."""
-    node = node_of(x)
-    key = key if isinstance(key, tuple) else (key,)
-    for k in key:
-        if isinstance(k, Array) or hasattr(k, "__array__") or isinstance(k, (list,)):
-            raise TypeError("advanced (array) indexing is not supported yet; use fa.where with a mask, or slices")
-        if not (k is None or k is Ellipsis or isinstance(k, (int, slice)) or hasattr(k, "__index__")):
-            raise TypeError(f"unsupported index {k!r} of type {type(k).__name__}")
-    if sum(k is Ellipsis for k in key) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
-    if consumed > len(node.shape):
-        raise IndexError(f"too many indices ({consumed}) for an array of shape {node.shape}")
-    if Ellipsis in key:
-        i = key.index(Ellipsis)
-        key = key[:i] + (slice(None),) * (len(node.shape) - consumed) + key[i + 1:]
-    else:
-        key = key + (slice(None),) * (len(node.shape) - consumed)
-    starts, steps, sizes, flips, out_shape = [], [], [], [], []
-    axis = 0
-    for k in key:
-        if k is None:
-            out_shape.append(1)
-            continue
-        size = node.shape[axis]
-        if isinstance(k, slice):
-            start, stop, step = k.indices(size)
-            count = len(range(start, stop, step))
-            if step < 0:  # a negative step is a positive-step slice of the flipped axis
-                first = start + (count - 1) * step if count else 0
-                starts.append(first), steps.append(-step), flips.append(axis)
-            else:
-                starts.append(start if count else 0), steps.append(step)
-            sizes.append(count)
-            out_shape.append(count)
-        else:
-            i = operator.index(k)
-            if not -size <= i < size:
-                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {size}")
-            starts.append(i % size), steps.append(1), sizes.append(1)
-        axis += 1
-    ops = []
-    if any(s != 0 for s in starts) or any(s != 1 for s in steps) or tuple(sizes) != node.shape:
-        ops.append(("slice", tuple(starts), tuple(steps), tuple(sizes)))
-    if flips:
-        # flip axes of the sliced (pre-reshape) array: reversed slice == flip of the ascending slice
-        ops.append(("flip", tuple(flips)))
-    out_shape = tuple(out_shape)
-    if out_shape != tuple(sizes):
-        ops.append(("reshape", out_shape))
-    if not ops:
-        return x
-    return movement(x, ops, out_shape)
+    """``x[key]``: see ``flyarray.ops.indexing.getitem`` (views for basic keys, gathers for integer arrays)."""
+    from .indexing import getitem as _getitem
+    return _getitem(x, key)
 
 
 def concat(arrays, axis=0) -> Array:
@@ -229,3 +178,42 @@ def stack(arrays, axis=0) -> Array:
 
 
 CONCAT = ir.Tagged("concat", "concat")
+
+
+def _pad_widths(pad_width, ndim):
+    """numpy's forms (an int, (before, after), or one pair per axis) -> one (before, after) per axis."""
+    w = np.asarray(pad_width, dtype=object)
+    if w.ndim == 0:
+        w = np.array([[pad_width, pad_width]] * ndim, dtype=object)
+    elif w.ndim == 1 and w.size == 1:
+        w = np.array([[w[0], w[0]]] * ndim, dtype=object)
+    elif w.ndim == 1 and w.size == 2:
+        w = np.array([list(w)] * ndim, dtype=object)
+    if w.shape != (ndim, 2):
+        raise ValueError(f"pad: pad_width {pad_width!r} must be an int, a (before, after) pair or {ndim} pairs")
+    out = [tuple(views.as_int(v, "pad: pad_width entries") for v in pair) for pair in w]
+    if any(v < 0 for pair in out for v in pair):
+        raise ValueError(f"pad: pad_width {pad_width!r} has a negative width")
+    return out
+
+
+def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
+    """``x`` padded with ``constant_values`` (numpy's ``mode='constant'``; the only mode): ``pad_width`` is an
+    int, a (before, after) pair, or one pair per axis. Any dtype; the fill is cast to ``x``'s dtype.
+    Lazy: the padding is a constant (no memory) joined by one copy kernel (concat)."""
+    from .creation import full
+    node = node_of(x)
+    if mode != "constant":
+        raise NotImplementedError(f"pad: only mode='constant' is implemented, got {mode!r}")
+    if not isinstance(constant_values, (bool, int, float)):
+        raise TypeError(f"pad: constant_values must be a Python scalar, got {type(constant_values).__name__}")
+    out = x
+    for axis, (before, after) in enumerate(_pad_widths(pad_width, len(node.shape))):
+        parts = []
+        for width in (before, after):
+            shape = list(out.shape)
+            shape[axis] = width
+            parts.append(full(tuple(shape), constant_values, dtype=node.dtype, device=node.device) if width else None)
+        if parts[0] is not None or parts[1] is not None:
+            out = concat([p for p in (parts[0], out, parts[1]) if p is not None], axis=axis)
+    return out
