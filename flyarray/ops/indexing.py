@@ -351,7 +351,8 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
         elif n == 1:
             key.append(np.zeros((1,) * len(node.shape), np.int64))
         else:
-            key.append(reshape(arange(n, device=node.device), tuple(n if i == a else 1 for i in range(len(node.shape)))))
+            at_a = tuple(n if i == a else 1 for i in range(len(node.shape)))
+            key.append(reshape(arange(n, device=node.device), at_a))
     return getitem(x, tuple(key))
 
 
