@@ -6,8 +6,10 @@ from .elementwise import *  # noqa: F401,F403
 from .elementwise import clip, conj, gelu, isclose, real, relu, silu  # noqa: F401
 from .indexing import nonzero, take, take_along_axis  # noqa: F401
 from .library_ops import ragged_dot, top_k  # noqa: F401
-from .linalg import matmul, vecdot  # noqa: F401
-from .manipulation import (broadcast_arrays, broadcast_to, concat, expand_dims, flip, getitem,  # noqa: F401
-                           matrix_transpose, moveaxis, permute_dims, reshape, squeeze, stack)
-from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
+from .einsum import einsum  # noqa: F401
+from .linalg import cross, diagonal, matmul, matrix_norm, outer, tensordot, trace, vecdot, vector_norm  # noqa: F401
+from .manipulation import (broadcast_arrays, broadcast_to, concat, diff, expand_dims, flip, getitem,  # noqa: F401
+                           matrix_transpose, meshgrid, moveaxis, pad, permute_dims, repeat, reshape, roll, squeeze,
+                           stack, tile, tril, triu, unstack)
+from .reductions import all, any, count_nonzero, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
 from . import nn  # noqa: F401
