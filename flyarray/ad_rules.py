@@ -24,6 +24,7 @@ import math
 from . import dtypes as dt
 from . import ir, ops as F
 from .ops import core
+from .ops.decompositions import DECOMPOSITIONS
 from .ops.indexing import GATHER, SCATTER
 from .ops.library_ops import ATTENTION, RAGGED_DOT, SCALED_MATMUL, SOFTMAX, TOP_K
 from .ops.linalg import MATMUL
@@ -606,3 +607,9 @@ GATHER.vjp = _gather_vjp
 GATHER.jvp = _gather_jvp
 SCATTER.vjp = _scatter_vjp
 SCATTER.jvp = _scatter_jvp
+
+
+# ---- torch.linalg calls (ops/decompositions.py): no derivative rules yet --------------------------------------
+for _prim in DECOMPOSITIONS:
+    _prim.vjp = _prim.jvp = _not_differentiable(f"fa.linalg.{_prim.name}",
+                                                "torch.linalg calls have no derivative rules in flyarray yet")

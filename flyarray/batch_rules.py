@@ -20,6 +20,7 @@ from . import ir, ops as F, views
 from ._array import Array
 from .ad_rules import ATTENTION_BWD, SOFTMAX_BWD
 from .ops import core
+from .ops.decompositions import DECOMPOSITIONS
 from .ops.indexing import GATHER, SCATTER
 from .ops.library import call
 from .ops.library_ops import ATTENTION, SOFTMAX, SOFTMAX_TOP_K, TOP_K
@@ -172,3 +173,16 @@ def _scatter(b):
 
 GATHER.batch = _gather
 SCATTER.batch = _scatter
+
+
+# ---- torch.linalg calls: they take leading batch axes (solve's vector right-hand side becomes a batch of them) ---
+def _linalg(b):
+    xs = [b.full(i) for i in range(len(b.x))]
+    if b.node.prim.name == "solve" and len(b.node.inputs[1].shape) == 1:  # a vector per example: a column
+        (out,) = call(b.node.prim, [xs[0], F.expand_dims(xs[1], -1)])
+        return [out[..., 0]]
+    return call(b.node.prim, xs, **_kwargs(b))
+
+
+for _prim in DECOMPOSITIONS:
+    _prim.batch = _linalg

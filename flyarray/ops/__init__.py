@@ -7,9 +7,54 @@ from .elementwise import clip, conj, gelu, isclose, real, relu, silu  # noqa: F4
 from .indexing import nonzero, take, take_along_axis  # noqa: F401
 from .library_ops import ragged_dot, top_k  # noqa: F401
 from .einsum import einsum  # noqa: F401
-from .linalg import cross, diagonal, matmul, matrix_norm, outer, tensordot, trace, vecdot, vector_norm  # noqa: F401
+from .linalg import cross, matmul, outer, tensordot, vecdot  # noqa: F401
+from .linalg import numpy_diagonal as diagonal, numpy_trace as trace  # noqa: F401
 from .manipulation import (broadcast_arrays, broadcast_to, concat, diff, expand_dims, flip, getitem,  # noqa: F401
                            matrix_transpose, meshgrid, moveaxis, pad, permute_dims, repeat, reshape, roll, squeeze,
                            stack, tile, tril, triu, unstack)
 from .reductions import all, any, count_nonzero, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
 from . import nn  # noqa: F401
+
+import builtins as _builtins  # noqa: E402  (this module's any/all/sum/max/min are fa's)
+import functools as _functools  # noqa: E402
+import types as _types  # noqa: E402
+
+import numpy as _np  # noqa: E402
+import torch as _torch  # noqa: E402
+
+_FOREIGN = (_np.ndarray, _np.generic, _torch.Tensor)
+
+
+def _convert(a, nested):
+    from .core import as_array
+    if nested and isinstance(a, (list, tuple)) and _builtins.any(isinstance(v, _FOREIGN) for v in a):
+        return type(a)(as_array(v) for v in a)
+    return as_array(a)
+
+
+def _accepting_foreign(fn, first_only=False, nested=False):
+    """``fn`` taking numpy arrays and torch tensors wherever it takes Arrays (converted by fa.asarray, zero
+    copy where possible). ``first_only``: only the first argument is an array (indices stay as given, so
+    known ones are range-checked); ``nested``: the first argument is a sequence of arrays (concat, stack)."""
+    @_functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if args and (isinstance(args[0], _FOREIGN) or nested or not first_only
+                     and _builtins.any(isinstance(a, _FOREIGN) for a in args[1:])):
+            args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else (_convert(a, False)
+                                                                                      for a in args[1:]))
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+_MAKERS = {"arange", "asarray", "empty", "eye", "from_dlpack", "full", "linspace", "ones", "zeros", "where"}
+for _name in [n for n, v in list(globals().items()) if callable(v) and not isinstance(v, (_types.ModuleType, type))]:
+    _fn = globals()[_name]
+    if _name.startswith("_") or _name in _MAKERS or getattr(_fn, "__module__", "") == elementwise.__name__ and \
+            _name not in ("clip", "isclose", "gelu", "relu", "silu", "conj", "real"):
+        continue
+    globals()[_name] = _accepting_foreign(_fn, first_only=_name in ("getitem", "take", "take_along_axis"),
+                                         nested=_name in ("concat", "stack"))
+
+# The public functions (``from .ops import *`` in flyarray/__init__ takes these and no submodules).
+__all__ = sorted(n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, _types.ModuleType)) \
+    + ["nn"]

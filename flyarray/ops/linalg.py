@@ -311,3 +311,30 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     sums = R.sum(_abs(x), axis=inner, keepdims=True)
     r = R.max(sums, axis=outer_axis, keepdims=True) if ord > 0 else R.min(sums, axis=outer_axis, keepdims=True)
     return r if keepdims else r[..., 0, 0]
+
+
+# ---- numpy's spellings at the top level (fa.diagonal, fa.trace): any two axes, default the first two -------------
+def _to_end(x, axis1, axis2):
+    from .manipulation import moveaxis
+    nd = len(node_of(x).shape)
+    if nd < 2:
+        raise ValueError(f"x must have at least 2 dimensions, got shape {x.shape}")
+    a1, a2 = views.normalize_axis(axis1, nd, "axis1"), views.normalize_axis(axis2, nd, "axis2")
+    if a1 == a2:
+        raise ValueError(f"axis1 and axis2 must differ, got {axis1} and {axis2}")
+    return moveaxis(x, (a1, a2), (-2, -1))
+
+
+def numpy_diagonal(x, /, offset=0, axis1=0, axis2=1):
+    """numpy's diagonal: the diagonal ``offset`` of the 2-D slices over ``axis1`` and ``axis2``, as the last
+    axis of the result (fa.linalg.diagonal takes the last two axes). A view where the layout allows; any dtype."""
+    return diagonal(_to_end(x, axis1, axis2), offset=offset)
+
+
+def numpy_trace(x, /, offset=0, axis1=0, axis2=1, dtype=None):
+    """numpy's trace: sums of diagonal ``offset`` over ``axis1`` and ``axis2`` (fa.linalg.trace takes the
+    last two axes); integer and bool inputs sum to int64 unless ``dtype`` is given."""
+    return trace(_to_end(x, axis1, axis2), offset=offset, dtype=dtype)
+
+
+numpy_diagonal.__name__, numpy_trace.__name__ = "diagonal", "trace"
