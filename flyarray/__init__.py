@@ -5,6 +5,7 @@
     y = fa.nn.softmax(x * 2.0)           # recorded, not run
     torch.from_dlpack(y)                 # one fused kernel, no copy out
 """
+import math as _math
 import os as _os
 
 _os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; this is its default
@@ -28,6 +29,7 @@ from . import linalg  # noqa: E402,F401
 from .namespace_info import __array_namespace_info__, isdtype  # noqa: E402,F401
 
 bool = bool_  # the array API spells it fa.bool
+e, inf, nan, pi, newaxis = _math.e, _math.inf, _math.nan, _math.pi, None  # the array API's constants
 __version__ = "0.1.0"
 __array_api_version__ = "2024.12"
 

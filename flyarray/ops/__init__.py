@@ -3,13 +3,13 @@ from .core import astype, where  # noqa: F401
 from .creation import (arange, asarray, empty, empty_like, eye, from_dlpack, full, full_like, linspace,  # noqa: F401
                        ones, ones_like, zeros, zeros_like)
 from .elementwise import *  # noqa: F401,F403
-from .elementwise import clip, conj, gelu, isclose, real, relu, silu  # noqa: F401
+from .elementwise import clip, conj, gelu, isclose, isin, real, relu, silu  # noqa: F401
 from .indexing import nonzero, take, take_along_axis  # noqa: F401
 from .library_ops import ragged_dot, top_k  # noqa: F401
 from .einsum import einsum  # noqa: F401
 from .linalg import cross, matmul, outer, tensordot, vecdot  # noqa: F401
 from .linalg import numpy_diagonal as diagonal, numpy_trace as trace  # noqa: F401
-from .manipulation import (broadcast_arrays, broadcast_to, concat, diff, expand_dims, flip, getitem,  # noqa: F401
+from .manipulation import (broadcast_arrays, broadcast_shapes, broadcast_to, concat, diff, expand_dims, flip, getitem,  # noqa: F401
                            matrix_transpose, meshgrid, moveaxis, pad, permute_dims, repeat, reshape, roll, squeeze,
                            stack, tile, tril, triu, unstack)
 from .reductions import all, any, count_nonzero, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
@@ -46,11 +46,11 @@ def _accepting_foreign(fn, first_only=False, nested=False):
     return wrapper
 
 
-_MAKERS = {"arange", "asarray", "empty", "eye", "from_dlpack", "full", "linspace", "ones", "zeros", "where"}
+_MAKERS = {"broadcast_shapes", "arange", "asarray", "empty", "eye", "from_dlpack", "full", "linspace", "ones", "zeros", "where"}
 for _name in [n for n, v in list(globals().items()) if callable(v) and not isinstance(v, (_types.ModuleType, type))]:
     _fn = globals()[_name]
     if _name.startswith("_") or _name in _MAKERS or getattr(_fn, "__module__", "") == elementwise.__name__ and \
-            _name not in ("clip", "isclose", "gelu", "relu", "silu", "conj", "real"):
+            _name not in ("clip", "isclose", "gelu", "relu", "silu", "conj", "real", "isin"):
         continue
     globals()[_name] = _accepting_foreign(_fn, first_only=_name in ("getitem", "take", "take_along_axis"),
                                          nested=_name in ("concat", "stack"))

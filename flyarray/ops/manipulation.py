@@ -102,6 +102,11 @@ def broadcast_to(x, shape) -> Array:
     return movement(x, ops, shape)
 
 
+def broadcast_shapes(*shapes) -> tuple:
+    """The shape that arrays of ``shapes`` broadcast to (numpy's rules); ValueError naming every shape if none."""
+    return views.broadcast_shapes(*[views.check_shape(s, "broadcast_shapes: shape") for s in shapes])
+
+
 def broadcast_arrays(*arrays) -> list:
     """The arrays broadcast to their common shape, as a list of views (numpy returns a tuple); any dtypes."""
     shape = views.broadcast_shapes(*[a.shape for a in arrays])
