@@ -122,7 +122,8 @@ def test_at_updates_match_numpy(case, mode):
 
 def test_at_get_and_lazy_indices_drop_out_of_range_updates():
     x = fa.asarray(X)
-    assert_matches(x.at[:, [1]].get(), X[:, [1]])
+    assert_matches(x.at[:, [1]].get(mode="clip", indices_are_sorted=True), X[:, [1]])
+    assert_matches(x.at[[1]].set(0.0, mode="drop", unique_indices=True), np.concatenate([X[:1], 0 * X[1:]]))
     y = fa.zeros(4).at[fa.asarray(np.array([0, 0, 3, 7, -9]))].add(1.0)
     assert_matches(y, np.array([2, 0, 0, 1], np.float32))
 
@@ -250,3 +251,23 @@ def test_errors_before_work(no_evaluation):
         fa.take_along_axis(x, np.zeros(3, np.int64), axis=0)
     with pytest.raises(ValueError, match="mode"):
         fa.take(x, [0], mode="fill")
+    with pytest.raises(NotImplementedError, match="fill"):
+        x.at[[0]].get(mode="fill", fill_value=0.0)
+    with pytest.raises(NotImplementedError, match="clip"):
+        x.at[[0]].set(1.0, mode="clip")
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"])
+def test_gather_and_scatter_keep_every_dtype(dtype):
+    x = (np.arange(12).reshape(3, 4) % 3).astype(dtype)
+    v = np.ones((3, 4), dtype)
+    idx = np.array([0, 0, 2])
+    assert_matches(fa.take(fa.asarray(x), [3, 1], axis=1), x[:, [3, 1]])
+    want = x.copy()
+    want[idx] = v
+    assert_matches(fa.asarray(x).at[idx].set(fa.asarray(v)), want)
+    want = x.copy()
+    np.add.at(want, idx, v) if dtype != "bool" else np.logical_or.at(want, idx, v)
+    assert_matches(fa.asarray(x).at[fa.asarray(idx)].add(fa.asarray(v)), want)
+    assert_matches(fa.asarray(x).at[1:, ::2].set(v[0, 0]), np.where(
+        (np.arange(3)[:, None] >= 1) & (np.arange(4) % 2 == 0), v[0, 0], x))

@@ -388,35 +388,48 @@ class AtIndex:
     def __init__(self, x, key):
         self._x, self._key = x, key
 
-    def get(self, **kwargs):
-        """``x[key]`` (JAX's ``.at[key].get()``); keyword options are accepted and ignored."""
+    def get(self, *, mode=None, indices_are_sorted=False, unique_indices=False, fill_value=None):
+        """``x[key]`` (JAX's ``.at[key].get()``): lazy out-of-range indices clamp (``mode`` None, 'clip' or
+        'promise_in_bounds'; 'fill' is not implemented). The two hints are accepted and unused."""
+        _check_mode(mode, fill_value, ("clip", "promise_in_bounds"))
         return getitem(self._x, self._key)
 
-    def set(self, values):
+    def set(self, values, **options):
         """A new array: ``x`` with ``values`` (broadcast to ``x[key].shape``, cast to ``x``'s dtype) at ``key``.
         With repeated indices, which value lands is unspecified (as JAX)."""
-        return update(self._x, self._key, values, "set")
+        return self._update(values, "set", **options)
 
-    def add(self, values):
+    def add(self, values, **options):
         """A new array: ``x`` with ``values`` added at ``key``; repeated indices accumulate (as JAX)."""
-        return update(self._x, self._key, values, "add")
+        return self._update(values, "add", **options)
 
-    def multiply(self, values):
+    def multiply(self, values, **options):
         """A new array: ``x`` multiplied by ``values`` at ``key``; repeated indices accumulate."""
-        return update(self._x, self._key, values, "multiply")
+        return self._update(values, "multiply", **options)
 
-    def divide(self, values):
+    def divide(self, values, **options):
         """A new array: ``x`` divided by ``values`` at ``key`` (float dtypes); repeated indices divide by the
         product of their values."""
-        return update(self._x, self._key, values, "divide")
+        return self._update(values, "divide", **options)
 
-    def min(self, values):
+    def min(self, values, **options):
         """A new array: ``minimum(x, values)`` at ``key``; repeated indices take the smallest."""
-        return update(self._x, self._key, values, "min")
+        return self._update(values, "min", **options)
 
-    def max(self, values):
+    def max(self, values, **options):
         """A new array: ``maximum(x, values)`` at ``key``; repeated indices take the largest."""
-        return update(self._x, self._key, values, "max")
+        return self._update(values, "max", **options)
+
+    def _update(self, values, op, *, mode=None, indices_are_sorted=False, unique_indices=False):
+        _check_mode(mode, None, ("drop", "promise_in_bounds"))  # lazy out-of-range indices are dropped
+        return update(self._x, self._key, values, op)
+
+
+def _check_mode(mode, fill_value, supported):
+    if mode is not None and mode not in supported or fill_value is not None:
+        raise NotImplementedError(f"at[]: mode={mode!r}, fill_value={fill_value!r} is not implemented; "
+                                  f"out-of-range lazy indices are {'clamped' if 'clip' in supported else 'dropped'} "
+                                  f"(modes None, {', '.join(map(repr, supported))})")
 
 
 def _combine(mode, old, new):
