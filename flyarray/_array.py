@@ -184,7 +184,7 @@ class Array:
 
     # ---- indexing ---------------------------------------------------------------------------------
     def __getitem__(self, key):
-        return _ops().getitem(self, key)
+        return _indexing().getitem(self, key)
 
     def __setitem__(self, key, value):
         raise TypeError("flyarray arrays are immutable; use x = x.at[key].set(value) (a new array), "
@@ -262,6 +262,7 @@ class Array:
 
 _OPS = None
 _PLAN = None
+_INDEXING = None
 _TORCH_MAX_VERSION = "max_version" in inspect.signature(torch.Tensor.__dlpack__).parameters  # torch >= 2.6
 
 
@@ -271,6 +272,14 @@ def _plan():
         from . import plan
         _PLAN = plan
     return _PLAN
+
+
+def _indexing():
+    global _INDEXING
+    if _INDEXING is None:
+        from .ops import indexing
+        _INDEXING = indexing
+    return _INDEXING
 
 
 def _ops():

@@ -4,18 +4,17 @@ from .creation import (arange, asarray, empty, empty_like, eye, from_dlpack, ful
                        ones, ones_like, zeros, zeros_like)
 from .elementwise import *  # noqa: F401,F403
 from .elementwise import clip, conj, gelu, isclose, isin, real, relu, silu  # noqa: F401
-from .indexing import nonzero, take, take_along_axis  # noqa: F401
+from .indexing import getitem, nonzero, take, take_along_axis  # noqa: F401
 from .library_ops import ragged_dot, top_k  # noqa: F401
 from .einsum import einsum  # noqa: F401
 from .linalg import cross, matmul, outer, tensordot, vecdot  # noqa: F401
 from .linalg import numpy_diagonal as diagonal, numpy_trace as trace  # noqa: F401
-from .manipulation import (broadcast_arrays, broadcast_shapes, broadcast_to, concat, diff, expand_dims, flip, getitem,  # noqa: F401
+from .manipulation import (broadcast_arrays, broadcast_shapes, broadcast_to, concat, diff, expand_dims, flip,  # noqa: F401
                            matrix_transpose, meshgrid, moveaxis, pad, permute_dims, repeat, reshape, roll, squeeze,
                            stack, tile, tril, triu, unstack)
 from .reductions import all, any, count_nonzero, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
 from . import nn  # noqa: F401
 
-import builtins as _builtins  # noqa: E402  (this module's any/all/sum/max/min are fa's)
 import functools as _functools  # noqa: E402
 import types as _types  # noqa: E402
 
@@ -27,7 +26,7 @@ _FOREIGN = (_np.ndarray, _np.generic, _torch.Tensor)
 
 def _convert(a, nested):
     from .core import as_array
-    if nested and isinstance(a, (list, tuple)) and _builtins.any(isinstance(v, _FOREIGN) for v in a):
+    if nested and isinstance(a, (list, tuple)) and [v for v in a if isinstance(v, _FOREIGN)]:
         return type(a)(as_array(v) for v in a)
     return as_array(a)
 
@@ -38,15 +37,17 @@ def _accepting_foreign(fn, first_only=False, nested=False):
     known ones are range-checked); ``nested``: the first argument is a sequence of arrays (concat, stack)."""
     @_functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if args and (isinstance(args[0], _FOREIGN) or nested or not first_only
-                     and _builtins.any(isinstance(a, _FOREIGN) for a in args[1:])):
-            args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else (_convert(a, False)
-                                                                                      for a in args[1:]))
+        for a in (args[:1] if first_only or nested else args):  # a loop, not any(): this is on the hot path
+            if isinstance(a, _FOREIGN) or nested:
+                args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else (_convert(a, False)
+                                                                                          for a in args[1:]))
+                break
         return fn(*args, **kwargs)
     return wrapper
 
 
-_MAKERS = {"broadcast_shapes", "arange", "asarray", "empty", "eye", "from_dlpack", "full", "linspace", "ones", "zeros", "where"}
+_MAKERS = {"broadcast_shapes", "arange", "asarray", "empty", "eye", "from_dlpack", "full", "linspace", "ones", "zeros",
+           "where"}
 for _name in [n for n, v in list(globals().items()) if callable(v) and not isinstance(v, (_types.ModuleType, type))]:
     _fn = globals()[_name]
     if _name.startswith("_") or _name in _MAKERS or getattr(_fn, "__module__", "") == elementwise.__name__ and \

@@ -1,6 +1,9 @@
-"""Shape and layout: reshape, permute, expand, squeeze, broadcast, flip, indexing, concat, stack.
+"""Shape and layout: reshape, permute, expand, squeeze, broadcast, flip, concat, stack, pad, roll, tile, repeat,
+tril/triu, meshgrid, diff (indexing lives in indexing.py).
 
-All but concat are views (views.py): they record movement ops and run nothing.
+reshape, permute, expand, squeeze, broadcast, flip, unstack and meshgrid are views (views.py): they record
+movement ops and run nothing. concat, stack, pad, roll and tile copy (one kernel); tril/triu are a where
+over an iota mask (they fuse).
 """
 from __future__ import annotations
 
@@ -135,12 +138,6 @@ def moveaxis(x, source, destination) -> Array:
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
     return permute_dims(x, tuple(order))
-
-
-def getitem(x, key) -> Array:
-    """``x[key]``: see ``flyarray.ops.indexing.getitem`` (views for basic keys, gathers for integer arrays)."""
-    from .indexing import getitem as _getitem
-    return _getitem(x, key)
 
 
 def concat(arrays, axis=0) -> Array:
