@@ -295,6 +295,13 @@ def test_fa_functions_take_numpy_and_torch():
     assert_matches(fa.zeros_like(t), np.zeros_like(Y))
 
 
+def test_python_scalars_where_arrays_go():
+    assert_matches(fa.sum(3), np.int64(3))
+    assert_matches(fa.exp(0.0), np.float32(1))
+    assert_matches(fa.reshape(1.0, (1, 1)), np.ones((1, 1), np.float32))
+    assert_matches(fa.linalg.vector_norm(-3.0), np.float32(3))
+
+
 def test_numpy_view_is_read_only_and_bfloat16_converts():
     y = np.asarray(fa.asarray(X) * 2)
     with pytest.raises(ValueError, match="read-only"):

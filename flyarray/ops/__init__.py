@@ -28,17 +28,20 @@ def _convert(a, nested):
     from .core import as_array
     if nested and isinstance(a, (list, tuple)) and [v for v in a if isinstance(v, _FOREIGN)]:
         return type(a)(as_array(v) for v in a)
+    if isinstance(a, (bool, int, float)):  # a Python scalar where an array goes: a 0-d array (fa.sum(3.0))
+        from .creation import asarray
+        return asarray(a)
     return as_array(a)
 
 
 def _accepting_foreign(fn, first_only=False, nested=False):
     """``fn`` taking numpy arrays and torch tensors wherever it takes Arrays (converted by fa.asarray, zero
-    copy where possible). ``first_only``: only the first argument is an array (indices stay as given, so
+    copy where possible), and a Python scalar as its first argument (a 0-d array). ``first_only``: only the first argument is an array (indices stay as given, so
     known ones are range-checked); ``nested``: the first argument is a sequence of arrays (concat, stack)."""
     @_functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        for a in (args[:1] if first_only or nested else args):  # a loop, not any(): this is on the hot path
-            if isinstance(a, _FOREIGN) or nested:
+        for i, a in enumerate(args[:1] if first_only or nested else args):  # a loop, not any(): the hot path
+            if isinstance(a, _FOREIGN) or nested or i == 0 and isinstance(a, (bool, int, float)):
                 args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else (_convert(a, False)
                                                                                           for a in args[1:]))
                 break
