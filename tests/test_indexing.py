@@ -156,6 +156,9 @@ def test_interpret_backend_gather_scatter(interpret):
     want = X[0].copy()
     want[:, 1:3] = -1
     assert_matches(x.at[:, 1:3].set(-1.0), want)
+    want = X[0].copy()
+    want[1:, ::-2] *= np.array([2, 3], np.float32)
+    assert_matches(x.at[1:, ::-2].multiply(fa.asarray(np.array([2, 3], np.float32))), want)
 
 
 def test_grad_through_take_and_at_add():
