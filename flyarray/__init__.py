@@ -5,6 +5,7 @@
     y = fa.nn.softmax(x * 2.0)           # recorded, not run
     torch.from_dlpack(y)                 # one fused kernel, no copy out
 """
+import math as _math
 import os as _os
 
 _os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; this is its default
@@ -24,9 +25,13 @@ from .transforms import jit  # noqa: E402
 from .transforms import custom_jvp, custom_vjp, grad, jvp, stop_gradient, value_and_grad, vjp  # noqa: E402,F401
 from . import tree_util  # noqa: E402,F401
 from .transforms.batching import vmap  # noqa: E402,F401
+from . import linalg  # noqa: E402,F401
+from .namespace_info import __array_namespace_info__, isdtype  # noqa: E402,F401
 
 bool = bool_  # the array API spells it fa.bool
+e, inf, nan, pi, newaxis = _math.e, _math.inf, _math.nan, _math.pi, None  # the array API's constants
 __version__ = "0.1.0"
+__array_api_version__ = "2024.12"
 
 
 def result_type(*args):
@@ -93,3 +98,29 @@ def _import_interop():
 
 
 interop = _import_interop()  # so `import flyarray.interop.torch` works from a source tree too
+
+
+# ---- the public namespace --------------------------------------------------------------------------------------
+# Importing a submodule binds its name here (``from . import plan`` anywhere in the package does), so
+# internal modules (ir, plan, schedule, codegen, ops, ...) would show up as fa.ir etc. They are unbound
+# and listed nowhere; ``import flyarray.schedule`` and ``from flyarray import plan`` keep working (the
+# import system finds them in sys.modules) and ``fa.schedule`` still resolves through __getattr__ below.
+_PUBLIC_MODULES = ("interop", "linalg", "nn", "quant", "random", "tree_util")
+for _name, _value in list(globals().items()):
+    if isinstance(_value, type(_os)) and not _name.startswith("_") and _name not in _PUBLIC_MODULES:
+        del globals()[_name]
+__all__ = sorted(n for n in globals() if not n.startswith("_")) + ["__array_api_version__",
+                                                                     "__array_namespace_info__"]
+
+
+def __getattr__(name):
+    """Internal submodules (fa.plan, fa.runtime, ...) stay reachable by name, though not listed."""
+    import sys
+    module = sys.modules.get(f"{__name__}.{name}")
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return module
+
+
+def __dir__():
+    return __all__ + ["__version__", "__doc__", "__name__", "__path__", "__file__"]

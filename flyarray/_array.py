@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import torch
 
 from . import dtypes as _dt
@@ -21,6 +22,7 @@ class Array:
     ``fa.eval`` or ``block_until_ready``. Unlike numpy/JAX arrays it has no in-place ``__setitem__``."""
     __slots__ = ("_node", "__weakref__")
     __array_priority__ = 100  # numpy defers to our reflected operators
+    __array_ufunc__ = None  # ndarray + Array -> Array.__radd__ (lazy), not an evaluated numpy array
 
     def __init__(self, node: Node):
         self._node = node
@@ -106,17 +108,29 @@ class Array:
         return f"Array({inner}, dtype={self.dtype.name})"
 
     def __array__(self, dtype=None, copy=None):
+        """The value as a numpy array (evaluates): the array's own memory, read-only (arrays are immutable),
+        unless ``copy`` or a ``dtype`` asks for a new one. bfloat16 needs the ``ml_dtypes`` package."""
         t = self._tensor()
-        if t.dtype == torch.bfloat16:
-            raise TypeError("numpy has no bfloat16; use x.astype(fa.float32) first")
         if t.device.type != "cpu":
             t = t.cpu()
             if copy is False:
                 raise ValueError("copy=False: the array is on a GPU, numpy needs host memory")
-        arr = t.numpy() if t.requires_grad is False else t.detach().numpy()
+        arr = _numpy_view(t.detach())
         if dtype is not None:
             arr = arr.astype(dtype, copy=bool(copy))
-        return arr.copy() if copy else arr
+        if copy:
+            return arr.copy()
+        arr = arr.view()  # a read-only window on the buffer: writing would change an immutable array
+        arr.flags.writeable = False
+        return arr
+
+    def __array_namespace__(self, /, *, api_version=None):
+        """The array API namespace of this array: the ``flyarray`` module (``api_version``: None or a
+        version up to "2024.12")."""
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"api_version {api_version!r} is not supported; flyarray implements '2024.12'")
+        import flyarray
+        return flyarray
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         buffer = self._node.buffer
@@ -170,11 +184,18 @@ class Array:
 
     # ---- indexing ---------------------------------------------------------------------------------
     def __getitem__(self, key):
-        return _ops().getitem(self, key)
+        return _indexing().getitem(self, key)
 
     def __setitem__(self, key, value):
-        raise TypeError("flyarray arrays are immutable; build a new array instead, e.g. fa.where(mask, value, x) "
-                        "or fa.concat of slices")
+        raise TypeError("flyarray arrays are immutable; use x = x.at[key].set(value) (a new array), "
+                        "or fa.where(mask, value, x)")
+
+    @property
+    def at(self):
+        """JAX's functional updates: ``x.at[key].set(v)`` / ``.add`` / ``.multiply`` / ``.divide`` / ``.min`` /
+        ``.max`` return a new array (``x`` is unchanged); ``.get()`` reads ``x[key]``. Any index form."""
+        from .ops.indexing import At
+        return At(self)
 
     # ---- conversions ------------------------------------------------------------------------------
     def astype(self, dtype, copy=True):
@@ -241,6 +262,7 @@ class Array:
 
 _OPS = None
 _PLAN = None
+_INDEXING = None
 _TORCH_MAX_VERSION = "max_version" in inspect.signature(torch.Tensor.__dlpack__).parameters  # torch >= 2.6
 
 
@@ -250,6 +272,14 @@ def _plan():
         from . import plan
         _PLAN = plan
     return _PLAN
+
+
+def _indexing():
+    global _INDEXING
+    if _INDEXING is None:
+        from .ops import indexing
+        _INDEXING = indexing
+    return _INDEXING
 
 
 def _ops():
@@ -271,7 +301,19 @@ def _binary(name, reflected=False):
 
 
 def _operand_ok(x) -> bool:
-    return isinstance(x, (Array, bool, int, float))
+    return isinstance(x, (Array, bool, int, float, np.ndarray, np.generic, torch.Tensor))
+
+
+def _numpy_view(t: torch.Tensor):
+    """A CPU tensor as a numpy array over the same memory; bfloat16 through ml_dtypes' dtype."""
+    if t.dtype != torch.bfloat16:
+        return t.numpy()
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError("numpy has no bfloat16: install ml_dtypes (pip install ml_dtypes), or use "
+                        "x.astype(fa.float32) first") from None
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
 def _unary(name):

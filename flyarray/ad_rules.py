@@ -24,6 +24,8 @@ import math
 from . import dtypes as dt
 from . import ir, ops as F
 from .ops import core
+from .ops.decompositions import DECOMPOSITIONS
+from .ops.indexing import GATHER, SCATTER
 from .ops.library_ops import ATTENTION, RAGGED_DOT, SCALED_MATMUL, SOFTMAX, TOP_K
 from .ops.linalg import MATMUL
 from .ops.manipulation import CONCAT
@@ -568,3 +570,60 @@ RAGGED_DOT.vjp = _ragged_dot_vjp
 SCALED_MATMUL.vjp = _not_differentiable("scaled_matmul", "its operands are fp8/MX storage formats")
 SCALED_MATMUL.jvp = SCALED_MATMUL.vjp
 # matmul_epilogue and softmax_top_k: differentiated through their formulations (FORMULATIONS).
+
+
+# ---- gather / scatter (ops/indexing.py; every index form reduces to these two) -------------------------------
+def _valid_rows(idx, n):
+    return (idx >= 0) & (idx < n)
+
+
+def _gathered(g, idx):
+    """g[idx] along axis 0 with zeros where idx is out of range (scatter dropped those updates)."""
+    n = g.shape[0]
+    ok = _valid_rows(idx, n)
+    (rows,) = core_call(GATHER, [g, F.clip(F.where(ok, idx, 0), 0, max(n - 1, 0))])
+    ok = F.reshape(ok, ok.shape + (1,) * (rows.ndim - ok.ndim))
+    return F.where(ok, rows, 0).astype(g.dtype, copy=False)
+
+
+def _gather_vjp(gs, e):
+    (g,), (z, idx) = gs, e.x
+    (dz,) = core_call(SCATTER, [zeros(z.shape, g.dtype, g.device), idx, g], mode="add")
+    return [dz, None]
+
+
+def _gather_jvp(t, e):
+    return core_call(GATHER, [t[0], e.x[1]])
+
+
+def _scatter_vjp(gs, e):
+    (g,), (z, idx, v) = gs, e.x
+    mode = e.params["kwargs"]["mode"]
+    if mode == "set":  # the overwritten entries of z get no cotangent; each value gets its row's
+        (dz,) = core_call(SCATTER, [g, idx, zeros(v.shape, g.dtype, g.device)], mode="set")
+        return [dz, None, _gathered(g, idx)]
+    if mode == "add":
+        return [g, None, _gathered(g, idx)]
+    raise TypeError(f"at[].{mode} with integer-array or mask indices is not differentiable yet; use add or set")
+
+
+def _scatter_jvp(t, e):
+    (z, idx, v), (tz, _, tv) = e.x, t
+    mode = e.params["kwargs"]["mode"]
+    if mode not in ("set", "add"):
+        raise TypeError(f"at[].{mode} with integer-array or mask indices has no forward-mode rule yet")
+    tz = tz if tz is not None else zeros(z.shape, z.dtype, z.device)
+    tv = tv if tv is not None else zeros(v.shape, v.dtype, v.device)
+    return core_call(SCATTER, [tz, idx, tv], mode=mode)
+
+
+GATHER.vjp = _gather_vjp
+GATHER.jvp = _gather_jvp
+SCATTER.vjp = _scatter_vjp
+SCATTER.jvp = _scatter_jvp
+
+
+# ---- torch.linalg calls (ops/decompositions.py): no derivative rules yet --------------------------------------
+for _prim in DECOMPOSITIONS:
+    _prim.vjp = _prim.jvp = _not_differentiable(f"fa.linalg.{_prim.name}",
+                                                "torch.linalg calls have no derivative rules in flyarray yet")

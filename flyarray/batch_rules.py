@@ -15,10 +15,13 @@ NotImplementedError naming them.
 """
 from __future__ import annotations
 
+from . import dtypes as dt
 from . import ir, ops as F, views
 from ._array import Array
 from .ad_rules import ATTENTION_BWD, SOFTMAX_BWD
 from .ops import core
+from .ops.decompositions import DECOMPOSITIONS
+from .ops.indexing import GATHER, SCATTER
 from .ops.library import call
 from .ops.library_ops import ATTENTION, SOFTMAX, SOFTMAX_TOP_K, TOP_K
 from .ops.linalg import MATMUL
@@ -144,3 +147,42 @@ SOFTMAX.batch = _axis_plus_one
 SOFTMAX_BWD.batch = _axis_plus_one
 ATTENTION.batch = _attention
 ATTENTION_BWD.batch = _attention
+
+
+# ---- gather / scatter: the batch folds into the rows (axis 0), each example's indices offset by its rows --------
+def _fold_rows(b):
+    z = b.full(0)
+    n, rows = b.n, z.shape[1]
+    idx = b.full(1)
+    offset = F.reshape(F.arange(n, device=z.device) * rows, (n,) + (1,) * (idx.ndim - 1))
+    ok = (idx >= 0) & (idx < rows)
+    idx = F.where(ok, idx.astype(dt.int64, copy=False) + offset, -1)
+    return F.reshape(z, (n * rows,) + z.shape[2:]), idx
+
+
+def _gather(b):
+    z, idx = _fold_rows(b)
+    return call(GATHER, [z, idx])
+
+
+def _scatter(b):
+    z, idx = _fold_rows(b)
+    (out,) = call(SCATTER, [z, idx, b.full(2)], **_kwargs(b))
+    return [F.reshape(out, (b.n,) + b.node.inputs[0].shape)]
+
+
+GATHER.batch = _gather
+SCATTER.batch = _scatter
+
+
+# ---- torch.linalg calls: they take leading batch axes (solve's vector right-hand side becomes a batch of them) ---
+def _linalg(b):
+    xs = [b.full(i) for i in range(len(b.x))]
+    if b.node.prim.name == "solve" and len(b.node.inputs[1].shape) == 1:  # a vector per example: a column
+        (out,) = call(b.node.prim, [xs[0], F.expand_dims(xs[1], -1)])
+        return [out[..., 0]]
+    return call(b.node.prim, xs, **_kwargs(b))
+
+
+for _prim in DECOMPOSITIONS:
+    _prim.batch = _linalg

@@ -129,13 +129,18 @@ def test_ambiguous_truth_value():
         bool(fa.asarray(np.zeros(3, np.float32)))
 
 
-def test_advanced_indexing_is_refused(no_evaluation):
-    with pytest.raises(TypeError):
-        lazy((4,))[[0, 1]]
-    with pytest.raises(TypeError):
-        lazy((4,))[lazy((4,)) > 0]
+def test_bad_indices_are_refused_before_work(no_evaluation):
+    with pytest.raises(TypeError, match="integer or bool"):
+        lazy((4,))[lazy((2,))]  # float index array
+    with pytest.raises(IndexError, match="out of bounds"):
+        lazy((4,))[[0, 4]]
+    with pytest.raises(IndexError, match="does not match"):
+        lazy((4,))[np.ones(3, bool)]
     with pytest.raises(IndexError):
         lazy((4,))[..., ...]
+    with pytest.raises(TypeError, match="at\\[key\\].set"):
+        x = lazy((4,))
+        x[0] = 1
 
 
 def test_scalar_operand_of_unsupported_type(no_evaluation):

@@ -3,10 +3,62 @@ from .core import astype, where  # noqa: F401
 from .creation import (arange, asarray, empty, empty_like, eye, from_dlpack, full, full_like, linspace,  # noqa: F401
                        ones, ones_like, zeros, zeros_like)
 from .elementwise import *  # noqa: F401,F403
-from .elementwise import clip, conj, gelu, isclose, real, relu, silu  # noqa: F401
+from .elementwise import clip, conj, gelu, isclose, isin, real, relu, silu  # noqa: F401
+from .indexing import getitem, nonzero, take, take_along_axis  # noqa: F401
 from .library_ops import ragged_dot, top_k  # noqa: F401
-from .linalg import matmul, vecdot  # noqa: F401
-from .manipulation import (broadcast_arrays, broadcast_to, concat, expand_dims, flip, getitem,  # noqa: F401
-                           matrix_transpose, moveaxis, permute_dims, reshape, squeeze, stack)
-from .reductions import all, any, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
+from .einsum import einsum  # noqa: F401
+from .linalg import cross, matmul, outer, tensordot, vecdot  # noqa: F401
+from .linalg import numpy_diagonal as diagonal, numpy_trace as trace  # noqa: F401
+from .manipulation import (broadcast_arrays, broadcast_shapes, broadcast_to, concat, diff, expand_dims, flip,  # noqa: F401
+                           matrix_transpose, meshgrid, moveaxis, pad, permute_dims, repeat, reshape, roll, squeeze,
+                           stack, tile, tril, triu, unstack)
+from .reductions import all, any, count_nonzero, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
 from . import nn  # noqa: F401
+
+import functools as _functools  # noqa: E402
+import types as _types  # noqa: E402
+
+import numpy as _np  # noqa: E402
+import torch as _torch  # noqa: E402
+
+_FOREIGN = (_np.ndarray, _np.generic, _torch.Tensor)
+
+
+def _convert(a, nested):
+    from .core import as_array
+    if nested and isinstance(a, (list, tuple)) and [v for v in a if isinstance(v, _FOREIGN)]:
+        return type(a)(as_array(v) for v in a)
+    if isinstance(a, (bool, int, float)):  # a Python scalar where an array goes: a 0-d array (fa.sum(3.0))
+        from .creation import asarray
+        return asarray(a)
+    return as_array(a)
+
+
+def _accepting_foreign(fn, first_only=False, nested=False):
+    """``fn`` taking numpy arrays and torch tensors wherever it takes Arrays (converted by fa.asarray, zero
+    copy where possible), and a Python scalar as its first argument (a 0-d array). ``first_only``: only the first argument is an array (indices stay as given, so
+    known ones are range-checked); ``nested``: the first argument is a sequence of arrays (concat, stack)."""
+    @_functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        for i, a in enumerate(args[:1] if first_only or nested else args):  # a loop, not any(): the hot path
+            if isinstance(a, _FOREIGN) or nested or i == 0 and isinstance(a, (bool, int, float)):
+                args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else (_convert(a, False)
+                                                                                          for a in args[1:]))
+                break
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+_MAKERS = {"broadcast_shapes", "arange", "asarray", "empty", "eye", "from_dlpack", "full", "linspace", "ones", "zeros",
+           "where"}
+for _name in [n for n, v in list(globals().items()) if callable(v) and not isinstance(v, (_types.ModuleType, type))]:
+    _fn = globals()[_name]
+    if _name.startswith("_") or _name in _MAKERS or getattr(_fn, "__module__", "") == elementwise.__name__ and \
+            _name not in ("clip", "isclose", "gelu", "relu", "silu", "conj", "real", "isin"):
+        continue
+    globals()[_name] = _accepting_foreign(_fn, first_only=_name in ("getitem", "take", "take_along_axis"),
+                                         nested=_name in ("concat", "stack"))
+
+# The public functions (``from .ops import *`` in flyarray/__init__ takes these and no submodules).
+__all__ = sorted(n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, _types.ModuleType)) \
+    + ["nn"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import weakref
 
+import numpy as np
 import torch
 
 from .. import dtypes as dt
@@ -21,7 +22,7 @@ from ..primitives import (ELEMENTWISE, REDUCE, check_accepts, check_storage_only
 
 def node_of(x) -> ir.Node:
     if not isinstance(x, Array):
-        raise TypeError(f"expected a flyarray Array, got {type(x).__name__}")
+        raise TypeError(f"expected a flyarray Array (or a numpy array / torch tensor), got {type(x).__name__}")
     return x._node
 
 
@@ -125,7 +126,16 @@ def _with_scalar(prim, a, b):
     return Array(ir.Node(prim, inputs, None, node.shape, elementwise_out_dtype(prim, d), node.device))
 
 
+def as_array(x):
+    """numpy arrays and scalars, torch tensors -> Arrays (zero copy where possible); anything else unchanged."""
+    if isinstance(x, (np.ndarray, np.generic, torch.Tensor)) and not isinstance(x, (bool, int, float)):
+        from .creation import asarray
+        return asarray(x)
+    return x
+
+
 def _promote_and_broadcast(name, prim, args):
+    args = tuple(as_array(a) for a in args)
     for a in args:
         if not isinstance(a, (Array, bool, int, float)):
             raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
@@ -144,6 +154,7 @@ def _promote_and_broadcast(name, prim, args):
 def where(cond, x, y) -> Array:
     """``x`` where ``cond`` is true, else ``y``, elementwise, broadcasting all three. ``cond`` (cast to bool)
     and ``x``/``y`` may be Arrays or Python scalars; any dtypes; the result is ``result_type(x, y)``."""
+    cond, x, y = as_array(cond), as_array(x), as_array(y)
     device = common_device((cond, x, y))
     if not isinstance(cond, Array):
         cond = Array(constant(bool(cond), (), dt.bool_, device))

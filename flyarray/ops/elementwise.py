@@ -92,6 +92,17 @@ def _is_array(v):
     return isinstance(v, Array)
 
 
+def isin(x1, x2, /, *, invert=False):
+    """Whether each element of ``x1`` equals some element of ``x2`` (``not`` with ``invert``), as a bool array
+    of ``x1``'s shape; any dtypes (they promote). A fused comparison and ``any`` over ``x2``'s elements."""
+    from .creation import asarray
+    from .reductions import any as _any
+    x1, x2 = (v if _is_array(v) else asarray(v) for v in (x1, x2))
+    flat = x2.reshape((-1,))
+    hit = _any(elementwise("equal", x1[..., None], flat), axis=-1)
+    return elementwise("logical_not", hit) if invert else hit
+
+
 def conj(x, /):
     """The complex conjugate: ``x`` itself, since flyarray has no complex dtypes. Any dtype."""
     return x
@@ -147,6 +158,6 @@ def isclose(a, b, rtol=1e-5, atol=1e-8):
     return elementwise("less_equal", elementwise("abs", a - b), atol + rtol * elementwise("abs", b))
 
 
-__all__ = [n for n in ELEMENTWISE if n not in ("astype", "gelu_tanh")] + ["clip", "conj", "real", "isclose",
+__all__ = [n for n in ELEMENTWISE if n not in ("astype", "gelu_tanh")] + ["clip", "conj", "real", "isclose", "isin",
                                                                            "astype"]
 del dt

@@ -1,11 +1,15 @@
-"""matmul as a library-op node (its kernel lives in flyarray/kernels/gemm.py)."""
+"""matmul as a library-op node (its kernel lives in flyarray/kernels/gemm.py), and the linear algebra built on
+views, elementwise ops, reductions and matmul: outer, tensordot, diagonal, trace, cross, vector and matrix norms."""
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .. import dtypes as dt
 from .. import views
 from .core import node_of
+from .manipulation import permute_dims, reshape
 from .library import Library, call
 
 
@@ -161,3 +165,176 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
 
 
 MATMUL.epilogue = fuse_epilogue
+
+
+# ---- built on views, elementwise ops, reductions and matmul (they fuse; no torch fallback) --------------------------
+def _promoted(x1, x2):
+    d = dt.promote(x1.dtype, x2.dtype)
+    return x1.astype(d, copy=False), x2.astype(d, copy=False)
+
+
+def outer(x1, x2, /):
+    """The outer product of two 1-D arrays, ``x1[:, None] * x2[None, :]``; numeric dtypes promote. Elementwise
+    (it fuses with its neighbours)."""
+    for name, x in (("x1", x1), ("x2", x2)):
+        if len(node_of(x).shape) != 1:
+            raise ValueError(f"outer: {name} must be 1-D, got shape {x.shape}")
+    return x1[:, None] * x2[None, :]
+
+
+def tensordot(x1, x2, /, *, axes=2):
+    """Sum of products over ``axes`` of ``x1`` and ``x2`` (the array API's/numpy's tensordot): an int (the
+    last ``axes`` of x1 with the first of x2) or two sequences of axes. Float dtypes run one matmul; integer
+    dtypes a fused multiply-and-sum. Dtypes promote."""
+    a, b = node_of(x1), node_of(x2)
+    if isinstance(axes, int) or hasattr(axes, "__index__"):
+        k = views.as_int(axes, "tensordot: axes")
+        if k < 0 or k > min(len(a.shape), len(b.shape)):
+            raise ValueError(f"tensordot: axes={k} must be in 0..{min(len(a.shape), len(b.shape))} for shapes "
+                             f"{a.shape} and {b.shape}")
+        ax1, ax2 = list(range(len(a.shape) - k, len(a.shape))), list(range(k))
+    else:
+        if len(axes) != 2:
+            raise ValueError(f"tensordot: axes must be an int or two sequences of axes, got {axes!r}")
+        ax1 = [views.normalize_axis(v, len(a.shape), "tensordot: axes") for v in views.axis_tuple(axes[0])]
+        ax2 = [views.normalize_axis(v, len(b.shape), "tensordot: axes") for v in views.axis_tuple(axes[1])]
+    if len(ax1) != len(ax2) or any(a.shape[i] != b.shape[j] for i, j in zip(ax1, ax2)):
+        raise ValueError(f"tensordot: contracted axes {ax1} of {a.shape} and {ax2} of {b.shape} differ in size")
+    x1, x2 = _promoted(x1, x2)
+    free1 = [i for i in range(len(a.shape)) if i not in ax1]
+    free2 = [i for i in range(len(b.shape)) if i not in ax2]
+    out_shape = tuple(a.shape[i] for i in free1) + tuple(b.shape[i] for i in free2)
+    size = math.prod(a.shape[i] for i in ax1)
+    lhs = reshape(permute_dims(x1, free1 + ax1), (-1, size))
+    rhs = reshape(permute_dims(x2, ax2 + free2), (size, -1)) if math.prod(b.shape) else \
+        reshape(permute_dims(x2, ax2 + free2), (size, math.prod(b.shape[i] for i in free2)))
+    return reshape(contract(lhs, rhs), out_shape)
+
+
+def contract(a, b):
+    """(M, K) x (K, N) -> (M, N) (or batched with a leading axis): matmul for floats, else a fused
+    multiply-and-sum (integers and bools: matmul takes floats only)."""
+    from .reductions import sum as _sum
+    if a.dtype.kind == "f":
+        return matmul(a, b)
+    return _sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
+
+
+def diagonal(x, /, *, offset=0):
+    """The diagonal ``offset`` of the last two axes (the array API's linalg.diagonal): a view of a
+    flattened matrix with step n + 1 (a copy first where the layout does not allow it). Any dtype."""
+    node = node_of(x)
+    if len(node.shape) < 2:
+        raise ValueError(f"diagonal: x must have at least 2 dimensions, got shape {node.shape}")
+    offset = views.as_int(offset, "diagonal: offset")
+    n, m = node.shape[-2:]
+    count = max(0, min(n, m - offset) if offset >= 0 else min(n + offset, m))
+    start = offset if offset >= 0 else -offset * m
+    flat = reshape(x, node.shape[:-2] + (n * m,))
+    if count == 0:
+        return flat[..., :0]
+    return flat[..., start:start + (count - 1) * (m + 1) + 1:m + 1]
+
+
+def trace(x, /, *, offset=0, dtype=None):
+    """The sum of diagonal ``offset`` of the last two axes (the array API's linalg.trace); integer and bool
+    inputs sum to int64 unless ``dtype`` is given."""
+    from .reductions import sum as _sum
+    return _sum(diagonal(x, offset=offset), axis=-1, dtype=dtype)
+
+
+def cross(x1, x2, /, *, axis=-1):
+    """The cross product of 3-vectors along ``axis`` (broadcasting the others), as the array API's
+    linalg.cross; numeric dtypes promote. Views and elementwise ops (it fuses)."""
+    from .manipulation import broadcast_arrays
+    x1, x2 = broadcast_arrays(*_promoted(x1, x2))
+    nd = x1.ndim
+    if not -nd <= axis < nd or x1.shape[axis] != 3:
+        raise ValueError(f"cross: x1 and x2 (broadcast to {x1.shape}) need size 3 along axis {axis}")
+    axis = axis % nd
+    a = [_pick(x1, axis, i) for i in range(3)]
+    b = [_pick(x2, axis, i) for i in range(3)]
+    parts = [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
+    from .manipulation import stack
+    return stack(parts, axis=axis)
+
+
+def _pick(x, axis, i):
+    return x[(slice(None),) * axis + (i,)]
+
+
+def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
+    """The vector ``ord``-norm over ``axis`` (all axes when None): 2 (default), 1, inf, -inf, 0 (the count
+    of nonzeros) or any real p, as the array API's linalg.vector_norm. Float results (integers give float32).
+    Elementwise ops and one reduction (they fuse)."""
+    from . import reductions as R
+    from .elementwise import abs as _abs
+    from .elementwise import pow as _pow
+    from .elementwise import sqrt
+    if x.dtype.kind != "f":
+        x = x.astype(dt.default_float())
+    if not isinstance(ord, (int, float)) or isinstance(ord, bool):
+        raise TypeError(f"vector_norm: ord must be a real number, got {ord!r}")
+    a = _abs(x)
+    if ord == 2:
+        return sqrt(R.sum(a * a, axis=axis, keepdims=keepdims))
+    if ord == 1:
+        return R.sum(a, axis=axis, keepdims=keepdims)
+    if ord == math.inf:
+        return R.max(a, axis=axis, keepdims=keepdims)
+    if ord == -math.inf:
+        return R.min(a, axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return R.sum((a != 0).astype(x.dtype), axis=axis, keepdims=keepdims)
+    return _pow(R.sum(_pow(a, float(ord)), axis=axis, keepdims=keepdims), 1.0 / ord)
+
+
+def matrix_norm(x, /, *, keepdims=False, ord="fro"):
+    """The matrix norm of the last two axes: 'fro' (default), 1, -1, inf, -inf (the array API's
+    linalg.matrix_norm). 'nuc', 2 and -2 need singular values (``fa.linalg.svdvals``). Float results."""
+    from . import reductions as R
+    from .elementwise import abs as _abs
+    if x.ndim < 2:
+        raise ValueError(f"matrix_norm: x must have at least 2 dimensions, got shape {x.shape}")
+    if x.dtype.kind != "f":
+        x = x.astype(dt.default_float())
+    if ord == "fro":
+        return vector_norm(x, axis=(-2, -1), keepdims=keepdims)
+    if ord in ("nuc", 2, -2):
+        from .decompositions import svdvals
+        s = svdvals(x)
+        r = R.sum(s, axis=-1) if ord == "nuc" else R.max(s, axis=-1) if ord == 2 else R.min(s, axis=-1)
+        return r[..., None, None] if keepdims else r
+    if ord not in (1, -1, math.inf, -math.inf):
+        raise ValueError(f"matrix_norm: ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got {ord!r}")
+    inner, outer_axis = (-2, -1) if ord in (1, -1) else (-1, -2)
+    sums = R.sum(_abs(x), axis=inner, keepdims=True)
+    r = R.max(sums, axis=outer_axis, keepdims=True) if ord > 0 else R.min(sums, axis=outer_axis, keepdims=True)
+    return r if keepdims else r[..., 0, 0]
+
+
+# ---- numpy's spellings at the top level (fa.diagonal, fa.trace): any two axes, default the first two -------------
+def _to_end(x, axis1, axis2):
+    from .manipulation import moveaxis
+    nd = len(node_of(x).shape)
+    if nd < 2:
+        raise ValueError(f"x must have at least 2 dimensions, got shape {x.shape}")
+    a1, a2 = views.normalize_axis(axis1, nd, "axis1"), views.normalize_axis(axis2, nd, "axis2")
+    if a1 == a2:
+        raise ValueError(f"axis1 and axis2 must differ, got {axis1} and {axis2}")
+    return moveaxis(x, (a1, a2), (-2, -1))
+
+
+def numpy_diagonal(x, /, offset=0, axis1=0, axis2=1):
+    """numpy's diagonal: the diagonal ``offset`` of the 2-D slices over ``axis1`` and ``axis2``, as the last
+    axis of the result (fa.linalg.diagonal takes the last two axes). A view where the layout allows; any dtype."""
+    return diagonal(_to_end(x, axis1, axis2), offset=offset)
+
+
+def numpy_trace(x, /, offset=0, axis1=0, axis2=1, dtype=None):
+    """numpy's trace: sums of diagonal ``offset`` over ``axis1`` and ``axis2`` (fa.linalg.trace takes the
+    last two axes); integer and bool inputs sum to int64 unless ``dtype`` is given."""
+    return trace(_to_end(x, axis1, axis2), offset=offset, dtype=dtype)
+
+
+numpy_diagonal.__name__, numpy_trace.__name__ = "diagonal", "trace"

@@ -1,11 +1,15 @@
-"""Shape and layout: reshape, permute, expand, squeeze, broadcast, flip, indexing, concat, stack.
+"""Shape and layout: reshape, permute, expand, squeeze, broadcast, flip, concat, stack, pad, roll, tile, repeat,
+tril/triu, meshgrid, diff (indexing lives in indexing.py).
 
-All but concat are views (views.py): they record movement ops and run nothing.
+reshape, permute, expand, squeeze, broadcast, flip, unstack and meshgrid are views (views.py): they record
+movement ops and run nothing. concat, stack, pad, roll and tile copy (one kernel); tril/triu are a where
+over an iota mask (they fuse).
 """
 from __future__ import annotations
 
 import math
-import operator
+
+import numpy as np
 
 from .. import ir, views
 from .._array import Array
@@ -101,6 +105,11 @@ def broadcast_to(x, shape) -> Array:
     return movement(x, ops, shape)
 
 
+def broadcast_shapes(*shapes) -> tuple:
+    """The shape that arrays of ``shapes`` broadcast to (numpy's rules); ValueError naming every shape if none."""
+    return views.broadcast_shapes(*[views.check_shape(s, "broadcast_shapes: shape") for s in shapes])
+
+
 def broadcast_arrays(*arrays) -> list:
     """The arrays broadcast to their common shape, as a list of views (numpy returns a tuple); any dtypes."""
     shape = views.broadcast_shapes(*[a.shape for a in arrays])
@@ -129,64 +138,6 @@ def moveaxis(x, source, destination) -> Array:
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
     return permute_dims(x, tuple(order))
-
-
-def getitem(x, key) -> Array:
-    """Basic indexing (ints, slices with steps, None, ...) as a view; no copy; any dtype.
-
-    Unlike numpy/JAX, advanced (integer- or boolean-array) indexing raises TypeError; use fa.where."""
-    node = node_of(x)
-    key = key if isinstance(key, tuple) else (key,)
-    for k in key:
-        if isinstance(k, Array) or hasattr(k, "__array__") or isinstance(k, (list,)):
-            raise TypeError("advanced (array) indexing is not supported yet; use fa.where with a mask, or slices")
-        if not (k is None or k is Ellipsis or isinstance(k, (int, slice)) or hasattr(k, "__index__")):
-            raise TypeError(f"unsupported index {k!r} of type {type(k).__name__}")
-    if sum(k is Ellipsis for k in key) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
-    if consumed > len(node.shape):
-        raise IndexError(f"too many indices ({consumed}) for an array of shape {node.shape}")
-    if Ellipsis in key:
-        i = key.index(Ellipsis)
-        key = key[:i] + (slice(None),) * (len(node.shape) - consumed) + key[i + 1:]
-    else:
-        key = key + (slice(None),) * (len(node.shape) - consumed)
-    starts, steps, sizes, flips, out_shape = [], [], [], [], []
-    axis = 0
-    for k in key:
-        if k is None:
-            out_shape.append(1)
-            continue
-        size = node.shape[axis]
-        if isinstance(k, slice):
-            start, stop, step = k.indices(size)
-            count = len(range(start, stop, step))
-            if step < 0:  # a negative step is a positive-step slice of the flipped axis
-                first = start + (count - 1) * step if count else 0
-                starts.append(first), steps.append(-step), flips.append(axis)
-            else:
-                starts.append(start if count else 0), steps.append(step)
-            sizes.append(count)
-            out_shape.append(count)
-        else:
-            i = operator.index(k)
-            if not -size <= i < size:
-                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {size}")
-            starts.append(i % size), steps.append(1), sizes.append(1)
-        axis += 1
-    ops = []
-    if any(s != 0 for s in starts) or any(s != 1 for s in steps) or tuple(sizes) != node.shape:
-        ops.append(("slice", tuple(starts), tuple(steps), tuple(sizes)))
-    if flips:
-        # flip axes of the sliced (pre-reshape) array: reversed slice == flip of the ascending slice
-        ops.append(("flip", tuple(flips)))
-    out_shape = tuple(out_shape)
-    if out_shape != tuple(sizes):
-        ops.append(("reshape", out_shape))
-    if not ops:
-        return x
-    return movement(x, ops, out_shape)
 
 
 def concat(arrays, axis=0) -> Array:
@@ -229,3 +180,185 @@ def stack(arrays, axis=0) -> Array:
 
 
 CONCAT = ir.Tagged("concat", "concat")
+
+
+def _pad_widths(pad_width, ndim):
+    """numpy's forms (an int, (before, after), or one pair per axis) -> one (before, after) per axis."""
+    w = np.asarray(pad_width, dtype=object)
+    if w.ndim == 0:
+        w = np.array([[pad_width, pad_width]] * ndim, dtype=object)
+    elif w.ndim == 1 and w.size == 1:
+        w = np.array([[w[0], w[0]]] * ndim, dtype=object)
+    elif w.ndim == 1 and w.size == 2:
+        w = np.array([list(w)] * ndim, dtype=object)
+    if w.shape != (ndim, 2):
+        raise ValueError(f"pad: pad_width {pad_width!r} must be an int, a (before, after) pair or {ndim} pairs")
+    out = [tuple(views.as_int(v, "pad: pad_width entries") for v in pair) for pair in w]
+    if any(v < 0 for pair in out for v in pair):
+        raise ValueError(f"pad: pad_width {pad_width!r} has a negative width")
+    return out
+
+
+def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
+    """``x`` padded with ``constant_values`` (numpy's ``mode='constant'``; the only mode): ``pad_width`` is an
+    int, a (before, after) pair, or one pair per axis. Any dtype; the fill is cast to ``x``'s dtype.
+    Lazy: the padding is a constant (no memory) joined by one copy kernel (concat)."""
+    from .creation import full
+    node = node_of(x)
+    if mode != "constant":
+        raise NotImplementedError(f"pad: only mode='constant' is implemented, got {mode!r}")
+    if not isinstance(constant_values, (bool, int, float)):
+        raise TypeError(f"pad: constant_values must be a Python scalar, got {type(constant_values).__name__}")
+    out = x
+    for axis, (before, after) in enumerate(_pad_widths(pad_width, len(node.shape))):
+        parts = []
+        for width in (before, after):
+            shape = list(out.shape)
+            shape[axis] = width
+            parts.append(full(tuple(shape), constant_values, dtype=node.dtype, device=node.device) if width else None)
+        if parts[0] is not None or parts[1] is not None:
+            out = concat([p for p in (parts[0], out, parts[1]) if p is not None], axis=axis)
+    return out
+
+
+def _triangle(x, k, upper):
+    from .core import where
+    from .creation import arange
+    node = node_of(x)
+    if len(node.shape) < 2:
+        raise ValueError(f"{'triu' if upper else 'tril'}: x must have at least 2 dimensions, got shape {node.shape}")
+    k = views.as_int(k, "k")
+    n, m = node.shape[-2:]
+    i = reshape(arange(n, device=node.device), (n, 1))
+    j = arange(m, device=node.device)
+    keep = (j - i >= k) if upper else (j - i <= k)
+    return where(keep, x, 0).astype(node.dtype, copy=False)
+
+
+def tril(x, /, *, k=0) -> Array:
+    """The lower triangle of the last two axes of ``x`` (on and below diagonal ``k``), zeros elsewhere.
+    Any dtype; a lazy where over an iota mask (it fuses)."""
+    return _triangle(x, k, upper=False)
+
+
+def triu(x, /, *, k=0) -> Array:
+    """The upper triangle of the last two axes of ``x`` (on and above diagonal ``k``), zeros elsewhere.
+    Any dtype; a lazy where over an iota mask (it fuses)."""
+    return _triangle(x, k, upper=True)
+
+
+def roll(x, /, shift, *, axis=None) -> Array:
+    """``x`` with elements shifted by ``shift`` along ``axis`` (flattened when None), wrapping around, as
+    numpy. ``shift`` and ``axis`` may be ints or equal-length tuples. Any dtype; two slices joined (concat)."""
+    node = node_of(x)
+    if axis is None:
+        return reshape(roll(reshape(x, (-1,)), shift, axis=0), node.shape)
+    shifts, axes = views.axis_tuple(shift, "roll: shift"), views.axis_tuple(axis, "roll: axis")
+    if len(shifts) == 1 and len(axes) > 1:
+        shifts = shifts * len(axes)
+    if len(shifts) != len(axes):
+        raise ValueError(f"roll: shift {shift} and axis {axis} must have the same length")
+    out = x
+    for s, a in zip(shifts, axes):
+        a = views.normalize_axis(a, len(node.shape), "roll: axis")
+        n = node.shape[a]
+        s = views.as_int(s, "roll: shift") % n if n else 0
+        if s:
+            lead = (slice(None),) * a
+            out = concat([out[lead + (slice(n - s, None),)], out[lead + (slice(0, n - s),)]], axis=a)
+    return out
+
+
+def tile(x, repetitions, /) -> Array:
+    """``x`` repeated ``repetitions[i]`` times along each axis (numpy's tile: a shorter tuple applies to the
+    last axes, a longer one adds leading axes). Any dtype; a broadcast then a reshape (a copy, lazily)."""
+    node = node_of(x)
+    reps = tuple(views.as_int(r, "tile: repetitions") for r in views.axis_tuple(repetitions, "tile: repetitions"))
+    if any(r < 0 for r in reps):
+        raise ValueError(f"tile: repetitions {reps} must be non-negative")
+    nd = max(len(reps), len(node.shape))
+    reps = (1,) * (nd - len(reps)) + reps
+    shape = (1,) * (nd - len(node.shape)) + node.shape
+    spread = reshape(x, tuple(v for s in shape for v in (1, s)))
+    wide = broadcast_to(spread, tuple(v for r, s in zip(reps, shape) for v in (r, s)))
+    return reshape(wide, tuple(r * s for r, s in zip(reps, shape)))
+
+
+def repeat(x, repeats, /, *, axis=None) -> Array:
+    """Each element of ``x`` repeated ``repeats`` times along ``axis`` (flattened when None), as numpy.
+
+    An int ``repeats`` is a broadcast and a reshape (lazy, no data read). Per-element repeats (a sequence or
+    an array) make a data-dependent shape: a lazy fa.Array of repeats is **evaluated**, then the result
+    is a gather. Any dtype for ``x``."""
+    from .indexing import take
+    node = node_of(x)
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    axis = views.normalize_axis(axis, x.ndim, "repeat: axis")
+    n = x.shape[axis]
+    if hasattr(repeats, "__index__") and not isinstance(repeats, Array) or isinstance(repeats, np.integer):
+        r = views.as_int(repeats, "repeat: repeats")
+        if r < 0:
+            raise ValueError(f"repeat: repeats must be non-negative, got {r}")
+        shape = x.shape
+        spread = expand_dims(x, axis + 1)
+        wide = broadcast_to(spread, shape[:axis + 1] + (r,) + shape[axis + 1:])
+        return reshape(wide, shape[:axis] + (n * r,) + shape[axis + 1:])
+    counts = np.asarray(repeats.torch().cpu() if isinstance(repeats, Array) else repeats)
+    if counts.dtype.kind not in "iu" or counts.ndim > 1:
+        raise TypeError(f"repeat: repeats must be an int or a 1-D integer sequence, got {counts.dtype} "
+                        f"of shape {counts.shape}")
+    if counts.ndim == 1 and counts.shape[0] not in (1, n):
+        raise ValueError(f"repeat: {counts.shape[0]} repeats for axis {axis} of size {n}")
+    if (counts < 0).any():
+        raise ValueError("repeat: repeats must be non-negative")
+    del node
+    return take(x, np.repeat(np.arange(n), np.broadcast_to(counts, (n,))), axis=axis)
+
+
+def unstack(x, /, *, axis=0) -> tuple:
+    """``x`` split along ``axis`` into a tuple of its slices (each a view, one dimension fewer). Any dtype."""
+    node = node_of(x)
+    if not node.shape:
+        raise ValueError("unstack: x must have at least one dimension")
+    axis = views.normalize_axis(axis, len(node.shape), "unstack: axis")
+    return tuple(x[(slice(None),) * axis + (i,)] for i in range(node.shape[axis]))
+
+
+def meshgrid(*arrays, indexing="xy") -> list:
+    """Coordinate grids from 1-D arrays (numpy's meshgrid): ``indexing='xy'`` (default) swaps the first two
+    output axes, ``'ij'`` does not. Each grid is a broadcast view (no copy); dtypes are kept."""
+    if indexing not in ("xy", "ij"):
+        raise ValueError(f"meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
+    for i, a in enumerate(arrays):
+        if node_of(a).shape and len(a.shape) != 1:
+            raise ValueError(f"meshgrid: array {i} must be 1-D, got shape {a.shape}")
+    sizes = [a.size for a in arrays]
+    if indexing == "xy" and len(arrays) > 1:
+        sizes[0], sizes[1] = sizes[1], sizes[0]
+    out = []
+    for i, a in enumerate(arrays):
+        at = (1 if i == 0 else 0) if indexing == "xy" and len(arrays) > 1 and i < 2 else i
+        shape = tuple(a.size if d == at else 1 for d in range(len(arrays)))
+        out.append(broadcast_to(reshape(a, shape), tuple(sizes)))
+    return out
+
+
+def diff(x, /, *, axis=-1, n=1, prepend=None, append=None) -> Array:
+    """The ``n``-th discrete difference ``x[1:] - x[:-1]`` along ``axis``, after joining ``prepend`` and
+    ``append`` (arrays); bool inputs give ``!=`` (numpy's rule). Lazy views and one elementwise op per order."""
+    from .elementwise import not_equal, subtract
+    node = node_of(x)
+    if not node.shape:
+        raise ValueError("diff: x must have at least one dimension")
+    axis = views.normalize_axis(axis, len(node.shape), "diff: axis")
+    n = views.as_int(n, "diff: n")
+    if n < 0:
+        raise ValueError(f"diff: n must be non-negative, got {n}")
+    parts = [p for p in (prepend, x, append) if p is not None]
+    out = concat(parts, axis=axis) if len(parts) > 1 else x
+    lead = (slice(None),) * axis
+    for _ in range(n):
+        op = not_equal if out.dtype.kind == "b" else subtract
+        out = op(out[lead + (slice(1, None),)], out[lead + (slice(None, -1),)])
+    return out

@@ -110,3 +110,10 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     from .core import elementwise
     xf, out = _float_input("std", x)
     return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims)), out, copy=False)
+
+
+def count_nonzero(x, /, *, axis=None, keepdims=False):
+    """The number of nonzero elements along ``axis`` (all axes when None), as int64; any dtype. One fused
+    comparison-and-sum."""
+    from .core import elementwise
+    return sum(elementwise("not_equal", x, 0) if x.dtype != dt.bool_ else x, axis=axis, keepdims=keepdims)

@@ -1,0 +1,239 @@
+"""Matrix decompositions and solvers as lazy library nodes that call torch.linalg (as JAX calls cuSOLVER /
+LAPACK): cholesky, qr, svd, svdvals, eigh, eigvalsh, inv, solve, det, slogdet, pinv, matrix_rank.
+
+These are not our kernels: the gpu backend runs torch.linalg on the device (cuSOLVER / rocSOLVER), the CPU
+backends run it on the CPU. They are graph nodes like any library op (lazy, batched over leading axes,
+vmap-able); they have no derivative rules yet (fa.grad through them raises). matrix_power is matmuls.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import dtypes as dt
+from .. import views
+from .library import Library, call
+
+_FLOATS = (dt.float32, dt.float64)
+
+
+def _square(op, x):
+    if len(x.shape) < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"{op}: x must be a stack of square matrices (..., n, n), got shape {x.shape}")
+
+
+def _float(op, x):
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{op}: x has dtype {x.dtype}; torch.linalg takes float32 or float64 (cast with astype)")
+
+
+def _matrix(op, x):
+    _float(op, x)
+    if len(x.shape) < 2:
+        raise ValueError(f"{op}: x must have at least 2 dimensions, got shape {x.shape}")
+
+
+def _op(name, abstract, fn):
+    """A library primitive whose kernel and reference are both ``fn`` (torch.linalg, on the array's device)."""
+    return Library(name, abstract, fn, fn)
+
+
+def _same(op, square=True):
+    def abstract(x, **kw):
+        _matrix(op, x)
+        if square:
+            _square(op, x)
+        return [(x.shape, x.dtype)]
+    return abstract
+
+
+def _scalar(op):
+    def abstract(x, **kw):
+        _matrix(op, x)
+        _square(op, x)
+        return [(x.shape[:-2], x.dtype)]
+    return abstract
+
+
+CHOLESKY = _op("cholesky", _same("cholesky"), lambda x, *, upper: torch.linalg.cholesky(x, upper=upper))
+INV = _op("inv", _same("inv"), lambda x: torch.linalg.inv(x))
+DET = _op("det", _scalar("det"), lambda x: torch.linalg.det(x))
+
+
+def _slogdet_abstract(x):
+    _scalar("slogdet")(x)
+    return [(x.shape[:-2], x.dtype)] * 2
+
+
+SLOGDET = _op("slogdet", _slogdet_abstract, lambda x: tuple(torch.linalg.slogdet(x)))
+
+
+def _qr_abstract(x, *, mode):
+    _matrix("qr", x)
+    if mode not in ("reduced", "complete"):
+        raise ValueError(f"qr: mode must be 'reduced' or 'complete', got {mode!r}")
+    *b, m, n = x.shape
+    k = min(m, n) if mode == "reduced" else m
+    return [(tuple(b) + (m, k), x.dtype), (tuple(b) + (k, n), x.dtype)]
+
+
+QR = _op("qr", _qr_abstract, lambda x, *, mode: tuple(torch.linalg.qr(x, mode=mode)))
+
+
+def _svd_abstract(x, *, full_matrices):
+    _matrix("svd", x)
+    *b, m, n = x.shape
+    k = min(m, n)
+    b = tuple(b)
+    u, v = (m, n) if full_matrices else (k, k)
+    return [(b + (m, u), x.dtype), (b + (k,), x.dtype), (b + (v, n), x.dtype)]
+
+
+SVD = _op("svd", _svd_abstract, lambda x, *, full_matrices: tuple(torch.linalg.svd(x, full_matrices=full_matrices)))
+
+
+def _svdvals_abstract(x):
+    _matrix("svdvals", x)
+    return [(x.shape[:-2] + (min(x.shape[-2:]),), x.dtype)]
+
+
+SVDVALS = _op("svdvals", _svdvals_abstract, lambda x: torch.linalg.svdvals(x))
+
+
+def _eigh_abstract(x):
+    _matrix("eigh", x)
+    _square("eigh", x)
+    return [(x.shape[:-1], x.dtype), (x.shape, x.dtype)]
+
+
+EIGH = _op("eigh", _eigh_abstract, lambda x: tuple(torch.linalg.eigh(x)))
+EIGVALSH = _op("eigvalsh", lambda x: _eigh_abstract(x)[:1], lambda x: torch.linalg.eigvalsh(x))
+
+
+def _solve_abstract(a, b):
+    _matrix("solve", a)
+    _square("solve", a)
+    if a.dtype != b.dtype:
+        raise TypeError(f"solve: x1 and x2 have dtypes {a.dtype} and {b.dtype}; cast one with astype")
+    n = a.shape[-1]
+    if len(b.shape) == 1:
+        if b.shape[0] != n:
+            raise ValueError(f"solve: x1 {a.shape} and the vector x2 {b.shape} differ in size")
+        return [(a.shape[:-1], a.dtype)]
+    if b.shape[-2] != n:
+        raise ValueError(f"solve: x1 {a.shape} and x2 {b.shape}: x2's rows must be {n}")
+    return [(views.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + b.shape[-2:], a.dtype)]
+
+
+def _solve(a, b):
+    if b.dim() == 1:  # the array API's vector right-hand side
+        return torch.linalg.solve(a, b.expand(a.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+    return torch.linalg.solve(a, b)
+
+
+SOLVE = _op("solve", _solve_abstract, _solve)
+
+
+def _pinv_abstract(x, *, rtol):
+    _matrix("pinv", x)
+    return [(x.shape[:-2] + (x.shape[-1], x.shape[-2]), x.dtype)]
+
+
+PINV = _op("pinv", _pinv_abstract, lambda x, *, rtol: torch.linalg.pinv(x, rtol=rtol))
+
+
+def _rank_abstract(x, *, rtol):
+    _matrix("matrix_rank", x)
+    return [(x.shape[:-2], dt.int64)]
+
+
+RANK = _op("matrix_rank", _rank_abstract, lambda x, *, rtol: torch.linalg.matrix_rank(x, rtol=rtol))
+
+DECOMPOSITIONS = (CHOLESKY, INV, DET, SLOGDET, QR, SVD, SVDVALS, EIGH, EIGVALSH, SOLVE, PINV, RANK)
+
+
+def cholesky(x, /, *, upper=False):
+    """The Cholesky factor L (x = L L^T) of symmetric positive-definite matrices (U with ``upper``); float32/64.
+    A lazy library call to torch.linalg.cholesky."""
+    return call(CHOLESKY, [x], upper=bool(upper))[0]
+
+
+def qr(x, /, *, mode="reduced"):
+    """(Q, R) with x = Q R, ``mode`` 'reduced' or 'complete'; float32/64. A lazy call to torch.linalg.qr."""
+    return tuple(call(QR, [x], mode=mode))
+
+
+def svd(x, /, *, full_matrices=True):
+    """(U, S, Vh) with x = U diag(S) Vh, S descending; float32/64. A lazy call to torch.linalg.svd."""
+    return tuple(call(SVD, [x], full_matrices=bool(full_matrices)))
+
+
+def svdvals(x, /):
+    """The singular values of the last two axes, descending; float32/64. A lazy call to torch.linalg.svdvals."""
+    return call(SVDVALS, [x])[0]
+
+
+def eigh(x, /):
+    """(eigenvalues ascending, eigenvectors) of symmetric matrices (the lower triangle is read); float32/64.
+    A lazy call to torch.linalg.eigh."""
+    return tuple(call(EIGH, [x]))
+
+
+def eigvalsh(x, /):
+    """The eigenvalues of symmetric matrices, ascending; float32/64. A lazy call to torch.linalg.eigvalsh."""
+    return call(EIGVALSH, [x])[0]
+
+
+def inv(x, /):
+    """The inverse of square matrices; float32/64. A lazy call to torch.linalg.inv (singular input: torch's
+    error, at evaluation)."""
+    return call(INV, [x])[0]
+
+
+def solve(x1, x2, /):
+    """The solution X of x1 X = x2 (x2 a stack of matrices, or one vector); float32/64. A lazy call to
+    torch.linalg.solve."""
+    return call(SOLVE, [x1, x2])[0]
+
+
+def det(x, /):
+    """The determinant of square matrices; float32/64. A lazy call to torch.linalg.det."""
+    return call(DET, [x])[0]
+
+
+def slogdet(x, /):
+    """(sign, log|det|) of square matrices; float32/64. A lazy call to torch.linalg.slogdet."""
+    return tuple(call(SLOGDET, [x]))
+
+
+def pinv(x, /, *, rtol=None):
+    """The Moore-Penrose pseudo-inverse (singular values below ``rtol`` times the largest are dropped);
+    float32/64. A lazy call to torch.linalg.pinv."""
+    return call(PINV, [x], rtol=rtol)[0]
+
+
+def matrix_rank(x, /, *, rtol=None):
+    """The rank (singular values above ``rtol`` times the largest), int64; float32/64 input. A lazy call to
+    torch.linalg.matrix_rank."""
+    return call(RANK, [x], rtol=rtol)[0]
+
+
+def matrix_power(x, n, /):
+    """x to the integer power ``n`` (n < 0: of its inverse) by repeated squaring with matmul; n == 0 gives
+    identity matrices. Float dtypes."""
+    from .creation import eye
+    from .linalg import matmul
+    from .manipulation import broadcast_to
+    n = views.as_int(n, "matrix_power: n")
+    _square("matrix_power", x)
+    if n < 0:
+        x, n = inv(x), -n
+    result = None
+    while n:
+        if n & 1:
+            result = x if result is None else matmul(result, x)
+        n >>= 1
+        if n:
+            x = matmul(x, x)
+    if result is None:
+        return broadcast_to(eye(x.shape[-1], dtype=x.dtype, device=x.device), x.shape)
+    return result

@@ -1,0 +1,606 @@
+"""Indexing: ``x[key]``, ``fa.take``, ``fa.take_along_axis``, ``fa.nonzero`` and JAX's functional updates
+``x.at[key].set/add/multiply/divide/min/max/get``.
+
+- Basic keys (ints, slices, None, ...) read through a view (no kernel), and update through a fused
+  ``where`` over an iota mask: ``x.at[:, 1:3].set(0)`` is one elementwise kernel with its neighbours.
+- Integer-array keys follow numpy's rules (advanced indices broadcast together; their dims replace them in
+  place when they are adjacent in the key, else they go first) and record one library call: ``gather``
+  (torch indexing) or ``scatter`` (torch ``index_put_``/``index_reduce_``). Both are graph nodes, lazy,
+  differentiable and batchable (ad_rules.py, batch_rules.py).
+- Boolean masks have data-dependent shapes: ``x[mask]`` evaluates the mask (a documented trigger) and
+  indexes with its nonzero positions. ``x.at[mask].set(scalar)`` needs no shape and stays a lazy ``where``.
+
+Out-of-range indices held in numpy arrays, lists or ints raise IndexError when recorded. Indices held in
+lazy arrays cannot be checked before work: reads clamp them into range and updates drop them (JAX's rules).
+"""
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .. import dtypes as dt
+from .. import views
+from .._array import Array
+from .core import movement, node_of
+from .library import Library, call
+
+
+# ---- the two library primitives --------------------------------------------------------------------------------
+# gather(z, idx): z[idx] along axis 0, idx already in range; scatter(z, idx, v, mode): z with rows idx combined
+# with v (rows of idx outside [0, len(z)) are dropped). The front reduces every index form to these two.
+def _gather_abstract(z, idx):
+    _check_index_dtype("gather", idx.dtype)
+    if not z.shape:
+        raise ValueError("gather: the source must have at least one dimension")
+    return [(idx.shape + z.shape[1:], z.dtype)]
+
+
+def _gather_torch(z, idx):
+    return z[idx.long()]
+
+
+GATHER = Library("gather", _gather_abstract, _gather_torch, _gather_torch)
+
+SCATTER_MODES = ("set", "add", "multiply", "min", "max")
+
+
+def _scatter_abstract(z, idx, v, *, mode):
+    _check_index_dtype("scatter", idx.dtype)
+    if mode not in SCATTER_MODES:
+        raise ValueError(f"scatter: mode must be one of {SCATTER_MODES}, got {mode!r}")
+    if v.shape != idx.shape + z.shape[1:] or v.dtype != z.dtype:
+        raise AssertionError(f"scatter: values {v.shape} {v.dtype} for indices {idx.shape} into {z.shape} {z.dtype}")
+    return [(z.shape, z.dtype)]
+
+
+def _scatter_torch(z, idx, v, *, mode):
+    n = z.shape[0]
+    # one spare row takes the dropped (out-of-range) updates: no data-dependent filtering, no host sync
+    out = torch.cat([z, z.new_zeros((1,) + tuple(z.shape[1:]))])
+    idx = idx.reshape(-1).long()
+    idx = torch.where((idx >= 0) & (idx < n), idx, n)
+    v = v.reshape((-1,) + tuple(z.shape[1:]))
+    as_bool = out.dtype == torch.bool and mode != "set"
+    if as_bool:  # torch reduces no bools: or/and/min/max through uint8
+        out, v = out.to(torch.uint8), v.to(torch.uint8)
+    if mode == "set":
+        out.index_put_((idx,), v)
+    elif mode == "add" and not as_bool:
+        out.index_put_((idx,), v, accumulate=True)
+    else:
+        reduce = {"add": "amax", "multiply": "prod", "min": "amin", "max": "amax"}[mode]  # bool add is or
+        with warnings.catch_warnings():  # "index_reduce() is in beta": its semantics are what we test
+            warnings.simplefilter("ignore", UserWarning)
+            out.index_reduce_(0, idx, v, reduce)
+    out = out[:n]
+    return out.to(torch.bool) if as_bool else out
+
+
+SCATTER = Library("scatter", _scatter_abstract, _scatter_torch, _scatter_torch)
+
+
+def _check_index_dtype(op, d):
+    if d.kind not in "iu":
+        raise TypeError(f"{op}: indices must have an integer dtype, got {d}")
+
+
+# ---- parsing a key -----------------------------------------------------------------------------------------------
+class Slot(NamedTuple):
+    """One entry of a normalized key: kind 'none' (a new axis), 'int' (value: the index, in range),
+    'slice' (value: (start, step, count)) or 'array' (value: a lazy int Array or an in-range int64 ndarray)."""
+    kind: str
+    axis: int
+    value: object
+
+
+def _classify(k):
+    """(kind, value) for one key entry; kinds: none, ellipsis, int, slice, array, mask."""
+    if type(k) is int:  # the common cases first: recording x[0, 1:3] should cost microseconds
+        return "int", k
+    if type(k) is slice:
+        return "slice", k
+    if k is None:
+        return "none", None
+    if k is Ellipsis:
+        return "ellipsis", None
+    if isinstance(k, torch.Tensor):
+        from .creation import asarray
+        k = asarray(k)
+    if isinstance(k, Array):
+        if k.dtype == dt.bool_:
+            return "mask", k
+        if k.dtype.kind not in "iu":
+            raise TypeError(f"index arrays must have an integer or bool dtype, got {k.dtype}")
+        return "array", k
+    if isinstance(k, (bool, np.bool_)):
+        raise TypeError("a boolean scalar index (x[True]) is not supported; use fa.expand_dims or fa.where")
+    if isinstance(k, slice):
+        return "slice", k
+    if isinstance(k, (list, np.ndarray)):
+        arr = np.asarray(k)
+        if arr.dtype == np.bool_:
+            return "mask", arr
+        if arr.size == 0 and arr.dtype.kind == "f":  # x[[]] is an empty integer index, as in numpy
+            arr = arr.astype(np.int64)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"index arrays must have an integer or bool dtype, got {arr.dtype}")
+        return "array", arr.astype(np.int64)
+    if hasattr(k, "__index__"):
+        return "int", operator.index(k)
+    raise TypeError(f"unsupported index {k!r} of type {type(k).__name__}: use ints, slices, None, ..., "
+                    "integer arrays or boolean masks")
+
+
+def parse(shape, key, masks="evaluate") -> list:
+    """``key`` for an array of ``shape`` -> a list of Slots. ``masks``: 'evaluate' turns boolean masks into
+    their nonzero positions (evaluating lazy ones), 'keep' leaves them as ('mask', axis, mask)."""
+    entries = [_classify(k) for k in (key if isinstance(key, tuple) else (key,))]
+    if sum(kind == "ellipsis" for kind, _ in entries) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(np.ndim(v) if kind == "mask" else kind in ("int", "slice", "array") for kind, v in entries
+               if kind not in ("none", "ellipsis"))
+    if used > len(shape):
+        raise IndexError(f"too many indices ({used}) for an array of shape {shape}")
+    slots, axis = [], 0
+    for kind, value in entries:
+        if kind == "ellipsis":
+            for _ in range(len(shape) - used):
+                slots.append(Slot("slice", axis, (0, 1, shape[axis])))
+                axis += 1
+        elif kind == "none":
+            slots.append(Slot("none", axis, None))
+        elif kind == "mask":
+            slots += _mask_slots(shape, axis, value, masks)
+            axis += np.ndim(value)
+        else:
+            slots.append(_slot(kind, axis, shape[axis], value))
+            axis += 1
+    slots += [Slot("slice", a, (0, 1, shape[a])) for a in range(axis, len(shape))]
+    if any(s.kind == "array" for s in slots):  # with an array index, ints index as 0-d arrays (numpy)
+        slots = [Slot("array", s.axis, np.asarray(s.value, np.int64)) if s.kind == "int" else s for s in slots]
+    return slots
+
+
+def _slot(kind, axis, size, value):
+    if kind == "slice":
+        start, stop, step = value.indices(size)
+        return Slot("slice", axis, (start, step, len(range(start, stop, step))))
+    if kind == "int":
+        if not -size <= value < size:
+            raise IndexError(f"index {value} is out of bounds for axis {axis} with size {size}")
+        return Slot("int", axis, value % size)
+    if isinstance(value, np.ndarray):
+        return Slot("array", axis, _in_range(value, axis, size))
+    return Slot("array", axis, value)
+
+
+def _in_range(idx: np.ndarray, axis, size) -> np.ndarray:
+    """Known indices are checked now (numpy's IndexError) and made non-negative."""
+    bad = (idx < -size) | (idx >= size)
+    if bad.any():
+        raise IndexError(f"index {idx[bad].flat[0]} is out of bounds for axis {axis} with size {size}")
+    return np.where(idx < 0, idx + size, idx).astype(np.int64)
+
+
+def _mask_slots(shape, axis, mask, masks):
+    k = np.ndim(mask)
+    if k == 0:
+        raise TypeError("a 0-d boolean index is not supported; use fa.where")
+    if tuple(np.shape(mask)) != tuple(shape[axis:axis + k]):
+        raise IndexError(f"boolean index of shape {tuple(np.shape(mask))} does not match axes {axis}..{axis + k - 1} "
+                         f"of the indexed array's shape {shape}")
+    if masks == "keep":
+        return [Slot("mask", axis, mask)]
+    if isinstance(mask, Array):  # data-dependent shape: the mask is evaluated here (docs/semantics.md)
+        positions = [p.numpy() if p.device.type == "cpu" else p for p in torch.nonzero(mask.torch(), as_tuple=True)]
+    else:
+        positions = np.nonzero(mask)
+    return [Slot("array", axis + i, p if isinstance(p, np.ndarray) else _device_index(p)) for i, p in
+            enumerate(positions)]
+
+
+def _device_index(t):
+    from .creation import asarray
+    return asarray(t)
+
+
+# ---- reading ---------------------------------------------------------------------------------------------------
+def getitem(x, key) -> Array:
+    """``x[key]`` with numpy's semantics: basic indexing (ints, slices with steps, None, ...) is a view;
+    integer arrays (fa, numpy, torch, lists) gather (a lazy library call); a boolean mask evaluates itself
+    (the result's shape depends on its values) and gathers its nonzero positions.
+
+    Out-of-range known indices raise IndexError; indices in lazy arrays are clamped into range (as JAX)."""
+    node = node_of(x)
+    slots = parse(node.shape, key)
+    if not any(s.kind == "array" for s in slots):
+        return basic(x, slots)
+    return _gather(x, slots)
+
+
+def basic(x, slots) -> Array:
+    """The view of ``x`` that ints, slices and new axes select (no array slots)."""
+    node = node_of(x)
+    starts, steps, sizes, flips, out_shape = [], [], [], [], []
+    for s in slots:
+        if s.kind == "none":
+            out_shape.append(1)
+        elif s.kind == "int":
+            starts.append(s.value), steps.append(1), sizes.append(1)
+        else:
+            start, step, count = s.value
+            if step < 0:  # a negative step is a positive-step slice of the flipped axis
+                starts.append(start + (count - 1) * step if count else 0), steps.append(-step), flips.append(s.axis)
+            else:
+                starts.append(start if count else 0), steps.append(step)
+            sizes.append(count)
+            out_shape.append(count)
+    ops = []
+    if any(s != 0 for s in starts) or any(s != 1 for s in steps) or tuple(sizes) != node.shape:
+        ops.append(("slice", tuple(starts), tuple(steps), tuple(sizes)))
+    if flips:  # reversed slice == flip of the ascending slice (of the pre-reshape array)
+        ops.append(("flip", tuple(flips)))
+    out_shape = tuple(out_shape)
+    if out_shape != tuple(sizes):
+        ops.append(("reshape", out_shape))
+    return movement(x, ops, out_shape) if ops else x
+
+
+def _layout(slots):
+    """(positions of the array slots, where their broadcast dims go in the result: numpy puts them in place
+    when the array slots are adjacent in the key, else first)."""
+    adv = [i for i, s in enumerate(slots) if s.kind == "array"]
+    return adv, (adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0)
+
+
+def _index_arrays(x, slots, adv, clamp):
+    """The array slots as int64 Arrays, negative indices wrapped; lazy ones clamped (reads) or marked
+    invalid (updates: returns their validity mask too)."""
+    from .creation import asarray
+    from .elementwise import clip, logical_and, where
+    out, valid = [], None
+    for i in adv:
+        s, n = slots[i], x.shape[slots[i].axis]
+        if isinstance(s.value, np.ndarray):
+            out.append(asarray(s.value, device=x.device))
+            continue
+        idx = s.value.astype(dt.int64, copy=False)
+        ok = (idx >= -n) & (idx < n)
+        idx = where(idx < 0, idx + n, idx)
+        if clamp:
+            idx = clip(idx, 0, max(n - 1, 0))
+        else:
+            valid = ok if valid is None else logical_and(valid, ok)
+        out.append(idx)
+    return out, valid
+
+
+def _linear(indices, sizes):
+    """The flat index into the row-major product of ``sizes`` (int64, broadcast over the indices)."""
+    strides = views.contiguous_strides(sizes)
+    lin = None
+    for idx, st in zip(indices, strides):
+        term = idx * st if st != 1 else idx
+        lin = term if lin is None else lin + term
+    return lin
+
+
+def _gather(x, slots) -> Array:
+    from .manipulation import broadcast_to, moveaxis, permute_dims, reshape
+    adv, place = _layout(slots)
+    y = basic(x, [Slot("slice", s.axis, (0, 1, x.shape[s.axis])) if s.kind == "array" else s for s in slots])
+    rest = [i for i in range(len(slots)) if i not in adv]  # every slot is one axis of y (no ints are left)
+    sizes = tuple(x.shape[slots[i].axis] for i in adv)
+    indices, _ = _index_arrays(x, slots, adv, clamp=True)
+    b_shape = views.broadcast_shapes(*[i.shape for i in indices])
+    if math.prod(sizes) == 0 and math.prod(b_shape) > 0:
+        raise IndexError(f"cannot index into axes of size 0 (shape {x.shape}) with non-empty indices")
+    lin = broadcast_to(_linear(indices, sizes), b_shape)
+    z = reshape(permute_dims(y, tuple(adv + rest)), (math.prod(sizes),) + tuple(y.shape[i] for i in rest))
+    (out,) = call(GATHER, [z, lin])
+    if place:
+        nb = len(b_shape)
+        out = moveaxis(out, tuple(range(nb)), tuple(range(place, place + nb)))
+    return out
+
+
+def take(x, indices, /, *, axis=None, mode=None) -> Array:
+    """Elements of ``x`` at ``indices`` along ``axis`` (flattened ``x`` when None): numpy's/JAX's take,
+    ``x[(slice(None),) * axis + (indices,)]``. Any dtype for ``x``; integer indices of any shape.
+
+    ``mode``: None or 'clip' (known out-of-range indices raise IndexError, lazy ones are clamped), 'wrap'
+    (indices are taken modulo the axis size). A lazy library call (gather)."""
+    from .manipulation import reshape
+    node = node_of(x)
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    elif not node.shape:
+        raise ValueError("take: x must have at least one dimension when axis is given")
+    axis = views.normalize_axis(axis, x.ndim, "take: axis")
+    if mode not in (None, "clip", "wrap"):
+        raise ValueError(f"take: mode must be None, 'clip' or 'wrap', got {mode!r}")
+    kind, idx = _classify(indices if not isinstance(indices, (int, np.integer)) else np.asarray(indices))
+    if kind != "array":
+        raise TypeError(f"take: indices must be an integer array (or list), got {type(indices).__name__}")
+    if mode == "wrap":
+        n = x.shape[axis]
+        if n == 0:
+            raise IndexError(f"take: cannot wrap indices into axis {axis} of size 0")
+        idx = np.mod(idx, n) if isinstance(idx, np.ndarray) else idx % n
+    return getitem(x, (slice(None),) * axis + (idx,))
+
+
+def take_along_axis(x, indices, /, *, axis=-1) -> Array:
+    """``x`` picked along ``axis`` at ``indices`` (same rank as ``x``; the other axes broadcast): the array
+    API's/numpy's take_along_axis, e.g. ``take_along_axis(x, argsort_result, axis=-1)``. Any dtype for ``x``.
+    Known out-of-range indices raise IndexError; lazy ones are clamped. A lazy library call (gather)."""
+    from .creation import arange
+    from .manipulation import reshape
+    node = node_of(x)
+    kind, idx = _classify(indices)
+    if kind != "array":
+        raise TypeError(f"take_along_axis: indices must be an integer array, got {type(indices).__name__}")
+    if np.ndim(idx) != len(node.shape):
+        raise ValueError(f"take_along_axis: indices (shape {tuple(np.shape(idx))}) must have the rank of x "
+                         f"(shape {node.shape})")
+    axis = views.normalize_axis(axis, len(node.shape), "take_along_axis: axis")
+    others = [s for i, s in enumerate(node.shape) if i != axis]
+    idx_others = [s for i, s in enumerate(np.shape(idx)) if i != axis]
+    views.broadcast_shapes(tuple(others), tuple(idx_others))  # raises naming both
+    key = []
+    for a, n in enumerate(node.shape):
+        if a == axis:
+            key.append(idx)
+        elif n == 1:
+            key.append(np.zeros((1,) * len(node.shape), np.int64))
+        else:
+            at_a = tuple(n if i == a else 1 for i in range(len(node.shape)))
+            key.append(reshape(arange(n, device=node.device), at_a))
+    return getitem(x, tuple(key))
+
+
+def nonzero(x, /) -> tuple:
+    """The indices of ``x``'s nonzero elements, one int64 array per axis (row-major order), as numpy.
+
+    **Evaluates ``x``**: the result's length depends on its values. 0-d inputs raise ValueError."""
+    from .creation import asarray
+    node = node_of(x)
+    if not node.shape:
+        raise ValueError("nonzero: x must have at least one dimension (0-d input is not allowed)")
+    return tuple(asarray(p) for p in torch.nonzero(x.torch(), as_tuple=True))
+
+
+# ---- functional updates: x.at[key].op(values) ---------------------------------------------------------------------
+class At:
+    """``x.at``: JAX's functional updates. ``x.at[key].set(v)`` returns a new array equal to ``x`` except
+    at ``key``; ``add``, ``multiply``, ``divide``, ``min``, ``max`` combine instead (repeated indices
+    accumulate), ``get()`` reads ``x[key]``. ``x`` never changes (arrays are immutable)."""
+    __slots__ = ("_x",)
+
+    def __init__(self, x):
+        self._x = x
+
+    def __getitem__(self, key):
+        return AtIndex(self._x, key)
+
+
+class AtIndex:
+    """``x.at[key]``: the updates of ``x`` at ``key`` (any index form ``x[key]`` takes)."""
+    __slots__ = ("_x", "_key")
+
+    def __init__(self, x, key):
+        self._x, self._key = x, key
+
+    def get(self, *, mode=None, indices_are_sorted=False, unique_indices=False, fill_value=None):
+        """``x[key]`` (JAX's ``.at[key].get()``): lazy out-of-range indices clamp (``mode`` None, 'clip' or
+        'promise_in_bounds'; 'fill' is not implemented). The two hints are accepted and unused."""
+        _check_mode(mode, fill_value, ("clip", "promise_in_bounds"))
+        return getitem(self._x, self._key)
+
+    def set(self, values, **options):
+        """A new array: ``x`` with ``values`` (broadcast to ``x[key].shape``, cast to ``x``'s dtype) at ``key``.
+        With repeated indices, which value lands is unspecified (as JAX)."""
+        return self._update(values, "set", **options)
+
+    def add(self, values, **options):
+        """A new array: ``x`` with ``values`` added at ``key``; repeated indices accumulate (as JAX)."""
+        return self._update(values, "add", **options)
+
+    def multiply(self, values, **options):
+        """A new array: ``x`` multiplied by ``values`` at ``key``; repeated indices accumulate."""
+        return self._update(values, "multiply", **options)
+
+    def divide(self, values, **options):
+        """A new array: ``x`` divided by ``values`` at ``key`` (float dtypes); repeated indices divide by the
+        product of their values."""
+        return self._update(values, "divide", **options)
+
+    def min(self, values, **options):
+        """A new array: ``minimum(x, values)`` at ``key``; repeated indices take the smallest."""
+        return self._update(values, "min", **options)
+
+    def max(self, values, **options):
+        """A new array: ``maximum(x, values)`` at ``key``; repeated indices take the largest."""
+        return self._update(values, "max", **options)
+
+    def _update(self, values, op, *, mode=None, indices_are_sorted=False, unique_indices=False):
+        _check_mode(mode, None, ("drop", "promise_in_bounds"))  # lazy out-of-range indices are dropped
+        return update(self._x, self._key, values, op)
+
+
+def _check_mode(mode, fill_value, supported):
+    if mode is not None and mode not in supported or fill_value is not None:
+        raise NotImplementedError(f"at[]: mode={mode!r}, fill_value={fill_value!r} is not implemented; "
+                                  f"out-of-range lazy indices are {'clamped' if 'clip' in supported else 'dropped'} "
+                                  f"(modes None, {', '.join(map(repr, supported))})")
+
+
+def _combine(mode, old, new):
+    from .elementwise import divide, maximum, minimum, multiply
+    from .elementwise import add as add_
+    return {"set": lambda: new, "add": lambda: add_(old, new), "multiply": lambda: multiply(old, new),
+            "divide": lambda: divide(old, new), "min": lambda: minimum(old, new),
+            "max": lambda: maximum(old, new)}[mode]()
+
+
+def update(x, key, values, mode) -> Array:
+    """``x.at[key].<mode>(values)``: the record-time checks, then one of three routes (module docstring)."""
+    from .creation import asarray
+    node = node_of(x)
+    if mode == "divide" and node.dtype.kind != "f":
+        raise TypeError(f"at[].divide needs a float array, got {node.dtype}")
+    if mode in ("min", "max") and node.dtype == dt.bool_:
+        raise TypeError(f"at[].{mode} does not accept bool arrays (use add for or, multiply for and)")
+    v = values if isinstance(values, Array) else asarray(values, device=node.device) \
+        if not isinstance(values, (bool, int, float)) else values
+    if isinstance(v, Array) and v.dtype != node.dtype:
+        v = v.astype(node.dtype)
+    slots = parse(node.shape, key, masks="keep")
+    masks = [s for s in slots if s.kind == "mask"]
+    scalar = not isinstance(v, Array) or v.ndim == 0
+    if masks and len(masks) == 1 and scalar and all(s.kind == "slice" and s.value == (0, 1, node.shape[s.axis])
+                                                    for s in slots if s.kind != "mask"):
+        return _masked_update(x, masks[0], v, mode)
+    if masks:
+        slots = parse(node.shape, key)
+    if any(s.kind == "array" for s in slots):
+        return _scatter(x, slots, v, mode)
+    return _region_update(x, slots, v, mode)
+
+
+def _masked_update(x, slot, v, mode):
+    """x.at[mask].op(scalar): elementwise, so a lazy where (no evaluation, fuses)."""
+    from .core import where
+    from .creation import asarray
+    from .manipulation import reshape
+    mask = slot.value if isinstance(slot.value, Array) else asarray(slot.value, device=x.device)
+    k, nd = mask.ndim, x.ndim
+    mask = reshape(mask, (1,) * slot.axis + mask.shape + (1,) * (nd - slot.axis - k))
+    return where(mask, _combine(mode, x, v), x).astype(x.dtype, copy=False)
+
+
+def _region_update(x, slots, v, mode):
+    """A basic key: where(in region, op(x, v placed over the region), x); all elementwise, so it fuses."""
+    from .core import where
+    from .creation import full
+    from .manipulation import broadcast_to, reshape
+    if isinstance(v, Array):
+        region_shape = basic(x, slots).shape
+        try:
+            v = broadcast_to(v, region_shape)
+        except ValueError:
+            raise ValueError(f"at[]: values of shape {v.shape} do not broadcast to the indexed shape "
+                             f"{region_shape}") from None
+        # one axis per axis of x (an int's axis has size 1, new axes go): the region in x's rank
+        v = reshape(v, tuple(1 if s.kind == "int" else s.value[2] for s in slots if s.kind != "none"))
+    mask = _region_mask(x, slots)
+    if mask is None:  # the whole array
+        out = _combine(mode, x, v)
+        return out.astype(x.dtype, copy=False) if isinstance(out, Array) else full(x.shape, out, dtype=x.dtype,
+                                                                                   device=x.device)
+    if isinstance(v, Array) and v.size != 1:
+        v = _embed(x, slots, v)
+    elif isinstance(v, Array):
+        v = reshape(v, ())
+    return where(mask, _combine(mode, x, v), x).astype(x.dtype, copy=False)
+
+
+def _ascending(s):
+    """(first, step, count) of an int or slice slot, as an ascending progression."""
+    if s.kind == "int":
+        return s.value, 1, 1
+    start, step, count = s.value
+    return (start + (count - 1) * step, -step, count) if step < 0 and count else (start if count else 0, abs(step),
+                                                                                 count)
+
+
+def _region_mask(x, slots):
+    """A bool array broadcastable to ``x.shape``: whether each element lies in the region (None: all do)."""
+    from .creation import arange
+    from .manipulation import reshape
+    mask = None
+    for s in slots:
+        if s.kind == "none":
+            continue
+        n = x.shape[s.axis]
+        first, step, count = _ascending(s)
+        if (first, step, count) == (0, 1, n):
+            continue
+        i = reshape(arange(n, device=x.device), tuple(n if a == s.axis else 1 for a in range(x.ndim)))
+        inside = (i >= first) & (i <= first + (count - 1) * step) if count else i < 0
+        if step > 1 and count > 1:
+            inside = inside & ((i - first) % step == 0)
+        mask = inside if mask is None else mask & inside
+    return mask
+
+
+def _embed(x, slots, v):
+    """``v`` (the region's shape) laid over ``x``'s shape at the region's positions, zeros elsewhere."""
+    from .manipulation import concat, flip, reshape
+    from .creation import zeros
+    for s in slots:
+        if s.kind == "none":
+            continue
+        first, step, count = _ascending(s)
+        a, n = s.axis, x.shape[s.axis]
+        if s.kind == "slice" and s.value[1] < 0:
+            v = flip(v, axis=a)
+        if step > 1 and count > 1:  # interleave step-1 zeros after each element, then drop the tail
+            spread = reshape(v, v.shape[:a + 1] + (1,) + v.shape[a + 1:])
+            gap = zeros(spread.shape[:a + 1] + (step - 1,) + spread.shape[a + 2:], dtype=v.dtype, device=v.device)
+            v = reshape(concat([spread, gap], axis=a + 1), v.shape[:a] + (count * step,) + v.shape[a + 1:])
+            v = basic(v, [Slot("slice", b, (0, 1, v.shape[b])) if b != a else
+                          Slot("slice", a, (0, 1, (count - 1) * step + 1)) for b in range(v.ndim)])
+        pad = [(0, 0)] * v.ndim
+        pad[a] = (first, n - first - v.shape[a])
+        from .manipulation import pad as pad_
+        v = pad_(v, pad)
+    return v
+
+
+def _scatter(x, slots, v, mode) -> Array:
+    """An integer-array key: the flat index of every selected element, then one scatter call."""
+    from .creation import arange, full, ones
+    from .core import where
+    from .elementwise import divide
+    from .manipulation import broadcast_to, reshape
+    adv, place = _layout(slots)
+    indices, valid = _index_arrays(x, slots, adv, clamp=False)
+    b_shape = views.broadcast_shapes(*[i.shape for i in indices])
+    others = [i for i in range(len(slots)) if i not in adv]
+    dims = [slots[i].value[2] if slots[i].kind == "slice" else 1 for i in others]
+    r_shape = tuple(dims[:place]) + b_shape + tuple(dims[place:])
+    nb, coords = len(b_shape), {}
+    for j, i in enumerate(others):  # a slice's coordinate runs along its own result dim
+        s = slots[i]
+        if s.kind == "slice":
+            r = j if j < place else j + nb
+            start, step, count = s.value
+            ramp = arange(count, device=x.device) * step + start if count else arange(0, device=x.device)
+            coords[s.axis] = reshape(ramp, tuple(count if d == r else 1 for d in range(len(r_shape))))
+    for i, idx in zip(adv, indices):  # the broadcast index dims sit at ``place``
+        idx = broadcast_to(idx, b_shape)
+        coords[slots[i].axis] = reshape(idx, (1,) * place + b_shape + (1,) * (len(r_shape) - place - nb))
+    lin = _linear([coords.get(a, 0) for a in range(x.ndim)], x.shape)
+    lin = lin if isinstance(lin, Array) else full((), lin, dtype=dt.int64, device=x.device)
+    if valid is not None:  # dropped updates point nowhere
+        valid = reshape(broadcast_to(valid, b_shape), (1,) * place + b_shape + (1,) * (len(r_shape) - place - nb))
+        lin = where(valid, lin, -1)
+    lin = broadcast_to(lin, r_shape)
+    if not isinstance(v, Array):
+        v = full((), v, dtype=x.dtype, device=x.device)
+    try:
+        v = broadcast_to(v, r_shape)
+    except ValueError:
+        raise ValueError(f"at[]: values of shape {v.shape} do not broadcast to the indexed shape {r_shape}") from None
+    flat = reshape(x, (-1,))
+    if mode == "divide":  # x / (product of the values at each index): exact where an index appears once
+        (den,) = call(SCATTER, [ones(flat.shape, dtype=x.dtype, device=x.device), lin, v], mode="multiply")
+        return reshape(divide(flat, den), x.shape)
+    (out,) = call(SCATTER, [flat, lin, v], mode=mode)
+    return reshape(out, x.shape)

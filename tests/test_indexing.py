@@ -1,0 +1,276 @@
+"""Indexing against numpy: x[key] (basic, integer arrays, boolean masks), take, take_along_axis, nonzero,
+and x.at[key].set/add/multiply/divide/min/max/get; their gradients, vmap, fusion and errors."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flyarray as fa
+from tests.conftest import assert_matches, lazy, scaled
+
+X = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+
+KEYS = [
+    (np.array([1, 0]),),
+    (slice(None), [2, 0, 1]),
+    (0, slice(None), np.array([[1], [3]])),
+    (np.array([1, 0]), slice(None), np.array([3, 2])),  # separated: the broadcast dims go first
+    (..., np.array([-1, 0])),
+    (X > 5,),
+    (slice(None), X[0] > 3),
+    (None, [1], 1),
+    (np.array([[1, 0]]), np.array([[2], [1]])),
+    (slice(None, None, -1), [0, 0]),
+    (1, [2, 1], slice(1, None, 2)),
+]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=range(len(KEYS)))
+def test_getitem_matches_numpy(key):
+    assert_matches(fa.asarray(X)[key], X[key])
+
+
+def test_lazy_integer_indices_wrap_negatives_and_clamp():
+    x = fa.asarray(X)
+    i = fa.asarray(np.array([2, -1, 0, 9, -9]))
+    assert_matches(x[:, i], X[:, [2, -1, 0, 2, 0]])  # JAX's rule: lazy indices clamp
+    assert_matches(x[0, fa.asarray(np.array(1)), 2], X[0, 1, 2])  # a 0-d index array
+
+
+def test_boolean_mask_of_a_lazy_array():
+    x = fa.asarray(X) * 2
+    assert_matches(x[x > 20], (X * 2)[X * 2 > 20])
+
+
+def test_torch_and_list_indices():
+    import torch
+    x = fa.asarray(X)
+    assert_matches(x[torch.tensor([1, 0])], X[[1, 0]])
+    assert_matches(x[[[0], [1]], [0, 2]], X[[[0], [1]], [0, 2]])
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_take(axis):
+    idx = np.array([[0, 1], [1, 0]])
+    assert_matches(fa.take(fa.asarray(X), fa.asarray(idx), axis=axis), np.take(X, idx, axis=axis))
+    assert_matches(fa.take(fa.asarray(X), idx.tolist(), axis=axis), np.take(X, idx, axis=axis))
+
+
+def test_take_wrap_mode():
+    assert_matches(fa.take(fa.asarray(X), [5, -7], axis=2, mode="wrap"), np.take(X, [5, -7], axis=2, mode="wrap"))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_take_along_axis(axis):
+    idx = np.argsort(-X, axis=axis)
+    assert_matches(fa.take_along_axis(fa.asarray(X), fa.asarray(idx), axis=axis), np.take_along_axis(X, idx, axis))
+    narrow = np.take(idx, [0], axis=axis)  # broadcasting the other axes
+    assert_matches(fa.take_along_axis(fa.asarray(X), narrow, axis=axis), np.take_along_axis(X, narrow, axis))
+
+
+def test_nonzero_evaluates_and_matches_numpy():
+    m = X % 3 == 0
+    got = fa.nonzero(fa.asarray(X) % 3 == 0)
+    for g, w in zip(got, np.nonzero(m)):
+        assert_matches(g, w)
+    with pytest.raises(ValueError, match="0-d"):
+        fa.nonzero(fa.asarray(1.0))
+
+
+UFUNC = {"add": np.add, "multiply": np.multiply, "min": np.minimum, "max": np.maximum, "divide": np.divide}
+UPDATE_KEYS = [
+    ((0, slice(1, 3)), 7.0),
+    ((slice(None), slice(None, None, -2)), np.full((2, 2, 4), 5, np.float32)),
+    ((slice(None), slice(0, 3, 2), 1), np.array([[1, 2], [3, 4]], np.float32)),
+    ((1,), 3.0),
+    ((Ellipsis,), 1.0),
+    ((None, 0, 2), np.arange(4, dtype=np.float32)),
+    ((X > 10,), -1.0),
+    ((X > 10,), np.arange(13, dtype=np.float32)),
+    ((np.array([0, 0, 1]), 1), np.arange(12, dtype=np.float32).reshape(3, 4)),
+    ((slice(None), np.array([2, 2, 0]), slice(0, 2)), 2.0),
+]
+
+
+def _numpy_update(key, mode, v):
+    ref = X.copy()
+    with np.errstate(divide="ignore"):
+        _apply(ref, key, mode, v)
+    return ref
+
+
+def _apply(ref, key, mode, v):
+    if mode == "set":
+        ref[key] = v
+    elif any(isinstance(k, np.ndarray) and k.dtype != bool for k in key):
+        UFUNC[mode].at(ref, key, v)  # unbuffered: repeated indices accumulate
+    else:
+        ref[key] = UFUNC[mode](ref[key], v)
+
+
+@pytest.mark.parametrize("mode", ["set", "add", "multiply", "divide", "min", "max"])
+@pytest.mark.parametrize("case", range(len(UPDATE_KEYS)))
+def test_at_updates_match_numpy(case, mode):
+    key, v = UPDATE_KEYS[case]
+    if mode == "set" and case == 9:
+        return  # repeated indices: which value lands is unspecified for set
+    x = fa.asarray(X)
+    got = getattr(x.at[key], mode)(fa.asarray(v) if isinstance(v, np.ndarray) else v)
+    assert_matches(got, _numpy_update(key, mode, v))
+    assert_matches(x, X)  # x itself never changes
+
+
+def test_at_get_and_lazy_indices_drop_out_of_range_updates():
+    x = fa.asarray(X)
+    assert_matches(x.at[:, [1]].get(mode="clip", indices_are_sorted=True), X[:, [1]])
+    assert_matches(x.at[[1]].set(0.0, mode="drop", unique_indices=True), np.concatenate([X[:1], 0 * X[1:]]))
+    y = fa.zeros(4).at[fa.asarray(np.array([0, 0, 3, 7, -9]))].add(1.0)
+    assert_matches(y, np.array([2, 0, 0, 1], np.float32))
+
+
+def test_at_on_int_and_bool_arrays():
+    a = np.arange(6, dtype=np.int32)
+    assert_matches(fa.asarray(a).at[[1, 1, 4]].add(5), a + np.array([0, 10, 0, 0, 5, 0], np.int32))
+    b = np.zeros(4, bool)
+    assert_matches(fa.asarray(b).at[1:3].set(True), np.array([False, True, True, False]))
+    assert_matches(fa.asarray(b).at[[2, 2]].add(True), np.array([False, False, True, False]))
+
+
+def test_basic_and_scalar_mask_updates_stay_one_fused_kernel(backend):
+    x = fa.asarray(X) * 2.0
+    y = x.at[:, 1:3].set(0.0).at[x > 30].multiply(-1.0) + 1.0
+    e = fa.explain(y)
+    assert e.n_kernels == 1 and e.steps[0].kind == "fused kernel"
+    ref = X * 2
+    ref[:, 1:3] = 0
+    ref[X * 2 > 30] *= -1
+    assert_matches(y, ref + 1)
+
+
+def test_interpret_backend_gather_scatter(interpret):
+    x = fa.asarray(X[0])
+    assert_matches(x[[2, 0]] * 2.0, X[0][[2, 0]] * 2)
+    want = X[0].copy()
+    np.add.at(want, ([0, 0], [1, 3]), 1.0)
+    assert_matches(x.at[[0, 0], [1, 3]].add(1.0), want)
+    want = X[0].copy()
+    want[:, 1:3] = -1
+    assert_matches(x.at[:, 1:3].set(-1.0), want)
+    want = X[0].copy()
+    want[1:, ::-2] *= np.array([2, 3], np.float32)
+    assert_matches(x.at[1:, ::-2].multiply(fa.asarray(np.array([2, 3], np.float32))), want)
+
+
+def test_grad_through_take_and_at_add():
+    idx = fa.asarray(np.array([0, 0, 2]))
+    g = fa.grad(lambda t: fa.sum(fa.take(t, idx) * fa.asarray(np.array([1., 2., 3.], np.float32))))(fa.ones(3))
+    assert_matches(g, np.array([3, 0, 3], np.float32))
+    g = fa.grad(lambda v: fa.sum(fa.zeros(4).at[np.array([1, 1, 3])].add(v) ** 2))(
+        fa.asarray(np.array([1., 2., 3.], np.float32)))
+    assert_matches(g, np.array([6, 6, 6], np.float32))
+    # set: the overwritten entries of x get no gradient, the values get theirs
+    gx, gv = fa.grad(lambda x, v: fa.sum(x.at[[0, 2]].set(v) * fa.arange(4.0)), argnums=(0, 1))(
+        fa.ones(4), fa.ones(2))
+    assert_matches(gx, np.array([0, 1, 0, 3], np.float32))
+    assert_matches(gv, np.array([0, 2], np.float32))
+    # a basic-slice update is where/pad: its gradient is automatic
+    gx = fa.grad(lambda x: fa.sum(x.at[1:3].multiply(3.0)))(fa.ones(4))
+    assert_matches(gx, np.array([1, 3, 3, 1], np.float32))
+
+
+def test_jvp_through_gather():
+    x = fa.asarray(np.array([1., 2., 3.], np.float32))
+    _, t = fa.jvp(lambda a: a[[2, 2, 0]] * 2.0, (x,), (fa.ones(3),))
+    assert_matches(t, np.array([2, 2, 2], np.float32))
+
+
+def test_vmap_of_gather_and_scatter():
+    rows = fa.asarray(X[0])
+    idx = fa.asarray(np.array([[0, 1], [2, 2], [3, 0]]))
+    want = np.take_along_axis(X[0], np.array([[0, 1], [2, 2], [3, 0]]), 1)
+    assert_matches(fa.vmap(lambda r, i: r[i])(rows, idx), want)
+    got = fa.vmap(lambda r, i: r.at[i].add(1.0))(rows, idx)
+    want = X[0].copy()
+    for r, i in enumerate([[0, 1], [2, 2], [3, 0]]):
+        np.add.at(want[r], i, 1.0)
+    assert_matches(got, want)
+
+
+@settings(max_examples=scaled(30))
+@given(st.data())
+def test_random_integer_keys_match_numpy(data):
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    key = []
+    for n in shape:
+        kind = data.draw(st.sampled_from(["int", "slice", "array", "none"]))
+        if kind == "int":
+            key.append(data.draw(st.integers(-n, n - 1)))
+        elif kind == "slice":
+            key.append(slice(data.draw(st.integers(-n, n)), data.draw(st.integers(-n, n)),
+                             data.draw(st.sampled_from([1, 2, -1]))))
+        elif kind == "array":
+            key.append(np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=3))))
+        else:
+            key += [None, slice(None)]
+    arrays = [k for k in key if isinstance(k, np.ndarray)]
+    if len({a.shape for a in arrays}) > 1:
+        key = [k if not isinstance(k, np.ndarray) else k[:1] for k in key]
+    key = tuple(key)
+    assert_matches(fa.asarray(x)[key], x[key])
+    v = np.float32(data.draw(st.integers(-3, 3)))
+    assert_matches(fa.asarray(x).at[key].add(v), _np_add_at(x, key, v))
+
+
+def _np_add_at(x, key, v):
+    ref = x.copy()
+    np.add.at(ref, key, v)
+    return ref
+
+
+def test_errors_before_work(no_evaluation):
+    x = lazy((3, 4))
+    with pytest.raises(IndexError, match="out of bounds for axis 1 with size 4"):
+        x[:, [0, 4]]
+    with pytest.raises(IndexError, match="out of bounds"):
+        x.at[5].set(1.0)
+    with pytest.raises(IndexError, match="too many indices"):
+        x[0, 0, [0]]
+    with pytest.raises(TypeError, match="integer or bool dtype"):
+        x[np.array([0.5])]
+    with pytest.raises(TypeError, match="boolean scalar"):
+        x[True]
+    with pytest.raises(TypeError, match="unsupported index"):
+        x["a"]
+    with pytest.raises(ValueError, match="do not broadcast"):
+        x.at[:, [0, 1]].set(fa.ones(5))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        x.at[0].add(fa.ones(3))
+    with pytest.raises(TypeError, match="divide needs a float"):
+        (fa.asarray(np.zeros(3, np.int32)) + 1).at[0].divide(2)
+    with pytest.raises(TypeError, match="integer array"):
+        fa.take(x, 1.5)
+    with pytest.raises(ValueError, match="rank"):
+        fa.take_along_axis(x, np.zeros(3, np.int64), axis=0)
+    with pytest.raises(ValueError, match="mode"):
+        fa.take(x, [0], mode="fill")
+    with pytest.raises(NotImplementedError, match="fill"):
+        x.at[[0]].get(mode="fill", fill_value=0.0)
+    with pytest.raises(NotImplementedError, match="clip"):
+        x.at[[0]].set(1.0, mode="clip")
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"])
+def test_gather_and_scatter_keep_every_dtype(dtype):
+    x = (np.arange(12).reshape(3, 4) % 3).astype(dtype)
+    v = np.ones((3, 4), dtype)
+    idx = np.array([0, 0, 2])
+    assert_matches(fa.take(fa.asarray(x), [3, 1], axis=1), x[:, [3, 1]])
+    want = x.copy()
+    want[idx] = v
+    assert_matches(fa.asarray(x).at[idx].set(fa.asarray(v)), want)
+    want = x.copy()
+    np.add.at(want, idx, v) if dtype != "bool" else np.logical_or.at(want, idx, v)
+    assert_matches(fa.asarray(x).at[fa.asarray(idx)].add(fa.asarray(v)), want)
+    assert_matches(fa.asarray(x).at[1:, ::2].set(v[0, 0]), np.where(
+        (np.arange(3)[:, None] >= 1) & (np.arange(4) % 2 == 0), v[0, 0], x))
