@@ -105,6 +105,13 @@ class Array:
                 inner = inner[:inner.index(marker)]
         return f"Array({inner}, dtype={self.dtype.name})"
 
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """A notebook's display: unevaluated, the array says it is lazy and shows its fa.explain view
+        without running anything (repr and print still evaluate, as documented); evaluated, None
+        (IPython then shows the repr)."""
+        from .explain import notebook_bundle
+        return notebook_bundle(self)
+
     def __array__(self, dtype=None, copy=None):
         t = self._tensor()
         if t.dtype == torch.bfloat16:
