@@ -124,6 +124,7 @@ def _scalar_type(value) -> str:
     return "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
 
 
+_MX_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "uint8": "e2m1", "bfloat16": "bf16"}
 _LIBRARY_MODULES = {"matmul": "gemm", "gemm": "gemm", "matmul_epilogue": "gemm", "ragged_dot": "ragged_dot",
                     "attention": "attention", "rms_norm": "rms_norm", "softmax": "softmax", "top_k": "top_k",
                     "softmax_top_k": "top_k", "scaled_matmul": "scaled_matmul", "mx_quantize": "mx",
@@ -139,8 +140,11 @@ def library_specs(name: str, target: str | None = None) -> list:
     mod = importlib.import_module(f"flyarray.kernels.{module}")
     if not hasattr(mod, "compile_specs"):
         return []
-    takes_target = "target" in pyinspect.signature(mod.compile_specs).parameters
-    return list(mod.compile_specs(target) if takes_target else mod.compile_specs())
+    params = list(pyinspect.signature(mod.compile_specs).parameters)
+    takes_target = bool(params) and params[0] in ("target", "arch")
+    specs = list(mod.compile_specs(target) if takes_target and target else mod.compile_specs())
+    others = [t for t in TARGETS if t != target] if target else []
+    return [s for s in specs if not any(s.name.endswith(f"_{t}") for t in others)]  # another arch's tiles
 
 
 def matching_specs(node, target: str | None = None) -> list:
@@ -154,6 +158,9 @@ def matching_specs(node, target: str | None = None) -> list:
         return specs
     kwargs = node.params.get("kwargs", {}) if isinstance(node.params, dict) else {}
     tests = [lambda name: "bwd" not in name]  # the call is a forward op; backward kernels are their own ops
+    if node.prim.name == "scaled_matmul":  # the MX formats of both operands, as the spec names spell them
+        fmts = "x".join(_MX_NAMES.get(n.dtype.name, n.dtype.name) for n in node.inputs[:2])
+        tests.append(lambda name, fmts=fmts: f"_{fmts}" in name)
     if node.prim.name == "attention":
         tests.append(lambda name, d=node.inputs[0].shape[-1]: f"_d{d}" in name)  # the head dim
     for wanted in tests + _features(kwargs):
