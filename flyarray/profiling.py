@@ -187,6 +187,9 @@ def profile(measure_limit: bool = True) -> Profile:
 # ---- the hook -------------------------------------------------------------------------------------
 def run_steps(plan, slots: list, scalars: list) -> None:
     """``Plan.run``'s loop while a profile is open: each launch timed and recorded in every open profile."""
+    if len(plan.steps) != len(plan.description):  # zip would skip steps: a wrong result, not a slow one
+        raise RuntimeError("fa.profile: this plan's steps and descriptions are not one to one "
+                           f"({len(plan.steps)} != {len(plan.description)}); profiling.run_steps needs them to be")
     cuda = None
     for step, description in zip(plan.steps, plan.description):
         if description[0] == "alloc":
@@ -272,10 +275,21 @@ def _fused_ops(key: str) -> list:
     if len(key) == 32:
         for signature, (source_key, _) in list(codegen._SOURCES.items()):
             if source_key == key:
-                ops = signature[6]
-                return _compact([op[1] for op in ops if op[0] in ("E", "R")])
+                return _compact([op[1] for op in _op_signatures(signature) if op[0] in ("E", "R")])
         return []
     return _compact(re.findall(r"(?:Elementwise|Reduce)\(prim='(\w+)'", key))
+
+
+_OP_KINDS = ("L", "I", "C", "E", "R")  # load, iota, constant, elementwise, reduce (codegen._op_signature)
+
+
+def _op_signatures(signature) -> tuple:
+    """The per-op part of a codegen signature: the tuple of ("L"|"I"|"C"|"E"|"R", ...) entries."""
+    for part in signature:
+        if isinstance(part, tuple) and part and all(isinstance(op, tuple) and op and op[0] in _OP_KINDS
+                                                    for op in part):
+            return part
+    return ()
 
 
 def _kwargs(description) -> dict:
