@@ -20,6 +20,7 @@ from . import quant  # noqa: E402
 from . import random  # noqa: E402
 from .plan import ConcretizationError  # noqa: E402
 from .explain import explain  # noqa: E402
+from .profiling import profile  # noqa: E402
 from .runtime import reset_stats, set_backend, stats  # noqa: E402
 from .transforms import jit  # noqa: E402
 from .transforms import custom_jvp, custom_vjp, grad, jvp, stop_gradient, value_and_grad, vjp  # noqa: E402,F401

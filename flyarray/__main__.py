@@ -36,6 +36,8 @@ def main(argv=None):
     bench.add_argument("--json", default=None, metavar="PATH",
                        help="write the results as JSON to PATH (default: no file)")
     bench.add_argument("--small", action="store_true", help="small shapes even on a GPU")
+    bench.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="also draw flyarray, torch eager and torch.compile per row to FILE (needs matplotlib)")
     sub.add_parser("info", help="versions, backend, device, targets, cache dir")
     args = parser.parse_args(argv)
     if args.command == "info":
@@ -43,9 +45,15 @@ def main(argv=None):
             print(f"{k:22} {v}")
         return 0
     from flyarray.bench.harness import run
+    if args.plot:
+        from flyarray.bench.plot import require
+        require()  # before the run: a missing matplotlib fails now, not after minutes of timing
     rows = run(args.suite, small=True if args.small else None, json_path=args.json)
     if args.json:
         print(f"\nwrote {args.json}")
+    if args.plot:
+        from flyarray.bench.plot import plot
+        print(f"wrote {plot(rows, args.plot)}")
     bad = [r for r in rows if r["status"] != "ok"]
     return 1 if bad else 0
 

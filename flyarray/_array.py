@@ -107,6 +107,13 @@ class Array:
                 inner = inner[:inner.index(marker)]
         return f"Array({inner}, dtype={self.dtype.name})"
 
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """A notebook's display: unevaluated, the array says it is lazy and shows its fa.explain view
+        without running anything (repr and print still evaluate, as documented); evaluated, None
+        (IPython then shows the repr)."""
+        from .explain import notebook_bundle
+        return notebook_bundle(self)
+
     def __array__(self, dtype=None, copy=None):
         """The value as a numpy array (evaluates): the array's own memory, read-only (arrays are immutable),
         unless ``copy`` or a ``dtype`` asks for a new one. bfloat16 needs the ``ml_dtypes`` package."""

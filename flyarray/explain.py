@@ -134,6 +134,17 @@ def explain(*arrays) -> Explanation:
     return Explanation(states, _describe(steps, backend), backend, cached)
 
 
+def notebook_bundle(array):
+    """Array._repr_mimebundle_: for an unevaluated array, text and HTML that say so and show its
+    fa.explain view (nothing runs); None for an evaluated one (its ordinary repr costs nothing)."""
+    if not plan._pending(array._node):
+        return None
+    title = (f"lazy fa.Array {array.dtype.name}{list(array.shape)}, not evaluated (displaying does not run it; "
+             "print(x), x.torch() or fa.eval(x) evaluate)")
+    e = explain(array)
+    return {"text/plain": f"{title}\n{e}", "text/html": f"<div><p><b>{html.escape(title)}</b></p>{e._repr_html_()}</div>"}
+
+
 def _describe(steps, backend) -> list:
     made = {}  # node id -> index of the step that makes its buffer
     out = []
@@ -221,4 +232,4 @@ def _fmt_bytes(n: int) -> str:
         n /= 1024
 
 
-__all__ = ["explain", "Explanation", "StepInfo", "Buffer"]
+__all__ = ["Buffer", "Explanation", "StepInfo", "explain", "notebook_bundle"]

@@ -9,13 +9,15 @@ representative specializations their kernel module lists in ``compile_specs``.
 from __future__ import annotations
 
 import dataclasses
+import html
 import importlib
+import inspect as pyinspect
 
 from . import codegen, runtime
 from .expand import expand_composites
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
-from .targets import KernelSpec, compile_for
+from .targets import TARGETS, KernelSpec, compile_for
 
 _POINTER = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
             "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1",
@@ -24,33 +26,74 @@ _POINTER = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64":
 
 @dataclasses.dataclass
 class Inspection:
+    """What ``fa.inspect`` found: ``kernels`` (targets.KernelReport per kernel, in launch order) and
+    ``kinds`` (per kernel: "fused kernel", or the library op whose representative specialization it is).
+    Prints as a table; in a notebook, a table with each kernel's source and assembly collapsed."""
     target: str
     kernels: list  # KernelReport per launched kernel, in launch order
+    kinds: list = dataclasses.field(default_factory=list)
 
     def summary(self) -> list:
         return [k.summary() for k in self.kernels]
 
+    _COLUMNS = ("kernel", "from", "registers", "LDS / shared", "spills", "matrix instructions")
+
+    def _rows(self) -> list:
+        kinds = self.kinds or ["-"] * len(self.kernels)
+        return [[k.name, kind, str(k.registers), f"{k.shared_bytes} B", str(k.spills),
+                 ", ".join(k.matrix_instructions) or "-"] for k, kind in zip(self.kernels, kinds)]
+
+    def _header(self) -> str:
+        regs = "VGPRs" if self.target.startswith("gfx") else "registers per thread"
+        return f"fa.inspect: {len(self.kernels)} kernel(s) for {self.target} (registers: {regs})"
+
     def __repr__(self):
-        lines = [f"fa.inspect: {len(self.kernels)} kernel(s) for {self.target}"]
-        for k in self.kernels:
-            s = k.summary()
-            lines.append(f"  {s['name']}: regs={s['registers']} shared={s['shared_bytes']}B spills={s['spills']} "
-                         f"matrix={s['matrix_instructions'] or '-'}")
+        lines = [self._header()]
+        if self.kernels:
+            rows = [list(self._COLUMNS)] + self._rows()
+            widths = [max(len(r[c]) for r in rows) for c in range(len(self._COLUMNS))]
+            for j, row in enumerate(rows):
+                lines.append("  " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+                if j == 0:
+                    lines.append("  " + "-+-".join("-" * w for w in widths))
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        parts = [f"<div><p>{esc(self._header())}</p><table><thead><tr>"
+                 + "".join(f"<th>{esc(c)}</th>" for c in self._COLUMNS) + "</tr></thead><tbody>"]
+        for row in self._rows():
+            parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
+        parts.append("</tbody></table>")
+        asm = "AMDGCN" if self.target.startswith("gfx") else "PTX"
+        for k in self.kernels:  # long texts collapsed: open the one you want
+            parts.append(f"<details><summary>{esc(k.name)}: Triton source</summary><pre>{esc(k.triton_source)}</pre>"
+                         f"</details><details><summary>{esc(k.name)}: {asm} ({len(k.asm.splitlines())} lines)"
+                         f"</summary><pre>{esc(k.asm)}</pre></details>")
+        return "".join(parts) + "</div>"
 
 
 def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
+    """Record ``fn(*args, **kwargs)``, schedule it (nothing runs) and compile its kernels for ``target``:
+    each fused kernel as the call would generate it; for a library op, its kernel module's representative
+    specializations that match the call (input dtype, and features such as the epilogue or causal mask)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
     out = fn(*args, **kwargs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    reports = []
+    reports, kinds = [], []
     roots = unrealized_bases(outs)
     expand_composites(roots)
     for step in schedule(roots):
         if isinstance(step, KernelStep):
             reports.append(compile_for(fused_spec(step), target))
+            kinds.append("fused kernel")
         elif isinstance(step, LibraryCall):
-            reports.extend(compile_for(spec, target) for spec in library_specs(step.node.prim.name))
-    return Inspection(target, reports)
+            name = step.node.prim.name
+            for spec in matching_specs(step.node, target):
+                reports.append(compile_for(spec, target))
+                kinds.append(f"{name} (representative spec)")
+    return Inspection(target, reports, kinds)
 
 
 def fused_spec(step: KernelStep) -> KernelSpec:
@@ -81,15 +124,63 @@ def _scalar_type(value) -> str:
     return "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
 
 
-_LIBRARY_MODULES = {"matmul": "gemm", "gemm": "gemm", "ragged_dot": "ragged_dot", "attention": "attention",
-                    "rms_norm": "rms_norm", "softmax": "softmax", "top_k": "top_k",
-                    "softmax_top_k": "top_k", "scaled_matmul": "scaled_matmul"}
+_MX_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "uint8": "e2m1", "bfloat16": "bf16"}
+_LIBRARY_MODULES = {"matmul": "gemm", "gemm": "gemm", "matmul_epilogue": "gemm", "ragged_dot": "ragged_dot",
+                    "attention": "attention", "rms_norm": "rms_norm", "softmax": "softmax", "top_k": "top_k",
+                    "softmax_top_k": "top_k", "scaled_matmul": "scaled_matmul", "mx_quantize": "mx",
+                    "mx_dequantize": "mx"}
 
 
-def library_specs(name: str) -> list:
+def library_specs(name: str, target: str | None = None) -> list:
+    """The representative specializations a library op's kernel module lists (with ``target``'s configs
+    where the module takes a target)."""
     module = _LIBRARY_MODULES.get(name)
     if module is None:
         return []
     mod = importlib.import_module(f"flyarray.kernels.{module}")
-    return list(mod.compile_specs()) if hasattr(mod, "compile_specs") else []
+    if not hasattr(mod, "compile_specs"):
+        return []
+    params = list(pyinspect.signature(mod.compile_specs).parameters)
+    takes_target = bool(params) and params[0] in ("target", "arch")
+    specs = list(mod.compile_specs(target) if takes_target and target else mod.compile_specs())
+    others = [t for t in TARGETS if t != target] if target else []
+    return [s for s in specs if not any(s.name.endswith(f"_{t}") for t in others)]  # another arch's tiles
 
+
+def matching_specs(node, target: str | None = None) -> list:
+    """The specs of a library node's op that match the call: its first input's dtype, then (where some
+    spec has them) the features its kwargs ask for (an epilogue activation, a causal mask). All specs
+    where none matches the dtype: the op is shown, not hidden."""
+    specs = library_specs(node.prim.name, target)
+    pointer = _POINTER.get(node.inputs[0].dtype.name) if node.inputs else None
+    same = [s for s in specs if _first_pointer(s) == pointer]
+    if not same:
+        return specs
+    kwargs = node.params.get("kwargs", {}) if isinstance(node.params, dict) else {}
+    tests = [lambda name: "bwd" not in name]  # the call is a forward op; backward kernels are their own ops
+    if node.prim.name == "scaled_matmul":  # the MX formats of both operands, as the spec names spell them
+        fmts = "x".join(_MX_NAMES.get(n.dtype.name, n.dtype.name) for n in node.inputs[:2])
+        tests.append(lambda name, fmts=fmts: f"_{fmts}" in name)
+    if node.prim.name == "attention":
+        tests.append(lambda name, d=node.inputs[0].shape[-1]: f"_d{d}" in name)  # the head dim
+    for wanted in tests + _features(kwargs):
+        narrowed = [s for s in same if wanted(s.name)]
+        if narrowed:
+            same = narrowed
+    return same
+
+
+def _first_pointer(spec) -> str | None:
+    return next((t[1:] for t in spec.signature.values() if t.startswith("*")), None)
+
+
+def _features(kwargs: dict) -> list:
+    """Tests on a spec's name for what the call's kwargs ask for (the names say what a spec fuses)."""
+    out = []
+    if kwargs.get("activation"):
+        out.append(lambda name, act=str(kwargs["activation"]): act in name)
+    if "has_residual" in kwargs:
+        out.append(lambda name, res=bool(kwargs["has_residual"]): ("residual" in name) == res)
+    if "is_causal" in kwargs:
+        out.append(lambda name, causal=bool(kwargs["is_causal"]): ("causal" in name) == causal)
+    return out

@@ -163,3 +163,17 @@ def test_the_semantics_doc_example_runs():
         assert fa.stats()["kernels_launched"] == 0 and fa.stats()["kernels_compiled"] == 0
     finally:
         fa.set_backend(None)
+
+
+def test_notebook_display_of_a_lazy_array_runs_nothing(cpu_backend):
+    formatters = pytest.importorskip("IPython.core.formatters")
+    x = fa.nn.softmax(fa.asarray(_t(4, 8)) * 2.0)
+    fa.reset_stats()
+    data, _ = formatters.DisplayFormatter().format(x)  # what Jupyter does with a cell ending in x
+    assert fa.stats()["evaluations"] == 0 and fa.stats()["kernels_launched"] == 0
+    assert x._node.buffer is None
+    assert "lazy fa.Array float32[4, 8], not evaluated" in data["text/plain"]
+    assert "fa.explain" in data["text/plain"] and "<table>" in data["text/html"] and "exp" in data["text/html"]
+    fa.eval(x)
+    data, _ = formatters.DisplayFormatter().format(x)  # evaluated: the values, as repr shows them
+    assert set(data) == {"text/plain"} and data["text/plain"] == repr(x) and data["text/plain"].startswith("Array(")

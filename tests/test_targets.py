@@ -66,3 +66,21 @@ def test_inspect_reports_matrix_instructions_for_a_dot():
 def test_inspect_unknown_target_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown target"):
         fa.inspect(lambda x: x + 1, _x((4,)), target="gfx1100")
+
+
+def test_inspect_shows_the_calls_kernels_readably():
+    """A fused kernel and the library spec that matches the call (dtype, epilogue), as a table and as HTML
+    with each kernel's source and assembly collapsed; fa.inspect launches nothing."""
+    bf16 = torch.bfloat16
+    a, b, bias = _x((64, 128), bf16), _x((128, 32), bf16), _x((32,), bf16)
+    fa.reset_stats()
+    result = fa.inspect(lambda a, b, c: (fa.silu(a @ b + c), fa.exp(c * 2.0)), a, b, bias, target="gfx950")
+    assert fa.stats()["kernels_launched"] == 0
+    assert sorted(result.kinds) == ["fused kernel", "matmul_epilogue (representative spec)"]
+    gemm = result.kernels[result.kinds.index("matmul_epilogue (representative spec)")]
+    assert "bf16" in gemm.name and "silu" in gemm.name and gemm.matrix_instructions[0].startswith("v_mfma")
+    text = repr(result).splitlines()
+    assert "VGPRs" in text[0] and len({line.index("|") for line in text[1:] if "|" in line}) == 1
+    page = result._repr_html_()
+    assert page.count("<details>") == 4 and "AMDGCN" in page and "Triton source" in page
+    assert "def kernel(" in page and "tl.load" in page and "v_mfma" in page

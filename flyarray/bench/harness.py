@@ -50,6 +50,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from flyarray import progress
+
 SUITES = ["elementwise", "norms", "topk", "gemm", "attention", "mx", "overhead", "training"]
 
 
@@ -369,12 +371,15 @@ def run(suites=None, small: Optional[bool] = None, json_path: Optional[str] = No
                 json.dump(report, f, indent=1)
     print(format_table([]).splitlines()[0], file=sys.stderr, flush=True)
     for suite in suites or SUITES:
-        for case in suite_cases(suite, device, small) or []:
-            row = run_case(case, device, bandwidth)
-            row["suite"] = suite
-            rows.append(row)
-            save()
-            print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+        cases = suite_cases(suite, device, small) or []
+        with progress.bar(len(cases), f"bench {suite}") as bar:  # on a terminal only (flyarray/progress.py)
+            for case in cases:
+                row = run_case(case, device, bandwidth)
+                row["suite"] = suite
+                rows.append(row)
+                save()
+                bar.write(format_table([row]).splitlines()[-1])
+                bar.update()
     save()
     print(format_table(rows))
     return rows

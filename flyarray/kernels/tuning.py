@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import warnings
 from typing import Callable, Iterable, Optional
 
 import torch
 
-from flyarray import config, diskcache
+from flyarray import config, diskcache, progress
 
 _memory: dict = {}  # kernel -> {key: config}
 
@@ -86,27 +85,6 @@ def save(kernel: str, key: str, cfg: dict) -> None:
         diskcache.write_atomic(folder, f"{kernel}.json", json.dumps(table, indent=1, sort_keys=True).encode())
 
 
-class _Progress:
-    """A one-line progress bar on stderr, shown only once tuning has taken over a second."""
-
-    def __init__(self, label: str, total: int):
-        self.label, self.total, self.start, self.shown = label, total, time.perf_counter(), False
-
-    def step(self, done: int) -> None:
-        if time.perf_counter() - self.start < 1.0 and not self.shown:
-            return
-        self.shown = True
-        width = 30
-        filled = int(width * done / max(self.total, 1))
-        sys.stderr.write(f"\rtuning {self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def time_config(run: Callable[[dict], None], cfg: dict) -> float:
     """Median ms of ``run(cfg)``; inf if the config fails (e.g. out of shared memory)."""
     import triton.testing
@@ -132,12 +110,11 @@ def tune(kernel: str, key: str, candidates: list, run: Callable[[dict], None], d
         return table[key]
     if not torch.cuda.is_available():
         return default  # never tune on the CPU / interpreter
-    progress = _Progress(key, len(candidates))
     timings = []
-    for i, cfg in enumerate(candidates):
-        timings.append(time_config(run, cfg))
-        progress.step(i + 1)
-    progress.close()
+    with progress.bar(len(candidates), f"tuning {key}", delay=1.0) as bar:  # a terminal only (progress.py)
+        for cfg in candidates:
+            timings.append(time_config(run, cfg))
+            bar.update()
     best_ms, best = min(zip(timings, range(len(candidates))))
     chosen = candidates[best] if best_ms != float("inf") else default
     if config.log_level() >= 1:

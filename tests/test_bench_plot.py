@@ -1,0 +1,53 @@
+"""python -m flyarray bench --plot: a PNG per run, drawn from the rows; a clear error without matplotlib."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flyarray.bench import harness
+
+pytest.importorskip("matplotlib")
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _tiny_case():
+    import flyarray as fa
+    x = torch.randn(64)
+    return harness.Case("tiny exp", ours=lambda: fa.exp(fa.asarray(x)).torch(), eager=lambda: torch.exp(x),
+                        compilable=lambda: torch.exp(x), bytes_moved=2 * x.nbytes)
+
+
+def test_cli_writes_a_png_and_only_where_asked(tmp_path, monkeypatch):
+    from flyarray.__main__ import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(harness, "copy_bandwidth", lambda device, small: 1e10)
+    monkeypatch.setattr(harness, "SUITES", ["tiny"])
+    monkeypatch.setattr(harness, "suite_cases", lambda suite, device, small: [_tiny_case()])
+    run_case = harness.run_case  # quick: no torch.compile, two calls a repeat (seconds, not minutes)
+    monkeypatch.setattr(harness, "run_case", lambda case, device, bandwidth: run_case(
+        case, device, bandwidth, compile=False, host_iters=2, repeats=1))
+    out = tmp_path / "bench.png"
+    assert main(["bench", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.png"]  # no bench.json without --json
+
+
+def test_plot_draws_rows_with_missing_values_and_failures(tmp_path):
+    from flyarray.bench.plot import plot
+    rows = [{"name": "all three", "status": "ok", "ours_ms": 0.01, "eager_ms": 0.02, "compile_ms": 0.005},
+            {"name": "no compile", "status": "ok", "ours_ms": 0.01, "eager_ms": 0.02, "compile_ms": None},
+            {"name": "broken", "status": "WRONG (rel error 1 > 0.01)"},
+            {"name": "  probe", "status": "ok", "ours_ms": 1.0}]
+    path = plot(rows, str(tmp_path / "p.png"))
+    data = Path(path).read_bytes()
+    assert data[:8] == PNG and len(data) > 5000
+    assert plot([], str(tmp_path / "empty.png")) and (tmp_path / "empty.png").read_bytes()[:8] == PNG
+
+
+def test_missing_matplotlib_is_a_clear_error(monkeypatch):
+    from flyarray.bench import plot
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        plot.require()

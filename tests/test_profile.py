@@ -1,0 +1,141 @@
+"""fa.profile(): every kernel launched inside the block is recorded, with what it is and what it moved."""
+import pytest
+import torch
+
+import flyarray as fa
+from flyarray import plan, profiling
+
+from .interpreter_probe import INTERPRETER_PROBLEM
+
+
+@pytest.fixture(params=["reference", "interpret"])
+def cpu_backend(request):
+    if request.param == "interpret" and INTERPRETER_PROBLEM:
+        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
+    fa.set_backend(request.param)
+    fa.reset_stats()
+    yield request.param
+    fa.set_backend(None)
+
+
+def _t(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _workload():
+    """A fused row kernel, a library GEMM, an elementwise kernel and a fa.jit replay (which runs a plan too)."""
+    x = fa.asarray(_t(8, 16))
+    fa.nn.softmax(x * 2.0).torch()
+    (fa.asarray(_t(8, 16)) @ fa.asarray(_t(16, 4, seed=1))).torch()
+    fa.exp(x + 1.0).torch()
+    step = fa.jit(lambda a: fa.tanh(a) * 3.0)
+    step(x).torch()
+    step(x).torch()
+
+
+def test_profile_sees_every_kernel_launched_inside_it(cpu_backend):
+    _workload()  # compile outside the block: the profile must count replays as well as misses
+    fa.reset_stats()
+    with fa.profile() as prof:
+        _workload()
+    launched = fa.stats()["kernels_launched"]
+    assert launched >= 5
+    assert prof.calls == launched
+    names = " ; ".join(r.name for r in prof.rows)
+    for op in ("exp", "sum", "max", "matmul", "tanh"):
+        assert op in names, names
+    tanh = next(r for r in prof.rows if "tanh" in r.name)
+    assert tanh.calls == 2 and tanh.kind == "fused kernel"  # both jit replays, one row
+    assert all(r.total_s > 0 for r in prof.rows)
+    assert abs(prof.total_s - sum(r.mean_s * r.calls for r in prof.rows)) < 1e-9
+
+
+def test_nothing_is_recorded_outside_and_plan_run_is_restored(cpu_backend):
+    original = plan.Plan.run
+    with fa.profile() as prof:
+        assert plan.Plan.run is not original or getattr(plan, "profiling", None) is not None
+    fa.exp(fa.asarray(_t(4))).torch()
+    assert prof.calls == 0 and not prof.rows
+    assert plan.Plan.run is original  # no cost when not profiling: the plain loop
+    assert profiling.recording == []
+
+
+def test_bytes_and_flops(cpu_backend):
+    a, b = fa.asarray(_t(8, 16)), fa.asarray(_t(16, 4, seed=1))
+    x = fa.asarray(_t(32, 8))
+    with fa.profile() as prof:
+        (a @ b).torch()
+        fa.exp(x).torch()
+    gemm = next(r for r in prof.rows if r.name.startswith("matmul"))
+    assert gemm.flops == 2 * 8 * 4 * 16
+    assert gemm.bytes == (8 * 16 + 16 * 4 + 8 * 4) * 4
+    assert gemm.tflops is not None and gemm.tflops > 0
+    ew = next(r for r in prof.rows if "exp" in r.name)
+    assert ew.bytes == 2 * 32 * 8 * 4 and ew.flops == 0 and ew.tflops is None
+
+
+def test_broadcast_input_counts_its_storage_once(cpu_backend):
+    x = fa.broadcast_to(fa.asarray(_t(1, 8)), (64, 8))
+    with fa.profile() as prof:
+        fa.exp(x + 0.0).torch()
+    assert prof.rows[0].bytes == 8 * 4 + 64 * 8 * 4  # the (1, 8) input read once, not 64 times
+
+
+def test_text_and_html_say_how_it_was_timed(cpu_backend):
+    with fa.profile() as prof:
+        fa.exp(fa.asarray(_t(4, 4))).torch()
+    text = str(prof)
+    assert "wall clock" in text and "fused: exp" in text and "GB/s" in text
+    lines = text.splitlines()
+    assert len({len(line) for line in lines[1:]}) == 1  # header, rule and rows aligned
+    page = prof._repr_html_()
+    assert "<table>" in page and "wall clock" in page and "fused: exp" in page
+
+
+def test_nested_profiles_both_record(cpu_backend):
+    with fa.profile() as outer:
+        fa.exp(fa.asarray(_t(4))).torch()
+        with fa.profile() as inner:
+            fa.sin(fa.asarray(_t(4))).torch()
+    assert outer.calls == 2 and inner.calls == 1
+
+
+def test_reentering_one_profile_is_an_error(cpu_backend):
+    prof = fa.profile()
+    with prof, pytest.raises(RuntimeError, match="already open"):
+        prof.__enter__()
+
+
+def test_the_plan_hook_for_plan_py(cpu_backend, monkeypatch):
+    """The change the report asks plan.py to make: Plan.run hands its loop to profiling.run_steps."""
+    def run(self, leaves, scalars):  # Plan.run with the hook, as proposed for plan.py
+        if self.static_scalars:
+            scalars = scalars + self.static_scalars
+        slots = leaves + [None] * (self.n_slots - self.n_leaves)
+        if profiling.recording:  # fa.profile() is open: time each step (profiling.py)
+            profiling.run_steps(self, slots, scalars)
+            return slots
+        for step in self.steps:
+            step(slots, scalars)
+        return slots
+    monkeypatch.setattr(plan.Plan, "run", run)
+    monkeypatch.setattr(plan, "profiling", profiling, raising=False)
+    fa.reset_stats()
+    with fa.profile() as prof:
+        assert plan.Plan.run is run  # the hook is applied: nothing is swapped
+        fa.nn.rms_norm(fa.asarray(_t(4, 8)), fa.asarray(_t(8, seed=1))).torch()
+        fa.exp(fa.asarray(_t(4))).torch()
+    assert prof.calls == fa.stats()["kernels_launched"] >= 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_profile_uses_cuda_events():
+    x = fa.asarray(torch.randn(1024, 1024, device="cuda"))
+    fa.nn.softmax(x).torch()
+    fa.reset_stats()
+    with fa.profile() as prof:
+        for _ in range(3):
+            fa.nn.softmax(x).torch()
+    assert prof.clock == "cuda events" and "CUDA events" in str(prof)
+    assert prof.calls == fa.stats()["kernels_launched"] == 3
+    assert prof.limit_gbps and prof.rows[0].gbps
