@@ -37,6 +37,9 @@ from . import config
 MAX_ENTRY_BYTES = 8 << 20  # kernel sources and tuning tables are kilobytes; a bigger "entry" is an attack
 
 _lock = threading.RLock()
+# CPython 3.11's compile() is not safe in two threads at once (SystemError: AST constructor recursion
+# depth mismatch, seen in tests/test_plan.py's thread test): every compile of generated source takes it.
+COMPILE_LOCK = threading.Lock()
 _dirs: dict = {}  # (root, name) -> verified directory, or None when it cannot be used
 _warned = False
 _unwritable: set = set()  # directories a write failed in: not retried this process
@@ -259,7 +262,8 @@ def load_module(text: str, name: str) -> types.ModuleType:
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     filename = f"<flyarray {name} sha256={digest}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-    code = compile(text, filename, "exec", dont_inherit=True)
+    with COMPILE_LOCK:
+        code = compile(text, filename, "exec", dont_inherit=True)
     module = types.ModuleType(name)
     module.__flyarray_source__ = text  # keeps the text with the module, e.g. to re-register it in linecache
     sys.modules[name] = module  # Triton resolves a kernel's globals through its module

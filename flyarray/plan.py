@@ -27,8 +27,7 @@ import weakref
 
 import torch
 
-from . import codegen, config, ir, runtime
-from . import _profiler
+from . import codegen, config, ir, profiling, runtime
 from .kernel_ir import Kernel
 from .expand import expand_composites
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
@@ -134,10 +133,11 @@ class Plan:
         if self.static_scalars:
             scalars = scalars + self.static_scalars
         slots = leaves + [None] * (self.n_slots - self.n_leaves)
-        if _profiler.enabled():
-            for step, label in zip(self.steps, self.labels):
-                with _profiler.step(label):
-                    step(slots, scalars)
+        if profiling.recording:  # fa.profile() is open: each launch timed (profiling.py)
+            profiling.run_steps(self, slots, scalars)
+            return slots
+        if profiling.torch_profiler_on():  # torch.profiler records: each step in a range named by its label
+            profiling.run_labelled(self, slots, scalars)
             return slots
         for step in self.steps:
             step(slots, scalars)
@@ -227,7 +227,7 @@ class _Builder:
                     slots[slot] = template.new_empty(shape)
                 launch([slots[i] for i in ins], [slots[o] for o in outs], [scalars[j] for j in sc])
         self.steps.append(run_kernel)
-        self.labels.append(_profiler.kernel_label(kernel))
+        self.labels.append(profiling.kernel_label(kernel))
         self.description.append(("kernel", spec.key if spec else _kernel_key(kernel), tuple(spec.args) if spec else (),
                                  tuple(ins), tuple(outs), tuple(sc), tuple((n.shape, slot) for n, slot in fresh)))
         runtime._log(2, f"  kernel {spec.key[:12] if spec else 'reference'}: {len(kernel.ops)} ops, "
@@ -280,7 +280,7 @@ class _Builder:
                 # fused kernels read a library output as contiguous (its layout is planned before it exists)
                 slots[slot] = value if value.is_contiguous() else value.contiguous()
         self.steps.append(run_library)
-        self.labels.append(_profiler.library_label(prim.name, kwargs))
+        self.labels.append(profiling.library_label(prim.name, kwargs))
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs)))
 
 

@@ -25,6 +25,10 @@ import threading
 import time
 
 import torch
+import torch.autograd.profiler as _torch_profiler
+from torch.profiler import record_function
+
+from .kernel_ir import Elementwise, Reduce
 
 recording: list = []  # the open profiles; mutated in place, never rebound (plan.py may hold a reference)
 _lock = threading.Lock()
@@ -375,6 +379,35 @@ def _fmt_time(seconds: float) -> str:
 def _fmt_bytes(n: int) -> str:
     from .explain import _fmt_bytes as fmt
     return fmt(n)
+
+
+# ---- torch.profiler: labels per plan step ------------------------------------------------------------
+def torch_profiler_on() -> bool:
+    """Whether torch.profiler records now (one attribute read): plan steps then get labelled ranges."""
+    return _torch_profiler._is_profiler_enabled
+
+
+def run_labelled(plan, slots: list, scalars: list) -> None:
+    """``Plan.run``'s loop while torch.profiler records: each step inside a range named by its label,
+    so a trace shows ``fa::fused(exp,add)`` / ``fa::rms_norm+residual`` around the kernel it launched."""
+    for step, label in zip(plan.steps, plan.labels):
+        with record_function(label):
+            step(slots, scalars)
+
+
+def kernel_label(kernel) -> str:
+    names = []
+    for op in kernel.ops:
+        if isinstance(op, (Elementwise, Reduce)) and op.prim not in names:
+            names.append(op.prim)
+    return f"fa::fused({','.join(names)})"
+
+
+def library_label(name: str, kwargs: dict) -> str:
+    """The op and the options that change what runs: flags set True, and string choices."""
+    extras = [k if v is True else str(v) for k, v in sorted(kwargs.items())
+              if v is True or (isinstance(v, str) and v)]
+    return "+".join([f"fa::{name}", *extras])
 
 
 __all__ = ["KernelRow", "Profile", "profile", "recording", "run_steps"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..diskcache import COMPILE_LOCK
 from ..kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce
 from ..primitives import ELEMENTWISE, REDUCE
 from ..views import View
@@ -68,7 +69,9 @@ def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None):
         stores.append(f"store{k}(v{st.op}, outputs[{k}], inputs)")
     body.append(f"return [{', '.join(stores)}]")
     source = "def run(inputs, outputs, scalars):\n" + "".join(f"    {line}\n" for line in body)
-    exec(compile(source, f"<flyarray reference kernel {id(kernel):x}>", "exec"), env)
+    with COMPILE_LOCK:  # see there: compile() in two threads at once can fail on CPython 3.11
+        code = compile(source, f"<flyarray reference kernel {id(kernel):x}>", "exec")
+    exec(code, env)
     return env["run"]
 
 
