@@ -41,9 +41,10 @@ def launches(program) -> int:
 
 def worth_a_graph(program, arguments, out_slots, forced) -> bool:
     """The rule of the module docstring, for one trace's plan and the arguments it reads."""
-    if program is None or forced is False or not config.cuda_graphs() or runtime.backend_name() != "gpu":
+    if program is None or forced is False or not config.cuda_graphs() or not arguments:
         return False
-    if not arguments or arguments[0].device.type != "cuda" or not torch.cuda.is_available():
+    device = arguments[0].device
+    if device.type != "cuda" or not torch.cuda.is_available() or runtime.backend_for(device) != "gpu":
         return False
     if forced:
         return True

@@ -16,7 +16,7 @@ def _plan(kernels):
 
 
 def test_the_rule_weighs_launches_against_copies(monkeypatch):
-    monkeypatch.setattr(graphs.runtime, "backend_name", lambda: "gpu")
+    monkeypatch.setattr(graphs.runtime, "backend_for", lambda device: "gpu")
     monkeypatch.setattr(graphs.torch.cuda, "is_available", lambda: True)
     arg = types.SimpleNamespace(device=torch.device("cuda"), numel=lambda: 1024, element_size=lambda: 4)
     assert graphs.worth_a_graph(_plan(6), [arg, arg], [0], None)  # 6 launches > 2 in + 1 out + 1
@@ -50,8 +50,9 @@ def _layers(x, w):
 
 
 @gpu
-def test_a_multi_kernel_trace_replays_as_one_graph():
-    fa.set_backend("gpu")
+@pytest.mark.parametrize("chosen", [None, "gpu"])  # the default backend for CUDA data, and chosen by name
+def test_a_multi_kernel_trace_replays_as_one_graph(chosen):
+    fa.set_backend(chosen)
     try:
         w = torch.randn(64, 64, device="cuda") / 8
         f, plain = fa.jit(_layers), fa.jit(_layers, cuda_graph=False)
