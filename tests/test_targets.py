@@ -83,4 +83,4 @@ def test_inspect_shows_the_calls_kernels_readably():
     assert "VGPRs" in text[0] and len({line.index("|") for line in text[1:] if "|" in line}) == 1
     page = result._repr_html_()
     assert page.count("<details>") == 4 and "AMDGCN" in page and "Triton source" in page
-    assert "def kernel(" in page and "tl.load" in page and "v_mfma" in page
+    assert "def fa_" in page and "tl.load" in page and "v_mfma" in page
