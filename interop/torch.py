@@ -1,15 +1,17 @@
-"""flyarray <-> PyTorch: zero-copy round trips, and differentiable torch ops backed by our kernels.
+"""flyarray <-> PyTorch: zero-copy round trips, torch custom ops backed by our kernels, and the
+``torch.compile`` backend (docs/torch.md).
 
     import flyarray.interop.torch as fat
-    y = fat.rms_norm(x, w)                        # torch.autograd sees it; forward and backward are ours
+    y = fat.rms_norm(x, w)                        # torch.ops.flyarray.rms_norm: autograd and torch.compile see it
     f = fat.function(lambda a, b: fa.silu(a) * b)  # torch tensors in, torch tensors out, fused and cached
+    model = fat.accelerate(model)                 # torch.compile(model, backend="flyarray")
 """
 from __future__ import annotations
 
 import torch
 
 import flyarray as fa
-from flyarray.ops import checks
+from . import torch_ops  # noqa: F401  (registers torch.ops.flyarray.*)
 
 
 def to_torch(x) -> torch.Tensor:
@@ -40,47 +42,65 @@ def function(fn):
 
 
 def rms_norm(x: torch.Tensor, weight=None, eps: float = 1e-6, residual=None):
-    """Differentiable RMSNorm (kernels/rms_norm.py); with ``residual`` returns (y, x + residual).
-
-    Arguments are checked as fa.nn.rms_norm checks them (flyarray/ops/checks.py) before any launch:
-    the kernels trust shapes and dtypes (a short weight would be read past its end)."""
-    from flyarray.kernels.rms_norm import rms_norm as _rms_norm
-    op = "rms_norm"
-    xa, wa, ra = _avals(op, x=x, weight=weight, residual=residual)
-    checks.check_norm(op, xa, weight=wa, residual=ra, eps=eps, allowed=checks.KERNEL_FLOATS)
-    return _rms_norm(x, weight, float(eps), residual)
+    """Differentiable RMSNorm (``torch.ops.flyarray.rms_norm``); with ``residual`` returns (y, x + residual)
+    (``torch.ops.flyarray.add_rms_norm``). Arguments are checked before any launch."""
+    if residual is None:
+        return torch.ops.flyarray.rms_norm(x, weight, float(_number("rms_norm", "eps", eps)))
+    return torch.ops.flyarray.add_rms_norm(x, residual, weight, float(_number("rms_norm", "eps", eps)))
 
 
 def softmax(x: torch.Tensor, dim: int = -1, log: bool = False):
-    """Differentiable softmax / log_softmax (kernels/softmax.py); checked as fa.nn.softmax is."""
-    from flyarray.kernels.softmax import SoftmaxFunction
-    op = "log_softmax" if log else "softmax"
+    """Differentiable softmax / log_softmax along ``dim`` (``torch.ops.flyarray.softmax``)."""
     if not isinstance(log, bool):
         raise TypeError(f"softmax: log must be a bool, got {log!r}")
-    (xa,) = _avals(op, x=x)
-    dim = checks.check_softmax(op, xa, dim, checks.KERNEL_FLOATS, name="dim")
-    return SoftmaxFunction.apply(x, dim, log)
+    return torch.ops.flyarray.softmax(x, _int("softmax", "dim", dim), log)
 
 
 def dot_product_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=False):
-    """Differentiable flash attention in (batch, seq, heads, head_dim) layout (kernels/attention.py).
-
-    Checked by the rule fa.nn.dot_product_attention records with (ops/library_ops.py) before any launch."""
-    from flyarray.kernels.attention import dot_product_attention as _attention
-    from flyarray.ops.library_ops import _attention_abstract
-    op = "dot_product_attention"
-    avals = _avals(op, query=q, key=k, value=v, bias=bias, mask=mask)
-    _attention_abstract(*[a for a in avals if a is not None], scale=scale, is_causal=bool(is_causal),
-                        has_bias=bias is not None, has_mask=mask is not None)
-    return _attention(q, k, v, bias, mask, scale=scale, is_causal=bool(is_causal))
+    """Differentiable flash attention in (batch, seq, heads, head_dim) layout
+    (``torch.ops.flyarray.dot_product_attention``); GQA when key/value have fewer heads."""
+    scale = None if scale is None else float(_number("dot_product_attention", "scale", scale))
+    return torch.ops.flyarray.dot_product_attention(q, k, v, bias, mask, scale, bool(is_causal))
 
 
-_OPTIONAL = {"weight", "residual", "bias", "mask"}
+def matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None):
+    """Differentiable ``[out_dtype]([residual +] [activation](a @ b [+ bias]))`` as one GEMM with a fused
+    epilogue (``torch.ops.flyarray.matmul``); activation: relu, silu, gelu, gelu_tanh or None."""
+    return torch.ops.flyarray.matmul(a, b, bias, residual, activation, out_dtype)
 
 
-def _avals(op, **tensors):
-    """Shape/dtype/device of each tensor argument (None stays None); all on one device."""
-    avals = {name: None if t is None and name in _OPTIONAL else checks.aval(op, name, t)
-             for name, t in tensors.items()}
-    checks.same_device(op, **avals)
-    return tuple(avals.values())
+def ragged_dot(lhs, rhs, group_sizes):
+    """Differentiable grouped GEMM (``torch.ops.flyarray.ragged_dot``): rows of group i of lhs [m, k] times
+    rhs[i] [k, n]."""
+    return torch.ops.flyarray.ragged_dot(lhs, rhs, group_sizes)
+
+
+def top_k(x, k: int):
+    """(values, int32 indices) of the k largest along the last axis (``torch.ops.flyarray.top_k``);
+    differentiable in the values."""
+    return torch.ops.flyarray.top_k(x, _int("top_k", "k", k))
+
+
+def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype=torch.bfloat16):
+    """MX GEMM (``torch.ops.flyarray.scaled_matmul``): operands from ``mx_quantize``, K-major."""
+    return torch.ops.flyarray.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
+
+
+def mx_quantize(x, fmt: str, axis: int = -1, block_size: int = 32):
+    """(data, E8M0 scales) of x in MX format ``fmt`` (e4m3, e5m2, e2m1) (``torch.ops.flyarray.mx_quantize``)."""
+    if not isinstance(fmt, str):
+        raise TypeError(f"mx_quantize: fmt must be a str (e4m3, e5m2, e2m1), got {fmt!r}")
+    return torch.ops.flyarray.mx_quantize(x, fmt, _int("mx_quantize", "axis", axis),
+                                          _int("mx_quantize", "block_size", block_size))
+
+
+def _number(op, name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{op}: {name} must be a real number, got {value!r}")
+    return value
+
+
+def _int(op, name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+    return value
