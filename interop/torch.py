@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 
 import flyarray as fa
+from . import torch_backend
 from . import torch_ops  # noqa: F401  (registers torch.ops.flyarray.*)
+
+torch_backend.register()  # backend="flyarray" from a source tree too (a pip install registers the entry point)
 
 
 def to_torch(x) -> torch.Tensor:
@@ -104,3 +107,66 @@ def _int(op, name, value):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
     return value
+
+
+# ---- accelerate: the one-line form ------------------------------------------------------------------------
+_MX = {"mxfp8": "e4m3", "mxfp4": "e2m1"}
+
+
+def accelerate(model: torch.nn.Module, ops=None, mx=None, sample_input=None, **compile_kwargs):
+    """``torch.compile(model, backend="flyarray")`` with flyarray's defaults: the module to call.
+
+    ``ops``: which op families to lower (a collection of names from ``torch_backend.FAMILIES``:
+    elementwise, matmul, attention, norm, softmax, topk), or a dict turning some off
+    (``{"attention": False}``); None lowers all. Everything not lowered runs as torch ops.
+    ``mx``: "mxfp8" or "mxfp4" swaps every eligible ``nn.Linear`` (in place) for MX weights with
+    ``fa.quant.quantize_linear_weights`` (``sample_input`` lets it measure the error), computed by
+    ``torch.ops.flyarray.scaled_matmul``. ``compile_kwargs`` go to ``torch.compile`` (``dynamic=``...)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"accelerate: model must be a torch.nn.Module, got {type(model).__name__}")
+    families = _families(ops)
+    if mx is not None:
+        if mx not in _MX:
+            raise ValueError(f"accelerate: mx must be one of {sorted(_MX)} or None, got {mx!r}")
+        fa.quant.quantize_linear_weights(model, sample_input, weight_format=_MX[mx])
+        _route_mx_linears(model)
+    backend = torch_backend.flyarray_backend if families is None else torch_backend.make_backend(families)
+    return torch.compile(model, backend=backend, **compile_kwargs)
+
+
+def _families(ops):
+    if ops is None:
+        return None
+    if isinstance(ops, dict):
+        unknown = set(ops) - set(torch_backend.FAMILIES)
+        if unknown:
+            raise ValueError(f"accelerate: unknown op families {sorted(unknown)}; expected some of "
+                             f"{torch_backend.FAMILIES}")
+        return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
+    if isinstance(ops, str):
+        raise TypeError("accelerate: ops must be a collection of family names or a dict, not a str")
+    return set(ops)
+
+
+def _route_mx_linears(model):
+    """Point each MXLinear at torch.ops.flyarray.scaled_matmul: its own forward launches the kernel
+    directly, which Dynamo would trace into (the interpreter shim, on a CPU)."""
+    import types
+
+    from flyarray.kernels.mx import MXLinear
+    for module in model.modules():
+        if isinstance(module, MXLinear):
+            module.forward = types.MethodType(_mx_linear_forward, module)
+
+
+def _mx_linear_forward(self, x):
+    rows = x.reshape(-1, self.in_features)
+    out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    if self.activation_format is None:
+        lhs, lhs_scales = rows.to(self._compute_dtype(x)), None
+    else:
+        lhs, lhs_scales = torch.ops.flyarray.mx_quantize(rows.contiguous(), self.activation_format, -1, 32)
+    y = torch.ops.flyarray.scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales, out_dtype)
+    if self.bias is not None:
+        y = y + self.bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], self.out_features)
