@@ -47,6 +47,7 @@ def function(fn):
 def rms_norm(x: torch.Tensor, weight=None, eps: float = 1e-6, residual=None):
     """Differentiable RMSNorm (``torch.ops.flyarray.rms_norm``); with ``residual`` returns (y, x + residual)
     (``torch.ops.flyarray.add_rms_norm``). Arguments are checked before any launch."""
+    _tensors("rms_norm", x=x, weight=weight, residual=residual)
     if residual is None:
         return torch.ops.flyarray.rms_norm(x, weight, float(_number("rms_norm", "eps", eps)))
     return torch.ops.flyarray.add_rms_norm(x, residual, weight, float(_number("rms_norm", "eps", eps)))
@@ -54,6 +55,7 @@ def rms_norm(x: torch.Tensor, weight=None, eps: float = 1e-6, residual=None):
 
 def softmax(x: torch.Tensor, dim: int = -1, log: bool = False):
     """Differentiable softmax / log_softmax along ``dim`` (``torch.ops.flyarray.softmax``)."""
+    _tensors("softmax", x=x)
     if not isinstance(log, bool):
         raise TypeError(f"softmax: log must be a bool, got {log!r}")
     return torch.ops.flyarray.softmax(x, _int("softmax", "dim", dim), log)
@@ -62,6 +64,7 @@ def softmax(x: torch.Tensor, dim: int = -1, log: bool = False):
 def dot_product_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=False):
     """Differentiable flash attention in (batch, seq, heads, head_dim) layout
     (``torch.ops.flyarray.dot_product_attention``); GQA when key/value have fewer heads."""
+    _tensors("dot_product_attention", query=q, key=k, value=v, bias=bias, mask=mask)
     scale = None if scale is None else float(_number("dot_product_attention", "scale", scale))
     return torch.ops.flyarray.dot_product_attention(q, k, v, bias, mask, scale, bool(is_causal))
 
@@ -69,28 +72,33 @@ def dot_product_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causa
 def matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None):
     """Differentiable ``[out_dtype]([residual +] [activation](a @ b [+ bias]))`` as one GEMM with a fused
     epilogue (``torch.ops.flyarray.matmul``); activation: relu, silu, gelu, gelu_tanh or None."""
+    _tensors("matmul", a=a, b=b, bias=bias, residual=residual)
     return torch.ops.flyarray.matmul(a, b, bias, residual, activation, out_dtype)
 
 
 def ragged_dot(lhs, rhs, group_sizes):
     """Differentiable grouped GEMM (``torch.ops.flyarray.ragged_dot``): rows of group i of lhs [m, k] times
     rhs[i] [k, n]."""
+    _tensors("ragged_dot", lhs=lhs, rhs=rhs, group_sizes=group_sizes)
     return torch.ops.flyarray.ragged_dot(lhs, rhs, group_sizes)
 
 
 def top_k(x, k: int):
     """(values, int32 indices) of the k largest along the last axis (``torch.ops.flyarray.top_k``);
     differentiable in the values."""
+    _tensors("top_k", x=x)
     return torch.ops.flyarray.top_k(x, _int("top_k", "k", k))
 
 
 def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype=torch.bfloat16):
     """MX GEMM (``torch.ops.flyarray.scaled_matmul``): operands from ``mx_quantize``, K-major."""
+    _tensors("scaled_matmul", lhs=lhs, rhs=rhs, lhs_scales=lhs_scales, rhs_scales=rhs_scales)
     return torch.ops.flyarray.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
 
 
 def mx_quantize(x, fmt: str, axis: int = -1, block_size: int = 32):
     """(data, E8M0 scales) of x in MX format ``fmt`` (e4m3, e5m2, e2m1) (``torch.ops.flyarray.mx_quantize``)."""
+    _tensors("mx_quantize", x=x)
     if not isinstance(fmt, str):
         raise TypeError(f"mx_quantize: fmt must be a str (e4m3, e5m2, e2m1), got {fmt!r}")
     return torch.ops.flyarray.mx_quantize(x, fmt, _int("mx_quantize", "axis", axis),
@@ -170,3 +178,10 @@ def _mx_linear_forward(self, x):
     if self.bias is not None:
         y = y + self.bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def _tensors(op, **tensors):
+    """A TypeError naming the argument for anything that is not a tensor (None where optional)."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) and not (t is None and name in torch_ops._OPTIONAL):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
