@@ -106,8 +106,8 @@ def mx_quantize(x, fmt: str, axis: int = -1, block_size: int = 32):
 
 
 def _number(op, name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{op}: {name} must be a real number, got {value!r}")
+    from flyarray.ops import checks
+    checks.check_number(op, name, value)  # fa.nn's message, word for word
     return value
 
 
