@@ -231,24 +231,31 @@ class Region:
         self.outputs = [n for n in self.nodes if any(u not in inside for u in users_outside(n))]
 
 
-def partition(graph: torch.fx.Graph, table: dict) -> list:
-    """Steps in execution order: ("torch", node) or ("region", Region)."""
+def _mutates(node) -> bool:
+    """Whether ``node`` writes to a tensor (AOTAutograd's copy_ back into a mutated input, ...)."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def partition(graph: torch.fx.Graph, table: dict, excluded=frozenset()) -> list:
+    """Steps in execution order: ("torch", node) or ("region", Region). ``excluded``: nodes that
+    run as torch ops although their op has a lowering (its dry run failed, see CompiledGraph)."""
     steps, open_region, in_region = [], None, set()  # in_region: the open region's nodes
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        lowered = _lowerable(node, table) or (
-            node.op == "call_function" and node.target is operator.getitem and node.args[0] in in_region)
+        lowered = node not in excluded and (_lowerable(node, table) or (
+            node.op == "call_function" and node.target is operator.getitem and node.args[0] in in_region))
         if lowered:
             if open_region is None:
                 open_region, in_region = Region(), set()
                 steps.append(("region", open_region))
             open_region.nodes.append(node)
             in_region.add(node)
-        elif open_region is not None and any(a in in_region for a in node.all_input_nodes):
-            open_region, in_region = None, set()
+        elif open_region is not None and (_mutates(node) or any(a in in_region for a in node.all_input_nodes)):
+            open_region, in_region = None, set()  # a write may change what the region reads: keep the order
             steps.append(("torch", node))
-        else:  # independent of the open region: it runs before it
+        else:  # independent of the open region (and writes nothing): it runs before it
             at = len(steps) - 1 if open_region is not None else len(steps)
             steps.insert(at, ("torch", node))
     for kind, item in steps:
@@ -287,8 +294,9 @@ def _fit(array, node):
     return array if array.dtype == wanted else array.astype(wanted)
 
 
-def _region_fn(region, table):
-    """The region as a function of its inputs' values, returning its outputs (traced by fa.jit)."""
+def _region_fn(region, table, on_error=None):
+    """The region as a function of its inputs' values, returning its outputs (traced by fa.jit).
+    ``on_error``: an exception type to raise, with the node, where a lowering fails."""
     def run(*values):
         env = dict(zip(region.inputs, values))
         for n in region.nodes:
@@ -296,13 +304,21 @@ def _region_fn(region, table):
             if n.target is operator.getitem:
                 env[n] = args[0][args[1]]
                 continue
-            out = table[n.target](*args, **kwargs)
-            if isinstance(out, (tuple, list)):
-                env[n] = tuple(_fit(o, ref) for o, ref in zip(out, _getitem_refs(n, len(out))))
-            else:
-                env[n] = _fit(out, n)
+            try:
+                env[n] = _lower(n, table, args, kwargs)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                raise on_error(n, exc) from exc
         return tuple(env[n] for n in region.outputs)
     return run
+
+
+def _lower(node, table, args, kwargs):
+    out = table[node.target](*args, **kwargs)
+    if isinstance(out, (tuple, list)):
+        return tuple(_fit(o, ref) for o, ref in zip(out, _getitem_refs(node, len(out))))
+    return _fit(out, node)
 
 
 class _Meta:
@@ -314,8 +330,43 @@ def _getitem_refs(node, count):
     return [_Meta(v) for v in _metas(node)][:count]
 
 
-def _as_torch(value):
-    return value.torch() if isinstance(value, fa.Array) else value
+def _meta_value(node):
+    """A stand-in for ``node``'s value to record on: a meta-device array (recording runs nothing),
+    the Python value, or None where a size is symbolic (the dry run is skipped then)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        if not all(type(d) is int for d in (*val.shape, *val.stride())):
+            return None
+        return fa.asarray(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta"))
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return None
+    return val
+
+
+def _dry_run(steps, table):
+    """Record every region once on meta arrays (nothing runs): the first node whose lowering raises
+    (a case flyarray does not cover: an int GEMM, a dtype rule that differs) is returned, so it can
+    run as the torch op instead of failing the model; None when every region records."""
+    from flyarray import config
+    for kind, region in steps:
+        if kind != "region":
+            continue
+        values = [_meta_value(n) for n in region.inputs]
+        if any(v is None for v in values):  # a symbolic size, or no recorded value: trust the lowering
+            continue
+        try:
+            _region_fn(region, table, on_error=_Failed)(*values)
+        except _Failed as failed:
+            if config.log_level() >= 1:
+                print(f"[flyarray] backend: {failed.node.target} runs as the torch op ({failed.cause!r})")
+            return failed.node
+    return None
+
+
+class _Failed(Exception):
+    def __init__(self, node, cause):
+        super().__init__(f"{node}: {cause!r}")
+        self.node, self.cause = node, cause
 
 
 class CompiledGraph:
@@ -325,8 +376,15 @@ class CompiledGraph:
         self.gm = gm
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
+        self.excluded = set()  # lowered ops whose case flyarray turned out not to cover
+        while True:
+            steps = partition(gm.graph, table, self.excluded)
+            bad = _dry_run(steps, table)
+            if bad is None:
+                break
+            self.excluded.add(bad)
         self.steps = []
-        for kind, item in partition(gm.graph, table):
+        for kind, item in steps:
             if kind == "region":
                 fn = fa.jit(_region_fn(item, table))
                 self.steps.append((kind, (item, fn)))

@@ -255,6 +255,44 @@ def test_shape_change_recompiles_correctly():
         torch.testing.assert_close(compiled(x), f(x))
 
 
+def test_marked_dynamic_sizes_run_correctly():
+    torch._dynamo.reset()
+    model = MLP()
+    compiled = torch.compile(model, backend="flyarray")
+    for rows in (5, 9, 3):
+        x = torch.randn(rows, 8)
+        torch._dynamo.mark_dynamic(x, 0)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_case_flyarray_does_not_cover_runs_as_the_torch_op():
+    torch._dynamo.reset()
+
+    def f(a, b):  # flyarray's GEMM takes floats only: the int mm must run as torch's
+        return torch.mm(a, b) * 3 + 1, torch.exp(a.float()) * 2
+
+    graphs = []
+    compiled = torch.compile(f, backend=_recording_backend(graphs))
+    a, b = torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 2))
+    for got, want in zip(compiled(a, b), f(a, b)):
+        torch.testing.assert_close(got, want)
+    assert [str(n.target) for n in graphs[0].excluded] == ["aten.mm.default"]
+
+
+def test_input_mutations_keep_their_order_batchnorm_training():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU())
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="flyarray")
+    for _ in range(2):
+        x = torch.randn(5, 8)
+        torch.testing.assert_close(compiled(x), twin(x))
+    torch.testing.assert_close(model[1].running_mean, twin[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, twin[1].running_var)
+
+
 def test_accelerate_can_turn_op_families_off():
     torch._dynamo.reset()
     torch.manual_seed(0)
