@@ -11,6 +11,7 @@ close it (it runs before the region), so shape arithmetic and unrelated torch op
 from __future__ import annotations
 
 import functools
+import json
 import operator
 
 import torch
@@ -66,6 +67,20 @@ def _select(x, dim, index):
     key = [slice(None)] * x.ndim
     key[dim] = index
     return x[tuple(key)]
+
+
+def _select_backward(grad, input_sizes, dim, index):
+    """``grad`` placed at ``index`` of axis ``dim`` of zeros (the backward of x[..., index, ...])."""
+    dim %= len(input_sizes)
+    index %= input_sizes[dim]
+    parts = []
+    for count in (index, None, input_sizes[dim] - index - 1):
+        if count is None:
+            parts.append(fa.expand_dims(grad, axis=dim))
+        elif count:
+            shape = tuple(count if i == dim else s for i, s in enumerate(input_sizes))
+            parts.append(fa.zeros(shape, dtype=grad.dtype, device=grad.device))
+    return fa.concat(parts, axis=dim) if len(parts) > 1 else parts[0]
 
 
 def _transpose(x, d0, d1):
@@ -139,6 +154,7 @@ _EW = {
         x, tuple(x.shape[i - (len(size) - x.ndim)] if s == -1 else s for i, s in enumerate(size))),
     aten.unsqueeze.default: fa.expand_dims, aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze,
     aten.squeeze.default: _squeeze, aten.slice.Tensor: _slice, aten.select.int: _select,
+    aten.select_backward.default: _select_backward,
 }
 _FAMILY_OPS = {
     "matmul": {aten.mm.default: fa.matmul, aten.bmm.default: fa.matmul, aten.addmm.default: _addmm,
@@ -156,6 +172,16 @@ _FAMILY_OPS = {
 }
 
 
+# Which family a flyarray::vjp node belongs to: that of the forward op it differentiates.
+_VJP_FAMILY = {"rms_norm": "norm", "add_rms_norm": "norm", "softmax": "softmax", "dot_product_attention": "attention",
+               "matmul": "matmul", "ragged_dot": "matmul", "top_k": "topk"}
+_VJP_ENABLED = "flyarray::vjp forward ops"  # a key of the lowering table: the ops whose vjp we lower
+
+
+def _vjp(op, statics, cotangents, primals, wanted):
+    return torch_ops.vjp_arrays(op, json.loads(statics), cotangents, primals, wanted)
+
+
 def lowerings(ops=None) -> dict:
     """ATen op -> lowering for the enabled families (``ops``: a collection of FAMILIES names; None: all)."""
     enabled = set(FAMILIES) if ops is None else set(ops)
@@ -168,6 +194,8 @@ def lowerings(ops=None) -> dict:
             table.update(ops_)
     if "topk" in enabled:
         table[aten.topk.default] = _topk
+    table[torch.ops.flyarray.vjp.default] = _vjp
+    table[_VJP_ENABLED] = {op for op, family in _VJP_FAMILY.items() if family in enabled}
     return table
 
 
@@ -202,6 +230,8 @@ def _lowerable(node, table) -> bool:
     if any(v is None for v in _metas(node)):
         return False
     t, args = node.target, node.args
+    if t is torch.ops.flyarray.vjp.default:
+        return args[0] in table[_VJP_ENABLED]
     if t is aten.native_layer_norm.default:
         return len(args[1]) == 1
     if t is aten.topk.default:
@@ -472,9 +502,14 @@ def _rms_ok(node):
 
 
 # ---- the backend -----------------------------------------------------------------------------------------
+def decompositions() -> dict:
+    """What AOTAutograd decomposes for us: the backward-only ATen ops in _DECOMPOSE."""
+    from torch._decomp import get_decompositions
+    return get_decompositions(_DECOMPOSE)
+
+
 def make_backend(ops=None):
     """A Dynamo backend lowering the op families ``ops`` (None: all of FAMILIES)."""
-    from torch._decomp import get_decompositions
     from torch._dynamo.backends.common import aot_autograd
     table = lowerings(ops)
     families = set(FAMILIES) if ops is None else set(ops)
@@ -483,8 +518,7 @@ def make_backend(ops=None):
         from torch._functorch.aot_autograd import make_boxed_func
         return make_boxed_func(CompiledGraph(gm, table))
 
-    aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                       decompositions=get_decompositions(_DECOMPOSE))
+    aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions())
 
     def backend(gm, example_inputs, **kwargs):
         rewrite_library_calls(gm, families)

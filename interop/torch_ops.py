@@ -13,6 +13,7 @@ never traced into (tracing the Triton interpreter shim is what failed with KeyEr
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Optional
 
@@ -314,15 +315,10 @@ def _(x, fmt, axis, block_size):
 
 
 # ---- derivatives: one custom op, fa.vjp of the forward ---------------------------------------------------
-@torch.library.custom_op("flyarray::vjp", mutates_args=())
-def vjp(op: str, statics: str, cotangents: list[Optional[Tensor]], primals: list[Optional[Tensor]],
-        wanted: list[bool]) -> list[Tensor]:
-    """The cotangents of ``primals`` (those ``wanted``) for flyarray op ``op`` through ``fa.vjp``.
-
-    ``statics`` is the op's non-tensor arguments as JSON (a string keeps the schema one for every op)."""
-    if op not in FORWARD:
-        raise ValueError(f"flyarray::vjp: unknown op {op!r}; expected one of {sorted(FORWARD)}")
-    kwargs = json.loads(statics)
+def vjp_arrays(op, kwargs, cotangents, primals, wanted):
+    """On fa arrays (None where absent): the cotangents of the ``wanted`` primals of ``FORWARD[op]``,
+    each in its primal's dtype. flyarray::vjp runs this under fa.jit; the torch.compile backend
+    records it inside a region, so the backward fuses with what is around it."""
     present = [i for i, p in enumerate(primals) if p is not None]
 
     def f(*arrays):
@@ -331,14 +327,31 @@ def vjp(op: str, statics: str, cotangents: list[Optional[Tensor]], primals: list
             full[i] = a
         return FORWARD[op](*full, **kwargs)
 
-    out, pull = fa.vjp(f, *[fa.asarray(primals[i]) for i in present])
-    cts = [None if c is None else fa.asarray(c) for c in cotangents]
-    grads = pull(tuple(cts) if isinstance(out, tuple) else cts[0])
-    by_position = dict(zip(present, grads))
+    out, pull = fa.vjp(f, *[primals[i] for i in present])
+    grads = dict(zip(present, pull(tuple(cotangents) if isinstance(out, tuple) else cotangents[0])))
+    return [grads[i] if grads[i].dtype == primals[i].dtype else grads[i].astype(primals[i].dtype)
+            for i, w in enumerate(wanted) if w]
+
+
+@functools.lru_cache(maxsize=256)
+def _jitted_vjp(op, statics, wanted):
+    """One fa.jit per (op, statics, wanted): later calls replay the traced plan (no re-recording)."""
+    kwargs = json.loads(statics)
+    return fa.jit(lambda cotangents, primals: vjp_arrays(op, kwargs, cotangents, primals, list(wanted)))
+
+
+@torch.library.custom_op("flyarray::vjp", mutates_args=())
+def vjp(op: str, statics: str, cotangents: list[Optional[Tensor]], primals: list[Optional[Tensor]],
+        wanted: list[bool]) -> list[Tensor]:
+    """The cotangents of ``primals`` (those ``wanted``) for flyarray op ``op`` through ``fa.vjp``.
+
+    ``statics`` is the op's non-tensor arguments as JSON (a string keeps the schema one for every op)."""
+    if op not in FORWARD:
+        raise ValueError(f"flyarray::vjp: unknown op {op!r}; expected one of {sorted(FORWARD)}")
+    grads = _jitted_vjp(op, statics, tuple(bool(w) for w in wanted))(list(cotangents), list(primals))
     result = []
-    for i, w in enumerate(wanted):
-        if w:  # two cotangents may be one array (d(x + r)/dx == d(x + r)/dr): _out clones the second
-            result.append(_out(by_position[i], primals + cotangents + result).to(primals[i].dtype))
+    for g in grads:  # two cotangents may be one array (d(x + r)/dx == d(x + r)/dr): _out clones the second
+        result.append(_out(g, primals + cotangents + result))
     return result
 
 

@@ -183,16 +183,36 @@ def test_backend_forward_and_backward_equal_eager(name, how):
 def _recording_backend(graphs):
     """backend="flyarray", keeping each CompiledGraph it builds (to count its regions)."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
     table = torch_backend.lowerings()
 
     def compile_graph(gm, example_inputs):
         graphs.append(torch_backend.CompiledGraph(gm, table))
-        return graphs[-1]
+        return make_boxed_func(graphs[-1])
 
     def backend(gm, example_inputs):
         torch_backend.rewrite_library_calls(gm, set(torch_backend.FAMILIES))
-        return aot_autograd(fw_compiler=compile_graph)(gm, example_inputs)
+        return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                            decompositions=torch_backend.decompositions())(gm, example_inputs)
     return backend
+
+
+def test_block_backward_is_one_region_with_the_custom_op_derivatives_inside():
+    torch._dynamo.reset()
+    model, graphs = Block(), []
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    torch.compile(model, backend=_recording_backend(graphs))(x).sum().backward()
+    forward, backward = graphs
+    assert forward.regions == 1 and backward.regions == 1
+    assert all(kind == "region" for kind, _ in backward.steps)  # flyarray::vjp and select_backward lowered
+    lowered = {str(n.target) for _, (region, _) in backward.steps for n in region.nodes}
+    assert {"flyarray.vjp.default", "aten.select_backward.default", "aten.mm.default"} <= lowered
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x2 = x.detach().clone().requires_grad_()
+    model(x2).sum().backward()
+    for g, p in zip(grads, list(model.parameters()) + [x2]):
+        torch.testing.assert_close(g, p.grad)
 
 
 def test_block_forward_is_one_flyarray_region_with_our_gemms_and_attention():
@@ -328,3 +348,14 @@ def test_backend_is_an_installed_entry_point():
     from importlib.metadata import entry_points
     (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "flyarray"]
     assert ep.load() is torch_backend.flyarray_backend
+
+
+def test_bench_suite_torch_runs_on_the_cpu():
+    from flyarray.bench import harness
+    assert "torch" in harness.SUITES
+    torch._dynamo.reset()
+    cases = harness.suite_cases("torch", torch.device("cpu"), small=True)
+    assert [c.name.split()[0:2] for c in cases] == [["block", "fwd"], ["block", "fwd+bwd"], ["mlp", "fwd"]]
+    for case in cases:
+        row = harness.run_case(case, torch.device("cpu"), bandwidth=None, compile=False, host_iters=2, repeats=1)
+        assert row["status"] == "ok" and row["rel_error"] <= 1e-4, row
