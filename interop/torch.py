@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 import flyarray as fa
-from . import torch_backend
-from . import torch_ops  # noqa: F401  (registers torch.ops.flyarray.*)
+
+from . import torch_backend, torch_ops  # importing torch_ops registers torch.ops.flyarray.*
 
 torch_backend.register()  # backend="flyarray" from a source tree too (a pip install registers the entry point)
 

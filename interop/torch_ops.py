@@ -292,8 +292,8 @@ def _(lhs, rhs, lhs_scales, rhs_scales, out_dtype):
 
 
 def _check_mx_quantize(x, fmt, axis, block_size):
-    from flyarray.quant import _quantize_abstract
     from flyarray import views
+    from flyarray.quant import _quantize_abstract
     (xa,) = _avals("mx_quantize", x=x)
     if xa.shape:  # the abstract rule wraps any int axis; an out-of-range one is an error here
         views.normalize_axis(axis, len(xa.shape), "mx_quantize: axis")

@@ -5,12 +5,12 @@ backward against torch eager; kernel counts come from fa.stats().
 """
 import copy
 
+import flyarray.interop.torch as fat
 import pytest
 import torch
+from flyarray.interop import torch_backend
 
 import flyarray as fa
-import flyarray.interop.torch as fat
-from flyarray.interop import torch_backend
 
 
 def _r(*shape, dtype=torch.float32, grad=True):
@@ -97,7 +97,7 @@ def test_bad_custom_op_input_is_a_clear_error_before_any_work(call, message):
 def _custom_op_fn(x, w, q):
     y = fat.rms_norm(x, w) * 2.0
     s = fat.softmax(y, dim=-1)
-    v, i = fat.top_k(s, 2)
+    v, _ = fat.top_k(s, 2)
     a = fat.dot_product_attention(q, q, q, is_causal=True)
     return fat.matmul(s, w.unsqueeze(-1).expand(8, 3).contiguous(), activation="relu"), v, a.sum()
 
