@@ -124,8 +124,19 @@ def _topk(x, k, dim=-1, largest=True, sorted=True):
     return fa.top_k(x, k)
 
 
-def _where_scalar(cond, a, b):
-    return fa.where(cond, a, b)
+def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm of a [m, k] and b [g, k, n] with offs (each group's end row) -> ragged_dot,
+    which takes each group's size."""
+    starts = fa.concat([fa.zeros((1,), dtype=offs.dtype, device=offs.device), offs[:-1]], axis=0)
+    return fa.ragged_dot(a, b, offs - starts)
+
+
+def _cat(tensors, dim=0):
+    return fa.concat(list(tensors), axis=dim)
+
+
+def _full(size, value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return fa.full(tuple(size), value, dtype=None if dtype is None else dt.from_torch(dtype), device=device)
 
 
 _EW = {
@@ -145,7 +156,9 @@ _EW = {
     aten.gt.Tensor: fa.greater, aten.gt.Scalar: fa.greater, aten.ge.Tensor: fa.greater_equal,
     aten.ge.Scalar: fa.greater_equal, aten.logical_not.default: fa.logical_not,
     aten._to_copy.default: _to_copy, aten.clone.default: lambda x, *, memory_format=None: x,
-    aten.alias.default: lambda x: x,
+    aten.alias.default: lambda x: x, aten.detach.default: lambda x: x,  # graphs here carry no autograd
+    aten.scalar_tensor.default: lambda value, *, dtype=None, layout=None, device=None, pin_memory=None: fa.full(
+        (), value, dtype=None if dtype is None else dt.from_torch(dtype), device=device),
     aten.sum.dim_IntList: _reduce(fa.sum), aten.sum.default: lambda x, *, dtype=None: _reduce(fa.sum)(x, dtype=dtype),
     aten.mean.dim: _reduce(fa.mean), aten.amax.default: _reduce(fa.max), aten.amin.default: _reduce(fa.min),
     aten.view.default: fa.reshape, aten._unsafe_view.default: fa.reshape, aten.reshape.default: fa.reshape,
@@ -154,13 +167,13 @@ _EW = {
         x, tuple(x.shape[i - (len(size) - x.ndim)] if s == -1 else s for i, s in enumerate(size))),
     aten.unsqueeze.default: fa.expand_dims, aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze,
     aten.squeeze.default: _squeeze, aten.slice.Tensor: _slice, aten.select.int: _select,
-    aten.select_backward.default: _select_backward,
+    aten.select_backward.default: _select_backward, aten.cat.default: _cat, aten.full.default: _full,
 }
 _FAMILY_OPS = {
     "matmul": {aten.mm.default: fa.matmul, aten.bmm.default: fa.matmul, aten.addmm.default: _addmm,
                torch.ops.flyarray.matmul.default: lambda a, b, bias, res, act, out: torch_ops._matmul(
                    a, b, bias, res, activation=act, out_dtype=None if out is None else dt.from_torch(out)),
-               torch.ops.flyarray.ragged_dot.default: fa.ragged_dot},
+               torch.ops.flyarray.ragged_dot.default: fa.ragged_dot, aten._grouped_mm.default: _grouped_mm},
     "attention": {torch.ops.flyarray.dot_product_attention.default: lambda q, k, v, b, m, scale, causal:
                   fa.nn.dot_product_attention(q, k, v, b, m, scale=scale, is_causal=causal)},
     "norm": {aten.native_layer_norm.default: _layer_norm,
@@ -239,6 +252,13 @@ def _lowerable(node, table) -> bool:
         dim = args[2] if len(args) > 2 else -1
         largest = args[3] if len(args) > 3 else node.kwargs.get("largest", True)
         return dim % ndim == ndim - 1 and largest
+    if t is aten._grouped_mm.default:  # the MoE forward: a [m, k] x b [g, k, n] with offs, nothing else
+        a, b = args[0].meta["val"], args[1].meta["val"]
+        extra = [args[i] if len(args) > i else node.kwargs.get(k) for i, k in ((2, "offs"), (3, "bias"),
+                                                                             (4, "out_dtype"))]
+        return a.ndim == 2 and b.ndim == 3 and extra[0] is not None and extra[1] is None and extra[2] is None
+    if t is aten.cat.default:
+        return len(args[0]) > 0
     if t is aten.gelu.default:
         return node.kwargs.get("approximate", "none") in ("none", "tanh")
     return True
@@ -331,6 +351,8 @@ def _region_fn(region, table, on_error=None):
         env = dict(zip(region.inputs, values))
         for n in region.nodes:
             args, kwargs = _map(n.args, env), _map(n.kwargs, env)
+            if on_error is not None and kwargs.get("device") is not None:
+                kwargs["device"] = torch.device("meta")  # the dry run: creation ops beside meta inputs
             if n.target is operator.getitem:
                 env[n] = args[0][args[1]]
                 continue

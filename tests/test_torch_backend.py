@@ -313,6 +313,38 @@ def test_input_mutations_keep_their_order_batchnorm_training():
     torch.testing.assert_close(model[1].running_var, twin[1].running_var)
 
 
+class Experts(torch.nn.Module):
+    """A mixture-of-experts layer's grouped GEMM (torch._grouped_mm -> ragged_dot) and a concat;
+    bfloat16, the only dtype torch's _grouped_mm takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter((torch.randn(2, 16, 8) * 0.3).bfloat16())  # 16-byte strides
+
+    def forward(self, x, offs):
+        y = torch._grouped_mm(x, self.w, offs)
+        return torch.cat([torch.relu(y), y * 2.0], dim=-1)
+
+
+def test_grouped_mm_and_cat_lower_and_train():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, graphs = Experts(), []
+    x = torch.randn(6, 16, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    out = torch.compile(model, backend=_recording_backend(graphs))(x, offs)
+    out.sum().backward()
+    lowered = {str(n.target) for kind, item in graphs[0].steps if kind == "region" for n in item[0].nodes}
+    assert {"aten._grouped_mm.default", "aten.cat.default"} <= lowered and graphs[0].regions == 1
+    x2 = x.detach().clone().requires_grad_()
+    w_grad = model.w.grad.clone()
+    model.zero_grad()
+    want = model(x2, offs)
+    want.sum().backward()
+    for got, ref in ((out, want), (x.grad, x2.grad), (w_grad, model.w.grad)):
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)  # bf16 rounding, summed in other orders
+
+
 def test_accelerate_can_turn_op_families_off():
     torch._dynamo.reset()
     torch.manual_seed(0)
