@@ -117,7 +117,8 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
-    return fa.matmul(a, b) * alpha + (bias if beta == 1 else bias * beta)
+    y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
+    return y + (bias if beta == 1 else bias * beta)
 
 
 def _topk(x, k, dim=-1, largest=True, sorted=True):
@@ -259,6 +260,9 @@ def _lowerable(node, table) -> bool:
         return a.ndim == 2 and b.ndim == 3 and extra[0] is not None and extra[1] is None and extra[2] is None
     if t is aten.cat.default:
         return len(args[0]) > 0
+    if t is aten._to_copy.default:  # a cast, not a move: flyarray keeps an array on its device
+        device = node.kwargs.get("device")
+        return device is None or torch.device(device) == args[0].meta["val"].device
     if t is aten.gelu.default:
         return node.kwargs.get("approximate", "none") in ("none", "tanh")
     return True
@@ -511,16 +515,21 @@ def rewrite_library_calls(gm: torch.fx.GraphModule, families) -> int:
 def _sdpa_ok(node):
     q = _example(node, "query", 0)
     k = _example(node, "key", 1)
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim == 4 and k.ndim == 4):
+        return False
+    causal = _example(node, "is_causal", 5)
     return (_example(node, "attn_mask", 3) is None and not _example(node, "dropout_p", 4)
-            and not _example(node, "enable_gqa", 7) and isinstance(q, torch.Tensor) and q.ndim == 4
-            and isinstance(k, torch.Tensor) and k.shape[1] == q.shape[1])
+            and not _example(node, "enable_gqa", 7) and k.shape[1] == q.shape[1]
+            and not (causal and q.shape[2] != k.shape[2]))  # where the causal diagonal sits differs
 
 
 def _rms_ok(node):
     shape = _example(node, "normalized_shape", 1)
     x = _example(node, "input", 0)
-    return isinstance(shape, (list, tuple)) and len(shape) == 1 and isinstance(x, torch.Tensor) \
-        and x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    w = _example(node, "weight", 2)
+    return (isinstance(shape, (list, tuple)) and len(shape) == 1 and isinstance(x, torch.Tensor)
+            and x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+            and (w is None or w.dtype == x.dtype))  # torch promotes x * w; fa.nn.rms_norm keeps x's dtype
 
 
 # ---- the backend -----------------------------------------------------------------------------------------

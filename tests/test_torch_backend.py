@@ -345,6 +345,35 @@ def test_grouped_mm_and_cat_lower_and_train():
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)  # bf16 rounding, summed in other orders
 
 
+def test_library_rewrites_keep_torch_semantics_where_ours_differ():
+    torch._dynamo.reset()
+
+    def f(x, w, q, k):
+        # rms_norm with a weight of another dtype promotes in torch; causal SDPA with Sq != Sk aligns
+        # its diagonal top-left in torch: both stay torch's (not rewritten to our ops)
+        y = torch.nn.functional.rms_norm(x, (8,), w, 1e-6)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True)
+        return y, a
+
+    args = (torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8))
+    for got, want in zip(torch.compile(f, backend="flyarray")(*args), f(*args)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+def test_addmm_is_one_gemm_with_its_bias_fused():
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(8, 4)
+    compiled = torch.compile(lambda x: torch.relu(lin(x)), backend="flyarray")
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        compiled(x)
+        fa.reset_stats()
+        torch.testing.assert_close(compiled(x), torch.relu(lin(x)))
+    # one launch in all, and it is the GEMM (kernels_launched counts library launches too): bias + relu fused
+    assert fa.stats()["library_calls"] == 1 and fa.stats()["kernels_launched"] == 1
+
+
 def test_accelerate_can_turn_op_families_off():
     torch._dynamo.reset()
     torch.manual_seed(0)
