@@ -420,3 +420,24 @@ def test_bench_suite_torch_runs_on_the_cpu():
     for case in cases:
         row = harness.run_case(case, torch.device("cpu"), bandwidth=None, compile=False, host_iters=2, repeats=1)
         assert row["status"] == "ok" and row["rel_error"] <= 1e-4, row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+def test_block_on_the_gpu_fp16_forward_and_backward():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Block(d=128, heads=2).cuda().half()
+    x = torch.randn(2, 64, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+    fa.reset_stats()
+    out = fat.accelerate(model)(x)
+    out.float().square().mean().backward()
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    assert fa.stats()["library_calls"] >= 3  # the GEMMs and attention ran as our kernels
+    model.zero_grad()
+    x2 = x.detach().clone().requires_grad_()
+    want = model(x2)
+    want.float().square().mean().backward()
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    for g, p in zip(grads, list(model.parameters()) + [x2]):
+        torch.testing.assert_close(g, p.grad, rtol=5e-2, atol=5e-2)
