@@ -32,7 +32,7 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="compare flyarray with torch eager and torch.compile")
     bench.add_argument("--suite", action="append",
-                       help="only these suites (elementwise, norms, topk, gemm, attention, mx, overhead, training); repeatable")
+                       help="only these suites (elementwise, norms, topk, gemm, attention, mx, overhead, training, torch); repeatable")
     bench.add_argument("--json", default=None, metavar="PATH",
                        help="write the results as JSON to PATH (default: no file)")
     bench.add_argument("--small", action="store_true", help="small shapes even on a GPU")

@@ -483,10 +483,12 @@ def _attention_bwd_reference(q, k, v, *rest, scale, is_causal, has_bias, has_mas
 
     from .kernels import attention
     bias, mask, do = _split(rest, has_bias, has_mask)
-    with torch.enable_grad():
-        qkv = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
-        out = attention.reference_attention(*qkv, bias, mask, scale=scale, is_causal=is_causal)
-        grads = torch.autograd.grad(out, qkv, do.double())
+    # torch.func.vjp, not torch.autograd.grad: this also runs below torch's autograd dispatch (inside a
+    # custom op's backward, flyarray.interop.torch_ops), where enable_grad cannot record a graph.
+    _, pull = torch.func.vjp(lambda *qkv: attention.reference_attention(*qkv, bias, mask, scale=scale,
+                                                                        is_causal=is_causal),
+                             *[t.detach().double() for t in (q, k, v)])
+    grads = pull(do.double())
     return [gr.to(t.dtype) for gr, t in zip(grads, (q, k, v))]
 
 

@@ -1,15 +1,20 @@
-"""flyarray <-> PyTorch: zero-copy round trips, and differentiable torch ops backed by our kernels.
+"""flyarray <-> PyTorch: zero-copy round trips, torch custom ops backed by our kernels, and the
+``torch.compile`` backend (docs/torch.md).
 
     import flyarray.interop.torch as fat
-    y = fat.rms_norm(x, w)                        # torch.autograd sees it; forward and backward are ours
+    y = fat.rms_norm(x, w)                        # torch.ops.flyarray.rms_norm: autograd and torch.compile see it
     f = fat.function(lambda a, b: fa.silu(a) * b)  # torch tensors in, torch tensors out, fused and cached
+    model = fat.accelerate(model)                 # torch.compile(model, backend="flyarray")
 """
 from __future__ import annotations
 
 import torch
 
 import flyarray as fa
-from flyarray.ops import checks
+
+from . import torch_backend, torch_ops  # importing torch_ops registers torch.ops.flyarray.*
+
+torch_backend.register()  # backend="flyarray" from a source tree too (a pip install registers the entry point)
 
 
 def to_torch(x) -> torch.Tensor:
@@ -40,47 +45,143 @@ def function(fn):
 
 
 def rms_norm(x: torch.Tensor, weight=None, eps: float = 1e-6, residual=None):
-    """Differentiable RMSNorm (kernels/rms_norm.py); with ``residual`` returns (y, x + residual).
-
-    Arguments are checked as fa.nn.rms_norm checks them (flyarray/ops/checks.py) before any launch:
-    the kernels trust shapes and dtypes (a short weight would be read past its end)."""
-    from flyarray.kernels.rms_norm import rms_norm as _rms_norm
-    op = "rms_norm"
-    xa, wa, ra = _avals(op, x=x, weight=weight, residual=residual)
-    checks.check_norm(op, xa, weight=wa, residual=ra, eps=eps, allowed=checks.KERNEL_FLOATS)
-    return _rms_norm(x, weight, float(eps), residual)
+    """Differentiable RMSNorm (``torch.ops.flyarray.rms_norm``); with ``residual`` returns (y, x + residual)
+    (``torch.ops.flyarray.add_rms_norm``). Arguments are checked before any launch."""
+    _tensors("rms_norm", x=x, weight=weight, residual=residual)
+    if residual is None:
+        return torch.ops.flyarray.rms_norm(x, weight, float(_number("rms_norm", "eps", eps)))
+    return torch.ops.flyarray.add_rms_norm(x, residual, weight, float(_number("rms_norm", "eps", eps)))
 
 
 def softmax(x: torch.Tensor, dim: int = -1, log: bool = False):
-    """Differentiable softmax / log_softmax (kernels/softmax.py); checked as fa.nn.softmax is."""
-    from flyarray.kernels.softmax import SoftmaxFunction
-    op = "log_softmax" if log else "softmax"
+    """Differentiable softmax / log_softmax along ``dim`` (``torch.ops.flyarray.softmax``)."""
+    _tensors("softmax", x=x)
     if not isinstance(log, bool):
         raise TypeError(f"softmax: log must be a bool, got {log!r}")
-    (xa,) = _avals(op, x=x)
-    dim = checks.check_softmax(op, xa, dim, checks.KERNEL_FLOATS, name="dim")
-    return SoftmaxFunction.apply(x, dim, log)
+    return torch.ops.flyarray.softmax(x, _int("softmax", "dim", dim), log)
 
 
 def dot_product_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=False):
-    """Differentiable flash attention in (batch, seq, heads, head_dim) layout (kernels/attention.py).
-
-    Checked by the rule fa.nn.dot_product_attention records with (ops/library_ops.py) before any launch."""
-    from flyarray.kernels.attention import dot_product_attention as _attention
-    from flyarray.ops.library_ops import _attention_abstract
-    op = "dot_product_attention"
-    avals = _avals(op, query=q, key=k, value=v, bias=bias, mask=mask)
-    _attention_abstract(*[a for a in avals if a is not None], scale=scale, is_causal=bool(is_causal),
-                        has_bias=bias is not None, has_mask=mask is not None)
-    return _attention(q, k, v, bias, mask, scale=scale, is_causal=bool(is_causal))
+    """Differentiable flash attention in (batch, seq, heads, head_dim) layout
+    (``torch.ops.flyarray.dot_product_attention``); GQA when key/value have fewer heads."""
+    _tensors("dot_product_attention", query=q, key=k, value=v, bias=bias, mask=mask)
+    scale = None if scale is None else float(_number("dot_product_attention", "scale", scale))
+    return torch.ops.flyarray.dot_product_attention(q, k, v, bias, mask, scale, bool(is_causal))
 
 
-_OPTIONAL = {"weight", "residual", "bias", "mask"}
+def matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None):
+    """Differentiable ``[out_dtype]([residual +] [activation](a @ b [+ bias]))`` as one GEMM with a fused
+    epilogue (``torch.ops.flyarray.matmul``); activation: relu, silu, gelu, gelu_tanh or None."""
+    _tensors("matmul", a=a, b=b, bias=bias, residual=residual)
+    return torch.ops.flyarray.matmul(a, b, bias, residual, activation, out_dtype)
 
 
-def _avals(op, **tensors):
-    """Shape/dtype/device of each tensor argument (None stays None); all on one device."""
-    avals = {name: None if t is None and name in _OPTIONAL else checks.aval(op, name, t)
-             for name, t in tensors.items()}
-    checks.same_device(op, **avals)
-    return tuple(avals.values())
+def ragged_dot(lhs, rhs, group_sizes):
+    """Differentiable grouped GEMM (``torch.ops.flyarray.ragged_dot``): rows of group i of lhs [m, k] times
+    rhs[i] [k, n]."""
+    _tensors("ragged_dot", lhs=lhs, rhs=rhs, group_sizes=group_sizes)
+    return torch.ops.flyarray.ragged_dot(lhs, rhs, group_sizes)
+
+
+def top_k(x, k: int):
+    """(values, int32 indices) of the k largest along the last axis (``torch.ops.flyarray.top_k``);
+    differentiable in the values."""
+    _tensors("top_k", x=x)
+    return torch.ops.flyarray.top_k(x, _int("top_k", "k", k))
+
+
+def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype=torch.bfloat16):
+    """MX GEMM (``torch.ops.flyarray.scaled_matmul``): operands from ``mx_quantize``, K-major."""
+    _tensors("scaled_matmul", lhs=lhs, rhs=rhs, lhs_scales=lhs_scales, rhs_scales=rhs_scales)
+    return torch.ops.flyarray.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
+
+
+def mx_quantize(x, fmt: str, axis: int = -1, block_size: int = 32):
+    """(data, E8M0 scales) of x in MX format ``fmt`` (e4m3, e5m2, e2m1) (``torch.ops.flyarray.mx_quantize``)."""
+    _tensors("mx_quantize", x=x)
+    if not isinstance(fmt, str):
+        raise TypeError(f"mx_quantize: fmt must be a str (e4m3, e5m2, e2m1), got {fmt!r}")
+    return torch.ops.flyarray.mx_quantize(x, fmt, _int("mx_quantize", "axis", axis),
+                                          _int("mx_quantize", "block_size", block_size))
+
+
+def _number(op, name, value):
+    from flyarray.ops import checks
+    checks.check_number(op, name, value)  # fa.nn's message, word for word
+    return value
+
+
+def _int(op, name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+    return value
+
+
+# ---- accelerate: the one-line form ------------------------------------------------------------------------
+_MX = {"mxfp8": "e4m3", "mxfp4": "e2m1"}
+
+
+def accelerate(model: torch.nn.Module, ops=None, mx=None, sample_input=None, **compile_kwargs):
+    """``torch.compile(model, backend="flyarray")`` with flyarray's defaults: the module to call.
+
+    ``ops``: which op families to lower (a collection of names from ``torch_backend.FAMILIES``:
+    elementwise, matmul, attention, norm, softmax, topk), or a dict turning some off
+    (``{"attention": False}``); None lowers all. Everything not lowered runs as torch ops.
+    ``mx``: "mxfp8" or "mxfp4" swaps every eligible ``nn.Linear`` (in place) for MX weights with
+    ``fa.quant.quantize_linear_weights`` (``sample_input`` lets it measure the error), computed by
+    ``torch.ops.flyarray.scaled_matmul``. ``compile_kwargs`` go to ``torch.compile`` (``dynamic=``...)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"accelerate: model must be a torch.nn.Module, got {type(model).__name__}")
+    families = _families(ops)
+    if mx is not None:
+        if mx not in _MX:
+            raise ValueError(f"accelerate: mx must be one of {sorted(_MX)} or None, got {mx!r}")
+        fa.quant.quantize_linear_weights(model, sample_input, weight_format=_MX[mx])
+        _route_mx_linears(model)
+    backend = torch_backend.flyarray_backend if families is None else torch_backend.make_backend(families)
+    return torch.compile(model, backend=backend, **compile_kwargs)
+
+
+def _families(ops):
+    if ops is None:
+        return None
+    if isinstance(ops, dict):
+        unknown = set(ops) - set(torch_backend.FAMILIES)
+        if unknown:
+            raise ValueError(f"accelerate: unknown op families {sorted(unknown)}; expected some of "
+                             f"{torch_backend.FAMILIES}")
+        return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
+    if isinstance(ops, str):
+        raise TypeError("accelerate: ops must be a collection of family names or a dict, not a str")
+    return set(ops)
+
+
+def _route_mx_linears(model):
+    """Point each MXLinear at torch.ops.flyarray.scaled_matmul: its own forward launches the kernel
+    directly, which Dynamo would trace into (the interpreter shim, on a CPU)."""
+    import types
+
+    from flyarray.kernels.mx import MXLinear
+    for module in model.modules():
+        if isinstance(module, MXLinear):
+            module.forward = types.MethodType(_mx_linear_forward, module)
+
+
+def _mx_linear_forward(self, x):
+    rows = x.reshape(-1, self.in_features)
+    out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    if self.activation_format is None:
+        lhs, lhs_scales = rows.to(self._compute_dtype(x)), None
+    else:
+        lhs, lhs_scales = torch.ops.flyarray.mx_quantize(rows.contiguous(), self.activation_format, -1, 32)
+    y = torch.ops.flyarray.scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales, out_dtype)
+    if self.bias is not None:
+        y = y + self.bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def _tensors(op, **tensors):
+    """A TypeError naming the argument for anything that is not a tensor (None where optional)."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) and not (t is None and name in torch_ops._OPTIONAL):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")

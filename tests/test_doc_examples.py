@@ -18,3 +18,18 @@ def test_transforms_worked_example_trains_from_a_random_key(capsys):
     assert float(scope["l"]) < 1e-3
     w = scope["np"].asarray(scope["params"]["w"]).ravel()
     assert abs(w[0] - 2.0) < 0.01 and abs(w[1] + 1.0) < 0.01 and abs(w[2] - 0.5) < 0.01
+
+
+def test_torch_worked_example_trains_through_the_backend():
+    import torch
+    code = _python_block("torch.md", "## Worked example")
+    scope = {}
+    torch._dynamo.reset()
+    exec(compile(code, "docs/torch.md", "exec"), scope)
+    model, x = scope["model"], scope["x"]
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x.detach()).square().mean().backward()
+    for got, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad)
+    torch.testing.assert_close(scope["out"], torch.exp(scope["y"]) * 2.0)

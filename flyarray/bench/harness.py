@@ -52,7 +52,8 @@ import torch
 
 from flyarray import progress
 
-SUITES = ["elementwise", "norms", "topk", "gemm", "attention", "mx", "overhead", "training"]
+SUITES = ["elementwise", "norms", "topk", "gemm", "attention", "mx", "overhead", "training", "torch"]
+_MODULES = {"torch": "torch_models"}  # a module named torch.py would invite shadowing torch
 
 
 @dataclasses.dataclass
@@ -349,9 +350,10 @@ def format_table(rows: list) -> str:
 def suite_cases(suite: str, device: torch.device, small: bool) -> Optional[list]:
     """The suite's cases, or None where that suite module does not exist."""
     try:
-        module = importlib.import_module(f"flyarray.bench.{suite}")
+        name = f"flyarray.bench.{_MODULES.get(suite, suite)}"
+        module = importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name == f"flyarray.bench.{suite}":
+        if exc.name == name:
             return None  # that suite has not been written yet
         raise
     return module.cases(device, small)

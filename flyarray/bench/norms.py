@@ -2,11 +2,11 @@
 
 Every case is memory-bound; bytes_moved counts each input read once and each
 output written once, so the harness's limit column is the copy-bandwidth floor.
-These are the hand-written kernels (kernels/rms_norm.py, kernels/softmax.py);
-``ours`` reaches them the way a user does: the torch-facing ops of
-``flyarray.interop.torch`` (torch tensors in and out, autograd-aware) for
-rms_norm and softmax, and ``torch.from_dlpack(fa.nn.softmax(fa.asarray(x)))`` for
-the long rows (fa.nn.softmax dispatches them to the segmented kernel). The
+``ours`` is the way a torch user gets them: the torch-facing ops of
+``flyarray.interop.torch`` (``torch.ops.flyarray.rms_norm`` / ``softmax``: torch tensors in
+and out, autograd-aware), which run fa.nn.rms_norm / fa.nn.softmax (the fused generated
+kernels; fa.nn.softmax dispatches long rows to the segmented kernel of kernels/softmax.py), and
+``torch.from_dlpack(fa.nn.softmax(fa.asarray(x)))`` for the long rows. The
 primitive-built fa.nn rows are in the elementwise suite. The config probes
 (indented names, not in the default tables) call the kernels directly.
 """

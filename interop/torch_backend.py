@@ -1,0 +1,572 @@
+"""``torch.compile(model, backend="flyarray")``: ATen graphs lowered to flyarray's lazy fused graph.
+
+Flow: Dynamo's graph -> (pre-pass) ``F.scaled_dot_product_attention`` and ``F.rms_norm`` become our
+custom ops -> AOTAutograd (forward and backward ATen graphs; backward-only ATen ops are decomposed
+into elementwise ops and reductions, which we fuse) -> for each graph, a static partition: every run
+of nodes we lower becomes one *region*, an ``fa.jit`` function (traced once per input signature,
+then replayed through its plan: no recording, no scheduling on later calls); every other node runs
+as the torch op it is, between regions. A torch op that does not depend on the open region does not
+close it (it runs before the region), so shape arithmetic and unrelated torch ops do not split fusion.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import operator
+
+import torch
+import torch.fx
+
+import flyarray as fa
+from flyarray import dtypes as dt
+
+from . import torch_ops
+
+aten = torch.ops.aten
+
+# Op families accelerate(ops=...) can turn off; "elementwise" covers views and reductions too.
+FAMILIES = ("elementwise", "matmul", "attention", "norm", "softmax", "topk")
+
+
+# ---- lowerings: ATen op -> a function on fa arrays (Python scalars and lists pass through) --------------
+def _axes(dims, ndim):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return None
+    dims = [dims] if isinstance(dims, int) else dims
+    return tuple(d % max(ndim, 1) for d in dims)
+
+
+def _reduce(fn):
+    def lower(x, dims=None, keepdim=False, *, dtype=None):
+        if dtype is not None:
+            x = x.astype(dt.from_torch(dtype))
+        return fn(x, axis=_axes(dims, x.ndim), keepdims=keepdim)
+    return lower
+
+
+def _add(a, b, *, alpha=1):
+    return a + (b if alpha == 1 else b * alpha)
+
+
+def _sub(a, b, *, alpha=1):
+    return a - (b if alpha == 1 else b * alpha)
+
+
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    return x if dtype is None else x.astype(dt.from_torch(dtype))
+
+
+def _slice(x, dim=0, start=None, end=None, step=1):
+    key = [slice(None)] * x.ndim
+    key[dim] = slice(start, end, step)
+    return x[tuple(key)]
+
+
+def _select(x, dim, index):
+    key = [slice(None)] * x.ndim
+    key[dim] = index
+    return x[tuple(key)]
+
+
+def _select_backward(grad, input_sizes, dim, index):
+    """``grad`` placed at ``index`` of axis ``dim`` of zeros (the backward of x[..., index, ...])."""
+    dim %= len(input_sizes)
+    index %= input_sizes[dim]
+    parts = []
+    for count in (index, None, input_sizes[dim] - index - 1):
+        if count is None:
+            parts.append(fa.expand_dims(grad, axis=dim))
+        elif count:
+            shape = tuple(count if i == dim else s for i, s in enumerate(input_sizes))
+            parts.append(fa.zeros(shape, dtype=grad.dtype, device=grad.device))
+    return fa.concat(parts, axis=dim) if len(parts) > 1 else parts[0]
+
+
+def _transpose(x, d0, d1):
+    axes = list(range(x.ndim))
+    axes[d0], axes[d1] = axes[d1], axes[d0]
+    return fa.permute_dims(x, tuple(axes))
+
+
+def _squeeze(x, dims=None):
+    dims = range(x.ndim) if dims is None else [dims] if isinstance(dims, int) else dims
+    axes = tuple(d % x.ndim for d in dims if x.shape[d] == 1)
+    return fa.reshape(x, tuple(s for i, s in enumerate(x.shape) if i not in axes)) if axes else x
+
+
+def _gelu(x, *, approximate="none"):
+    return fa.gelu(x, approximate=approximate == "tanh")
+
+
+def _softmax(x, dim, half_to_float):
+    return fa.nn.softmax(x.astype(fa.float32) if half_to_float else x, axis=dim)
+
+
+def _log_softmax(x, dim, half_to_float):
+    return fa.nn.log_softmax(x.astype(fa.float32) if half_to_float else x, axis=dim)
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    """(out, mean, rstd) of aten.native_layer_norm over the last axis; statistics in fp32."""
+    out = fa.nn.layer_norm(x, weight, bias, eps)
+    xf = x.astype(fa.float32)
+    mean = fa.mean(xf, axis=-1, keepdims=True)
+    rstd = fa.rsqrt(fa.mean(fa.square(xf - mean), axis=-1, keepdims=True) + eps)
+    return out, mean, rstd
+
+
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
+    return y + (bias if beta == 1 else bias * beta)
+
+
+def _topk(x, k, dim=-1, largest=True, sorted=True):
+    return fa.top_k(x, k)
+
+
+def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm of a [m, k] and b [g, k, n] with offs (each group's end row) -> ragged_dot,
+    which takes each group's size."""
+    starts = fa.concat([fa.zeros((1,), dtype=offs.dtype, device=offs.device), offs[:-1]], axis=0)
+    return fa.ragged_dot(a, b, offs - starts)
+
+
+def _cat(tensors, dim=0):
+    return fa.concat(list(tensors), axis=dim)
+
+
+def _full(size, value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return fa.full(tuple(size), value, dtype=None if dtype is None else dt.from_torch(dtype), device=device)
+
+
+_EW = {
+    aten.add.Tensor: _add, aten.add.Scalar: _add, aten.sub.Tensor: _sub, aten.sub.Scalar: _sub,
+    aten.mul.Tensor: operator.mul, aten.mul.Scalar: operator.mul, aten.div.Tensor: operator.truediv,
+    aten.div.Scalar: operator.truediv, aten.rsub.Scalar: lambda a, b, alpha=1: b - a * alpha,
+    aten.neg.default: operator.neg, aten.exp.default: fa.exp, aten.log.default: fa.log,
+    aten.sqrt.default: fa.sqrt, aten.rsqrt.default: fa.rsqrt, aten.abs.default: fa.abs,
+    aten.tanh.default: fa.tanh, aten.sigmoid.default: fa.sigmoid, aten.relu.default: fa.relu,
+    aten.silu.default: fa.silu, aten.gelu.default: _gelu, aten.sin.default: fa.sin, aten.cos.default: fa.cos,
+    aten.erf.default: fa.erf, aten.reciprocal.default: fa.reciprocal, aten.log1p.default: fa.log1p,
+    aten.expm1.default: fa.expm1, aten.pow.Tensor_Scalar: fa.pow, aten.pow.Tensor_Tensor: fa.pow,
+    aten.maximum.default: fa.maximum, aten.minimum.default: fa.minimum,
+    aten.where.self: fa.where, aten.eq.Tensor: fa.equal, aten.eq.Scalar: fa.equal,
+    aten.ne.Tensor: fa.not_equal, aten.ne.Scalar: fa.not_equal, aten.lt.Tensor: fa.less,
+    aten.lt.Scalar: fa.less, aten.le.Tensor: fa.less_equal, aten.le.Scalar: fa.less_equal,
+    aten.gt.Tensor: fa.greater, aten.gt.Scalar: fa.greater, aten.ge.Tensor: fa.greater_equal,
+    aten.ge.Scalar: fa.greater_equal, aten.logical_not.default: fa.logical_not,
+    aten._to_copy.default: _to_copy, aten.clone.default: lambda x, *, memory_format=None: x,
+    aten.alias.default: lambda x: x, aten.detach.default: lambda x: x,  # graphs here carry no autograd
+    aten.scalar_tensor.default: lambda value, *, dtype=None, layout=None, device=None, pin_memory=None: fa.full(
+        (), value, dtype=None if dtype is None else dt.from_torch(dtype), device=device),
+    aten.sum.dim_IntList: _reduce(fa.sum), aten.sum.default: lambda x, *, dtype=None: _reduce(fa.sum)(x, dtype=dtype),
+    aten.mean.dim: _reduce(fa.mean), aten.amax.default: _reduce(fa.max), aten.amin.default: _reduce(fa.min),
+    aten.view.default: fa.reshape, aten._unsafe_view.default: fa.reshape, aten.reshape.default: fa.reshape,
+    aten.permute.default: fa.permute_dims, aten.t.default: fa.matrix_transpose, aten.transpose.int: _transpose,
+    aten.expand.default: lambda x, size, *, implicit=False: fa.broadcast_to(
+        x, tuple(x.shape[i - (len(size) - x.ndim)] if s == -1 else s for i, s in enumerate(size))),
+    aten.unsqueeze.default: fa.expand_dims, aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze,
+    aten.squeeze.default: _squeeze, aten.slice.Tensor: _slice, aten.select.int: _select,
+    aten.select_backward.default: _select_backward, aten.cat.default: _cat, aten.full.default: _full,
+}
+_FAMILY_OPS = {
+    "matmul": {aten.mm.default: fa.matmul, aten.bmm.default: fa.matmul, aten.addmm.default: _addmm,
+               torch.ops.flyarray.matmul.default: lambda a, b, bias, res, act, out: torch_ops._matmul(
+                   a, b, bias, res, activation=act, out_dtype=None if out is None else dt.from_torch(out)),
+               torch.ops.flyarray.ragged_dot.default: fa.ragged_dot, aten._grouped_mm.default: _grouped_mm},
+    "attention": {torch.ops.flyarray.dot_product_attention.default: lambda q, k, v, b, m, scale, causal:
+                  fa.nn.dot_product_attention(q, k, v, b, m, scale=scale, is_causal=causal)},
+    "norm": {aten.native_layer_norm.default: _layer_norm,
+             torch.ops.flyarray.rms_norm.default: lambda x, w, eps: fa.nn.rms_norm(x, w, eps),
+             torch.ops.flyarray.add_rms_norm.default: lambda x, r, w, eps: fa.nn.rms_norm(x, w, eps, residual=r)},
+    "softmax": {aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
+                torch.ops.flyarray.softmax.default: lambda x, dim, log: torch_ops._softmax(x, dim=dim, log=log)},
+    "topk": {torch.ops.flyarray.top_k.default: fa.top_k},
+}
+
+
+# Which family a flyarray::vjp node belongs to: that of the forward op it differentiates.
+_VJP_FAMILY = {"rms_norm": "norm", "add_rms_norm": "norm", "softmax": "softmax", "dot_product_attention": "attention",
+               "matmul": "matmul", "ragged_dot": "matmul", "top_k": "topk"}
+_VJP_ENABLED = "flyarray::vjp forward ops"  # a key of the lowering table: the ops whose vjp we lower
+
+
+def _vjp(op, statics, cotangents, primals, wanted):
+    return torch_ops.vjp_arrays(op, json.loads(statics), cotangents, primals, wanted)
+
+
+def lowerings(ops=None) -> dict:
+    """ATen op -> lowering for the enabled families (``ops``: a collection of FAMILIES names; None: all)."""
+    enabled = set(FAMILIES) if ops is None else set(ops)
+    unknown = enabled - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"flyarray backend: unknown op families {sorted(unknown)}; expected some of {FAMILIES}")
+    table = dict(_EW) if "elementwise" in enabled else {}
+    for family, ops_ in _FAMILY_OPS.items():
+        if family in enabled:
+            table.update(ops_)
+    if "topk" in enabled:
+        table[aten.topk.default] = _topk
+    table[torch.ops.flyarray.vjp.default] = _vjp
+    table[_VJP_ENABLED] = {op for op, family in _VJP_FAMILY.items() if family in enabled}
+    return table
+
+
+# Backward-only ATen ops decomposed (by AOTAutograd) into ops we lower, so backward fuses too.
+_DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_layer_norm_backward,
+              aten.silu_backward, aten.gelu_backward, aten.threshold_backward, aten.sigmoid_backward,
+              aten.tanh_backward]
+
+
+# ---- which nodes a region may hold ------------------------------------------------------------------------
+def _fa_dtype_ok(t) -> bool:
+    try:
+        dt.from_torch(t.dtype)
+    except TypeError:
+        return False
+    return True
+
+
+def _metas(node):
+    val = node.meta.get("val")
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def _lowerable(node, table) -> bool:
+    """We lower ``node`` if we know its op, every tensor it reads or makes has a flyarray dtype, and
+    (for the ops whose lowering only covers a case) the case is the covered one."""
+    if node.op != "call_function" or node.target not in table:
+        return False
+    vals = _metas(node) + [a.meta.get("val") for a in node.all_input_nodes]
+    if not all(isinstance(v, torch.Tensor) and _fa_dtype_ok(v) for v in vals if v is not None):
+        return False
+    if any(v is None for v in _metas(node)):
+        return False
+    t, args = node.target, node.args
+    if t is torch.ops.flyarray.vjp.default:
+        return args[0] in table[_VJP_ENABLED]
+    if t is aten.native_layer_norm.default:
+        return len(args[1]) == 1
+    if t is aten.topk.default:
+        ndim = args[0].meta["val"].ndim
+        dim = args[2] if len(args) > 2 else -1
+        largest = args[3] if len(args) > 3 else node.kwargs.get("largest", True)
+        return dim % ndim == ndim - 1 and largest
+    if t is aten._grouped_mm.default:  # the MoE forward: a [m, k] x b [g, k, n] with offs, nothing else
+        a, b = args[0].meta["val"], args[1].meta["val"]
+        extra = [args[i] if len(args) > i else node.kwargs.get(k) for i, k in ((2, "offs"), (3, "bias"),
+                                                                             (4, "out_dtype"))]
+        return a.ndim == 2 and b.ndim == 3 and extra[0] is not None and extra[1] is None and extra[2] is None
+    if t is aten.cat.default:
+        return len(args[0]) > 0
+    if t is aten._to_copy.default:  # a cast, not a move: flyarray keeps an array on its device
+        device = node.kwargs.get("device")
+        return device is None or torch.device(device) == args[0].meta["val"].device
+    if t is aten.gelu.default:
+        return node.kwargs.get("approximate", "none") in ("none", "tanh")
+    return True
+
+
+class Region:
+    """A run of lowered nodes; ``inputs`` come from outside, ``outputs`` are read outside."""
+
+    def __init__(self):
+        self.nodes, self.inputs, self.outputs = [], [], []
+
+    def finish(self, users_outside):
+        inside = set(self.nodes)
+        seen = set()
+        for n in self.nodes:
+            for a in n.all_input_nodes:
+                if a not in inside and a not in seen:
+                    seen.add(a)
+                    self.inputs.append(a)
+        self.outputs = [n for n in self.nodes if any(u not in inside for u in users_outside(n))]
+
+
+def _mutates(node) -> bool:
+    """Whether ``node`` writes to a tensor (AOTAutograd's copy_ back into a mutated input, ...)."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def partition(graph: torch.fx.Graph, table: dict, excluded=frozenset()) -> list:
+    """Steps in execution order: ("torch", node) or ("region", Region). ``excluded``: nodes that
+    run as torch ops although their op has a lowering (its dry run failed, see CompiledGraph)."""
+    steps, open_region, in_region = [], None, set()  # in_region: the open region's nodes
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        lowered = node not in excluded and (_lowerable(node, table) or (
+            node.op == "call_function" and node.target is operator.getitem and node.args[0] in in_region))
+        if lowered:
+            if open_region is None:
+                open_region, in_region = Region(), set()
+                steps.append(("region", open_region))
+            open_region.nodes.append(node)
+            in_region.add(node)
+        elif open_region is not None and (_mutates(node) or any(a in in_region for a in node.all_input_nodes)):
+            open_region, in_region = None, set()  # a write may change what the region reads: keep the order
+            steps.append(("torch", node))
+        else:  # independent of the open region (and writes nothing): it runs before it
+            at = len(steps) - 1 if open_region is not None else len(steps)
+            steps.insert(at, ("torch", node))
+    for kind, item in steps:
+        if kind == "region":
+            item.finish(lambda n: n.users)
+            _check_outputs(item)
+    return steps
+
+
+def _check_outputs(region):
+    """A region's outputs must be arrays (a tuple-valued node is read through its getitems)."""
+    for n in region.outputs:
+        if not isinstance(n.meta.get("val"), torch.Tensor):
+            raise AssertionError(f"flyarray backend: region output {n} is not a tensor")
+
+
+# ---- running a partitioned graph -------------------------------------------------------------------------
+def _map(value, env):
+    if isinstance(value, torch.fx.Node):
+        return env[value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, env) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(v, env) for k, v in value.items()}
+    return value
+
+
+def _fit(array, node):
+    """The lowered value with exactly the dtype torch gives (promotion rules differ at the edges)."""
+    want = node.meta["val"]
+    # a symbolic size (a graph compiled for dynamic shapes) is checked by torch's guards, not here
+    if len(array.shape) != want.ndim or any(type(w) is int and a != w for a, w in zip(array.shape, want.shape)):
+        raise AssertionError(f"flyarray backend: {node.target} lowered to shape {tuple(array.shape)}, "
+                             f"torch says {tuple(want.shape)}")
+    wanted = dt.from_torch(want.dtype)
+    return array if array.dtype == wanted else array.astype(wanted)
+
+
+def _region_fn(region, table, on_error=None):
+    """The region as a function of its inputs' values, returning its outputs (traced by fa.jit).
+    ``on_error``: an exception type to raise, with the node, where a lowering fails."""
+    def run(*values):
+        env = dict(zip(region.inputs, values))
+        for n in region.nodes:
+            args, kwargs = _map(n.args, env), _map(n.kwargs, env)
+            if on_error is not None and kwargs.get("device") is not None:
+                kwargs["device"] = torch.device("meta")  # the dry run: creation ops beside meta inputs
+            if n.target is operator.getitem:
+                env[n] = args[0][args[1]]
+                continue
+            try:
+                env[n] = _lower(n, table, args, kwargs)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                raise on_error(n, exc) from exc
+        return tuple(env[n] for n in region.outputs)
+    return run
+
+
+def _lower(node, table, args, kwargs):
+    out = table[node.target](*args, **kwargs)
+    if isinstance(out, (tuple, list)):
+        return tuple(_fit(o, ref) for o, ref in zip(out, _getitem_refs(node, len(out))))
+    return _fit(out, node)
+
+
+class _Meta:
+    def __init__(self, val):
+        self.meta = {"val": val}
+
+
+def _getitem_refs(node, count):
+    return [_Meta(v) for v in _metas(node)][:count]
+
+
+def _meta_value(node):
+    """A stand-in for ``node``'s value to record on: a meta-device array (recording runs nothing),
+    the Python value, or None where a size is symbolic (the dry run is skipped then)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        if not all(type(d) is int for d in (*val.shape, *val.stride())):
+            return None
+        return fa.asarray(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta"))
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return None
+    return val
+
+
+def _dry_run(steps, table):
+    """Record every region once on meta arrays (nothing runs): the first node whose lowering raises
+    (a case flyarray does not cover: an int GEMM, a dtype rule that differs) is returned, so it can
+    run as the torch op instead of failing the model; None when every region records."""
+    from flyarray import config
+    for kind, region in steps:
+        if kind != "region":
+            continue
+        values = [_meta_value(n) for n in region.inputs]
+        if any(v is None for v in values):  # a symbolic size, or no recorded value: trust the lowering
+            continue
+        try:
+            _region_fn(region, table, on_error=_Failed)(*values)
+        except _Failed as failed:
+            if config.log_level() >= 1:
+                print(f"[flyarray] backend: {failed.node.target} runs as the torch op ({failed.cause!r})")
+            return failed.node
+    return None
+
+
+class _Failed(Exception):
+    def __init__(self, node, cause):
+        super().__init__(f"{node}: {cause!r}")
+        self.node, self.cause = node, cause
+
+
+class CompiledGraph:
+    """An FX graph run as regions (fa.jit, replayed per signature) and torch ops."""
+
+    def __init__(self, gm: torch.fx.GraphModule, table: dict):
+        self.gm = gm
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.output = next(n for n in gm.graph.nodes if n.op == "output")
+        self.excluded = set()  # lowered ops whose case flyarray turned out not to cover
+        while True:
+            steps = partition(gm.graph, table, self.excluded)
+            bad = _dry_run(steps, table)
+            if bad is None:
+                break
+            self.excluded.add(bad)
+        self.steps = []
+        for kind, item in steps:
+            if kind == "region":
+                fn = fa.jit(_region_fn(item, table))
+                self.steps.append((kind, (item, fn)))
+            else:
+                self.steps.append((kind, item))
+        self.regions = sum(1 for k, _ in self.steps if k == "region")
+
+    def __call__(self, *args):
+        env = dict(zip(self.placeholders, args))
+        for kind, item in self.steps:
+            if kind == "region":
+                region, fn = item
+                outs = fn(*[env[n] for n in region.inputs])
+                for n, o in zip(region.outputs, outs):
+                    env[n] = o.torch()
+            else:
+                env[item] = self._run_torch(item, env)
+        return _map(self.output.args[0], env)
+
+    def _run_torch(self, node, env):
+        if node.op == "get_attr":
+            return functools.reduce(getattr, node.target.split("."), self.gm)
+        args, kwargs = _map(node.args, env), _map(node.kwargs, env)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        if node.op == "call_module":
+            return self.gm.get_submodule(node.target)(*args, **kwargs)
+        raise NotImplementedError(f"flyarray backend: FX node kind {node.op!r}")
+
+
+# ---- the Dynamo-level pre-pass: library calls torch would decompose become our custom ops ------------------
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention (B, H, S, D) through flyarray::dot_product_attention (B, S, H, D)."""
+    out = torch.ops.flyarray.dot_product_attention(query.transpose(1, 2), key.transpose(1, 2),
+                                                   value.transpose(1, 2), None, None, scale, is_causal)
+    return out.transpose(1, 2)
+
+
+def _rms_norm(x, normalized_shape, weight=None, eps=None):
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    return torch.ops.flyarray.rms_norm(x, weight, float(eps))
+
+
+_SDPA_TARGETS = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+_RMS_TARGETS = {torch.nn.functional.rms_norm, torch.rms_norm}
+
+
+def _example(node, name, index):
+    a = node.kwargs.get(name, node.args[index] if len(node.args) > index else None)
+    return a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+
+
+def rewrite_library_calls(gm: torch.fx.GraphModule, families) -> int:
+    """Point SDPA (no mask, no dropout, 4-D) and 1-D-shaped rms_norm at our custom ops; returns how many."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in _SDPA_TARGETS and "attention" in families and _sdpa_ok(node):
+            node.target = _sdpa
+            count += 1
+        elif node.target in _RMS_TARGETS and "norm" in families and _rms_ok(node):
+            node.target = _rms_norm
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+def _sdpa_ok(node):
+    q = _example(node, "query", 0)
+    k = _example(node, "key", 1)
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim == 4 and k.ndim == 4):
+        return False
+    causal = _example(node, "is_causal", 5)
+    return (_example(node, "attn_mask", 3) is None and not _example(node, "dropout_p", 4)
+            and not _example(node, "enable_gqa", 7) and k.shape[1] == q.shape[1]
+            and not (causal and q.shape[2] != k.shape[2]))  # where the causal diagonal sits differs
+
+
+def _rms_ok(node):
+    shape = _example(node, "normalized_shape", 1)
+    x = _example(node, "input", 0)
+    w = _example(node, "weight", 2)
+    return (isinstance(shape, (list, tuple)) and len(shape) == 1 and isinstance(x, torch.Tensor)
+            and x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+            and (w is None or w.dtype == x.dtype))  # torch promotes x * w; fa.nn.rms_norm keeps x's dtype
+
+
+# ---- the backend -----------------------------------------------------------------------------------------
+def decompositions() -> dict:
+    """What AOTAutograd decomposes for us: the backward-only ATen ops in _DECOMPOSE."""
+    from torch._decomp import get_decompositions
+    return get_decompositions(_DECOMPOSE)
+
+
+def make_backend(ops=None):
+    """A Dynamo backend lowering the op families ``ops`` (None: all of FAMILIES)."""
+    from torch._dynamo.backends.common import aot_autograd
+    table = lowerings(ops)
+    families = set(FAMILIES) if ops is None else set(ops)
+
+    def compile_graph(gm, example_inputs):
+        from torch._functorch.aot_autograd import make_boxed_func
+        return make_boxed_func(CompiledGraph(gm, table))
+
+    aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions())
+
+    def backend(gm, example_inputs, **kwargs):
+        rewrite_library_calls(gm, families)
+        return aot(gm, example_inputs, **kwargs)
+    return backend
+
+
+def flyarray_backend(gm, example_inputs, **kwargs):
+    """The ``"flyarray"`` Dynamo backend: every op family lowered."""
+    return _DEFAULT(gm, example_inputs, **kwargs)
+
+
+_DEFAULT = make_backend()
+
+
+def register():
+    """Register the backend under the name "flyarray" (the entry point does this on a pip install)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    if "flyarray" not in _BACKENDS or _BACKENDS["flyarray"] is None:
+        register_backend(name="flyarray")(flyarray_backend)

@@ -1,0 +1,443 @@
+"""flyarray from PyTorch: the torch.ops.flyarray.* custom ops, torch.compile(backend="flyarray"), accelerate().
+
+CPU only (the reference backend, the default on a CPU), tiny shapes. Every model is checked forward and
+backward against torch eager; kernel counts come from fa.stats().
+"""
+import copy
+
+import flyarray.interop.torch as fat
+import pytest
+import torch
+from flyarray.interop import torch_backend
+
+import flyarray as fa
+
+
+def _r(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape, dtype=dtype, requires_grad=grad)
+
+
+def _mx(rows, fmt):
+    return torch.ops.flyarray.mx_quantize(torch.randn(rows, 64), fmt, -1, 32)
+
+
+def _op_cases():
+    torch.manual_seed(0)
+    lhs, lhs_s = _mx(4, "e2m1")
+    rhs, rhs_s = _mx(3, "e2m1")
+    return {
+        "rms_norm": (_r(3, 8), _r(8), 1e-6),
+        "add_rms_norm": (_r(3, 8), _r(3, 8), _r(8), 1e-6),
+        "softmax": (_r(3, 8), -1, False),
+        "log_softmax": (_r(3, 8), 0, True),
+        "dot_product_attention": (_r(1, 4, 2, 8), _r(1, 4, 2, 8), _r(1, 4, 2, 8), None, None, None, True),
+        "matmul": (_r(3, 8), _r(8, 5), _r(5), _r(3, 5), "silu", None),
+        "ragged_dot": (_r(6, 8), _r(2, 8, 4), torch.tensor([2, 4], dtype=torch.int32)),
+        "top_k": (_r(3, 8), 2),
+        "scaled_matmul": (lhs, rhs, lhs_s, rhs_s, torch.float32),
+        "mx_quantize": (torch.randn(2, 64), "e4m3", -1, 32),
+    }
+
+
+@pytest.mark.parametrize("name", list(_op_cases()))
+def test_opcheck_every_custom_op(name):
+    op = "softmax" if name == "log_softmax" else name
+    torch.library.opcheck(getattr(torch.ops.flyarray, op).default, _op_cases()[name])
+
+
+def test_opcheck_fp8_scaled_matmul_except_schema():
+    # test_schema compares inputs with torch.allclose, which torch cannot do for float8 on a CPU
+    lhs, lhs_s = _mx(4, "e4m3")
+    rhs, rhs_s = _mx(3, "e4m3")
+    torch.library.opcheck(torch.ops.flyarray.scaled_matmul.default, (lhs, rhs, lhs_s, rhs_s, torch.float32),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_custom_op_gradients_match_torch():
+    x, w, r = _r(4, 16, dtype=torch.float64), _r(16, dtype=torch.float64), _r(4, 16, dtype=torch.float64)
+    y, h = fat.rms_norm(x, w, 1e-6, residual=r)
+    (y.sum() + (h * h).sum()).backward()
+    x2, w2, r2 = (t.detach().clone().requires_grad_() for t in (x, w, r))
+    h2 = x2 + r2
+    y2 = h2 * torch.rsqrt(h2.pow(2).mean(-1, keepdim=True) + 1e-6) * w2
+    (y2.sum() + (h2 * h2).sum()).backward()
+    for a, b in ((x, x2), (w, w2), (r, r2)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)  # statistics are fp32
+    a, b, bias = _r(3, 8, dtype=torch.float64), _r(8, 5, dtype=torch.float64), _r(5, dtype=torch.float64)
+    fat.matmul(a, b, bias=bias, activation="gelu").sum().backward()
+    a2, b2, bias2 = (t.detach().clone().requires_grad_() for t in (a, b, bias))
+    torch.nn.functional.gelu(a2 @ b2 + bias2).sum().backward()
+    for u, v in ((a, a2), (b, b2), (bias, bias2)):
+        torch.testing.assert_close(u.grad, v.grad)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: fat.rms_norm(torch.randn(3, 8), torch.randn(7)), "weight shape"),
+    (lambda: fat.rms_norm(torch.ones(3, 8, dtype=torch.int32)), "floating-point"),
+    (lambda: fat.rms_norm([1.0, 2.0]), "x must be a torch.Tensor"),
+    (lambda: fat.rms_norm(torch.randn(3, 8), residual=torch.randn(3, 4)), "residual shape"),
+    (lambda: fat.softmax(torch.randn(3, 8), dim=2), "dim 2 is out of range"),
+    (lambda: fat.matmul(torch.randn(3, 8), torch.randn(7, 5)), "inner dimensions differ"),
+    (lambda: fat.matmul(torch.randn(3, 8), torch.randn(8, 5), activation="swish"), "activation must be"),
+    (lambda: fat.matmul(torch.randn(3, 8), torch.randn(8, 5), bias=torch.randn(4)), "do not broadcast"),
+    (lambda: fat.top_k(torch.randn(3, 8), 9), "k=9 must be in 1..8"),
+    (lambda: fat.ragged_dot(torch.randn(6, 8), torch.randn(2, 8, 4), torch.tensor([2, 4, 0])), "group sizes"),
+    (lambda: fat.mx_quantize(torch.randn(2, 48), "e4m3"), "not a multiple of 32"),
+    (lambda: fat.mx_quantize(torch.randn(2, 64), "e4m3", axis=3), "axis 3 is out of range"),
+    (lambda: fat.dot_product_attention(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 6)),
+     "dot_product_attention"),
+])
+def test_bad_custom_op_input_is_a_clear_error_before_any_work(call, message):
+    fa.reset_stats()
+    with pytest.raises((TypeError, ValueError), match=message):
+        call()
+    assert fa.stats()["evaluations"] == 0 and fa.stats()["kernels_launched"] == 0
+
+
+def _custom_op_fn(x, w, q):
+    y = fat.rms_norm(x, w) * 2.0
+    s = fat.softmax(y, dim=-1)
+    v, _ = fat.top_k(s, 2)
+    a = fat.dot_product_attention(q, q, q, is_causal=True)
+    return fat.matmul(s, w.unsqueeze(-1).expand(8, 3).contiguous(), activation="relu"), v, a.sum()
+
+
+def test_custom_ops_inside_default_torch_compile_have_no_graph_break():
+    args = (torch.randn(3, 8), torch.randn(8), torch.randn(1, 4, 2, 8))
+    explanation = torch._dynamo.explain(_custom_op_fn)(*args)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(_custom_op_fn, fullgraph=True)  # the default backend: inductor
+    for got, want in zip(compiled(*args), _custom_op_fn(*args)):
+        torch.testing.assert_close(got, want)
+
+
+# ---- models for the backend ------------------------------------------------------------------------------
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.ln, self.l2 = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return torch.log_softmax(self.l2(torch.nn.functional.gelu(self.ln(self.l1(x)))), dim=-1)
+
+
+class Block(torch.nn.Module):
+    """The seed's block: RMSNorm -> QKV -> causal SDPA -> out projection (+ residual)."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads, self.norm = heads, torch.nn.RMSNorm(d, eps=1e-6)
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.out(a.transpose(1, 2).reshape(b, s, d))
+
+
+class Unsupported(torch.nn.Module):
+    """Ops flyarray lacks (sort, fft, complex abs) between ops it lowers."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.sort(self.lin(x), dim=-1).values
+        f = torch.fft.fft(y).abs()
+        return torch.tanh(f * 0.1 + y).sum(-1)
+
+
+MODELS = {"mlp": (MLP, (5, 8)), "block": (Block, (2, 8, 16)), "unsupported": (Unsupported, (4, 8))}
+
+
+def _check_against_eager(model, compiled, shape):
+    x = torch.randn(*shape, requires_grad=True)
+    out = compiled(x)
+    out.sum().backward()
+    got = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x2 = x.detach().clone().requires_grad_()
+    want_out = model(x2)
+    want_out.sum().backward()
+    torch.testing.assert_close(out, want_out)
+    for g, p in zip(got, list(model.parameters()) + [x2]):
+        torch.testing.assert_close(g, p.grad)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("how", ["backend", "accelerate"])
+def test_backend_forward_and_backward_equal_eager(name, how):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cls, shape = MODELS[name]
+    model = cls()
+    compiled = torch.compile(model, backend="flyarray") if how == "backend" else fat.accelerate(model)
+    fa.reset_stats()
+    _check_against_eager(model, compiled, shape)
+    assert fa.stats()["kernels_launched"] + fa.stats()["library_calls"] > 0  # flyarray did run
+
+
+def _recording_backend(graphs):
+    """backend="flyarray", keeping each CompiledGraph it builds (to count its regions)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    table = torch_backend.lowerings()
+
+    def compile_graph(gm, example_inputs):
+        graphs.append(torch_backend.CompiledGraph(gm, table))
+        return make_boxed_func(graphs[-1])
+
+    def backend(gm, example_inputs):
+        torch_backend.rewrite_library_calls(gm, set(torch_backend.FAMILIES))
+        return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                            decompositions=torch_backend.decompositions())(gm, example_inputs)
+    return backend
+
+
+def test_block_backward_is_one_region_with_the_custom_op_derivatives_inside():
+    torch._dynamo.reset()
+    model, graphs = Block(), []
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    torch.compile(model, backend=_recording_backend(graphs))(x).sum().backward()
+    forward, backward = graphs
+    assert forward.regions == 1 and backward.regions == 1
+    assert all(kind == "region" for kind, _ in backward.steps)  # flyarray::vjp and select_backward lowered
+    lowered = {str(n.target) for _, (region, _) in backward.steps for n in region.nodes}
+    assert {"flyarray.vjp.default", "aten.select_backward.default", "aten.mm.default"} <= lowered
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x2 = x.detach().clone().requires_grad_()
+    model(x2).sum().backward()
+    for g, p in zip(grads, list(model.parameters()) + [x2]):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_block_forward_is_one_flyarray_region_with_our_gemms_and_attention():
+    torch._dynamo.reset()
+    model, graphs = Block(), []
+    compiled = torch.compile(model, backend=_recording_backend(graphs))
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        compiled(x)
+        fa.reset_stats()
+        torch.testing.assert_close(compiled(x), model(x))
+    assert [g.regions for g in graphs] == [1]  # norm, both GEMMs, attention, residual: one region
+    assert all(kind == "region" for kind, _ in graphs[0].steps)  # no torch op at all
+    stats = fa.stats()
+    assert stats["library_calls"] == 3  # qkv GEMM, attention, out GEMM (their epilogues fused)
+    assert stats["plan_misses"] == 0  # the second call replays the traced plan
+
+
+def test_elementwise_chain_in_a_torch_function_is_one_kernel():
+    torch._dynamo.reset()
+
+    def f(x, y):
+        return torch.sigmoid(torch.exp(x) * y + 1.0).sqrt() / (y * y + 2.0)
+
+    compiled = torch.compile(f, backend="flyarray")
+    x, y = torch.randn(5, 7), torch.randn(7)
+    compiled(x, y)
+    fa.reset_stats()
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+    assert fa.stats()["kernels_launched"] == 1
+
+
+def test_a_torch_op_independent_of_the_open_region_does_not_split_it():
+    torch._dynamo.reset()
+
+    def f(x, y):
+        a = torch.exp(x)
+        s = torch.sort(y).values  # flyarray has no sort: a torch op, but it does not read the region
+        return torch.tanh(a * 2.0 + 1.0), s
+
+    graphs = []
+    compiled = torch.compile(f, backend=_recording_backend(graphs))
+    x, y = torch.randn(4, 6), torch.randn(5)
+    compiled(x, y)
+    fa.reset_stats()
+    for got, want in zip(compiled(x, y), f(x, y)):
+        torch.testing.assert_close(got, want)
+    assert [g.regions for g in graphs] == [1] and fa.stats()["kernels_launched"] == 1
+
+
+def test_shape_change_recompiles_correctly():
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.softmax(x * 3.0, dim=-1) + x.mean()
+
+    compiled = torch.compile(f, backend="flyarray")
+    for shape in ((4, 8), (6, 8), (3, 5), (7, 5)):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_marked_dynamic_sizes_run_correctly():
+    torch._dynamo.reset()
+    model = MLP()
+    compiled = torch.compile(model, backend="flyarray")
+    for rows in (5, 9, 3):
+        x = torch.randn(rows, 8)
+        torch._dynamo.mark_dynamic(x, 0)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_case_flyarray_does_not_cover_runs_as_the_torch_op():
+    torch._dynamo.reset()
+
+    def f(a, b):  # flyarray's GEMM takes floats only: the int mm must run as torch's
+        return torch.mm(a, b) * 3 + 1, torch.exp(a.float()) * 2
+
+    graphs = []
+    compiled = torch.compile(f, backend=_recording_backend(graphs))
+    a, b = torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 2))
+    for got, want in zip(compiled(a, b), f(a, b)):
+        torch.testing.assert_close(got, want)
+    assert [str(n.target) for n in graphs[0].excluded] == ["aten.mm.default"]
+
+
+def test_input_mutations_keep_their_order_batchnorm_training():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU())
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="flyarray")
+    for _ in range(2):
+        x = torch.randn(5, 8)
+        torch.testing.assert_close(compiled(x), twin(x))
+    torch.testing.assert_close(model[1].running_mean, twin[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, twin[1].running_var)
+
+
+class Experts(torch.nn.Module):
+    """A mixture-of-experts layer's grouped GEMM (torch._grouped_mm -> ragged_dot) and a concat;
+    bfloat16, the only dtype torch's _grouped_mm takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter((torch.randn(2, 16, 8) * 0.3).bfloat16())  # 16-byte strides
+
+    def forward(self, x, offs):
+        y = torch._grouped_mm(x, self.w, offs)
+        return torch.cat([torch.relu(y), y * 2.0], dim=-1)
+
+
+def test_grouped_mm_and_cat_lower_and_train():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, graphs = Experts(), []
+    x = torch.randn(6, 16, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    out = torch.compile(model, backend=_recording_backend(graphs))(x, offs)
+    out.sum().backward()
+    lowered = {str(n.target) for kind, item in graphs[0].steps if kind == "region" for n in item[0].nodes}
+    assert {"aten._grouped_mm.default", "aten.cat.default"} <= lowered and graphs[0].regions == 1
+    x2 = x.detach().clone().requires_grad_()
+    w_grad = model.w.grad.clone()
+    model.zero_grad()
+    want = model(x2, offs)
+    want.sum().backward()
+    for got, ref in ((out, want), (x.grad, x2.grad), (w_grad, model.w.grad)):
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)  # bf16 rounding, summed in other orders
+
+
+def test_library_rewrites_keep_torch_semantics_where_ours_differ():
+    torch._dynamo.reset()
+
+    def f(x, w, q, k):
+        # rms_norm with a weight of another dtype promotes in torch; causal SDPA with Sq != Sk aligns
+        # its diagonal top-left in torch: both stay torch's (not rewritten to our ops)
+        y = torch.nn.functional.rms_norm(x, (8,), w, 1e-6)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True)
+        return y, a
+
+    args = (torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8))
+    for got, want in zip(torch.compile(f, backend="flyarray")(*args), f(*args)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+def test_addmm_is_one_gemm_with_its_bias_fused():
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(8, 4)
+    compiled = torch.compile(lambda x: torch.relu(lin(x)), backend="flyarray")
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        compiled(x)
+        fa.reset_stats()
+        torch.testing.assert_close(compiled(x), torch.relu(lin(x)))
+    # one launch in all, and it is the GEMM (kernels_launched counts library launches too): bias + relu fused
+    assert fa.stats()["library_calls"] == 1 and fa.stats()["kernels_launched"] == 1
+
+
+def test_accelerate_can_turn_op_families_off():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        fa.reset_stats()
+        torch.testing.assert_close(fat.accelerate(model, ops={"attention": False, "matmul": False})(x), model(x))
+    assert fa.stats()["library_calls"] == 0 and fa.stats()["kernels_launched"] > 0
+    with pytest.raises(ValueError, match="unknown op families"):
+        fat.accelerate(model, ops={"convolution": False})
+    with pytest.raises(ValueError, match="mx must be one of"):
+        fat.accelerate(model, mx="int4")
+
+
+@pytest.mark.parametrize("mx, fmt", [("mxfp8", "e4m3"), ("mxfp4", "e2m1")])
+def test_accelerate_with_mx_weights(mx, fmt):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.SiLU(), torch.nn.Linear(32, 8))
+    reference = copy.deepcopy(model)
+    fa.quant.quantize_linear_weights(reference, weight_format=fmt)
+    compiled = fat.accelerate(model, mx=mx)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        fa.reset_stats()
+        torch.testing.assert_close(compiled(x), reference(x), rtol=1e-3, atol=1e-3)
+    assert fa.stats()["library_calls"] >= 2  # both linears ran scaled_matmul through flyarray
+    assert type(model[0]).__name__ == "MXLinear"
+
+
+def test_backend_is_an_installed_entry_point():
+    from importlib.metadata import entry_points
+    (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "flyarray"]
+    assert ep.load() is torch_backend.flyarray_backend
+
+
+def test_bench_suite_torch_runs_on_the_cpu():
+    from flyarray.bench import harness
+    assert "torch" in harness.SUITES
+    torch._dynamo.reset()
+    cases = harness.suite_cases("torch", torch.device("cpu"), small=True)
+    assert [c.name.split()[0:2] for c in cases] == [["block", "fwd"], ["block", "fwd+bwd"], ["mlp", "fwd"]]
+    for case in cases:
+        row = harness.run_case(case, torch.device("cpu"), bandwidth=None, compile=False, host_iters=2, repeats=1)
+        assert row["status"] == "ok" and row["rel_error"] <= 1e-4, row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+def test_block_on_the_gpu_fp16_forward_and_backward():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Block(d=128, heads=2).cuda().half()
+    x = torch.randn(2, 64, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+    fa.reset_stats()
+    out = fat.accelerate(model)(x)
+    out.float().square().mean().backward()
+    grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    assert fa.stats()["library_calls"] >= 3  # the GEMMs and attention ran as our kernels
+    model.zero_grad()
+    x2 = x.detach().clone().requires_grad_()
+    want = model(x2)
+    want.float().square().mean().backward()
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    for g, p in zip(grads, list(model.parameters()) + [x2]):
+        torch.testing.assert_close(g, p.grad, rtol=5e-2, atol=5e-2)
