@@ -386,8 +386,8 @@ def _attention_formulation(q, k, v, *extras, scale, is_causal, has_bias, has_mas
         s = s + bias.astype(f32, copy=False)
     keep = None
     if is_causal:
-        rows = F.reshape(F.arange(Sq), (Sq, 1))
-        keep = F.arange(Sk) <= rows + (Sk - Sq)
+        rows = F.reshape(F.arange(Sq, device=q.device), (Sq, 1))
+        keep = F.arange(Sk, device=q.device) <= rows + (Sk - Sq)
     if mask is not None:
         keep = mask if keep is None else keep & mask
     if keep is not None:
@@ -405,7 +405,7 @@ def _attention_formulation(q, k, v, *extras, scale, is_causal, has_bias, has_mas
 def _gather_last(x, idx):
     """x[..., idx[..., j]] along the last axis, written as a masked sum (no gather primitive)."""
     n = x.shape[-1]
-    hit = F.expand_dims(idx, -1) == F.arange(n, dtype=idx.dtype)
+    hit = F.expand_dims(idx, -1) == F.arange(n, dtype=idx.dtype, device=idx.device)
     return F.sum(F.where(hit, F.expand_dims(x, -2), 0.0), axis=-1)
 
 
@@ -440,10 +440,10 @@ def _group_onehot(group_sizes, m, d):
     """(m, g): 1 where row r belongs to group i (rows past the last group belong to none)."""
     g = group_sizes.shape[0]
     gs = group_sizes.astype(dt.int64, copy=False)
-    j = F.arange(g)
+    j = F.arange(g, device=group_sizes.device)
     ends = F.sum(F.where(F.reshape(j, (1, g)) <= F.reshape(j, (g, 1)), F.reshape(gs, (1, g)), 0), axis=1)
     starts = ends - gs
-    r = F.reshape(F.arange(m), (m, 1))
+    r = F.reshape(F.arange(m, device=group_sizes.device), (m, 1))
     return ((r >= F.reshape(starts, (1, g))) & (r < F.reshape(ends, (1, g)))).astype(d)
 
 
@@ -539,7 +539,7 @@ def _top_k_vjp(gs, e):
     (x,), (gv, _) = e.x, gs
     idx = e.y[1]
     n = x.shape[-1]
-    hit = F.expand_dims(idx, -1) == F.arange(n, dtype=idx.dtype)  # (..., k, n)
+    hit = F.expand_dims(idx, -1) == F.arange(n, dtype=idx.dtype, device=idx.device)  # (..., k, n)
     return [F.sum(F.where(hit, F.expand_dims(gv, -1), 0.0), axis=-2).astype(x.dtype, copy=False)]
 
 

@@ -279,3 +279,24 @@ def test_column_reductions_on_gpu():
     got = fa.sum(fa.asarray(x).astype(fa.float32), axis=0).torch()
     assert _rel(got, x.float().sum(0)) < 1e-5
     assert torch.equal(fa.argmax(fa.asarray(x), axis=0).torch(), x.argmax(0))
+
+
+def test_gemm_on_a_thread_of_its_own():
+    """Triton keeps its scratch allocator (for TMA descriptors) per thread; autograd's backward runs
+    GEMMs on a thread of its own, which must get one too (it raised 'no allocator was set')."""
+    import threading
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+    b = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+    want = (a.float() @ b.float())
+    out, errors = [], []
+
+    def work():
+        try:
+            out.append(torch.from_dlpack(fa.asarray(a) @ fa.asarray(b)))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert _rel(out[0], want) < 1e-2

@@ -391,6 +391,9 @@ def test_accelerate_can_turn_op_families_off():
 
 @pytest.mark.parametrize("mx, fmt", [("mxfp8", "e4m3"), ("mxfp4", "e2m1")])
 def test_accelerate_with_mx_weights(mx, fmt):
+    from .interpreter_probe import INTERPRETER_PROBLEM
+    if INTERPRETER_PROBLEM:  # the MX kernels run on CPU tensors through Triton's interpreter
+        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.SiLU(), torch.nn.Linear(32, 8))
@@ -406,7 +409,11 @@ def test_accelerate_with_mx_weights(mx, fmt):
 
 
 def test_backend_is_an_installed_entry_point():
-    from importlib.metadata import entry_points
+    from importlib.metadata import PackageNotFoundError, distribution, entry_points
+    try:
+        distribution("flyarray")
+    except PackageNotFoundError:  # run from a checkout on PYTHONPATH (the GPU machine): nothing installed
+        pytest.skip("flyarray is not pip-installed here, so it has no entry points")
     (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "flyarray"]
     assert ep.load() is torch_backend.flyarray_backend
 

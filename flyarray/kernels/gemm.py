@@ -515,19 +515,17 @@ def _tma_layout(t: torch.Tensor, k_dim: int) -> Optional[bool]:
     return None
 
 
-_allocator_set = False
-
-
 def _ensure_tma_allocator():
-    """Device-side descriptors need a little global scratch; Triton asks for it here."""
-    global _allocator_set
-    if _allocator_set:
-        return
+    """Device-side descriptors need a little global scratch; Triton asks for it here. Triton keeps
+    its allocator in a ContextVar, which is per thread: checked on every call, because a GEMM may
+    run on a thread that has none yet (autograd's backward runs on its own device thread)."""
     from triton.runtime import _allocation
-    current = _allocation._allocator.get()
-    if isinstance(current, _allocation.NullAllocator):
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    _allocator_set = True
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def _scratch(size, align, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _num_programs(device: torch.device, arch: str, cfg: dict) -> int:
