@@ -53,35 +53,40 @@ class Walk:
         nodes, entries = [], []
         leaves, leaf_nodes, scalars, scalar_nodes = [], [], [], []
         constant, plain = ir.CONSTANT, _PLAIN_PARAMS
+        add_node, add_entry, where = nodes.append, entries.append, position.__getitem__
         for root in roots:
             stack = [root]
             while stack:
-                node = stack.pop()
+                node = stack[-1]
                 if node in position:
+                    stack.pop()
                     continue
                 buffer = node.buffer
                 if buffer is None:
-                    inputs = node.inputs
-                    missing = [i for i in inputs if i not in position]
-                    if missing:  # inputs first: come back to this node after them
-                        stack.append(node)
-                        stack += missing
+                    ready = True
+                    for i in node.inputs:  # inputs first: come back to this node after them
+                        if i not in position:
+                            stack.append(i)
+                            ready = False
+                    if not ready:
                         continue
+                stack.pop()
                 position[node] = len(nodes)
-                nodes.append(node)
+                add_node(node)
                 if buffer is not None:
                     leaves.append(buffer)
                     leaf_nodes.append(node)
-                    entries.append(("leaf", node.dtype, node.shape, buffer.stride(), buffer.storage_offset(),
-                                    buffer.data_ptr() % 16, node.device))
-                elif node.prim is constant:
+                    add_entry(("leaf", node.dtype, node.shape, buffer.stride(), buffer.storage_offset(),
+                               buffer.data_ptr() % 16, node.device))
+                    continue
+                prim = node.prim
+                if prim is constant:
                     scalars.append(node.params)
                     scalar_nodes.append(node)
-                    entries.append((constant, node.shape, node.dtype, node.device))
+                    add_entry((constant, node.shape, node.dtype, node.device))
                 else:
-                    prim = node.prim
                     params = node.params if prim.kind in plain else _params_key(node)
-                    entries.append((prim, params, node.shape, node.dtype, *[position[i] for i in inputs]))
+                    add_entry((prim, params, node.shape, node.dtype) + tuple(map(where, node.inputs)))
         self.nodes, self.position = nodes, position
         self.leaves, self.leaf_nodes = leaves, leaf_nodes
         self.scalars, self.scalar_nodes = scalars, scalar_nodes
@@ -96,8 +101,12 @@ def _params_key(node):
     kind = node.prim.kind
     if kind in _PLAIN_PARAMS:
         return node.params
-    if kind in ("library", "composite"):
-        return (len(node.params["outputs"]), freeze(node.params["kwargs"]))
+    if kind in ("library", "composite"):  # frozen once per node: kwargs do not change after recording
+        params = node.params
+        key = params.get("frozen")
+        if key is None:
+            key = params["frozen"] = (len(params["outputs"]), freeze(params["kwargs"]))
+        return key
     return freeze(node.params)  # iota
 
 
