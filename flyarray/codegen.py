@@ -369,7 +369,7 @@ class _Emitter:
         ops = tuple(_op_signature(op) for op in self.k.ops)
         stores = tuple((st.op, st.domain, st.dtype.name) for st in self.k.stores)
         scalars = tuple(d.name for d in self.k.scalar_dtypes)
-        return (self.rows, self.p, self.q, self.lay.index64, self.one_pass, self.t, ops, stores,
+        return (self.rows, self.p, self.q, self.pow2_sizes(), self.lay.index64, self.one_pass, self.t, ops, stores,
                 self.k.n_inputs, scalars, config.eager_rounding())
 
     def launch_shape(self):
@@ -397,7 +397,16 @@ class _Emitter:
         return {"BLOCK_M": block_m, "BLOCK_N": block_n}, (max(1, -(-lay.M // block_m)),), warps
 
     def size_params(self):
-        return [f"K{i}" for i in range(1, self.p)] + [f"R{i}" for i in range(1, self.q)]
+        # A size that is a power of two is a constexpr: index math divides by the inner sizes once per
+        # element, and a division by a run-time value costs some twenty instructions (it dominated
+        # a bias-broadcast kernel), by a constant power of two a shift. Other sizes stay run-time
+        # arguments, so one source serves every shape.
+        names = [f"K{i}" for i in range(1, self.p)] + [f"R{i}" for i in range(1, self.q)]
+        return [f"{n}: tl.constexpr" if pow2 else n for n, pow2 in zip(names, self.pow2_sizes())]
+
+    def pow2_sizes(self) -> tuple:
+        sizes = list(self.lay.kept_sizes[1:]) + list(self.lay.red_sizes[1:])
+        return tuple(s > 1 and s & (s - 1) == 0 for s in sizes)
 
     def size_args(self):
         return list(self.lay.kept_sizes[1:]) + list(self.lay.red_sizes[1:])

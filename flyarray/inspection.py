@@ -107,13 +107,17 @@ def fused_spec(step: KernelStep) -> KernelSpec:
     types += [_scalar_type(v) for v in spec.args]
     types += ["fp32" if d.kind == "f" and d.name != "float64" else "i64" for d in kernel.scalar_dtypes]
     signature = dict(zip(names, types))
-    for name in spec.constexprs:
-        signature[name] = "constexpr"
+    constexprs = dict(spec.constexprs)
     n_buffers = len(step.inputs) + len(kernel.stores)
+    for param, value in zip(jit_fn.params[n_buffers:], spec.args):
+        if param.is_constexpr:  # a power-of-two size (codegen.size_params): its value is compiled in
+            constexprs[param.name] = value
+    for name in constexprs:
+        signature[name] = "constexpr"
     divisible = tuple(name for name, v in zip(names[n_buffers:], spec.args)
-                      if isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0 and v)
-    return KernelSpec(f"fused_{spec.key[:12]}", jit_fn, signature, dict(spec.constexprs), spec.num_warps, 1,
-                      divisible)
+                      if isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0 and v
+                      and name not in constexprs)
+    return KernelSpec(f"fused_{spec.key[:12]}", jit_fn, signature, constexprs, spec.num_warps, 1, divisible)
 
 
 def _scalar_type(value) -> str:
