@@ -191,6 +191,8 @@ class _Scheduler:
         yield builder.add_root(root, target)
         if target is None:
             self.planned[root.id] = root
+        for node in builder.riders:  # available from now on: their kernel is in the steps
+            self.planned[node.id] = node
         self.steps.append(builder.finish())
 
     def domain_of(self, root: ir.Node):
@@ -335,6 +337,10 @@ class _KernelBuilder:
         self.stores = []
         self.targets = []
         self.stored = set()
+        # Values this kernel stores along the way. They become available to other kernels only when
+        # this one is finished: a kernel built while this one is still being lowered (an input it
+        # must materialize first) runs before it, so it must not read them.
+        self.riders = []
 
     def add_root(self, root, target=None):
         self.stored.add(root.id)  # stored below, not as a ride-along
@@ -419,7 +425,7 @@ class _KernelBuilder:
         in_dtype = node.inputs[0].dtype if node.prim.name != "where" else node.inputs[1].dtype
         op = self.add(Elementwise(node.prim.name, tuple(args), domain, node.dtype, in_dtype))
         if wanted:  # ride along: store this user-held value from this kernel
-            self.sched.planned[node.id] = node
+            self.riders.append(node)
             self.stored.add(node.id)
             self.store(op, node, View.contiguous(self.full), "full")
         return op
@@ -433,7 +439,7 @@ class _KernelBuilder:
         arg = yield self.lower(node.inputs[0], (), "full")
         op = self.add(Reduce(node.prim.name, arg, node.dtype))
         if self.sched.must_store(node) and node.id not in self.stored:
-            self.sched.planned[node.id] = node
+            self.riders.append(node)
             self.stored.add(node.id)
             self.store(op, node, View.contiguous(self.keep), "outer")
         return op

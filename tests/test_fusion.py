@@ -219,3 +219,13 @@ def test_jit_traces_once_per_signature_and_rejects_unhashable_statics():
     torch.testing.assert_close(first, x.exp() * 2.0)
     with pytest.raises(TypeError, match="neither an array nor hashable"):
         g(x, {1, 2})  # a set: neither an array, a container of arrays, nor hashable
+
+
+def test_a_value_stored_along_the_way_is_not_read_before_its_kernel_runs():
+    """A Llama block's backward once scheduled a kernel reading the residual sum h before the kernel
+    that stores h along the way had run (KeyError in the plan). Values a kernel stores as it goes
+    become available only when that kernel is finished."""
+    import torch
+    from flyarray.bench import torch_models
+    (case,) = torch_models._llama_cases(torch.device("cpu"), small=True)
+    torch.testing.assert_close(case.ours(), case.eager(), rtol=1e-4, atol=1e-4)

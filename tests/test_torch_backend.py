@@ -423,7 +423,8 @@ def test_bench_suite_torch_runs_on_the_cpu():
     assert "torch" in harness.SUITES
     torch._dynamo.reset()
     cases = harness.suite_cases("torch", torch.device("cpu"), small=True)
-    assert [c.name.split()[0:2] for c in cases] == [["block", "fwd"], ["block", "fwd+bwd"], ["mlp", "fwd"]]
+    assert [c.name.split()[0:2] for c in cases] == [["llama", "block"], ["block", "fwd"], ["block", "fwd+bwd"],
+                                                    ["mlp", "fwd"]]
     for case in cases:
         row = harness.run_case(case, torch.device("cpu"), bandwidth=None, compile=False, host_iters=2, repeats=1)
         assert row["status"] == "ok" and row["rel_error"] <= 1e-4, row

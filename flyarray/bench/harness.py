@@ -67,7 +67,8 @@ class Case:
     and gives the limit column; ``flops`` gives TFLOP/s. ``check`` overrides the
     comparison (returns a relative error). ``timing`` is ``"device"`` or
     ``"host"`` (module docstring); ``device_column`` False leaves the device
-    column out (rows that launch nothing).
+    column out (rows that launch nothing). ``first_call`` True appends the seconds of the first call
+    (flyarray's, and torch.compile's: both compile then) to the printed status.
     """
     name: str
     ours: Callable[[], Any]
@@ -80,6 +81,7 @@ class Case:
     check: Optional[Callable[[Any, Any], float]] = None
     timing: str = "device"
     device_column: bool = True
+    first_call: bool = False
 
 
 def rel_error(out, ref) -> float:
@@ -239,7 +241,10 @@ def _run_case(case, device, bandwidth, compile, host_iters, repeats) -> dict:
     row: dict = {"name": case.name, "goal": case.goal, "timing": case.timing}
     try:
         ref = case.eager()
-        out = case.ours()
+        start = time.perf_counter()
+        out = case.ours()  # the first call: compiles (kept as ours_first_call_s)
+        _sync(device)()
+        row["ours_first_call_s"] = time.perf_counter() - start
         err = (case.check or rel_error)(out, ref)
     except Exception as exc:  # a broken case is reported, the suite goes on
         return {**row, "status": f"ERROR: {type(exc).__name__}: {exc}"}
@@ -247,11 +252,15 @@ def _run_case(case, device, bandwidth, compile, host_iters, repeats) -> dict:
     if not (err <= case.tol):
         return {**row, "status": f"WRONG (rel error {err:.3g} > {case.tol})"}
     row["status"] = "ok"
+    row["show_first_call"] = case.first_call
     compiled = None
     if compile and case.compilable is not None:  # compile (and let its workers settle) before any timing
         try:
             compiled = torch.compile(case.compilable)
+            start = time.perf_counter()
             compiled()
+            _sync(device)()
+            row["compile_first_call_s"] = time.perf_counter() - start
         except Exception as exc:
             row["compile_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             compiled = None
@@ -343,6 +352,10 @@ def format_table(rows: list) -> str:
     for r in rows:
         cells = " ".join(_cell(r.get(key), spec, scale) for _, key, spec, scale in COLUMNS)
         tail = r["status"] + (f"  [{r['goal']}]" if r.get("goal") and r["status"] == "ok" else "")
+        if r.get("show_first_call") and r.get("ours_first_call_s") is not None:
+            inductor = r.get("compile_first_call_s")
+            tail += f"  first call {r['ours_first_call_s']:.1f} s" + \
+                (f", torch.compile's {inductor:.1f} s" if inductor is not None else "")
         lines.append(f"{r['name'][:NAME_WIDTH]:{NAME_WIDTH}} {cells}  {tail}")
     return "\n".join(lines)
 
