@@ -5,18 +5,6 @@ import torch
 import flyarray as fa
 from flyarray import plan, profiling
 
-from .interpreter_probe import INTERPRETER_PROBLEM
-
-
-@pytest.fixture(params=["reference", "interpret"])
-def cpu_backend(request):
-    if request.param == "interpret" and INTERPRETER_PROBLEM:
-        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
-    fa.set_backend(request.param)
-    fa.reset_stats()
-    yield request.param
-    fa.set_backend(None)
-
 
 def _t(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
@@ -33,7 +21,7 @@ def _workload():
     step(x).torch()
 
 
-def test_profile_sees_every_kernel_launched_inside_it(cpu_backend):
+def test_profile_sees_every_kernel_launched_inside_it(backend):
     _workload()  # compile outside the block: the profile must count replays as well as misses
     fa.reset_stats()
     with fa.profile() as prof:
@@ -50,7 +38,7 @@ def test_profile_sees_every_kernel_launched_inside_it(cpu_backend):
     assert abs(prof.total_s - sum(r.mean_s * r.calls for r in prof.rows)) < 1e-9
 
 
-def test_nothing_is_recorded_outside_and_plan_run_is_restored(cpu_backend):
+def test_nothing_is_recorded_outside_and_plan_run_is_restored(backend):
     original = plan.Plan.run
     with fa.profile() as prof:
         assert plan.Plan.run is not original or getattr(plan, "profiling", None) is not None
@@ -60,7 +48,7 @@ def test_nothing_is_recorded_outside_and_plan_run_is_restored(cpu_backend):
     assert profiling.recording == []
 
 
-def test_bytes_and_flops(cpu_backend):
+def test_bytes_and_flops(backend):
     a, b = fa.asarray(_t(8, 16)), fa.asarray(_t(16, 4, seed=1))
     x = fa.asarray(_t(32, 8))
     with fa.profile() as prof:
@@ -74,14 +62,14 @@ def test_bytes_and_flops(cpu_backend):
     assert ew.bytes == 2 * 32 * 8 * 4 and ew.flops == 0 and ew.tflops is None
 
 
-def test_broadcast_input_counts_its_storage_once(cpu_backend):
+def test_broadcast_input_counts_its_storage_once(backend):
     x = fa.broadcast_to(fa.asarray(_t(1, 8)), (64, 8))
     with fa.profile() as prof:
         fa.exp(x + 0.0).torch()
     assert prof.rows[0].bytes == 8 * 4 + 64 * 8 * 4  # the (1, 8) input read once, not 64 times
 
 
-def test_text_and_html_say_how_it_was_timed(cpu_backend):
+def test_text_and_html_say_how_it_was_timed(backend):
     with fa.profile() as prof:
         fa.exp(fa.asarray(_t(4, 4))).torch()
     text = str(prof)
@@ -92,7 +80,7 @@ def test_text_and_html_say_how_it_was_timed(cpu_backend):
     assert "<table>" in page and "wall clock" in page and "fused: exp" in page
 
 
-def test_nested_profiles_both_record(cpu_backend):
+def test_nested_profiles_both_record(backend):
     with fa.profile() as outer:
         fa.exp(fa.asarray(_t(4))).torch()
         with fa.profile() as inner:
@@ -100,13 +88,13 @@ def test_nested_profiles_both_record(cpu_backend):
     assert outer.calls == 2 and inner.calls == 1
 
 
-def test_reentering_one_profile_is_an_error(cpu_backend):
+def test_reentering_one_profile_is_an_error(backend):
     prof = fa.profile()
     with prof, pytest.raises(RuntimeError, match="already open"):
         prof.__enter__()
 
 
-def test_the_plan_hook_for_plan_py(cpu_backend, monkeypatch):
+def test_the_plan_hook_for_plan_py(backend, monkeypatch):
     """The change the report asks plan.py to make: Plan.run hands its loop to profiling.run_steps."""
     def run(self, leaves, scalars):  # Plan.run with the hook, as proposed for plan.py
         if self.static_scalars:

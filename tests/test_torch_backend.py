@@ -11,6 +11,7 @@ import torch
 from flyarray.interop import torch_backend
 
 import flyarray as fa
+from flyarray.bench import torch_models
 
 
 def _r(*shape, dtype=torch.float32, grad=True):
@@ -122,19 +123,9 @@ class MLP(torch.nn.Module):
         return torch.log_softmax(self.l2(torch.nn.functional.gelu(self.ln(self.l1(x)))), dim=-1)
 
 
-class Block(torch.nn.Module):
-    """The seed's block: RMSNorm -> QKV -> causal SDPA -> out projection (+ residual)."""
-
-    def __init__(self, d=16, heads=2):
-        super().__init__()
-        self.heads, self.norm = heads, torch.nn.RMSNorm(d, eps=1e-6)
-        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return x + self.out(a.transpose(1, 2).reshape(b, s, d))
+def Block(d=16, heads=2):
+    """The seed's block: RMSNorm -> QKV -> causal SDPA -> out projection (+ residual); tiny by default."""
+    return torch_models.Block(d, heads)
 
 
 class Unsupported(torch.nn.Module):
