@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from . import codegen, plan, runtime
+from . import codegen, plan, runtime, tables
 from .expand import expand_composites
 from .kernel_ir import Elementwise, Iota, Reduce
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
@@ -88,12 +88,7 @@ class Explanation:
         for i, (shape, dtype, state) in enumerate(self.arrays):
             lines.append(f"  array {i}: {dtype}{list(shape)} {state}")
         if self.steps:
-            rows = [self._COLUMNS] + self._rows()
-            widths = [max(len(r[c]) for r in rows) for c in range(len(self._COLUMNS))]
-            for j, row in enumerate(rows):
-                lines.append("  " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-                if j == 0:
-                    lines.append("  " + "-+-".join("-" * w for w in widths))
+            lines += tables.text_rows(self._COLUMNS, self._rows())
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -105,11 +100,7 @@ class Explanation:
             parts.append("<ul>" + "".join(f"<li>array {i}: {esc(d)}{esc(str(list(s)))} {esc(st)}</li>"
                                           for i, (s, d, st) in enumerate(self.arrays)) + "</ul>")
         if self.steps:
-            parts.append("<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in self._COLUMNS)
-                         + "</tr></thead><tbody>")
-            for row in self._rows():
-                parts.append("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>")
-            parts.append("</tbody></table>")
+            parts.append(tables.html_table(self._COLUMNS, self._rows()))
         parts.append("</div>")
         return "".join(parts)
 

@@ -13,7 +13,7 @@ import html
 import importlib
 import inspect as pyinspect
 
-from . import codegen, runtime
+from . import codegen, runtime, tables
 from .expand import expand_composites
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
@@ -50,21 +50,12 @@ class Inspection:
     def __repr__(self):
         lines = [self._header()]
         if self.kernels:
-            rows = [list(self._COLUMNS)] + self._rows()
-            widths = [max(len(r[c]) for r in rows) for c in range(len(self._COLUMNS))]
-            for j, row in enumerate(rows):
-                lines.append("  " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-                if j == 0:
-                    lines.append("  " + "-+-".join("-" * w for w in widths))
+            lines += tables.text_rows(self._COLUMNS, self._rows())
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        parts = [f"<div><p>{esc(self._header())}</p><table><thead><tr>"
-                 + "".join(f"<th>{esc(c)}</th>" for c in self._COLUMNS) + "</tr></thead><tbody>"]
-        for row in self._rows():
-            parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
-        parts.append("</tbody></table>")
+        parts = [f"<div><p>{esc(self._header())}</p>", tables.html_table(self._COLUMNS, self._rows())]
         asm = "AMDGCN" if self.target.startswith("gfx") else "PTX"
         for k in self.kernels:  # long texts collapsed: open the one you want
             parts.append(f"<details><summary>{esc(k.name)}: Triton source</summary><pre>{esc(k.triton_source)}</pre>"

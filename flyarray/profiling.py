@@ -28,6 +28,7 @@ import torch
 import torch.autograd.profiler as _torch_profiler
 from torch.profiler import record_function
 
+from . import tables
 from .kernel_ir import Elementwise, Reduce
 
 recording: list = []  # the open profiles; mutated in place, never rebound (plan.py may hold a reference)
@@ -155,27 +156,15 @@ class Profile:
     def __str__(self) -> str:
         lines = [self._header()]
         if self.rows:
-            rows = [list(self.COLUMNS)] + self._cells()
-            widths = [max(len(r[c]) for r in rows) for c in range(len(self.COLUMNS))]
-            for j, row in enumerate(rows):
-                cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
-                cells += [cell.rjust(w) for cell, w in zip(row[2:], widths[2:])]
-                lines.append("  " + " | ".join(cells))
-                if j == 0:
-                    lines.append("  " + "-+-".join("-" * w for w in widths))
+            lines += tables.text_rows(self.COLUMNS, self._cells(), numeric_from=2)
         return "\n".join(lines)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        esc = html.escape
-        parts = [f"<div><p>{esc(self._header())}</p>"]
+        parts = [f"<div><p>{html.escape(self._header())}</p>"]
         if self.rows:
-            parts.append("<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in self.COLUMNS)
-                         + "</tr></thead><tbody>")
-            for row in self._cells():
-                parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
-            parts.append("</tbody></table>")
+            parts.append(tables.html_table(self.COLUMNS, self._cells()))
         return "".join(parts) + "</div>"
 
 
