@@ -1,0 +1,100 @@
+"""Sharded arrays, collectives, shard_map, jit and grad over torch.distributed: 2 processes.
+
+One job per device kind runs every check of tests/distributed_checks.py on both ranks (gloo on the
+CPU; NCCL on 2 GPUs, skipped without them); each check is one test here, failing with the rank's
+traceback. The job is launched once per module (about 5 s on the CPU).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from . import distributed_checks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(device: str, out: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), os.path.join(HERE, "distributed_checks.py"), "--out", out,
+           "--device", device]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+
+
+def _skip_reason(device):
+    if not torch.distributed.is_available():
+        return "torch.distributed is not available in this torch build"
+    if device == "cpu" and not torch.distributed.is_gloo_available():
+        return "torch.distributed has no gloo backend here"
+    if device == "cuda" and (torch.cuda.device_count() < 2 or not torch.distributed.is_nccl_available()):
+        return "needs 2 GPUs and NCCL"
+    return None
+
+
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def results(request, tmp_path_factory):
+    """check name -> (rank 0's result, rank 1's result), from one 2-process job on this device kind."""
+    reason = _skip_reason(request.param)
+    if reason:
+        pytest.skip(reason)
+    out = str(tmp_path_factory.mktemp(f"dist-{request.param}"))
+    proc = _launch(request.param, out)
+    ranks = []
+    for r in range(2):
+        path = os.path.join(out, f"rank{r}.json")
+        if not os.path.exists(path):
+            pytest.fail(f"rank {r} wrote no results (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                        f"{proc.stderr[-3000:]}")
+        with open(path) as f:
+            ranks.append(json.load(f))
+    return {name: (ranks[0].get(name), ranks[1].get(name)) for name in distributed_checks.CHECKS}
+
+
+@pytest.mark.parametrize("check", distributed_checks.CHECKS)
+def test_distributed(results, check):
+    for rank, outcome in enumerate(results[check]):
+        assert outcome == "ok", f"{check} on rank {rank}:\n{outcome}"
+
+
+def test_every_check_ran(results):
+    assert all(None not in pair for pair in results.values()), \
+        [name for name, pair in results.items() if None in pair]
+
+
+def test_mesh_needs_a_process_group():
+    """Without torch.distributed initialized, a Mesh says what to do (no job needed)."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    import flyarray as fa
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        fa.sharding.Mesh(("x",), (1,))
+
+
+def test_bad_mesh_arguments_fail_before_any_communication():
+    import flyarray as fa
+    for args, match in (((("x", "x"), (1, 1)), "distinct"), ((("x",), (1, 1)), "axis names"),
+                        ((("a", "b", "c"), (1, 1, 1)), "1-D and 2-D"), ((("x",), (0,)), "positive")):
+        with pytest.raises(ValueError, match=match):
+            fa.sharding.Mesh(*args)
+
+
+def test_partition_spec_rejects_bad_entries():
+    import flyarray as fa
+    with pytest.raises(TypeError, match="PartitionSpec entries"):
+        fa.sharding.PartitionSpec(3)
+    assert fa.ones(2).sharding is None
