@@ -47,12 +47,8 @@ def all_to_all(x, axis_name, split_axis, concat_axis):
 
 def axis_index(axis_name):
     """This rank's index along ``axis_name`` (an int32 scalar array; no communication)."""
-    import torch
-
     from . import int32
     from .ops import asarray
-    from .runtime import default_device
-    device = default_device()
-    if device.type == "cuda":  # the rank's own GPU by index, so it meets the shards' device ("cuda:1")
-        device = torch.device("cuda", torch.cuda.current_device())
-    return asarray(current_mesh("axis_index").index(axis_name), dtype=int32, device=device)
+    from .shard_map import current_device
+    mesh, device = current_mesh("axis_index"), current_device("axis_index")  # the shards' device, not a default
+    return asarray(mesh.index(axis_name), dtype=int32, device=device)

@@ -29,6 +29,15 @@ _context = threading.local()
 
 def current_mesh(op: str) -> Mesh:
     """The mesh of the innermost shard_map being traced (``op`` names the caller in the error)."""
+    return _innermost(op)[0]
+
+
+def current_device(op: str):
+    """The device of the innermost shard_map's arrays (None: it had none), for values made from nothing."""
+    return _innermost(op)[1]
+
+
+def _innermost(op):
     stack = getattr(_context, "meshes", None)
     if not stack:
         raise RuntimeError(f"fa.lax.{op} names mesh axes, so it works only inside fa.shard_map(f, mesh, ...)")
@@ -36,9 +45,9 @@ def current_mesh(op: str) -> Mesh:
 
 
 @contextlib.contextmanager
-def _inside(mesh):
+def _inside(mesh, device=None):
     stack = _context.__dict__.setdefault("meshes", [])
-    stack.append(mesh)
+    stack.append((mesh, device))
     try:
         yield
     finally:
@@ -65,7 +74,7 @@ def shard_map(f, mesh: Mesh, in_specs, out_specs):
         if len(args) != len(in_specs):
             raise TypeError(f"shard_map: {len(args)} arguments for {len(in_specs)} in_specs")
         locals_ = [_enter(a, mesh, spec, i) for i, (a, spec) in enumerate(zip(args, in_specs))]
-        with _inside(mesh):
+        with _inside(mesh, locals_[0].device if locals_ else None):
             out = f(*locals_)
         return _leave(out, mesh, out_specs)
     return wrapped
