@@ -9,10 +9,10 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 FLYARRAY_CACHE_DIR=${FL
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_distributed.py \
+timeout 170 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_distributed.py \
   > "$OUT/distributed_tests.log" 2>&1
 echo "tests exit $?" >> "$OUT/distributed_tests.log"
-timeout 140 python3 -m torch.distributed.run --nproc-per-node 2 -m flyarray bench --suite distributed \
+timeout 110 python3 -m torch.distributed.run --nproc-per-node 2 -m flyarray bench --suite distributed \
   --json "$OUT/distributed_bench.json" > "$OUT/distributed_bench.log" 2>&1
 echo "bench exit $?" >> "$OUT/distributed_bench.log"
 cat "$OUT/gpu.txt"

@@ -39,8 +39,9 @@ MiB = 1 << 20
 
 
 def _init():
-    """torch.distributed from torchrun's environment, or a world of one process."""
+    """torch.distributed from torchrun's environment, or a world of one process; and whether we began it."""
     dist = torch.distributed
+    began = not dist.is_initialized()
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -51,7 +52,7 @@ def _init():
                 port = s.getsockname()[1]
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=120))
-    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return (torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")), began
 
 
 def _time_ms(fn, device, iters) -> float:
@@ -199,13 +200,13 @@ def _format(rows, world, device):
 
 def run(small=None, json_path=None) -> list:
     """Every rank runs every row; rank 0 prints the table and writes ``json_path``."""
-    device = _init()
+    device, began = _init()
     dist = torch.distributed
     small = device.type != "cuda" if small is None else small
     mesh = Mesh(("x",), (dist.get_world_size(),))
     sizes = [64 * 1024, MiB, 4 * MiB] if small else [MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
     rows = _collective_rows(mesh, device, sizes)
-    rows += _step_rows(mesh, device, *((64, 64, 128) if small else (8192, 4096, 8192)))
+    rows += _step_rows(mesh, device, *((64, 64, 128) if small else (4096, 2048, 8192)))
     if dist.get_rank() == 0:
         print(_format(rows, dist.get_world_size(), device), flush=True)
         if json_path:
@@ -215,6 +216,8 @@ def run(small=None, json_path=None) -> list:
             with open(json_path, "w") as f:
                 json.dump({"environment": env, "small": small, "rows": rows}, f, indent=1)
     dist.barrier()
+    if began:  # a process group left open at exit can abort the process in its teardown
+        dist.destroy_process_group()
     return rows
 
 
