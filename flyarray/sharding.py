@@ -166,6 +166,10 @@ class NamedSharding:
         spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec)
         used = [a for p in spec if p is not None for a in ((p,) if isinstance(p, str) else p)]
         mesh.check_axes(used)  # unknown or repeated mesh axes fail here, naming them
+        for p in spec:  # a dim split over several axes: in the mesh's order, which is the ranks' order in a group
+            if isinstance(p, tuple) and list(p) != sorted(p, key=mesh.axis_names.index):
+                raise ValueError(f"NamedSharding: the axes {p} of one dimension must follow the mesh's order "
+                                 f"{mesh.axis_names}")
         self.mesh, self.spec = mesh, spec
 
     def dim_axes(self, ndim: int) -> tuple:

@@ -26,11 +26,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(device: str, out: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), os.path.join(HERE, "distributed_checks.py"), "--out", out,
-           "--device", device]
+def _launch(device: str, out: str, nproc=2, only="") -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+           "127.0.0.1", "--master-port", str(_free_port()), os.path.join(HERE, "distributed_checks.py"), "--out", out,
+           "--device", device] + (["--only", only] if only else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the gloo job is the CPU path on any machine
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 
 
@@ -66,7 +68,22 @@ def results(request, tmp_path_factory):
 @pytest.mark.parametrize("check", distributed_checks.CHECKS)
 def test_distributed(results, check):
     for rank, outcome in enumerate(results[check]):
+        if outcome and outcome.startswith("skip: "):
+            pytest.skip(outcome[len("skip: "):])
         assert outcome == "ok", f"{check} on rank {rank}:\n{outcome}"
+
+
+def test_two_by_two_mesh_on_four_processes(tmp_path):
+    """Mesh(("dp", "tp"), (2, 2)): its row and column process groups exist only with 4 ranks (gloo)."""
+    reason = _skip_reason("cpu")
+    if reason:
+        pytest.skip(reason)
+    proc = _launch("cpu", str(tmp_path), nproc=4, only="check_mesh_2x2")
+    for r in range(4):
+        path = tmp_path / f"rank{r}.json"
+        assert path.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+        outcome = json.loads(path.read_text())["check_mesh_2x2"]
+        assert outcome == "ok", f"rank {r}:\n{outcome}"
 
 
 def test_every_check_ran(results):
