@@ -113,8 +113,9 @@ def _spec(dim_axes):
 # ---- in and out -------------------------------------------------------------------------------------------
 def device_put(x, sharding: NamedSharding) -> ShardedArray:
     """Shard ``x``, the *whole* logical array, which every rank passes (as JAX's device_put of a host
-    array): each rank keeps its own block. A lazy view of ``x``, no communication. Each split dimension
-    must divide evenly. (An array that already is this rank's shard: ``fa.sharding.from_local``.)"""
+    array): each rank keeps its own block. A lazy view of ``x``, no communication (the VJP all-gathers
+    the block's cotangent, so ``fa.grad`` through device_put of a replicated array is whole). Each split
+    dimension must divide evenly. (An array that already is this rank's shard: ``fa.sharding.from_local``.)"""
     if not isinstance(sharding, NamedSharding):
         raise TypeError(f"device_put: sharding must be an fa.sharding.NamedSharding, got {type(sharding).__name__}")
     if isinstance(x, ShardedArray):
@@ -122,16 +123,16 @@ def device_put(x, sharding: NamedSharding) -> ShardedArray:
     from .ops import asarray
     x = asarray(x)
     axes = sharding.dim_axes(x.ndim)
-    mesh = sharding.mesh
-    index = []
-    for d, (size, names) in enumerate(zip(x.shape, axes)):
-        n = mesh.size(names) if names else 1
+    for d, (size, names) in enumerate(zip(x.shape, axes)):  # every dimension checked before any work
+        n = sharding.mesh.size(names) if names else 1
         if size % n:
             raise ValueError(f"device_put: dimension {d} of shape {x.shape} ({size}) does not split evenly over "
                              f"the {n} ranks of mesh axes {names}")
-        i, block = (mesh.index(names) if names else 0), size // n
-        index.append(slice(i * block, (i + 1) * block))
-    return ShardedArray(x[tuple(index)], sharding)
+    local = x
+    for d, names in enumerate(axes):
+        if names:  # this rank's block; differentiable: the block's cotangent is gathered back whole
+            local = _block(local, sharding.mesh, names, d)
+    return ShardedArray(local, sharding)
 
 
 def from_local(local, sharding: NamedSharding) -> ShardedArray:

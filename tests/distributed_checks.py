@@ -93,6 +93,8 @@ def check_device_put_get():
         assert "evenly" in str(e)
     else:
         raise AssertionError("an uneven split was accepted")
+    g = fa.grad(lambda t: (fa.device_put(t, NamedSharding(mesh, P("x"))) ** 2).sum())(x)  # through device_put
+    _close(g, 2 * np.asarray(x), what="grad through device_put")
     two_d = Mesh(("a", "b"), (1, 2))
     s = fa.device_put(x, NamedSharding(two_d, P("a", "b")))
     assert s.local.shape == (4, 3)
