@@ -205,16 +205,17 @@ def run(small=None, json_path=None) -> list:
     small = device.type != "cuda" if small is None else small
     mesh = Mesh(("x",), (dist.get_world_size(),))
     sizes = [64 * 1024, MiB, 4 * MiB] if small else [MiB, 16 * MiB, 256 * MiB, 1024 * MiB]
-    rows = _collective_rows(mesh, device, sizes)
-    rows += _step_rows(mesh, device, *((64, 64, 128) if small else (4096, 2048, 8192)))
-    if dist.get_rank() == 0:
-        print(_format(rows, dist.get_world_size(), device), flush=True)
-        if json_path:
-            env = {"torch": torch.__version__, "world": dist.get_world_size(), "device": str(device),
-                   "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-                   "backend": dist.get_backend()}
+    rows = []
+    env = {"torch": torch.__version__, "world": dist.get_world_size(), "device": str(device),
+           "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "backend": dist.get_backend()}
+    steps = (64, 64, 128) if small else (4096, 2048, 8192)
+    for section in (lambda: _collective_rows(mesh, device, sizes), lambda: _step_rows(mesh, device, *steps)):
+        rows += section()
+        if dist.get_rank() == 0 and json_path:  # after each section: a run cut short keeps what it measured
             with open(json_path, "w") as f:
                 json.dump({"environment": env, "small": small, "rows": rows}, f, indent=1)
+    if dist.get_rank() == 0:
+        print(_format(rows, dist.get_world_size(), device), flush=True)
     dist.barrier()
     if began:  # a process group left open at exit can abort the process in its teardown
         dist.destroy_process_group()
