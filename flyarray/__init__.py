@@ -28,6 +28,9 @@ from . import tree_util  # noqa: E402,F401
 from .transforms.batching import vmap  # noqa: E402,F401
 from . import linalg  # noqa: E402,F401
 from .namespace_info import __array_namespace_info__, isdtype  # noqa: E402,F401
+from . import sharding, lax  # noqa: E402,F401
+from .sharded import device_get, device_put  # noqa: E402,F401
+from .shard_map import shard_map  # noqa: E402,F401
 
 bool = bool_  # the array API spells it fa.bool
 e, inf, nan, pi, newaxis = _math.e, _math.inf, _math.nan, _math.pi, None  # the array API's constants
@@ -106,7 +109,7 @@ interop = _import_interop()  # so `import flyarray.interop.torch` works from a s
 # internal modules (ir, plan, schedule, codegen, ops, ...) would show up as fa.ir etc. They are unbound
 # and listed nowhere; ``import flyarray.schedule`` and ``from flyarray import plan`` keep working (the
 # import system finds them in sys.modules) and ``fa.schedule`` still resolves through __getattr__ below.
-_PUBLIC_MODULES = ("interop", "linalg", "nn", "quant", "random", "tree_util")
+_PUBLIC_MODULES = ("interop", "lax", "linalg", "nn", "quant", "random", "sharding", "tree_util")
 for _name, _value in list(globals().items()):
     if isinstance(_value, type(_os)) and not _name.startswith("_") and _name not in _PUBLIC_MODULES:
         del globals()[_name]

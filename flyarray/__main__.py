@@ -27,12 +27,22 @@ def _info() -> dict:
     return info
 
 
+def _bench_distributed(args) -> int:
+    """The distributed suite has its own runner: every rank times the same calls; rank 0 prints."""
+    if args.suite != ["distributed"] or args.plot:
+        raise SystemExit("--suite distributed runs alone (no other suites, no --plot)")
+    from flyarray.bench.distributed import run
+    rows = run(small=True if args.small else None, json_path=args.json)
+    return 1 if any(r["status"] != "ok" for r in rows) else 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flyarray")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="compare flyarray with torch eager and torch.compile")
     bench.add_argument("--suite", action="append",
-                       help="only these suites (elementwise, norms, topk, gemm, attention, mx, overhead, training, torch); repeatable")
+                       help="only these suites (elementwise, norms, topk, gemm, attention, mx, overhead, training, torch; "
+                            "distributed, alone, under torchrun: docs/distributed.md); repeatable")
     bench.add_argument("--json", default=None, metavar="PATH",
                        help="write the results as JSON to PATH (default: no file)")
     bench.add_argument("--small", action="store_true", help="small shapes even on a GPU")
@@ -44,6 +54,8 @@ def main(argv=None):
         for k, v in _info().items():
             print(f"{k:22} {v}")
         return 0
+    if args.suite and "distributed" in args.suite:
+        return _bench_distributed(args)
     from flyarray.bench.harness import run
     if args.plot:
         from flyarray.bench.plot import require

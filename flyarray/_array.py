@@ -53,6 +53,11 @@ class Array:
         """The number of elements, the product of ``shape`` (no evaluation)."""
         return self._node.size
 
+    @property
+    def sharding(self):
+        """None: an fa.Array is whole on its device (fa.device_put makes a split fa.sharding.ShardedArray)."""
+        return None
+
     def __len__(self):
         if not self.shape:
             raise TypeError("len() of a 0-d array")

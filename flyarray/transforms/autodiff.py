@@ -386,16 +386,19 @@ def value_and_grad(fun, argnums=0, has_aux=False):
 
         res = vjp(partial, *diff_args, has_aux=has_aux)
         out, pull = res[0], res[1]
-        if not isinstance(out, Array):
+        # An Array, or a registered wrapper of one (a replicated fa.sharding.ShardedArray holds its value here).
+        leaves = tu.tree_leaves(out)
+        if isinstance(out, (tuple, list, dict)) or len(leaves) != 1 or not isinstance(leaves[0], Array):
             raise TypeError(f"grad requires the function to return a scalar array, got {type(out).__name__}"
                             + ("" if has_aux else " (to return more, use has_aux=True: (scalar, aux))"))
-        if out.shape != ():
-            raise TypeError(f"grad requires a scalar (shape ()) output, got shape {out.shape}; use fa.vjp for "
+        scalar = leaves[0]
+        if scalar.shape != ():
+            raise TypeError(f"grad requires a scalar (shape ()) output, got shape {scalar.shape}; use fa.vjp for "
                             "non-scalar outputs, or reduce the output (e.g. .sum())")
-        if not _differentiable(out.dtype):
-            raise TypeError(f"grad requires a real-valued (floating-point) output, got {out.dtype}")
+        if not _differentiable(scalar.dtype):
+            raise TypeError(f"grad requires a real-valued (floating-point) output, got {scalar.dtype}")
         from ..ops import ones
-        grads = pull(ones((), dtype=out.dtype, device=out.device))
+        grads = pull(tu.tree_unflatten(tu.tree_structure(out), [ones((), dtype=scalar.dtype, device=scalar.device)]))
         g = grads[0] if single else tuple(grads)
         return ((out, res[2]) if has_aux else out), g
 

@@ -1,0 +1,282 @@
+"""Collectives as lazy library nodes calling torch.distributed, with their derivative rules.
+
+Each collective is a ``primitives.Library`` like matmul: recorded as one graph node, run by the plan
+in graph order (the same on every rank, since every rank records the same program), with elementwise
+work before and after it fused into kernels as usual. Static parameters (the mesh, its axes, the
+gather axis, a permutation) are node params, so they are part of the plan's key and ``fa.jit``
+replays the collective with the rest of the trace.
+
+Derivatives (JAX's shard_map semantics, ``grad="psum"``): psum's VJP is psum of the cotangent,
+all_gather's is psum_scatter and psum_scatter's is all_gather; ppermute's is the inverse permutation
+and all_to_all's swaps its axes. The sharded-array propagation rules (sharded.py) keep a replicated
+value's cotangent whole on every rank instead, so their all-reduce takes ``grad="full"`` (VJP:
+identity) and their all-gather too (VJP: this rank's slice, no communication).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+
+from . import dtypes as dt
+from .ops.library import Library, call
+
+__all__ = ["psum", "all_gather", "psum_scatter", "ppermute", "all_to_all", "mesh_of", "register_mesh"]
+
+_MESHES: dict = {}  # uid -> Mesh: node params hold the uid (hashable, stable), never the mesh
+_uids = itertools.count(1)
+
+
+def register_mesh(mesh) -> int:
+    """The mesh's uid for node params (assigned on first use)."""
+    uid = getattr(mesh, "_fa_uid", None)
+    if uid is None:
+        uid = mesh._fa_uid = next(_uids)
+        _MESHES[uid] = mesh
+    return uid
+
+
+def mesh_of(uid):
+    return _MESHES[uid]
+
+
+def _dist():
+    import torch.distributed as dist
+    return dist
+
+
+_REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+
+
+# ---- torch.distributed calls (the kernel and the reference: both backends run the same call) -------
+def _all_reduce(x, *, mesh, axes, op, grad):
+    out = x.contiguous().clone()  # torch.distributed reduces in place; the input buffer stays the input's
+    _dist().all_reduce(out, op=getattr(_dist().ReduceOp, _REDUCE_OPS[op]), group=mesh_of(mesh).group(axes))
+    return out
+
+
+def _all_gather(x, *, mesh, axes, axis, tiled, grad):
+    m = mesh_of(mesh)
+    n = m.size(axes)
+    src = (x if tiled else x.unsqueeze(axis)).movedim(axis, 0).contiguous()
+    out = torch.empty((n * src.shape[0],) + tuple(src.shape[1:]), dtype=x.dtype, device=x.device)
+    _dist().all_gather_into_tensor(out, src, group=m.group(axes))
+    return out.movedim(0, axis).contiguous()
+
+
+def _reduce_scatter(x, *, mesh, axes, axis, tiled):
+    m = mesh_of(mesh)
+    n = m.size(axes)
+    src = x.movedim(axis, 0).contiguous()
+    out = torch.empty((src.shape[0] // n,) + tuple(src.shape[1:]), dtype=x.dtype, device=x.device)
+    _dist().reduce_scatter_tensor(out, src, group=m.group(axes))
+    out = out.movedim(0, axis)
+    return (out if tiled else out.squeeze(axis)).contiguous()
+
+
+def _all_to_all(x, *, mesh, axes, split_axis, concat_axis):
+    m = mesh_of(mesh)
+    n = m.size(axes)
+    src = torch.stack(x.chunk(n, split_axis)).contiguous()  # [n, ...]: chunk i goes to index i
+    out = torch.empty_like(src)
+    _dist().all_to_all_single(out, src, group=m.group(axes))
+    return torch.cat(out.unbind(0), dim=concat_axis).contiguous()
+
+
+def _ppermute(x, *, mesh, axes, perm):
+    dist, m = _dist(), mesh_of(mesh)
+    ranks, me = m.group_ranks(axes), m.index(axes)
+    out = torch.zeros_like(x)  # JAX: an index no pair sends to gets zeros
+    src = x.contiguous()
+    ops = [dist.P2POp(dist.isend, src, ranks[d]) for s, d in perm if s == me and d != me]
+    ops += [dist.P2POp(dist.irecv, out, ranks[s]) for s, d in perm if d == me and s != me]
+    if (me, me) in perm:
+        out.copy_(src)
+    for work in (dist.batch_isend_irecv(ops) if ops else []):
+        work.wait()
+    return out
+
+
+# ---- shape rules (record time: bad axes fail before anything runs) ----------------------------------------
+def _axis(name, axis, ndim):
+    if not isinstance(axis, int) or not -ndim <= axis < max(ndim, 1):
+        raise ValueError(f"{name}: axis {axis!r} is out of range for {ndim} dims")
+    return axis % max(ndim, 1)
+
+
+def _same(x, **kw):
+    return [(x.shape, x.dtype)]
+
+
+def _all_gather_abstract(x, *, mesh, axes, axis, tiled, grad):
+    n = mesh_of(mesh).size(axes)
+    if tiled:
+        return [(x.shape[:axis] + (x.shape[axis] * n,) + x.shape[axis + 1:], x.dtype)]
+    return [(x.shape[:axis] + (n,) + x.shape[axis:], x.dtype)]
+
+
+def _reduce_scatter_abstract(x, *, mesh, axes, axis, tiled):
+    n = mesh_of(mesh).size(axes)
+    size = x.shape[axis]
+    if tiled and size % n:
+        raise ValueError(f"psum_scatter: dimension {axis} of shape {x.shape} ({size}) is not divisible by the "
+                         f"{n} ranks of mesh axes {axes}")
+    if not tiled and size != n:
+        raise ValueError(f"psum_scatter: dimension {axis} of shape {x.shape} must equal the {n} ranks of mesh "
+                         f"axes {axes} (or pass tiled=True)")
+    kept = (size // n,) if tiled else ()
+    return [(x.shape[:axis] + kept + x.shape[axis + 1:], x.dtype)]
+
+
+def _all_to_all_abstract(x, *, mesh, axes, split_axis, concat_axis):
+    n = mesh_of(mesh).size(axes)
+    if x.shape[split_axis] % n:
+        raise ValueError(f"all_to_all: split dimension {split_axis} of shape {x.shape} is not divisible by {n}")
+    shape = list(x.shape)
+    shape[split_axis] //= n
+    shape[concat_axis] *= n
+    return [(tuple(shape), x.dtype)]
+
+
+ALL_REDUCE = Library("all_reduce", _same, _all_reduce, _all_reduce)
+ALL_GATHER = Library("all_gather", _all_gather_abstract, _all_gather, _all_gather)
+REDUCE_SCATTER = Library("reduce_scatter", _reduce_scatter_abstract, _reduce_scatter, _reduce_scatter)
+ALL_TO_ALL = Library("all_to_all", _all_to_all_abstract, _all_to_all, _all_to_all)
+PPERMUTE = Library("ppermute", _same, _ppermute, _ppermute)
+
+
+# ---- recording ------------------------------------------------------------------------------------------
+def _check_float_or_int(name, x):
+    from .ops.core import node_of
+    d = node_of(x).dtype
+    if d in dt.STORAGE_ONLY:
+        raise TypeError(f"{name}: {d} is a storage format; cast it first")
+
+
+def psum(x, mesh, axes, *, op="sum", grad="psum"):
+    """The sum (or max/min) of ``x`` over the ranks of mesh axes ``axes``, on each of them (all_reduce)."""
+    _check_float_or_int("psum", x)
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"psum: op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
+    return call(ALL_REDUCE, [x], mesh=register_mesh(mesh), axes=mesh.check_axes(axes), op=op, grad=grad)[0]
+
+
+def all_gather(x, mesh, axes, *, axis=0, tiled=False, grad="psum"):
+    """Every rank's ``x`` along mesh axes ``axes``: stacked on a new ``axis`` or (``tiled``) concatenated."""
+    _check_float_or_int("all_gather", x)
+    axis = _axis("all_gather", axis, x.ndim + (0 if tiled else 1))
+    return call(ALL_GATHER, [x], mesh=register_mesh(mesh), axes=mesh.check_axes(axes), axis=axis,
+                tiled=bool(tiled), grad=grad)[0]
+
+
+def psum_scatter(x, mesh, axes, *, axis=0, tiled=False):
+    """The sum over ``axes`` of ``x``, of which each rank keeps its block along ``axis`` (reduce_scatter)."""
+    _check_float_or_int("psum_scatter", x)
+    axis = _axis("psum_scatter", axis, x.ndim)
+    return call(REDUCE_SCATTER, [x], mesh=register_mesh(mesh), axes=mesh.check_axes(axes), axis=axis,
+                tiled=bool(tiled))[0]
+
+
+def all_to_all(x, mesh, axes, split_axis, concat_axis):
+    """Split ``x`` into blocks along ``split_axis``, send block i to rank i of ``axes``, concatenate the
+    received blocks along ``concat_axis`` (all_to_all_single)."""
+    _check_float_or_int("all_to_all", x)
+    split_axis, concat_axis = _axis("all_to_all", split_axis, x.ndim), _axis("all_to_all", concat_axis, x.ndim)
+    return call(ALL_TO_ALL, [x], mesh=register_mesh(mesh), axes=mesh.check_axes(axes), split_axis=split_axis,
+                concat_axis=concat_axis)[0]
+
+
+def ppermute(x, mesh, axes, perm):
+    """``x`` sent from index s to index d along ``axes`` for each (s, d) in ``perm``; zeros where none arrives."""
+    _check_float_or_int("ppermute", x)
+    n = mesh.size(axes)
+    perm = tuple((int(s), int(d)) for s, d in perm)
+    srcs, dsts = [s for s, _ in perm], [d for _, d in perm]
+    if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts) or not all(0 <= i < n for i in srcs + dsts):
+        raise ValueError(f"ppermute: perm {perm} must be pairs of distinct sources and distinct destinations "
+                         f"in 0..{n - 1}")
+    return call(PPERMUTE, [x], mesh=register_mesh(mesh), axes=mesh.check_axes(axes), perm=perm)[0]
+
+
+# ---- derivative rules ------------------------------------------------------------------------------------
+def _local_slice(g, mesh, axes, axis, tiled):
+    """This rank's block of a cotangent every rank holds whole: the all-gather's adjoint, no communication."""
+    m = mesh_of(mesh)
+    i = m.index(axes)
+    if not tiled:
+        return g[(slice(None),) * axis + (i,)]
+    size = g.shape[axis] // m.size(axes)
+    return g[(slice(None),) * axis + (slice(i * size, (i + 1) * size),)]
+
+
+def _all_reduce_vjp(gs, e):
+    kw = e.params["kwargs"]
+    if kw["op"] != "sum":
+        raise TypeError(f"psum with op={kw['op']!r} is not differentiable (only sums are)")
+    if kw["grad"] == "full":
+        return [gs[0]]
+    return call(ALL_REDUCE, [gs[0]], **kw)
+
+
+def _all_gather_vjp(gs, e):
+    kw = dict(e.params["kwargs"])
+    if kw.pop("grad") == "full":
+        return [_local_slice(gs[0], **kw)]
+    return call(REDUCE_SCATTER, [gs[0]], **kw)
+
+
+def _reduce_scatter_vjp(gs, e):
+    return call(ALL_GATHER, [gs[0]], grad="psum", **e.params["kwargs"])
+
+
+def _all_to_all_vjp(gs, e):
+    kw = e.params["kwargs"]
+    return call(ALL_TO_ALL, [gs[0]], mesh=kw["mesh"], axes=kw["axes"], split_axis=kw["concat_axis"],
+                concat_axis=kw["split_axis"])
+
+
+def _ppermute_vjp(gs, e):
+    kw = e.params["kwargs"]
+    return call(PPERMUTE, [gs[0]], mesh=kw["mesh"], axes=kw["axes"], perm=tuple((d, s) for s, d in kw["perm"]))
+
+
+ALL_REDUCE.vjp = _all_reduce_vjp
+ALL_GATHER.vjp = _all_gather_vjp
+REDUCE_SCATTER.vjp = _reduce_scatter_vjp
+ALL_TO_ALL.vjp = _all_to_all_vjp
+PPERMUTE.vjp = _ppermute_vjp
+# Forward mode: every collective is linear, so its tangent is the same collective of the tangent.
+ALL_REDUCE.jvp = lambda t, e: call(ALL_REDUCE, [t[0]], **e.params["kwargs"])
+ALL_GATHER.jvp = lambda t, e: call(ALL_GATHER, [t[0]], **e.params["kwargs"])
+REDUCE_SCATTER.jvp = lambda t, e: call(REDUCE_SCATTER, [t[0]], **e.params["kwargs"])
+ALL_TO_ALL.jvp = lambda t, e: call(ALL_TO_ALL, [t[0]], **e.params["kwargs"])
+PPERMUTE.jvp = lambda t, e: call(PPERMUTE, [t[0]], **e.params["kwargs"])
+
+
+# ---- boundaries between replicated and per-rank values (custom VJPs, identity forward) -----------------
+@functools.lru_cache(maxsize=None)
+def broadcast_boundary(mesh_uid, axes):
+    """A replicated value entering per-rank work along ``axes``: identity; its VJP sums the per-rank
+    cotangents (psum), since every rank's use contributed to the one value's derivative."""
+    from .transforms import custom_vjp
+
+    @custom_vjp
+    def pbroadcast(x):
+        return x
+    pbroadcast.defvjp(lambda x: (x, None), lambda _, g: (psum(g, mesh_of(mesh_uid), axes),))
+    return pbroadcast
+
+
+@functools.lru_cache(maxsize=None)
+def split_boundary(mesh_uid, axes):
+    """A value declared replicated along ``axes`` leaving shard_map: identity; its VJP hands each rank
+    1/n of the whole cotangent, so psum's VJP (psum) inside adds it back up once (JAX's convention)."""
+    from .transforms import custom_vjp
+    n = mesh_of(mesh_uid).size(axes)
+
+    @custom_vjp
+    def unbroadcast(x):
+        return x
+    unbroadcast.defvjp(lambda x: (x, None), lambda _, g: (g / n if g.dtype.kind == "f" else g,))
+    return unbroadcast

@@ -1,0 +1,122 @@
+"""fa.shard_map: a function written for one shard, run on every rank over its own blocks (JAX's shard_map).
+
+Inside ``f`` the arrays are plain local fa.Arrays (this rank's blocks, as ``in_specs`` split them) and
+the collectives of ``fa.lax`` (psum, all_gather, psum_scatter, ppermute, all_to_all, axis_index) name
+mesh axes; ``out_specs`` say how the local results assemble into ShardedArrays. An output whose spec
+omits a mesh axis is *declared* the same on every rank of that axis (as JAX with check_rep=False:
+not checked).
+
+Derivatives follow JAX: inside, psum's VJP is psum. At the boundary an input replicated along a mesh
+axis gets the sum of the per-rank cotangents over that axis, and an output replicated along an axis
+hands each rank 1/n of its cotangent (collectives.broadcast_boundary / split_boundary), so the
+gradient of a shard_map equals the single-device gradient.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from . import collectives as C
+from . import tree_util
+from ._array import Array
+from .sharded import ShardedArray, _block, _ordered, gather
+from .sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = ["shard_map", "current_mesh"]
+
+_context = threading.local()
+
+
+def current_mesh(op: str) -> Mesh:
+    """The mesh of the innermost shard_map being traced (``op`` names the caller in the error)."""
+    return _innermost(op)[0]
+
+
+def current_device(op: str):
+    """The device of the innermost shard_map's arrays (None: it had none), for values made from nothing."""
+    return _innermost(op)[1]
+
+
+def _innermost(op):
+    stack = getattr(_context, "meshes", None)
+    if not stack:
+        raise RuntimeError(f"fa.lax.{op} names mesh axes, so it works only inside fa.shard_map(f, mesh, ...)")
+    return stack[-1]
+
+
+@contextlib.contextmanager
+def _inside(mesh, device=None):
+    stack = _context.__dict__.setdefault("meshes", [])
+    stack.append((mesh, device))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _as_spec(spec, what):
+    if isinstance(spec, PartitionSpec):
+        return spec
+    if spec is None:
+        return PartitionSpec()
+    raise TypeError(f"shard_map: each of {what} must be an fa.sharding.PartitionSpec (P(...)), got {spec!r}")
+
+
+def shard_map(f, mesh: Mesh, in_specs, out_specs):
+    """``f`` run per shard: ``in_specs`` one PartitionSpec per positional argument, ``out_specs`` one per
+    output (a single spec for a single output, else a tuple/list matching f's returned tuple/list)."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"shard_map: mesh must be an fa.sharding.Mesh, got {type(mesh).__name__}")
+    in_specs = tuple(_as_spec(s, "in_specs") for s in (in_specs if isinstance(in_specs, (tuple, list))
+                                                        else (in_specs,)))
+
+    def wrapped(*args):
+        if len(args) != len(in_specs):
+            raise TypeError(f"shard_map: {len(args)} arguments for {len(in_specs)} in_specs")
+        locals_ = [_enter(a, mesh, spec, i) for i, (a, spec) in enumerate(zip(args, in_specs))]
+        with _inside(mesh, locals_[0].device if locals_ else None):
+            out = f(*locals_)
+        return _leave(out, mesh, out_specs)
+    return wrapped
+
+
+def _enter(x, mesh, spec, i):
+    """Argument ``i`` as this rank's local block under ``spec``, with the boundary for replicated axes."""
+    sharding = NamedSharding(mesh, spec)
+    if isinstance(x, ShardedArray):
+        if x.sharding.mesh is not mesh:
+            raise ValueError(f"shard_map: argument {i} is sharded over another mesh ({x.sharding.mesh})")
+        if x.sharding != sharding:
+            x = gather(x, range(x.ndim))  # resharding goes through the whole array
+    else:
+        from .ops import asarray
+        x = ShardedArray(asarray(x), NamedSharding(mesh, PartitionSpec()))  # a plain array is the whole array
+    local = x.local
+    for d, (mine, want) in enumerate(zip(x.dim_axes, sharding.dim_axes(x.ndim))):
+        if want and mine != want:
+            local = _block(local, mesh, want, d)
+    mentioned = {n for names in sharding.dim_axes(x.ndim) for n in names}
+    rest = _ordered(mesh, set(mesh.axis_names) - mentioned)
+    return C.broadcast_boundary(C.register_mesh(mesh), rest)(local) if rest else local
+
+
+def _leave(out, mesh, out_specs):
+    leaves, tree = tree_util.tree_flatten(out)
+    specs = tree_util.tree_leaves(out_specs, is_leaf=lambda s: isinstance(s, PartitionSpec) or s is None) \
+        if isinstance(out_specs, (tuple, list)) else [out_specs] * len(leaves)
+    if len(specs) != len(leaves):
+        raise ValueError(f"shard_map: f returned {len(leaves)} arrays but out_specs has {len(specs)} specs")
+    wrapped = []
+    for i, (leaf, spec) in enumerate(zip(leaves, specs)):
+        if not isinstance(leaf, Array):
+            raise TypeError(f"shard_map: output {i} of f is a {type(leaf).__name__}, not an fa.Array")
+        sharding = NamedSharding(mesh, _as_spec(spec, "out_specs"))
+        mentioned = {n for names in sharding.dim_axes(leaf.ndim) for n in names}
+        rest = _ordered(mesh, set(mesh.axis_names) - mentioned)
+        if rest:
+            leaf = C.split_boundary(C.register_mesh(mesh), rest)(leaf)
+        wrapped.append(ShardedArray(leaf, sharding))
+    return tree_util.tree_unflatten(tree, wrapped)
+
+
+

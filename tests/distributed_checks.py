@@ -1,0 +1,433 @@
+"""The distributed checks, run on every rank of a 2-process job (tests/test_distributed.py launches it).
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/distributed_checks.py --out DIR [--device cuda]
+
+Every rank runs every ``check_*`` in the same order (collectives must match across ranks) and writes
+``DIR/rank<r>.json``: check name -> "ok" or the traceback. Each check compares sharded results with
+the same computation on the whole arrays on one device.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+import torch
+
+import flyarray as fa
+from flyarray.sharding import Mesh, NamedSharding, P
+
+DEVICE = "cpu"
+ATOL = 1e-5
+
+
+def _randn(*shape, seed):
+    g = torch.Generator().manual_seed(seed)  # the same data on every rank
+    return fa.asarray(torch.randn(*shape, generator=g).to(DEVICE))
+
+
+def _close(got, want, atol=ATOL, what=""):
+    got, want = np.asarray(fa.device_get(got)), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    np.testing.assert_allclose(got, want, atol=atol, rtol=1e-4, err_msg=what)
+
+
+def _prims(x) -> set:
+    """The primitive names in the graph under ``x`` (a ShardedArray's local shard or an Array)."""
+    node = (x.local if isinstance(x, fa.sharding.ShardedArray) else x)._node
+    seen, todo, names = set(), [node], set()
+    while todo:
+        n = todo.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        names.add(n.prim.name)
+        todo.extend(n.inputs)
+    return names
+
+
+COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute"}
+
+
+def _mesh():
+    return Mesh(("x",), (2,))
+
+
+# ---- meshes and placement -------------------------------------------------------------------------------
+def check_mesh_validation():
+    try:
+        Mesh(("x",), (3,))
+    except ValueError as e:
+        assert "world size" in str(e) and "3" in str(e), str(e)
+    else:
+        raise AssertionError("a mesh of 3 ranks in a world of 2 was accepted")
+    m = Mesh(("a", "b"), (1, 2))
+    assert m.size("b") == 2 and m.size("a") == 1 and m.size(("a", "b")) == 2
+    assert m.index("b") == torch.distributed.get_rank() and m.index("a") == 0
+    for bad in (lambda: NamedSharding(m, P("z")), lambda: NamedSharding(m, P("b", "b"))):
+        try:
+            bad()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a bad PartitionSpec was accepted")
+
+
+def check_device_put_get():
+    mesh, x = _mesh(), _randn(4, 6, seed=0)
+    r = torch.distributed.get_rank()
+    for spec, local in ((P("x"), (2, 6)), (P(None, "x"), (4, 3)), (P(), (4, 6))):
+        s = fa.device_put(x, NamedSharding(mesh, spec))
+        assert s.shape == (4, 6) and s.local.shape == local and s.sharding == NamedSharding(mesh, spec)
+        _close(s, x, 0, f"device_get of {spec}")
+    s = fa.device_put(x, NamedSharding(mesh, P("x")))
+    np.testing.assert_array_equal(np.asarray(s.local), np.asarray(x)[2 * r:2 * r + 2])
+    assert x.sharding is None
+    try:
+        fa.device_put(_randn(3, 2, seed=1), NamedSharding(mesh, P("x")))
+    except ValueError as e:
+        assert "evenly" in str(e)
+    else:
+        raise AssertionError("an uneven split was accepted")
+    g = fa.grad(lambda t: (fa.device_put(t, NamedSharding(mesh, P("x"))) ** 2).sum())(x)  # through device_put
+    _close(g, 2 * np.asarray(x), what="grad through device_put")
+    two_d = Mesh(("a", "b"), (1, 2))
+    s = fa.device_put(x, NamedSharding(two_d, P("a", "b")))
+    assert s.local.shape == (4, 3)
+    _close(s, x, 0, "2-D mesh round trip")
+    loc = fa.sharding.from_local(s.local, s.sharding)
+    _close(loc, x, 0, "from_local")
+
+
+# ---- propagation -----------------------------------------------------------------------------------------
+def check_elementwise_propagation():
+    mesh = _mesh()
+    a, b, row = _randn(4, 6, seed=2), _randn(4, 6, seed=3), _randn(6, seed=4)
+    sa, sb = (fa.device_put(t, NamedSharding(mesh, P("x"))) for t in (a, b))
+    y = (sa * sb + 2.0) / (abs(sb) + 1.0) - row  # same sharding, a scalar and a replicated plain Array
+    assert y.sharding == NamedSharding(mesh, P("x")) and not (_prims(y) & COLLECTIVES), _prims(y)
+    _close(y, (a * b + 2.0) / (abs(b) + 1.0) - row, what="elementwise")
+    col = fa.device_put(_randn(4, 1, seed=5), NamedSharding(mesh, P()))  # replicated, sliced locally
+    y = fa.sharding.elementwise(fa.exp, sa) * col
+    assert not (_prims(y) & COLLECTIVES)
+    _close(y, fa.exp(a) * np.asarray(col.local), what="replicated operand")
+    sc = fa.device_put(b, NamedSharding(mesh, P(None, "x")))  # split differently: gathered first
+    y = sa + sc
+    assert "all_gather" in _prims(y) and y.sharding.is_replicated
+    _close(y, a + b, what="conflicting shardings")
+
+
+def check_reduction_propagation():
+    mesh = _mesh()
+    a = _randn(4, 6, seed=6)
+    s = fa.device_put(a, NamedSharding(mesh, P("x")))
+    local = s.sum(axis=1)
+    assert not (_prims(local) & COLLECTIVES) and local.sharding == NamedSharding(mesh, P("x"))
+    _close(local, a.sum(axis=1), what="sum over an unsplit axis")
+    for name in ("sum", "mean", "max", "min"):
+        y = getattr(s, name)(axis=0)
+        assert "all_reduce" in _prims(y) and y.sharding.is_replicated, name
+        _close(y, getattr(a, name)(axis=0), what=f"{name} over the split axis")
+    total = s.sum()
+    assert total.shape == () and "all_reduce" in _prims(total)
+    _close(total, a.sum(), atol=1e-4, what="full sum")
+
+
+def check_matmul_propagation():
+    mesh = _mesh()
+    x, w = _randn(4, 8, seed=7), _randn(8, 6, seed=8)
+    want = x @ w
+    cases = [  # (x spec, w spec, collective expected, result spec)
+        (P(None, "x"), P("x"), "all_reduce", P()),  # row-parallel: split contraction
+        (P(), P(None, "x"), None, P(None, "x")),  # column-parallel
+        (P("x"), P(), None, P("x")),  # data-parallel
+        (P(None, "x"), P(), "all_reduce", P()),  # K split on x only: w sliced locally
+        (P("x"), P(None, "x"), "all_gather", P()),  # one mesh axis on M and N: gathered
+    ]
+    for xs, ws, coll, out in cases:
+        y = fa.device_put(x, NamedSharding(mesh, xs)) @ fa.device_put(w, NamedSharding(mesh, ws))
+        prims = _prims(y) & COLLECTIVES
+        assert (coll in prims) if coll else not prims, (xs, ws, prims)
+        assert y.sharding == NamedSharding(mesh, out), (xs, ws, y.sharding)
+        _close(y, want, atol=1e-4, what=f"matmul {xs} @ {ws}")
+    xb = _randn(2, 4, 8, seed=9)  # batched, split on the batch
+    y = fa.device_put(xb, NamedSharding(mesh, P("x"))) @ fa.device_put(w, NamedSharding(mesh, P()))
+    _close(y, xb @ w, atol=1e-4, what="batched data-parallel")
+
+
+def check_apply_gathers():
+    mesh = _mesh()
+    a = _randn(4, 6, seed=10)
+    s = fa.device_put(a, NamedSharding(mesh, P("x")))
+    y = fa.sharding.apply(fa.flip, s, axis=0)
+    assert isinstance(y, fa.Array) and "all_gather" in _prims(y)
+    _close(y, fa.flip(a, axis=0), what="apply")
+
+
+# ---- collectives under shard_map --------------------------------------------------------------------------
+def check_shard_map_collectives():
+    mesh, r = _mesh(), torch.distributed.get_rank()
+    a = _randn(4, 6, seed=11)
+    s = fa.device_put(a, NamedSharding(mesh, P("x")))
+    an = np.asarray(a)
+    blocks = [an[:2], an[2:]]
+
+    def run(f, out_spec):
+        return fa.shard_map(f, mesh, (P("x"),), out_spec)(s)
+    _close(run(lambda b: fa.lax.psum(b, "x"), P()), blocks[0] + blocks[1], what="psum")
+    _close(run(lambda b: fa.lax.pmean(b, "x"), P()), (blocks[0] + blocks[1]) / 2, what="pmean")
+    _close(run(lambda b: fa.lax.all_gather(b, "x", tiled=True), P()), an, what="all_gather tiled")
+    _close(run(lambda b: fa.lax.all_gather(b, "x", axis=1), P()), np.stack(blocks, 1), what="all_gather axis=1")
+    y = run(lambda b: fa.lax.psum_scatter(b, "x", scatter_dimension=1, tiled=True), P(None, "x"))
+    _close(y, blocks[0] + blocks[1], what="psum_scatter")
+    y = run(lambda b: fa.lax.ppermute(b, "x", [(0, 1), (1, 0)]), P("x"))
+    _close(y, np.concatenate([blocks[1], blocks[0]]), what="ppermute swap")
+    y = run(lambda b: fa.lax.ppermute(b, "x", [(0, 1)]), P("x"))
+    _close(y, np.concatenate([np.zeros_like(blocks[0]), blocks[0]]), what="ppermute shift (zeros)")
+    y = run(lambda b: fa.lax.all_to_all(b, "x", 1, 0), P("x"))  # (2, 6) -> (4, 3) per rank
+    want = np.concatenate([np.concatenate([blocks[0][:, 3 * i:3 * i + 3], blocks[1][:, 3 * i:3 * i + 3]])
+                           for i in range(2)])
+    _close(y, want, what="all_to_all")
+    y = run(lambda b: b * 0 + fa.lax.axis_index("x").astype(fa.float32), P("x"))
+    _close(y, np.repeat([[0.0], [1.0]], 2, axis=0) * np.ones((4, 6)), what="axis_index")
+    try:
+        fa.lax.psum(a, "x")
+    except RuntimeError as e:
+        assert "shard_map" in str(e)
+    else:
+        raise AssertionError("psum outside shard_map was accepted")
+    assert r in (0, 1)
+
+
+def check_collective_fusion():
+    """Elementwise work before and after a collective fuses into one kernel on each side."""
+    mesh = _mesh()
+    s = fa.device_put(_randn(4, 6, seed=12), NamedSharding(mesh, P("x")))
+    y = fa.shard_map(lambda b: fa.exp(fa.lax.psum(b * 2.0 + 1.0, "x")) * 3.0 - 1.0, mesh, (P("x"),), P())(s)
+    fa.eval(s.local)
+    fa.reset_stats()
+    fa.eval(y.local)
+    st = fa.stats()
+    assert st["library_calls"] == 1 and st["kernels_launched"] - st["library_calls"] == 2, st  # launches count both
+
+
+# ---- derivatives ---------------------------------------------------------------------------------------
+def _grads_close(got, want, what):
+    for i, (g, w) in enumerate(zip(got, want)):
+        _close(g, w, atol=1e-4, what=f"{what}: gradient {i}")
+
+
+def _mlp(x, w1, w2):
+    return (fa.nn.relu(x @ w1) @ w2 if isinstance(x, fa.Array) else _relu(x @ w1) @ w2)
+
+
+def _relu(s):
+    return fa.sharding.elementwise(fa.nn.relu, s)
+
+
+def _loss(x, w1, w2):
+    y = _mlp(x, w1, w2)
+    return (y * y).mean()
+
+
+def check_grad_data_parallel():
+    mesh = _mesh()
+    x, w1, w2 = _randn(8, 4, seed=13), _randn(4, 6, seed=14), _randn(6, 3, seed=15)
+    want = fa.grad(_loss, argnums=(0, 1, 2))(x, w1, w2)
+    args = [fa.device_put(t, NamedSharding(mesh, s)) for t, s in ((x, P("x")), (w1, P()), (w2, P()))]
+    got = fa.grad(_loss, argnums=(0, 1, 2))(*args)
+    assert got[1].sharding.is_replicated and got[0].sharding == args[0].sharding
+    _grads_close(got, want, "data-parallel, propagation")
+
+    def step(xb, w1, w2):  # the same written per shard
+        y = fa.nn.relu(xb @ w1) @ w2
+        return fa.lax.psum((y * y).sum(), "x") / (8 * 3)
+    sm = fa.shard_map(step, mesh, (P("x"), P(), P()), P())
+    _grads_close(fa.grad(lambda *a: sm(*a).local, argnums=(0, 1, 2))(*args), want, "data-parallel, shard_map")
+
+
+def check_grad_tensor_parallel():
+    mesh = _mesh()
+    x, w1, w2 = _randn(8, 4, seed=16), _randn(4, 6, seed=17), _randn(6, 3, seed=18)
+    want = fa.grad(_loss, argnums=(0, 1, 2))(x, w1, w2)
+    args = [fa.device_put(t, NamedSharding(mesh, s)) for t, s in ((x, P()), (w1, P(None, "x")), (w2, P("x")))]
+    h = _relu(args[0] @ args[1])
+    assert h.sharding == NamedSharding(mesh, P(None, "x")) and not (_prims(h) & COLLECTIVES)
+    got = fa.grad(_loss, argnums=(0, 1, 2))(*args)
+    assert got[1].sharding == args[1].sharding and got[2].sharding == args[2].sharding
+    _grads_close(got, want, "tensor-parallel, propagation")
+
+    def step(x, w1, w2):  # Megatron MLP: column-parallel then row-parallel, one psum
+        y = fa.lax.psum(fa.nn.relu(x @ w1) @ w2, "x")
+        return (y * y).mean()
+    sm = fa.shard_map(step, mesh, (P(), P(None, "x"), P("x")), P())
+    _grads_close(fa.grad(lambda *a: sm(*a).local, argnums=(0, 1, 2))(*args), want, "tensor-parallel, shard_map")
+
+
+def check_collective_vjps():
+    """psum's VJP is psum; all_gather's is psum_scatter; psum_scatter's all_gather; ppermute's the inverse."""
+    mesh = _mesh()
+    s = fa.device_put(_randn(4, 6, seed=19), NamedSharding(mesh, P("x")))
+    r = torch.distributed.get_rank()
+    ct = fa.full((2, 6), float(r + 1), device=DEVICE)
+    for f, want_prim in ((lambda b: fa.lax.psum(b, "x"), "all_reduce"),
+                         (lambda b: fa.lax.all_gather(b, "x", tiled=True), "reduce_scatter"),
+                         (lambda b: fa.lax.ppermute(b, "x", [(0, 1), (1, 0)]), "ppermute")):
+        with _Inside(mesh):
+            out, pull = fa.vjp(f, s.local)
+            (g,) = pull(fa.ones(out.shape, device=DEVICE) * (r + 1))
+        assert want_prim in _prims(g), (want_prim, _prims(g))
+    with _Inside(mesh):
+        out, pull = fa.vjp(lambda b: fa.lax.psum(b, "x"), s.local)
+        _close(pull(ct)[0], np.full((2, 6), 3.0), what="psum vjp = psum")
+        out, pull = fa.vjp(lambda b: fa.lax.all_gather(b, "x", tiled=True), s.local)
+        _close(pull(fa.full((4, 6), float(r + 1), device=DEVICE))[0], np.full((2, 6), 3.0), what="all_gather vjp = psum_scatter")
+        out, pull = fa.vjp(lambda b: fa.lax.psum_scatter(b, "x", tiled=True), s.local)
+        (g,) = pull(fa.full((1, 6), float(r + 1), device=DEVICE))
+        assert "all_gather" in _prims(g)
+        _close(g, np.array([[1.0] * 6, [2.0] * 6]), what="psum_scatter vjp = all_gather")
+
+
+class _Inside:
+    """The named-axis context of a shard_map body, for calling fa.lax directly in a test."""
+
+    def __init__(self, mesh):
+        from flyarray.shard_map import _inside
+        self.cm = _inside(mesh, torch.device(DEVICE))
+
+    def __enter__(self):
+        return self.cm.__enter__()
+
+    def __exit__(self, *exc):
+        return self.cm.__exit__(*exc)
+
+
+def check_forward_mode():
+    """Collectives are linear: the tangent of psum / all_gather is the same collective of the tangent."""
+    mesh = _mesh()
+    s = fa.device_put(_randn(4, 6, seed=22), NamedSharding(mesh, P("x")))
+    with _Inside(mesh):
+        _, t = fa.jvp(lambda b: fa.lax.psum(b * 2.0, "x"), (s.local,), (fa.ones((2, 6), device=DEVICE),))
+        _close(t, np.full((2, 6), 4.0), what="psum jvp")
+        _, t = fa.jvp(lambda b: fa.lax.all_gather(b, "x", tiled=True), (s.local,), (fa.ones((2, 6), device=DEVICE),))
+        _close(t, np.ones((4, 6)), what="all_gather jvp")
+
+
+def check_two_d_mesh():
+    """A (1, 2) mesh: collectives over one axis, the other (one rank per group), and both; DP x TP grads."""
+    mesh = Mesh(("dp", "tp"), (1, 2))
+    a = _randn(4, 6, seed=23)
+    s = fa.device_put(a, NamedSharding(mesh, P("dp", "tp")))
+    an = np.asarray(a)
+    for axes, want in (("tp", an[:, :3] + an[:, 3:]), ("dp", None), (("dp", "tp"), an[:, :3] + an[:, 3:])):
+        y = fa.shard_map(lambda b: fa.lax.psum(b, axes), mesh, (P("dp", "tp"),), P("dp", "tp"))(s)
+        if want is None:  # a group of one rank: psum is the identity
+            _close(y, an, what="psum over a size-1 axis")
+        else:
+            _close(fa.device_get(y)[:, :3], want, what=f"psum over {axes}")
+    try:
+        NamedSharding(mesh, P(("tp", "dp")))
+    except ValueError as e:
+        assert "mesh's order" in str(e)
+    else:
+        raise AssertionError("axes out of the mesh's order were accepted")
+    x, w1, w2 = _randn(8, 4, seed=24), _randn(4, 6, seed=25), _randn(6, 3, seed=26)
+    want = fa.grad(_loss, argnums=(0, 1, 2))(x, w1, w2)
+    args = [fa.device_put(t, NamedSharding(mesh, sp)) for t, sp in ((x, P("dp")), (w1, P(None, "tp")), (w2, P("tp")))]
+    _grads_close(fa.grad(_loss, argnums=(0, 1, 2))(*args), want, "2-D mesh, DP x TP")
+
+
+class Skip(Exception):
+    """A check that does not apply to this job (recorded as "skip: why")."""
+
+
+def check_mesh_2x2():
+    """A 2 x 2 mesh (4 processes: its own job): row and column groups, DP x TP gradients."""
+    if torch.distributed.get_world_size() != 4:
+        raise Skip("needs 4 processes (test_distributed.py runs it as its own job)")
+    mesh = Mesh(("dp", "tp"), (2, 2))
+    a = _randn(4, 6, seed=27)
+    an = np.asarray(a)
+    s = fa.device_put(a, NamedSharding(mesh, P("dp", "tp")))
+    y = fa.shard_map(lambda b: fa.lax.psum(b, "tp"), mesh, (P("dp", "tp"),), P("dp"))(s)
+    _close(y, an[:, :3] + an[:, 3:], what="psum over tp")
+    y = fa.shard_map(lambda b: fa.lax.all_gather(b, "dp", tiled=True), mesh, (P("dp", "tp"),), P(None, "tp"))(s)
+    _close(y, an, what="all_gather over dp")
+    y = fa.shard_map(lambda b: fa.lax.psum(b, ("dp", "tp")), mesh, (P("dp", "tp"),), P())(s)
+    _close(y, an[:2, :3] + an[:2, 3:] + an[2:, :3] + an[2:, 3:], what="psum over both")
+    _close(s.sum(axis=0), an.sum(axis=0), atol=1e-4, what="sum over dp")
+    x, w1, w2 = _randn(8, 4, seed=28), _randn(4, 6, seed=29), _randn(6, 3, seed=30)
+    want = fa.grad(_loss, argnums=(0, 1, 2))(x, w1, w2)
+    args = [fa.device_put(t, NamedSharding(mesh, sp)) for t, sp in ((x, P("dp")), (w1, P(None, "tp")), (w2, P("tp")))]
+    _grads_close(fa.grad(_loss, argnums=(0, 1, 2))(*args), want, "2 x 2 mesh, DP x TP")
+
+
+# ---- fa.jit ----------------------------------------------------------------------------------------------
+def check_jit():
+    mesh = _mesh()
+    sh = NamedSharding(mesh, P("x"))
+
+    @fa.jit
+    def f(a, b):
+        return (a * b + 1.0).sum(axis=0)  # local work and an all-reduce, replayed
+
+    sm = fa.jit(fa.shard_map(lambda b: fa.lax.all_gather(fa.exp(b), "x", tiled=True), mesh, (P("x"),), P()))
+    for seed in (20, 21):
+        a, b = _randn(4, 6, seed=seed), _randn(4, 6, seed=seed + 10)
+        y = f(fa.device_put(a, sh), fa.device_put(b, sh))
+        assert isinstance(y, fa.sharding.ShardedArray) and y.sharding.is_replicated
+        _close(y, (a * b + 1.0).sum(axis=0), what="jit propagation")
+        _close(sm(fa.device_put(a, sh)), fa.exp(a), what="jit shard_map")
+
+
+def check_jit_grad():
+    mesh = _mesh()
+    step = fa.jit(fa.grad(_loss, argnums=(1, 2)))
+    for seed in (30, 31):
+        x, w1, w2 = _randn(8, 4, seed=seed), _randn(4, 6, seed=seed + 1), _randn(6, 3, seed=seed + 2)
+        want = fa.grad(_loss, argnums=(1, 2))(x, w1, w2)
+        args = [fa.device_put(t, NamedSharding(mesh, s)) for t, s in ((x, P("x")), (w1, P(None, "x")), (w2, P("x")))]
+        _grads_close(step(*args), want, "jit(grad) through a gather (one mesh axis on M and N)")
+
+
+CHECKS = [name for name in list(globals()) if name.startswith("check_")]
+
+
+def main():
+    global DEVICE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", default="", help="comma-separated check names (default: all)")
+    args = ap.parse_args()
+    DEVICE = args.device
+    rank = int(os.environ["RANK"])
+    cuda = DEVICE == "cuda"
+    if cuda:  # one GPU per rank; arrays made here name it (fa's default device "cuda" is another device)
+        DEVICE = f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.cuda.set_device(DEVICE)
+    torch.distributed.init_process_group("nccl" if cuda else "gloo",
+                                         timeout=datetime.timedelta(seconds=60))
+    results = {}
+    for name in CHECKS:
+        if args.only and name not in args.only.split(","):
+            continue
+        try:
+            globals()[name]()
+            results[name] = "ok"
+        except Skip as why:
+            results[name] = f"skip: {why}"
+        except Exception:
+            results[name] = traceback.format_exc()
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    torch.distributed.destroy_process_group()
+    return 0 if all(v == "ok" or v.startswith("skip: ") for v in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
