@@ -49,6 +49,23 @@ class KernelSpec:
     # 16-byte-aligned pointers, which are always marked): without the hint nothing is
     # vectorized or pipelined and the report would describe a kernel that never runs.
     divisible: tuple = ()
+    # AMD backend compile options (waves_per_eu, matrix_instr_nonkdim, ...): passed to hip
+    # targets only, as the launch paths pass them only on AMD GPUs (CUDA rejects them).
+    amd_options: dict = dataclasses.field(default_factory=dict, hash=False)
+
+
+# The AMD backend options a config table may carry beside num_warps/num_stages (Triton's
+# HIPOptions fields; kpack is left out: gfx950 deprecates it and Triton overrides it to 1).
+AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "schedule_hint")
+
+
+def amd_launch_options(cfg: dict, arch: str) -> dict:
+    """The AMD-only compile options in ``cfg`` for a launch on ``arch``: none off AMD (a CUDA launch
+    and the interpreter reject or ignore them; the H200 runs Triton 3.6, whose NVIDIA backend raises
+    on an unknown keyword)."""
+    if not str(arch).startswith("gfx"):
+        return {}
+    return {k: cfg[k] for k in AMD_OPTIONS if k in cfg}
 
 
 @dataclasses.dataclass
@@ -75,6 +92,8 @@ def compile_for(spec: KernelSpec, target: str) -> KernelReport:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
     src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=_launch_attrs(spec))
     opts = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if TARGETS[target].backend == "hip":
+        opts.update(spec.amd_options)
     with triton_cache_scope():
         compiled = triton.compile(src, target=TARGETS[target], options=opts)
     if TARGETS[target].backend == "hip":

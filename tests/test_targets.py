@@ -84,3 +84,12 @@ def test_inspect_shows_the_calls_kernels_readably():
     page = result._repr_html_()
     assert page.count("<details>") == 4 and "AMDGCN" in page and "Triton source" in page
     assert "def fa_" in page and "tl.load" in page and "v_mfma" in page
+
+
+def test_amd_launch_options_only_for_amd_targets():
+    """AMD compile options in a config reach AMD launches and compiles only: CUDA's Triton (3.6 on the
+    H200) raises on an unknown launch keyword, the interpreter has no use for them."""
+    from flyarray.targets import amd_launch_options
+    cfg = {"BLOCK_M": 128, "num_warps": 8, "waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+    assert amd_launch_options(cfg, "gfx950") == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+    assert amd_launch_options(cfg, "sm_90") == {} and amd_launch_options(cfg, "cpu") == {}

@@ -50,6 +50,7 @@ import triton.language as tl
 
 from flyarray.kernels._triton import current_arch, next_pow2, pick_config
 from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_format, scales_as_uint8
+from flyarray.targets import AMD_OPTIONS, amd_launch_options
 
 _MX_FORMATS = ("e4m3", "e5m2", "e2m1")
 _PLAIN_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -57,13 +58,24 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # Per-arch tiles. "dot_scaled": BLOCK_K counts logical elements (e2m1 loads BLOCK_K/2 bytes).
 CONFIGS = {
+    # gfx950: picked by cross-compiling (benchmarks/sweep_gfx950_mx.py; table in docs/kernels.md) as
+    # the largest tiles with 0 scratch that keep the native scaled MFMA. num_warps=8 puts 2 waves on
+    # each SIMD, so a wave gets 256 VGPRs (4 warps: 512, but one wave per SIMD hides no latency);
+    # in 256 VGPRs a 128x128 fp32 accumulator (64 a lane) leaves room for one K step of 64 fp8
+    # elements (BLOCK_K=128: e4m3 x e4m3 spilled 249 B) or 128 fp4 ones (256 spilled 349-1154 B),
+    # double-buffered (num_stages=2). bf16 x MX upcasts the weights to bf16 (bf16 MFMA), so its
+    # K step is 64 too (BLOCK_K=128 spilled 408-704 B).
     "gfx950": {
-        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
-        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
+        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
+        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
         "mxfp8_method": "dot_scaled",
-        "dot_scaled_wonly": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
-        "decode_candidates": [dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=256, GROUP_M=1, num_warps=4,
-                                   num_stages=2)],
+        "dot_scaled_wonly": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
+        # BLOCK_K=256 spilled at BLOCK_M=64 (29 B e2m1, 541 B e4m3); 128 fits (<= 335 VGPRs at M=64,
+        # 4 waves). Both timed once per shape on first use.
+        "decode_candidates": [
+            dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
+            dict(kernel="dot_scaled", BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
+        ],
     },
     "sm_90": {
         "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
@@ -464,7 +476,8 @@ def _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile=None):
            sa_op.stride(0), sa_op.stride(1), sb.stride(0), sb.stride(1), out.stride(0), out.stride(1),
            A_FORMAT=a_fmt, B_FORMAT=b_fmt, A_SCALED=sa is not None,
            BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], BLOCK_K=tile["BLOCK_K"], GROUP_M=tile["GROUP_M"],
-           num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+           num_warps=tile["num_warps"], num_stages=tile["num_stages"],
+           **amd_launch_options(tile, current_arch(a.device)))
     return out
 
 
@@ -599,7 +612,8 @@ def _dot_scaled_spec(arch: str, a_fmt: str, b_fmt: str, tile=None, tag: str = ""
     from flyarray.targets import KernelSpec
     tile = dict(tile or _dot_scaled_tile(pick_config(CONFIGS, arch), a_fmt, b_fmt))
     tile.pop("kernel", None)
-    launch_opts = {"num_warps": tile.pop("num_warps"), "num_stages": tile.pop("num_stages")}
+    launch_opts = {"num_warps": tile.pop("num_warps"), "num_stages": tile.pop("num_stages"),
+                   "amd_options": {k: tile.pop(k) for k in AMD_OPTIONS if k in tile}}
     unit = ("stride_ak", "stride_bk", "stride_sak", "stride_sbk", "stride_cn")  # Triton specializes 1s
     ints = ("M", "N", "K", "stride_am", "stride_bn", "stride_sam", "stride_sbn", "stride_cm")
     signature = {"a_ptr": _POINTER_TYPES[a_fmt], "b_ptr": _POINTER_TYPES[b_fmt], "sa_ptr": "*u8",
@@ -639,10 +653,17 @@ def _fp8_blocks_spec(arch: str):
 
 def compile_specs(arch: str | None = None) -> list:
     """Representative specializations: every MX combination through dot_scaled with ``arch``'s
-    tiles (both gfx950 and sm_90 when None), plus the Hopper decode and fp8_blocks kernels."""
+    tiles (both gfx950 and sm_90 when None), plus the Hopper decode and fp8_blocks kernels.
+    On gfx950 that is every config the table holds: each dot_scaled tile with each format pair
+    that uses it, and each dot_scaled decode candidate at BLOCK_M 16 and 64 (its extremes)."""
     archs = [arch] if arch else ["gfx950", "sm_90"]
     combos = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("bf16", "e2m1")]
     specs = [_dot_scaled_spec(a, fa, fb) for a in archs for fa, fb in combos]
+    if "gfx950" in archs:
+        specs.append(_dot_scaled_spec("gfx950", "bf16", "e4m3"))
+        for i, c in enumerate(c for c in CONFIGS["gfx950"]["decode_candidates"] if c["kernel"] == "dot_scaled"):
+            specs += [_dot_scaled_spec("gfx950", "bf16", fb, dict(c, BLOCK_M=m), f"_decode{i}_m{m}")
+                      for m in (16, DECODE_MAX_M) for fb in ("e2m1", "e4m3")]
     if "sm_90" in archs:
         small_m = next(c for c in CONFIGS["sm_90"]["decode_candidates"] if c["kernel"] == "dot_scaled")
         specs += [_decode_spec("sm_90", "e2m1"), _decode_spec("sm_90", "e4m3"), _fp8_blocks_spec("sm_90"),

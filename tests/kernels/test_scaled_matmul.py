@@ -106,6 +106,33 @@ def test_gfx950_uses_native_scaled_mfma(pair):
         report.matrix_instructions
 
 
+def test_gfx950_every_config_compiles_without_spills():
+    """Every gfx950 config of scaled_matmul (each dot_scaled tile with each format pair that uses it,
+    each decode candidate at BLOCK_M 16 and 64): 0 scratch, LDS within MI350's 160 KiB, the native
+    scaled MFMA for MX x MX and an MFMA for bf16 x MX. The 128x128 tiles with num_warps=8 and
+    BLOCK_K=256 (fp4) or 2 stages (fp8 x fp8) spilled hundreds of bytes (issue 15)."""
+    from flyarray.targets import compile_for
+    specs = sm.compile_specs("gfx950")
+    names = [s.name for s in specs]
+    assert len(specs) >= 9 and any("_decode" in n for n in names), names
+    for spec in specs:
+        report = compile_for(spec, "gfx950")
+        assert report.spills == 0, report.summary()
+        assert report.shared_bytes <= 160 * 1024, report.summary()
+        if spec.constexprs["A_FORMAT"] in ("e4m3", "e5m2", "e2m1"):
+            assert any(i.startswith("v_mfma_scale_f32_") for i in report.matrix_instructions), report.summary()
+        else:
+            assert any(i.startswith("v_mfma") for i in report.matrix_instructions), report.summary()
+
+
+def test_gfx950_amd_options_reach_the_compiler():
+    """A config's matrix_instr_nonkdim is compiled in (the 16x16 scaled MFMA instead of 32x32)."""
+    from flyarray.targets import compile_for
+    tile = dict(sm.CONFIGS["gfx950"]["dot_scaled_fp4"], matrix_instr_nonkdim=16)
+    report = compile_for(sm._dot_scaled_spec("gfx950", "e2m1", "e2m1", tile), "gfx950")
+    assert report.matrix_instructions == ["v_mfma_scale_f32_16x16x128_f8f6f4"], report.summary()
+
+
 def test_hopper_kernels_use_tensor_cores():
     from flyarray.targets import compile_for
     fp8 = compile_for(sm._fp8_blocks_spec("sm_90"), "sm_90")
