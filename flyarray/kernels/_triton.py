@@ -113,8 +113,10 @@ def _with_interpreted_globals(fn, memo: dict):
 
 def _is_builtin_combine(name, jit_fn) -> bool:
     """triton.language's private combine functions stay as they are: the interpreter recognizes
-    them by identity (tl.reduce with _sum_combine becomes one numpy sum)."""
-    return name.startswith("_") and jit_fn.fn.__module__.startswith("triton.language")
+    them by identity (tl.reduce with _sum_combine becomes one numpy sum). Its other private helpers
+    (tl.sort's _bitonic_merge_hypercube) are ordinary nested calls and must be interpreted."""
+    return name.startswith("_") and ("combine" in name or name.startswith("_elementwise_")) \
+        and jit_fn.fn.__module__.startswith("triton.language")
 
 
 class _InterpretedLanguage(types.ModuleType):
