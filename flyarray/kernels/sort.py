@@ -168,7 +168,7 @@ def _numpy_rows(x: torch.Tensor) -> np.ndarray:
     t = x.detach().cpu()
     if t.dtype == torch.bfloat16:
         t = t.float()  # exact
-    return t.reshape(-1, x.shape[-1]).numpy()
+    return t.reshape(int(np.prod(x.shape[:-1])), x.shape[-1]).numpy()
 
 
 def reference_sort(x: torch.Tensor, descending: bool = False):
