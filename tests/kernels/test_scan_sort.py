@@ -88,3 +88,15 @@ def test_cross_compile_without_spills(target):
         report = compile_for(spec, target)
         assert report.spills == 0, report.summary()
         assert report.registers > 0, report.summary()
+
+
+def test_fa_inspect_shows_the_gfx950_builds():
+    import numpy as np
+
+    import flyarray as fa
+    x = np.zeros((4, 100), np.float32)
+    for fn, kernel in ((lambda a: fa.sort(a, axis=-1), "sort_fp32"), (lambda a: fa.cumulative_sum(a, axis=1), "scan_"),
+                       (lambda a: fa.searchsorted(a[0], a[1]), "searchsorted_fp32")):
+        text = str(fa.inspect(fn, x, target="gfx950"))
+        rows = [line for line in text.splitlines() if "_gfx950" in line]
+        assert rows and all(kernel in r and r.split("|")[4].strip() == "0" for r in rows), text
