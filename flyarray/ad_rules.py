@@ -29,6 +29,7 @@ from .ops.indexing import GATHER, SCATTER
 from .ops.library_ops import ATTENTION, RAGGED_DOT, SCALED_MATMUL, SOFTMAX, TOP_K
 from .ops.linalg import MATMUL
 from .ops.manipulation import CONCAT
+from .ops.sorting import SCAN, SORT
 from .primitives import ELEMENTWISE, REDUCE, Library
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -572,6 +573,29 @@ RAGGED_DOT.vjp = _ragged_dot_vjp
 SCALED_MATMUL.vjp = _not_differentiable("scaled_matmul", "its operands are fp8/MX storage formats")
 SCALED_MATMUL.jvp = SCALED_MATMUL.vjp
 # matmul_epilogue and softmax_top_k: differentiated through their formulations (FORMULATIONS).
+
+
+def _scan_vjp(gs, e):
+    """cumulative_sum's transpose is the reverse cumulative sum (the leading 0 of include_initial gets nothing)."""
+    kw = e.params["kwargs"]
+    if kw["op"] != "sum":
+        raise TypeError("cumulative_prod is not differentiable yet (its derivative divides by the inputs)")
+    (g,), (x,) = gs, e.x
+    if kw["include_initial"]:
+        g = g[..., 1:]
+    (rev,) = core_call(SCAN, [F.flip(g, axis=-1)], op="sum", include_initial=False)
+    return [F.flip(rev, axis=-1).astype(x.dtype, copy=False)]
+
+
+def _sort_vjp(gs, e):
+    """values[j] = x[perm[j]]: x's cotangent is values' cotangent put back through the inverse permutation."""
+    (gv, _), (x,) = gs, e.x
+    inverse = F.argsort(e.y[1], axis=-1)
+    return [F.take_along_axis(gv, inverse, axis=-1).astype(x.dtype, copy=False)]
+
+
+SCAN.vjp = _scan_vjp
+SORT.vjp = _sort_vjp
 
 
 # ---- gather / scatter (ops/indexing.py; every index form reduces to these two) -------------------------------

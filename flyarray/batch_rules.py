@@ -26,6 +26,7 @@ from .ops.library import call
 from .ops.library_ops import ATTENTION, SOFTMAX, SOFTMAX_TOP_K, TOP_K
 from .ops.linalg import MATMUL
 from .ops.manipulation import CONCAT
+from .ops.sorting import SCAN, SEARCHSORTED, SORT
 from .primitives import ELEMENTWISE, RANDOM, REDUCE
 
 
@@ -147,6 +148,9 @@ SOFTMAX.batch = _axis_plus_one
 SOFTMAX_BWD.batch = _axis_plus_one
 ATTENTION.batch = _attention
 ATTENTION_BWD.batch = _attention
+SCAN.batch = _leading  # scans, sorts and searches run along the last axis: the batch is one more row dim
+SORT.batch = _leading
+SEARCHSORTED.batch = lambda b: call(SEARCHSORTED, [b.full(0), b.full(1)], **_kwargs(b))
 
 
 # ---- gather / scatter: the batch folds into the rows (axis 0), each example's indices offset by its rows --------

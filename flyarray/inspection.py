@@ -123,7 +123,7 @@ _MX_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "uint8": "e2m1", "b
 _LIBRARY_MODULES = {"matmul": "gemm", "gemm": "gemm", "matmul_epilogue": "gemm", "ragged_dot": "ragged_dot",
                     "attention": "attention", "rms_norm": "rms_norm", "softmax": "softmax", "top_k": "top_k",
                     "softmax_top_k": "top_k", "scaled_matmul": "scaled_matmul", "mx_quantize": "mx",
-                    "mx_dequantize": "mx"}
+                    "mx_dequantize": "mx", "scan": "scan", "sort": "sort", "searchsorted": "sort"}
 
 
 def library_specs(name: str, target: str | None = None) -> list:
@@ -138,6 +138,8 @@ def library_specs(name: str, target: str | None = None) -> list:
     params = list(pyinspect.signature(mod.compile_specs).parameters)
     takes_target = bool(params) and params[0] in ("target", "arch")
     specs = list(mod.compile_specs(target) if takes_target and target else mod.compile_specs())
+    own = [s for s in specs if s.name.startswith(name + "_")]  # a module of several ops (sort, searchsorted)
+    specs = own or specs
     others = [t for t in TARGETS if t != target] if target else []
     return [s for s in specs if not any(s.name.endswith(f"_{t}") for t in others)]  # another arch's tiles
 

@@ -113,8 +113,13 @@ def _with_interpreted_globals(fn, memo: dict):
 
 def _is_builtin_combine(name, jit_fn) -> bool:
     """triton.language's private combine functions stay as they are: the interpreter recognizes
-    them by identity (tl.reduce with _sum_combine becomes one numpy sum)."""
-    return name.startswith("_") and jit_fn.fn.__module__.startswith("triton.language")
+    them by identity (tl.reduce with _sum_combine becomes one numpy sum). tl.sort's private
+    helpers (_bitonic_merge_hypercube, ...) are ordinary nested calls and must be interpreted."""
+    return name.startswith("_") and not name.startswith(_SORT_HELPERS) \
+        and jit_fn.fn.__module__.startswith("triton.language")
+
+
+_SORT_HELPERS = ("_bitonic", "_compare_and_swap", "_indicator")
 
 
 class _InterpretedLanguage(types.ModuleType):

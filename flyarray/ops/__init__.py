@@ -12,6 +12,8 @@ from .linalg import numpy_diagonal as diagonal, numpy_trace as trace  # noqa: F4
 from .manipulation import (broadcast_arrays, broadcast_shapes, broadcast_to, concat, diff, expand_dims, flip,  # noqa: F401
                            matrix_transpose, meshgrid, moveaxis, pad, permute_dims, repeat, reshape, roll, squeeze,
                            stack, tile, tril, triu, unstack)
+from .sorting import (argsort, cumulative_prod, cumulative_sum, searchsorted, sort, unique_all,  # noqa: F401
+                      unique_counts, unique_inverse, unique_values)
 from .reductions import all, any, count_nonzero, argmax, argmin, max, mean, min, prod, std, sum, var  # noqa: F401
 from . import nn  # noqa: F401
 
