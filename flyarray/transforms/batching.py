@@ -157,8 +157,10 @@ def _batch_custom(call, values, n):
     axes = tuple(tu.tree_unflatten(call.arg_tree, [0 if isinstance(x, Array) else None for x in call.arg_leaves]))
     owner = call.owner
     if isinstance(owner, custom_vjp):
-        batched = custom_vjp(vmap(owner.fun, in_axes=axes))
-        batched.defvjp(vmap(owner.fwd, in_axes=axes), vmap(owner.bwd))
+        nondiff = sorted(owner._nondiff(len(axes)))
+        batched = custom_vjp(vmap(owner.fun, in_axes=axes), nondiff_argnums=owner.nondiff_argnums)
+        bwd_axes = tuple(axes[i] for i in nondiff) + (0, 0)  # bwd(*nondiff args, residuals, g)
+        batched.defvjp(vmap(owner.fwd, in_axes=axes), vmap(owner.bwd, in_axes=bwd_axes))
     else:
         batched = custom_jvp(vmap(owner.fun, in_axes=axes))
         batched.defjvp(vmap(owner.rule, in_axes=(axes, axes)))
