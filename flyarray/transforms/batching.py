@@ -123,8 +123,7 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
         if node.realized and node.kind not in ("source", "constant", "iota") and not node.inputs:
             raise ValueError(f"vmap: {node.prim.name} of shape {node.shape} was evaluated (printed, converted, "
                              "fa.eval'd) inside the function being vectorized, which drops its history; evaluate "
-                             "values only outside the transformed function (fa.jit evaluates: write "
-                             "fa.jit(fa.vmap(f)), not fa.vmap(fa.jit(f)))")
+                             "values only outside the transformed function")
         batched = [i.id in values for i in node.inputs]
         if not any(batched):
             continue
