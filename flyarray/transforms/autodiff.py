@@ -27,6 +27,7 @@ from .. import dtypes as dt
 from .. import tree_util as tu
 from .._array import Array
 from ..primitives import ELEMENTWISE
+from . import recording
 
 __all__ = ["vjp", "grad", "value_and_grad", "jvp", "stop_gradient", "custom_vjp", "custom_jvp"]
 
@@ -143,7 +144,8 @@ _depth = _Depth()  # how many transforms are recording their function on this th
 def _call(fn, nodes):
     _depth.value += 1
     try:
-        return list(fn(*[Array(n) for n in nodes]))
+        with recording.recording():  # a jitted fn is inlined (fa.jit reads this)
+            return list(fn(*[Array(n) for n in nodes]))
     finally:
         _depth.value -= 1
 

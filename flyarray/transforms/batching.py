@@ -16,7 +16,6 @@ ways), fa.jit and vmap itself.
 from __future__ import annotations
 
 import functools
-import threading
 
 from .. import batch_rules  # noqa: F401  (attaches the rules)
 from .. import ir
@@ -24,6 +23,7 @@ from .. import tree_util as tu
 from .._array import Array
 from ..expand import expand_composites
 from ..primitives import ELEMENTWISE
+from . import recording
 
 __all__ = ["vmap"]
 
@@ -43,21 +43,6 @@ class Batch:
         node = self.node.inputs[i]
         from ..ops import core
         return Array(core.broadcast_node(node, (self.n,) + node.shape))
-
-
-class _Depth(threading.local):
-    value = 0
-
-
-_depth = _Depth()  # how many vmaps are recording their function on this thread (fa.jit traces through then)
-
-
-def _call(fun, args, kwargs):
-    _depth.value += 1
-    try:
-        return fun(*args, **kwargs)
-    finally:
-        _depth.value -= 1
 
 
 def _axes_per_leaf(prefix, tree, what):
@@ -207,7 +192,8 @@ def vmap(fun, in_axes=0, out_axes=0):
             inner[i] = _stand_in(xb, n)
             values[inner[i]._node.id] = xb
         inner_args, inner_kwargs = tu.tree_unflatten(tree, inner)
-        out = _call(fun, inner_args, inner_kwargs)
+        with recording.recording():  # a jitted fun is inlined (fa.jit reads this)
+            out = fun(*inner_args, **inner_kwargs)
         out_leaves, out_tree = tu.tree_flatten(out)
         out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
         expand_composites([o._node for o in out_leaves])  # fa.nn's composites batch through their primitives

@@ -26,6 +26,7 @@ import torch
 
 from .. import graphs, ir, plan, runtime, tree_util
 from .._array import Array
+from . import recording
 
 
 def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
@@ -70,9 +71,7 @@ def _inside_a_transform() -> bool:
     a recorded value drops the history the transform needs (vmap's stand-ins, grad's inputs), while an
     outer jit would bake the inner result in as a constant. The outer transform (or the outer jit's
     plan) then covers the inner function, so nothing is lost by not caching it."""
-    from . import autodiff, batching
-    return bool(autodiff._depth.value or batching._depth.value
-                or getattr(plan._trace, "sources", None) is not None)
+    return recording.depth.value > 0
 
 
 def _check_static_names(fn, static_argnums, static_argnames):
@@ -196,7 +195,8 @@ class _Trace:
         previous = getattr(plan._trace, "sources", None)
         plan._trace.sources = traced
         try:
-            out = fn(*call_args, **call_kwargs)
+            with recording.recording():
+                out = fn(*call_args, **call_kwargs)
         finally:
             plan._trace.sources = previous
         leaves, treedef = _flatten_outputs(out)
