@@ -7,12 +7,12 @@ listed by hand: a primitive with a float output (or a library op) that has no ca
 Skipped, by rule: bool/index outputs (comparisons, logical_*, is*, signbit, any, all, argmax, argmin)
 and integer-only inputs (bitwise_*, shifts, the random-bit primitives): no derivative exists.
 """
+import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import hypothesis.extra.numpy as hnp
 
 import flyarray as fa
 from flyarray import ad_rules
@@ -151,7 +151,7 @@ def test_reduction(name, data):
     axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1), label="axes")))
     keepdims = data.draw(st.booleans(), label="keepdims")
     (x,) = _values(data.draw(st.integers(0, 2 ** 16), label="seed"), [shape], [(0.5, 1.5) if name == "prod" else R])
-    f = lambda a: getattr(fa, name)(a, axis=axes, keepdims=keepdims)  # noqa: E731
+    f = lambda a: getattr(fa, name)(a, axis=axes, keepdims=keepdims)
     _check_grad(f, lambda a: _torch_reduce(name, a, axes, keepdims), [x])
     _check_jvp(f, [x])
 

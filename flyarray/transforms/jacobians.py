@@ -18,7 +18,7 @@ from .. import tree_util as tu
 from .autodiff import _as_array, _differentiable, jvp, vjp
 from .batching import vmap
 
-__all__ = ["jacfwd", "jacrev", "hessian", "linearize"]
+__all__ = ["hessian", "jacfwd", "jacrev", "linearize"]
 
 
 def _argnums(argnums, n, where):
