@@ -26,6 +26,7 @@ from .transforms import jit  # noqa: E402
 from .transforms import custom_jvp, custom_vjp, grad, jvp, stop_gradient, value_and_grad, vjp  # noqa: E402,F401
 from . import tree_util  # noqa: E402,F401
 from .transforms.batching import vmap  # noqa: E402,F401
+from .transforms.jacobians import hessian, jacfwd, jacrev, linearize  # noqa: E402,F401
 from . import linalg  # noqa: E402,F401
 from .namespace_info import __array_namespace_info__, isdtype  # noqa: E402,F401
 from . import sharding, lax  # noqa: E402,F401

@@ -448,7 +448,30 @@ def _group_onehot(group_sizes, m, d):
     return ((r >= F.reshape(starts, (1, g))) & (r < F.reshape(ends, (1, g)))).astype(d)
 
 
+def _attention_bwd_formulation(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
+    """attention_bwd written on primitives (the VJP of the attention formulation at ``do``): what second
+    derivatives through the attention kernel differentiate."""
+    from .transforms.autodiff import vjp_flat
+    *extras, do = rest
+    kw = {"scale": scale, "is_causal": is_causal, "has_bias": has_bias, "has_mask": has_mask}
+    _, pull = vjp_flat(lambda a, b, c: _attention_formulation(a, b, c, *extras, **kw), [q, k, v], [True] * 3)
+    return pull([do])
+
+
+def _softmax_bwd_formulation(dy, y, *, axis, log):
+    """softmax_bwd written on primitives (the float64 reference's closed form, in fp32 like the kernel):
+    what second derivatives through the long-row softmax differentiate."""
+    dyf, yf = dy.astype(dt.float32, copy=False), y.astype(dt.float32, copy=False)
+    if log:
+        dx = dyf - F.exp(yf) * F.sum(dyf, axis=axis, keepdims=True)
+    else:
+        dx = yf * (dyf - F.sum(dyf * yf, axis=axis, keepdims=True))
+    return [dx.astype(y.dtype, copy=False)]
+
+
 FORMULATIONS = {
+    "attention_bwd": _attention_bwd_formulation,
+    "softmax_bwd": _softmax_bwd_formulation,
     "matmul_epilogue": _epilogue_formulation,
     "attention": _attention_formulation,
     "top_k": _top_k_formulation,

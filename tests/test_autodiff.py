@@ -444,3 +444,36 @@ def test_library_ops_more():
     _, ty = fa.jvp(lambda a: fa.top_k(a, 3)[0], (fa.asarray(x),), (fa.asarray(t),))
     _, want = torch.func.jvp(lambda a: torch.topk(a, 3)[0], (torch.from_numpy(x),), (torch.from_numpy(t),))
     np.testing.assert_allclose(np.asarray(ty), want.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_custom_vjp_nondiff_argnums():
+    """JAX's nondiff_argnums: bwd(*nondiff_args, residuals, g) gives cotangents for the other arguments."""
+    import functools
+
+    @functools.partial(fa.custom_vjp, nondiff_argnums=(0, 2))
+    def apply(f, x, limit):
+        return f(x)
+
+    def apply_fwd(f, x, limit):
+        return apply(f, x, limit), x
+
+    def apply_bwd(f, limit, x, g):
+        return (fa.clip(g * fa.cos(x), -limit, limit),)  # the true derivative of sin, clipped
+    apply.defvjp(apply_fwd, apply_bwd)
+    x = fa.asarray(X)
+    np.testing.assert_allclose(np.asarray(apply(fa.sin, x, 0.5)), np.sin(X), rtol=RTOL)
+    g = fa.grad(lambda a: fa.sum(apply(fa.sin, a, 0.5) * 2.0))(x)
+    np.testing.assert_allclose(np.asarray(g), np.clip(2 * np.cos(X), -0.5, 0.5), rtol=RTOL)
+    per_row = fa.vmap(fa.grad(lambda a: fa.sum(apply(fa.sin, a, 0.5) * 2.0)))(x)  # the rule survives vmap
+    np.testing.assert_allclose(np.asarray(per_row), np.clip(2 * np.cos(X), -0.5, 0.5), rtol=RTOL)
+    g = fa.grad(lambda a: fa.sum(fa.jit(lambda b: apply(fa.sin, b, 0.5))(a)))(x)  # and jit tracing through
+    np.testing.assert_allclose(np.asarray(g), np.clip(np.cos(X), -0.5, 0.5), rtol=RTOL)
+
+    bad = fa.custom_vjp(lambda f, x: f(x), nondiff_argnums=0)
+    bad.defvjp(lambda f, x: (f(x), x), lambda f, x, g: (g, g))  # one cotangent too many
+    with pytest.raises(TypeError, match=r"one cotangent per argument not in nondiff_argnums \(1\).*length 2"):
+        fa.grad(lambda a: fa.sum(bad(fa.sin, a)))(x)
+    with pytest.raises(ValueError, match="nondiff_argnums names argument 3.*2 argument"):
+        fa.custom_vjp(lambda f, x: f(x), nondiff_argnums=3).defvjp(lambda f, x: (f(x), x), None)(fa.sin, x)
+    with pytest.raises(TypeError, match="nondiff_argnums must be ints"):
+        fa.custom_vjp(lambda f, x: f(x), nondiff_argnums=("f",))

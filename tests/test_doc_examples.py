@@ -33,3 +33,12 @@ def test_torch_worked_example_trains_through_the_backend():
     for got, p in zip(grads, model.parameters()):
         torch.testing.assert_close(got, p.grad)
     torch.testing.assert_close(scope["out"], torch.exp(scope["y"]) * 2.0)
+
+
+def test_transforms_composition_example_agrees():
+    import numpy as np
+    code = _python_block("transforms.md", "## Composing transforms")
+    scope = {}
+    exec(compile(code, "docs/transforms.md", "exec"), scope)
+    np.testing.assert_allclose(np.asarray(scope["per_row_grads"]), np.asarray(scope["same"]), rtol=1e-6)
+    assert scope["per_row"].shape == (5,) and scope["hess"].shape == (4, 4)

@@ -91,14 +91,16 @@ def _fused_kernel(a, b, *extras, activation, has_bias, has_residual, out_dtype):
 
 def _fused_reference(a, b, *extras, activation, has_bias, has_residual, out_dtype):
     bias, residual = _fused_args(extras, has_bias, has_residual)
-    acc = torch.matmul(a.float(), b.float())
+    # float32 accumulation, as the kernel's; float64 operands keep float64 (the unfused matmul does)
+    acc_dtype = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+    acc = torch.matmul(a.to(acc_dtype), b.to(acc_dtype))
     if bias is not None:
-        acc = acc + bias.float()
+        acc = acc + bias.to(acc_dtype)
     if activation is not None:
         from ..primitives import ELEMENTWISE
         acc = ELEMENTWISE[activation].reference(acc)
     if residual is not None:
-        acc = acc + residual.float()
+        acc = acc + residual.to(acc_dtype)
     return acc.to(dt.dtype(out_dtype).torch)
 
 

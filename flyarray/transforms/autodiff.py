@@ -27,6 +27,7 @@ from .. import dtypes as dt
 from .. import tree_util as tu
 from .._array import Array
 from ..primitives import ELEMENTWISE
+from . import recording
 
 __all__ = ["vjp", "grad", "value_and_grad", "jvp", "stop_gradient", "custom_vjp", "custom_jvp"]
 
@@ -143,7 +144,8 @@ _depth = _Depth()  # how many transforms are recording their function on this th
 def _call(fn, nodes):
     _depth.value += 1
     try:
-        return list(fn(*[Array(n) for n in nodes]))
+        with recording.recording():  # a jitted fn is inlined (fa.jit reads this)
+            return list(fn(*[Array(n) for n in nodes]))
     finally:
         _depth.value -= 1
 
@@ -495,6 +497,14 @@ def _record_custom(owner, prim, args, out, residuals=None):
     return tu.tree_unflatten(out_tree, copies)
 
 
+class _InFwd(threading.local):
+    def __init__(self):
+        self.active = set()  # the custom_vjp functions whose fwd is running on this thread
+
+
+_in_fwd = _InFwd()
+
+
 class custom_vjp:
     """A function with a hand-written VJP (JAX's jax.custom_vjp)::
 
@@ -505,12 +515,20 @@ class custom_vjp:
         f.defvjp(f_fwd, f_bwd)
 
     Each call runs ``fwd`` (its residuals are lazy: unused ones never compute). Forward mode (fa.jvp)
-    through a custom_vjp function raises, as in JAX. ``nondiff_argnums`` is not supported.
+    through a custom_vjp function raises, as in JAX.
+
+    ``nondiff_argnums`` (JAX's): arguments that get no cotangent, e.g. a function or a config value;
+    ``fwd`` takes all the arguments, ``bwd(*nondiff_args, residuals, g)`` returns one cotangent per
+    *other* argument. Use it as ``@functools.partial(fa.custom_vjp, nondiff_argnums=(0,))``.
     """
 
-    def __init__(self, fun):
+    def __init__(self, fun, nondiff_argnums=()):
         functools.update_wrapper(self, fun)
         self.fun, self.fwd, self.bwd = fun, None, None
+        nums = (nondiff_argnums,) if isinstance(nondiff_argnums, int) else tuple(nondiff_argnums)
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in nums):
+            raise TypeError(f"custom_vjp: nondiff_argnums must be ints, got {nondiff_argnums!r}")
+        self.nondiff_argnums = nums
 
     def defvjp(self, fwd, bwd):
         self.fwd, self.bwd = fwd, bwd
@@ -519,17 +537,37 @@ class custom_vjp:
     def __call__(self, *args):
         if self.fwd is None:
             raise TypeError(f"custom_vjp {self.__name__}: no VJP defined; call {self.__name__}.defvjp(fwd, bwd)")
-        res = self.fwd(*args)
+        for i in self.nondiff_argnums:
+            if not -len(args) <= i < len(args):
+                raise ValueError(f"custom_vjp {self.__name__}: nondiff_argnums names argument {i}, but it was "
+                                 f"called with {len(args)} argument(s)")
+        if self in _in_fwd.active:
+            return self.fun(*args)  # fwd calling the function itself (JAX's idiom): bwd covers this call
+        _in_fwd.active.add(self)
+        try:
+            res = self.fwd(*args)
+        finally:
+            _in_fwd.active.discard(self)
         if not (isinstance(res, (tuple, list)) and len(res) == 2):
             raise TypeError(f"custom_vjp {self.__name__}: fwd must return (output, residuals)")
         return _record_custom(self, CUSTOM_VJP, args, res[0], res[1])
 
+    def _nondiff(self, n):
+        """The positions (of ``n`` arguments) that get no cotangent."""
+        return {i % n for i in self.nondiff_argnums}
+
     def _vjp(self, call, gs, e):
-        cts = self.bwd(call.residuals, tu.tree_unflatten(call.out_tree, gs))
-        if not isinstance(cts, (tuple, list)) or len(cts) != len(call.args):
-            raise TypeError(f"custom_vjp {self.__name__}: bwd must return a tuple with one cotangent per argument "
-                            f"({len(call.args)}), got {type(cts).__name__}"
+        nondiff = self._nondiff(len(call.args))
+        fixed = [call.args[i] for i in sorted(nondiff)]
+        cts = self.bwd(*fixed, call.residuals, tu.tree_unflatten(call.out_tree, gs))
+        want = len(call.args) - len(nondiff)
+        if not isinstance(cts, (tuple, list)) or len(cts) != want:
+            which = "argument" if not nondiff else "argument not in nondiff_argnums"
+            raise TypeError(f"custom_vjp {self.__name__}: bwd must return a tuple with one cotangent per {which} "
+                            f"({want}), got {type(cts).__name__}"
                             + (f" of length {len(cts)}" if isinstance(cts, (tuple, list)) else ""))
+        it = iter(cts)
+        cts = [None if i in nondiff else next(it) for i in range(len(call.args))]
         flat = []
         for arg, c in zip(call.args, cts):
             _, tree = tu.tree_flatten(arg)

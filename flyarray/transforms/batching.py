@@ -23,6 +23,7 @@ from .. import tree_util as tu
 from .._array import Array
 from ..expand import expand_composites
 from ..primitives import ELEMENTWISE
+from . import recording
 
 __all__ = ["vmap"]
 
@@ -107,8 +108,7 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
         if node.realized and node.kind not in ("source", "constant", "iota") and not node.inputs:
             raise ValueError(f"vmap: {node.prim.name} of shape {node.shape} was evaluated (printed, converted, "
                              "fa.eval'd) inside the function being vectorized, which drops its history; evaluate "
-                             "values only outside the transformed function (fa.jit evaluates: write "
-                             "fa.jit(fa.vmap(f)), not fa.vmap(fa.jit(f)))")
+                             "values only outside the transformed function")
         batched = [i.id in values for i in node.inputs]
         if not any(batched):
             continue
@@ -141,8 +141,10 @@ def _batch_custom(call, values, n):
     axes = tuple(tu.tree_unflatten(call.arg_tree, [0 if isinstance(x, Array) else None for x in call.arg_leaves]))
     owner = call.owner
     if isinstance(owner, custom_vjp):
-        batched = custom_vjp(vmap(owner.fun, in_axes=axes))
-        batched.defvjp(vmap(owner.fwd, in_axes=axes), vmap(owner.bwd))
+        nondiff = sorted(owner._nondiff(len(axes)))
+        batched = custom_vjp(vmap(owner.fun, in_axes=axes), nondiff_argnums=owner.nondiff_argnums)
+        bwd_axes = tuple(axes[i] for i in nondiff) + (0, 0)  # bwd(*nondiff args, residuals, g)
+        batched.defvjp(vmap(owner.fwd, in_axes=axes), vmap(owner.bwd, in_axes=bwd_axes))
     else:
         batched = custom_jvp(vmap(owner.fun, in_axes=axes))
         batched.defjvp(vmap(owner.rule, in_axes=(axes, axes)))
@@ -190,7 +192,8 @@ def vmap(fun, in_axes=0, out_axes=0):
             inner[i] = _stand_in(xb, n)
             values[inner[i]._node.id] = xb
         inner_args, inner_kwargs = tu.tree_unflatten(tree, inner)
-        out = fun(*inner_args, **inner_kwargs)
+        with recording.recording():  # a jitted fun is inlined (fa.jit reads this)
+            out = fun(*inner_args, **inner_kwargs)
         out_leaves, out_tree = tu.tree_flatten(out)
         out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
         expand_composites([o._node for o in out_leaves])  # fa.nn's composites batch through their primitives

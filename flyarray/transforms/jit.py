@@ -26,6 +26,7 @@ import torch
 
 from .. import graphs, ir, plan, runtime, tree_util
 from .._array import Array
+from . import recording
 
 
 def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
@@ -48,6 +49,8 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        if _inside_a_transform():
+            return fn(*args, **kwargs)  # inlined into the enclosing trace, as JAX does (see _inside_a_transform)
         tensors = []
         key = (_flatten_args(args, kwargs, static_argnums, static_argnames, tensors), runtime.backend_name())
         trace = cache.get(key)
@@ -60,6 +63,15 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
 
     wrapped.cache = cache
     return wrapped
+
+
+def _inside_a_transform() -> bool:
+    """Whether grad/vjp/jvp, vmap or an outer fa.jit is recording a function on this thread. A jitted
+    function called then must trace through: its cache key needs the arguments' buffers, and evaluating
+    a recorded value drops the history the transform needs (vmap's stand-ins, grad's inputs), while an
+    outer jit would bake the inner result in as a constant. The outer transform (or the outer jit's
+    plan) then covers the inner function, so nothing is lost by not caching it."""
+    return recording.depth.value > 0
 
 
 def _check_static_names(fn, static_argnums, static_argnames):
@@ -183,7 +195,8 @@ class _Trace:
         previous = getattr(plan._trace, "sources", None)
         plan._trace.sources = traced
         try:
-            out = fn(*call_args, **call_kwargs)
+            with recording.recording():
+                out = fn(*call_args, **call_kwargs)
         finally:
             plan._trace.sources = previous
         leaves, treedef = _flatten_outputs(out)
