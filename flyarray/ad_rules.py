@@ -617,8 +617,23 @@ def _sort_vjp(gs, e):
     return [F.take_along_axis(gv, inverse, axis=-1).astype(x.dtype, copy=False)]
 
 
-SCAN.vjp = _scan_vjp
-SORT.vjp = _sort_vjp
+def _scan_jvp(t, e):
+    """cumulative_sum is linear: its tangent is the cumulative sum of the input's tangent."""
+    kw = e.params["kwargs"]
+    if kw["op"] != "sum":
+        raise TypeError("cumulative_prod is not differentiable yet (its derivative divides by the inputs)")
+    (tx,), (x,) = t, e.x
+    return core_call(SCAN, [tx.astype(e.y[0].dtype, copy=False)], **kw)
+
+
+def _sort_jvp(t, e):
+    """values[j] = x[perm[j]]: the tangent is the input's tangent gathered by the same permutation."""
+    (tx,), perm = t, e.y[1]
+    return [F.take_along_axis(tx, perm, axis=-1).astype(e.y[0].dtype, copy=False), None]
+
+
+SCAN.vjp, SCAN.jvp = _scan_vjp, _scan_jvp
+SORT.vjp, SORT.jvp = _sort_vjp, _sort_jvp
 
 
 # ---- gather / scatter (ops/indexing.py; every index form reduces to these two) -------------------------------
