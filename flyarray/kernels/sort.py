@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
+from flyarray.kernels.top_k import order_key
 from flyarray.targets import KernelSpec
 
 # max_n: longest row one program sorts in registers (int64 words; longer rows: torch.sort).
@@ -56,13 +57,7 @@ def _sort_kernel(x_ptr, vals_ptr, idx_ptr, N, stride_x,
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0)
-    if IS_FLOAT:  # order-preserving int32 key; all NaNs on top, -0.0 folded onto +0.0
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        key = tl.where(key == -1, 0, key)
-        key = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FFFFFFF, key)
-    else:
-        key = x.to(tl.int32)
+    key = order_key(x, IS_FLOAT)  # order-preserving int32 key; all NaNs on top, -0.0 folded onto +0.0
     if DESC:
         key = ~key  # -key - 1: the exact reverse order, so ties stay in column order
     word = (key.to(tl.int64) << 32) | cols.to(tl.int64)

@@ -56,6 +56,21 @@ import triton.language as tl
 from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
+
+@triton.jit
+def order_key(x, IS_FLOAT: tl.constexpr):
+    """An int32 whose signed order is ``x``'s order (top_k and sort compare these): a float's bits with
+    the negative half flipped, -0.0 folded onto +0.0 and every NaN above +inf; integers as themselves."""
+    if IS_FLOAT:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        key = tl.where(key == -1, 0, key)
+        key = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FFFFFFF, key)
+    else:
+        key = x.to(tl.int32)
+    return key
+
+
 # chunk: elements of a wide row one program filters, at least chunk_per_kpad * kpad (large k).
 # group_size: elements per strided group in the lower bound (fewer groups = cheaper
 #   search, more candidates); groups are kept >= 4*kpad so the bound stays tight.
@@ -118,13 +133,7 @@ def _rows_topk_kernel(
         xf = tl.where(mask, x.to(tl.float32), float("-inf"))
         row_max = tl.reduce(xf, 1, _MAX, keep_dims=True)  # NaN-ignoring; a NaN still poisons the sum
         total = tl.reduce(tl.where(mask, tl.exp(xf - row_max), 0.0), 1, _ADD, keep_dims=True)
-    if IS_FLOAT:  # order-preserving int32 key; all NaNs on top, -0.0 folded onto +0.0
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        key = tl.where(key == -1, 0, key)
-        key = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FFFFFFF, key)
-    else:
-        key = x.to(tl.int32)
+    key = order_key(x, IS_FLOAT)  # order-preserving int32 key; all NaNs on top, -0.0 folded onto +0.0
     # Each round: the row's largest key, the lowest column holding it, knock that column out
     # (all 32-bit, cheaper than a max over packed 64-bit words). Padding and knocked-out
     # columns hold INT32_MIN, which no key of a float, int8, uint8 or int16 can be (int32
@@ -161,13 +170,7 @@ def _chunk_candidates_kernel(
     col = chunk * CHUNK + tl.arange(0, CHUNK)
     valid = col < N
     x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0, eviction_policy="evict_first")
-    if IS_FLOAT:  # order-preserving int32 key; all NaNs on top, -0.0 folded onto +0.0
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        key = tl.where(key == -1, 0, key)
-        key = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FFFFFFF, key)
-    else:
-        key = x.to(tl.int32)
+    key = order_key(x, IS_FLOAT)  # order-preserving int32 key; all NaNs on top, -0.0 folded onto +0.0
     # the same order as unsigned numbers, so a bitwise search can build the threshold from the top bit;
     # padding gets 0, below any threshold the search can produce (those always have a bit set)
     ukey = tl.where(valid, key.to(tl.uint32, bitcast=True) ^ 0x80000000, 0)
