@@ -23,6 +23,7 @@ from .ops import core
 from .ops.decompositions import DECOMPOSITIONS
 from .ops.indexing import GATHER, SCATTER
 from .ops.library import call
+from .collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, PPERMUTE, REDUCE_SCATTER
 from .ops.library_ops import ATTENTION, SOFTMAX, SOFTMAX_TOP_K, TOP_K
 from .ops.linalg import MATMUL
 from .ops.manipulation import CONCAT
@@ -141,6 +142,20 @@ def _attention(b):
     return [F.reshape(o, (n, B) + o.shape[1:]) for o in outs]
 
 
+def _collective(*axis_params):
+    """Collectives act on each rank's whole block: the batch axis rides along in front, and the axes they
+    gather, scatter or split along move one right."""
+    def rule(b):
+        kw = dict(_kwargs(b))
+        for name in axis_params:
+            kw[name] = kw[name] + 1
+        return call(b.node.prim, [b.x[0]], **kw)
+    return rule
+
+
+ALL_REDUCE.batch = PPERMUTE.batch = _collective()
+ALL_GATHER.batch = REDUCE_SCATTER.batch = _collective("axis")
+ALL_TO_ALL.batch = _collective("split_axis", "concat_axis")
 MATMUL.batch = _matmul
 TOP_K.batch = _leading
 SOFTMAX_TOP_K.batch = _leading

@@ -203,6 +203,29 @@ def check_shard_map_collectives():
     assert r in (0, 1)
 
 
+def check_vmap_of_collectives():
+    """vmap over the rows of each rank's block inside shard_map: the same as the collective on the
+    whole block (the batch axis rides along; gather/scatter/split axes move one right)."""
+    mesh = _mesh()
+    a = _randn(4, 6, seed=13)
+    s = fa.device_put(a, NamedSharding(mesh, P("x")))
+    an = np.asarray(a)
+    blocks = [an[:2], an[2:]]
+
+    def run(f, out_spec):
+        return fa.shard_map(fa.vmap(f), mesh, (P("x"),), out_spec)(s)
+    _close(run(lambda row: fa.lax.psum(row, "x"), P()), blocks[0] + blocks[1], what="vmap psum")
+    _close(run(lambda row: fa.lax.all_gather(row, "x"), P()), np.stack(blocks, 1), what="vmap all_gather")
+    y = run(lambda row: fa.lax.psum_scatter(row, "x", scatter_dimension=0, tiled=True), P(None, "x"))
+    _close(y, blocks[0] + blocks[1], what="vmap psum_scatter")
+    y = run(lambda row: fa.lax.ppermute(row, "x", [(0, 1), (1, 0)]), P("x"))
+    _close(y, np.concatenate([blocks[1], blocks[0]]), what="vmap ppermute")
+    y = run(lambda row: fa.lax.all_to_all(fa.reshape(row, (2, 3)), "x", 0, 1), P("x"))  # per row (2, 3) -> (1, 6)
+    per_rank = fa.shard_map(lambda b: fa.lax.all_to_all(fa.reshape(b, (2, 2, 3)), "x", 1, 2), mesh,
+                            (P("x"),), P("x"))(s)
+    _close(y, fa.device_get(per_rank), what="vmap all_to_all")
+
+
 def check_collective_fusion():
     """Elementwise work before and after a collective fuses into one kernel on each side."""
     mesh = _mesh()
