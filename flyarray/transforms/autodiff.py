@@ -355,37 +355,49 @@ def vjp(fun, *primals, has_aux=False):
     return (out, vjp_fn, flat.aux) if has_aux else (out, vjp_fn)
 
 
+def _argnums(argnums, n, where):
+    """(single, argument indices): ``argnums`` checked against the ``n`` positional arguments."""
+    single = isinstance(argnums, int) and not isinstance(argnums, bool)
+    nums = (argnums,) if single else argnums
+    if not isinstance(nums, (tuple, list)) or not nums \
+            or any(isinstance(i, bool) or not isinstance(i, int) for i in nums):
+        raise TypeError(f"{where}: argnums must be an int or a non-empty tuple of ints, got {argnums!r}")
+    for i in nums:
+        if not -n <= i < n:
+            raise ValueError(f"{where}: argnums {argnums} names argument {i}, but the function was called with "
+                             f"{n} positional argument(s)")
+    return single, [i % n for i in nums]
+
+
+def _prepare(fun, args, kwargs, argnums, where):
+    """(the function of the differentiated arguments alone, those arguments as a tuple of float-array
+    pytrees, single): the arguments ``argnums`` names, checked to be real-valued."""
+    single, idx = _argnums(argnums, len(args), where)
+    dyn = []
+    for i in idx:
+        leaves, tree = tu.tree_flatten(args[i])
+        leaves = [_as_array(x, where) for x in leaves]
+        for leaf in leaves:
+            if not _differentiable(leaf.dtype):
+                raise TypeError(f"{where} requires real-valued (floating-point) inputs, but argument {i} has a "
+                                f"leaf of dtype {leaf.dtype}; differentiate w.r.t. float arrays, or leave integer "
+                                "arguments out of argnums")
+        dyn.append(tu.tree_unflatten(tree, leaves))
+
+    def partial(*diffs):
+        full = list(args)
+        for i, d in zip(idx, diffs):
+            full[i] = d
+        return fun(*full, **kwargs)
+    return partial, tuple(dyn), single
+
+
 def value_and_grad(fun, argnums=0, has_aux=False):
     """``fun``'s value and its gradient w.r.t. the arguments ``argnums`` (an int or a tuple of ints);
     ``fun`` must return a float scalar (shape ()), or (scalar, aux) with ``has_aux``."""
-    single = isinstance(argnums, int)
-    nums = (argnums,) if single else tuple(argnums)
-
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
-        n = len(args)
-        for i in nums:
-            if not -n <= i < n:
-                raise ValueError(f"grad: argnums {argnums} names argument {i}, but the function was called with "
-                                 f"{n} positional argument(s)")
-        idx = [i % n for i in nums]
-        diff_args = []
-        for i in idx:
-            leaves, tree = tu.tree_flatten(args[i])
-            leaves = [_as_array(x, "grad") for x in leaves]
-            for leaf in leaves:
-                if not _differentiable(leaf.dtype):
-                    raise TypeError(f"grad requires real-valued (floating-point) inputs, but argument {i} has a leaf "
-                                    f"of dtype {leaf.dtype}; differentiate w.r.t. float arrays, or leave integer "
-                                    "arguments out of argnums")
-            diff_args.append(tu.tree_unflatten(tree, leaves))
-
-        def partial(*diffs):
-            full = list(args)
-            for i, d in zip(idx, diffs):
-                full[i] = d
-            return fun(*full, **kwargs)
-
+        partial, diff_args, single = _prepare(fun, args, kwargs, argnums, "grad")
         res = vjp(partial, *diff_args, has_aux=has_aux)
         out, pull = res[0], res[1]
         # An Array, or a registered wrapper of one (a replicated fa.sharding.ShardedArray holds its value here).

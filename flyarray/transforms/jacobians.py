@@ -15,46 +15,10 @@ from __future__ import annotations
 import functools
 
 from .. import tree_util as tu
-from .autodiff import _as_array, _differentiable, jvp, vjp
+from .autodiff import _differentiable, _prepare, jvp, vjp
 from .batching import vmap
 
 __all__ = ["hessian", "jacfwd", "jacrev", "linearize"]
-
-
-def _argnums(argnums, n, where):
-    """(single, argument indices): ``argnums`` checked against the ``n`` positional arguments."""
-    single = isinstance(argnums, int) and not isinstance(argnums, bool)
-    nums = (argnums,) if single else argnums
-    if not isinstance(nums, (tuple, list)) or not nums \
-            or any(isinstance(i, bool) or not isinstance(i, int) for i in nums):
-        raise TypeError(f"{where}: argnums must be an int or a non-empty tuple of ints, got {argnums!r}")
-    for i in nums:
-        if not -n <= i < n:
-            raise ValueError(f"{where}: argnums {argnums} names argument {i}, but the function was called with "
-                             f"{n} positional argument(s)")
-    return single, [i % n for i in nums]
-
-
-def _prepare(fun, args, kwargs, argnums, where):
-    """(the function of the differentiated arguments alone, those arguments as a tuple of float-array
-    pytrees, single): the arguments ``argnums`` names, checked to be real-valued."""
-    single, idx = _argnums(argnums, len(args), where)
-    dyn = []
-    for i in idx:
-        leaves, tree = tu.tree_flatten(args[i])
-        leaves = [_as_array(x, where) for x in leaves]
-        for leaf in leaves:
-            if not _differentiable(leaf.dtype):
-                raise TypeError(f"{where} requires real-valued (floating-point) inputs, but argument {i} has a "
-                                f"leaf of dtype {leaf.dtype}; leave integer arguments out of argnums")
-        dyn.append(tu.tree_unflatten(tree, leaves))
-
-    def partial(*diffs):
-        full = list(args)
-        for i, d in zip(idx, diffs):
-            full[i] = d
-        return fun(*full, **kwargs)
-    return partial, tuple(dyn), single
 
 
 def _offsets(leaves):
