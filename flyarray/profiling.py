@@ -12,8 +12,7 @@ block exits), on the CPU with a wall clock (the CPU backends run synchronously, 
 is the kernel's time plus its Python launch cost, and the table says so).
 
 The hook is ``recording``: a list that is empty when no profile is open, so ``Plan.run`` pays one
-truthiness test per evaluation (not per step) when not profiling. While ``plan.py`` does not call
-``run_steps`` itself, an open profile swaps ``Plan.run`` for a profiled one and puts it back on exit.
+truthiness test per evaluation (not per step) when not profiling.
 Profiles are process-wide (a launch from another thread inside the block is recorded too).
 """
 from __future__ import annotations
@@ -33,7 +32,6 @@ from .kernel_ir import Elementwise, Reduce
 
 recording: list = []  # the open profiles; mutated in place, never rebound (plan.py may hold a reference)
 _lock = threading.Lock()
-_original_run = None  # Plan.run while a profile has swapped it (plan.py without the hook)
 
 
 @dataclasses.dataclass
@@ -79,16 +77,12 @@ class Profile:
             raise RuntimeError("fa.profile: this profile is already open; make a new fa.profile() to nest")
         self._open = True
         with _lock:
-            if not recording:
-                _install()
             recording.append(self)
         return self
 
     def __exit__(self, *exc):
         with _lock:
             recording.remove(self)
-            if not recording:
-                _uninstall()
         self._open = False
         self._read_events()
         return False
@@ -203,33 +197,6 @@ def run_steps(plan, slots: list, scalars: list) -> None:
             seconds = time.perf_counter() - t0
             for prof in recording:
                 prof._add(description, slots, seconds)
-
-
-def _profiled_run(self, leaves: list, scalars: list) -> list:
-    """Plan.run (plan.py) with the profiled loop; installed only while a profile is open."""
-    if self.static_scalars:
-        scalars = scalars + self.static_scalars
-    slots = leaves + [None] * (self.n_slots - self.n_leaves)
-    run_steps(self, slots, scalars)
-    return slots
-
-
-def _install():
-    """Swap in the profiled Plan.run unless plan.py calls run_steps itself (the hook is applied)."""
-    global _original_run
-    from . import plan
-    if getattr(plan, "profiling", None) is not None:
-        return
-    _original_run = plan.Plan.run
-    plan.Plan.run = _profiled_run
-
-
-def _uninstall():
-    global _original_run
-    if _original_run is not None:
-        from . import plan
-        plan.Plan.run = _original_run
-        _original_run = None
 
 
 # ---- what a step is ---------------------------------------------------------------------------------
