@@ -354,13 +354,10 @@ class _Emitter:
         return LaunchSpec(key, source, args, constexprs, grid, warps, self.lay.M == 0)
 
     def kernel_name(self) -> str:
-        """What a profiler shows: ``fa_<shape of work>_<ops in order>``, e.g. ``fa_colsum_add_erf_exp_sum``.
+        """What a profiler shows: ``fa_<ew|rowred|colred>_<ops in order>``, e.g. ``fa_colred_add_erf_exp_sum``.
         Derived from the ops alone, so equal signatures still give the same source."""
         kind = "ew" if not self.rows else ("colred" if self.t else "rowred")
-        names = []
-        for op in self.k.ops:
-            if isinstance(op, (Elementwise, Reduce)) and op.prim not in names:
-                names.append(op.prim)
+        names = self.k.op_names()
         shown = names[:NAME_OPS] + ([f"and{len(names) - NAME_OPS}"] if len(names) > NAME_OPS else [])
         return "_".join(["fa", kind] + [re.sub(r"\W", "", n) for n in shown])
 

@@ -76,3 +76,11 @@ class Kernel:
     @property
     def keep_shape(self) -> tuple:
         return tuple(1 if i in self.axes else s for i, s in enumerate(self.full_shape))
+
+    def op_names(self) -> list:
+        """The primitives it computes, each once, in order: what its name and profiler label show."""
+        names = []
+        for op in self.ops:
+            if isinstance(op, (Elementwise, Reduce)) and op.prim not in names:
+                names.append(op.prim)
+        return names

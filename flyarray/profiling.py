@@ -28,7 +28,6 @@ import torch.autograd.profiler as _torch_profiler
 from torch.profiler import record_function
 
 from . import tables
-from .kernel_ir import Elementwise, Reduce
 
 recording: list = []  # the open profiles; mutated in place, never rebound (plan.py may hold a reference)
 _lock = threading.Lock()
@@ -352,11 +351,7 @@ def run_labelled(plan, slots: list, scalars: list) -> None:
 
 
 def kernel_label(kernel) -> str:
-    names = []
-    for op in kernel.ops:
-        if isinstance(op, (Elementwise, Reduce)) and op.prim not in names:
-            names.append(op.prim)
-    return f"fa::fused({','.join(names)})"
+    return f"fa::fused({','.join(kernel.op_names())})"
 
 
 def library_label(name: str, kwargs: dict) -> str:
