@@ -215,45 +215,26 @@ _SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")  # associative; arg-re
 
 
 def _split_full_reduction(name, node, axes, out_dtype):
-    """A reduction of a whole big array as two reductions: over rows of a (S, N/S) view, then over
-    the S partial results. One row kernel over one row would run as one program (one SM); S rows
-    spread it over the GPU. Partials of float16/bfloat16 are kept in float32."""
+    """A reduction of a whole big array as two reductions: over rows, then over the partial results.
+    One row kernel over one row would run as one program (one SM); many rows spread it over the GPU.
+    The rows are the array's own trailing axes when they make rows of >= 1024 elements and there are
+    128..65536 of them: no reshape, so any layout (views, broadcast operands such as a bias) fuses
+    into the partial kernel instead of being copied out flat first; else rows of a (S, N/S) view."""
     n = math.prod(node.shape)
-    if name not in _SPLITTABLE or len(axes) != len(node.shape) or n < SPLIT_MIN:
+    if not _splits(name, node) or len(axes) != len(node.shape) or n < SPLIT_MIN:
         return None
-    if node.device.type == "cpu" and not SPLIT_ON_CPU:
-        return None
-    partial_dtype = dt.float32 if out_dtype in (dt.float16, dt.bfloat16) else out_dtype
-    by_rows = _split_by_own_rows(name, node, partial_dtype)
-    if by_rows is not None:
-        return cast_node(by_rows, out_dtype)
-    if node.kind == "view" or (node.buffer is not None and not ir.buffer_view(node).is_contiguous()):
-        return None  # flattening it would need a copy first
-    rows = _split_factor(n)
-    if rows is None:
-        return None
-    flat = ir.view(node, (("reshape", (rows, n // rows)),), (rows, n // rows))
-    partial = ir.Node(REDUCE[name], (cast_node(flat, partial_dtype) if name not in ("any", "all") else flat,),
-                      (1,), (rows, 1), partial_dtype, node.device)
-    total = ir.Node(REDUCE[name], (partial,), (0, 1), (1, 1), partial_dtype, node.device)
-    return cast_node(total, out_dtype)
-
-
-def _split_by_own_rows(name, node, partial_dtype):
-    """The first stage over the array's own trailing axes, when they make rows of >= 1024 elements
-    and there are 128..65536 such rows: no reshape, so any layout (views, broadcast operands
-    such as a bias) fuses into the partial kernel instead of being copied out flat first."""
     ndim = len(node.shape)
     for k in range(ndim - 1, 0, -1):
         rows, length = math.prod(node.shape[:k]), math.prod(node.shape[k:])
         if length >= 1024:
-            if not 128 <= rows <= 65536:
-                return None
-            source = cast_node(node, partial_dtype) if name not in ("any", "all") else node
-            keep = node.shape[:k] + (1,) * (ndim - k)
-            partial = ir.Node(REDUCE[name], (source,), tuple(range(k, ndim)), keep, partial_dtype, node.device)
-            return ir.Node(REDUCE[name], (partial,), tuple(range(ndim)), (1,) * ndim, partial_dtype, node.device)
-    return None
+            if 128 <= rows <= 65536:
+                return _two_stages(name, node, tuple(range(k, ndim)), tuple(range(ndim)), out_dtype)
+            break
+    rows = _split_factor(n)
+    if _needs_a_copy_to_reshape(node) or rows is None:
+        return None
+    flat = ir.view(node, (("reshape", (rows, n // rows)),), (rows, n // rows))
+    return _two_stages(name, flat, (1,), (0, 1), out_dtype)
 
 
 COLUMN_PROGRAMS = 1024  # a column reduction launching fewer programs than this is split (GPU)
@@ -264,25 +245,42 @@ def _split_column_reduction(name, node, axes, out_dtype):
     """A reduction over leading axes (a column sum of a tall matrix: a bias gradient) as two: over
     chunks of the reduced rows, then over the chunk partials. Its kernel parallelizes over strips
     of kept columns only; 4096 columns are 128 programs, too few to fill a GPU, each walking all
-    8192 rows. Chunks multiply the programs. Partials of float16/bfloat16 are kept in float32."""
-    if name not in _SPLITTABLE or axes != tuple(range(len(axes))) or len(axes) == len(node.shape):
+    8192 rows. Chunks multiply the programs."""
+    if not _splits(name, node) or axes != tuple(range(len(axes))) or len(axes) == len(node.shape):
         return None
-    if node.device.type == "cpu" and not SPLIT_ON_CPU:
+    if _needs_a_copy_to_reshape(node):  # folding the reduced axes into one
         return None
-    if node.kind == "view" or (node.buffer is not None and not ir.buffer_view(node).is_contiguous()):
-        return None  # folding the reduced axes into one would need a copy first
     rows = math.prod(node.shape[:len(axes)])
     kept = node.shape[len(axes):]
     chunks = _column_chunks(rows, -(-math.prod(kept) // _COLUMN_STRIP))
     if chunks is None:
         return None
     shape = (chunks, rows // chunks, *kept)
-    chunked = ir.view(node, (("reshape", shape),), shape)
+    return _two_stages(name, ir.view(node, (("reshape", shape),), shape), (1,), (0, 1), out_dtype)
+
+
+def _splits(name, node) -> bool:
+    """Whether a reduction may run in two stages: associative, and on a GPU (CPU backends gain nothing)."""
+    return name in _SPLITTABLE and (node.device.type != "cpu" or SPLIT_ON_CPU)
+
+
+def _needs_a_copy_to_reshape(node) -> bool:
+    return node.kind == "view" or (node.buffer is not None and not ir.buffer_view(node).is_contiguous())
+
+
+def _two_stages(name, source, first, second, out_dtype):
+    """``name`` over axes ``first`` of ``source``, then over axes ``second`` of those partials, cast to
+    ``out_dtype``. Partials of float16/bfloat16 are kept in float32."""
     partial_dtype = dt.float32 if out_dtype in (dt.float16, dt.bfloat16) else out_dtype
-    source = cast_node(chunked, partial_dtype) if name not in ("any", "all") else chunked
-    partial = ir.Node(REDUCE[name], (source,), (1,), (chunks, 1, *kept), partial_dtype, node.device)
-    total = ir.Node(REDUCE[name], (partial,), (0, 1), (1, 1, *kept), partial_dtype, node.device)
+    if name not in ("any", "all"):
+        source = cast_node(source, partial_dtype)
+    partial = ir.Node(REDUCE[name], (source,), first, _kept(source.shape, first), partial_dtype, source.device)
+    total = ir.Node(REDUCE[name], (partial,), second, _kept(partial.shape, second), partial_dtype, source.device)
     return cast_node(total, out_dtype)
+
+
+def _kept(shape, axes) -> tuple:
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
 
 
 def _column_chunks(rows: int, programs: int):
