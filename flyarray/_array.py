@@ -8,11 +8,11 @@ Nothing computes when an op is recorded. Evaluation is triggered only by
 """
 from __future__ import annotations
 
-import inspect
 
 import numpy as np
 import torch
 
+from . import dlpack as _dlpack
 from . import dtypes as _dt
 from .ir import Node
 
@@ -147,15 +147,13 @@ class Array:
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         buffer = self._node.buffer
         if buffer is not None and dl_device is None and copy is None:  # the buffer's own capsule, no copy
-            if max_version is None or not _TORCH_MAX_VERSION:
-                return buffer.__dlpack__(stream=stream)
-            return buffer.__dlpack__(stream=stream, max_version=max_version)
+            return _dlpack.buffer_capsule(buffer, stream, max_version)
         from .dlpack import export_dlpack
         return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self):
         buffer = self._node.buffer
-        return (buffer if buffer is not None else self._tensor()).__dlpack_device__()
+        return _dlpack.dlpack_device(buffer if buffer is not None else self._tensor())
 
     def item(self):
         """The value of a one-element array as a Python scalar (bool, int or float); evaluates."""
@@ -275,7 +273,6 @@ class Array:
 _OPS = None
 _PLAN = None
 _INDEXING = None
-_TORCH_MAX_VERSION = "max_version" in inspect.signature(torch.Tensor.__dlpack__).parameters  # torch >= 2.6
 
 
 def _plan():

@@ -35,6 +35,9 @@ TUNING = {
     "loop_block_n": 4096,  # chunk of a row too long for one block
     "reduce_block_n": None,  # pure reductions loop over chunks of this width instead of one pass (None: off)
     "row_warps": None,  # None: from the tile size
+    "col_block_m": COLUMN_TILE // 2,  # column-major row kernels: kept columns per program (contiguous)
+    "col_block_n": COLUMN_TILE * 2,  # ... and reduced rows per loop step
+    "col_warps": 4,
 }
 
 
@@ -379,8 +382,8 @@ class _Emitter:
             return {"BLOCK": block}, (max(1, -(-lay.M // block)),), warps
         n = max(lay.N, 1)
         if self.t:  # column-major: a narrow kept strip (more programs), a deeper reduced chunk
-            block_m, block_n = COLUMN_TILE // 2, COLUMN_TILE * 2
-            return {"BLOCK_M": block_m, "BLOCK_N": block_n}, (max(1, -(-lay.M // block_m)),), 4
+            block_m, block_n = TUNING["col_block_m"], TUNING["col_block_n"]
+            return {"BLOCK_M": block_m, "BLOCK_N": block_n}, (max(1, -(-lay.M // block_m)),), TUNING["col_warps"]
         if self.one_pass:
             block_n = max(16, 1 << (n - 1).bit_length())
         elif self.pure_reduce and TUNING["reduce_block_n"]:

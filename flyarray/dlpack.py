@@ -1,9 +1,71 @@
 """DLPack out: a realized array's buffer is a torch tensor, so its capsule is the tensor's.
 
 The stream handshake is torch's: the consumer passes the stream it will use,
-and torch makes that stream wait on ours before handing the capsule over.
+and torch makes that stream wait on ours before handing the capsule over. When
+the consumer's stream *is* the current one (what ``torch.from_dlpack`` passes) there
+is nothing to wait for, and the capsule is made by torch's C function directly:
+``Tensor.__dlpack__`` builds stream objects in Python on every call (several
+microseconds on a GPU host), which a user pays on every result they take out.
 """
 from __future__ import annotations
+
+import torch
+
+_HIP = torch.version.hip is not None
+_LEGACY_DEFAULT = 0 if _HIP else 1  # the consumer's name for the default stream (torch/utils/dlpack.py)
+_TO_VERSIONED = getattr(torch._C, "_to_dlpack_versioned", None)
+_TO_UNVERSIONED = getattr(torch._C, "_to_dlpack", None)
+_DEVICES: dict = {}  # torch.device -> torch's (DLDeviceType, index)
+
+
+def dlpack_device(tensor: torch.Tensor):
+    """``tensor.__dlpack_device__()``, computed once per device."""
+    device = tensor.device
+    found = _DEVICES.get(device)
+    if found is None:
+        found = _DEVICES[device] = tensor.__dlpack_device__()
+    return found
+
+
+def buffer_capsule(buffer: torch.Tensor, stream, max_version):
+    """The capsule of a realized buffer for a consumer on ``stream``: made directly when no stream
+    handshake is needed, else by torch's ``__dlpack__`` (which also raises for what it refuses)."""
+    if _direct(buffer, stream):
+        if max_version is not None and max_version[0] >= 1 and _TO_VERSIONED is not None:
+            return _TO_VERSIONED(buffer)
+        if max_version is None and _TO_UNVERSIONED is not None:
+            return _TO_UNVERSIONED(buffer)
+    if max_version is None or not _TORCH_MAX_VERSION:
+        return buffer.__dlpack__(stream=stream)
+    return buffer.__dlpack__(stream=stream, max_version=max_version)
+
+
+def _direct(buffer, stream) -> bool:
+    """Whether torch's ``__dlpack__`` would do nothing but make the capsule: a plain tensor (no grad,
+    no conjugate or negative bit) on the CPU, or on the current GPU with the consumer's stream being
+    the current stream (or -1: no synchronization asked)."""
+    if buffer.requires_grad or buffer.is_conj() or buffer.is_neg() or buffer.layout is not torch.strided:
+        return False
+    if not buffer.is_cuda:
+        return buffer.device.type == "cpu" and (stream is None or stream == -1)
+    if type(stream) is not int and stream is not None:
+        return False
+    index = buffer.device.index
+    if index != torch._C._cuda_getDevice():
+        return False
+    if stream == -1:
+        return True
+    if stream is None or stream == _LEGACY_DEFAULT:
+        return torch._C._cuda_getCurrentRawStream(index) == 0
+    return stream not in (0, 1, 2) and torch._C._cuda_getCurrentRawStream(index) == stream
+
+
+def _torch_takes_max_version() -> bool:
+    import inspect
+    return "max_version" in inspect.signature(torch.Tensor.__dlpack__).parameters  # torch >= 2.6
+
+
+_TORCH_MAX_VERSION = _torch_takes_max_version()
 
 
 def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=None):

@@ -115,6 +115,40 @@ def test_dlpack_protocol_arguments(backend):
     assert copied.data_ptr() != torch.from_dlpack(x).data_ptr()
 
 
+def test_capsules_of_a_realized_array_are_its_buffer_in_every_protocol_form(backend):
+    x = (fa.asarray(torch.arange(6.0)) * 2).block_until_ready()
+    buffer = x.torch()
+    for kwargs in ({}, {"stream": None}, {"stream": -1}, {"max_version": (1, 0)}, {"max_version": (0, 8)}):
+        out = torch.from_dlpack(x.__dlpack__(**kwargs))
+        assert out.data_ptr() == buffer.data_ptr() and torch.equal(out, torch.arange(6.0) * 2), kwargs
+    assert x.__dlpack_device__() == buffer.__dlpack_device__()
+
+
+def test_capsule_refusals_are_torchs(backend):
+    """What torch's own __dlpack__ refuses (a stream on the CPU, a stream that is not an int) is refused
+    the same way for an array holding that buffer."""
+    x = (fa.asarray(torch.arange(3.0)) + 1).block_until_ready()
+    with pytest.raises(AssertionError, match="stream"):
+        x.__dlpack__(stream=5)
+    with pytest.raises(TypeError, match="stream"):
+        x.__dlpack__(stream="s")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_capsules_for_the_current_and_for_another_stream():
+    x = (fa.asarray(torch.arange(1 << 20, dtype=torch.float32, device="cuda")) * 2).block_until_ready()
+    want = torch.arange(1 << 20, dtype=torch.float32, device="cuda") * 2
+    assert torch.from_dlpack(x).data_ptr() == x.torch().data_ptr()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # the consumer's stream is current: the direct capsule
+        y = fa.asarray(want) + 1
+        out = torch.from_dlpack(y)
+        assert torch.equal(out, want + 1)
+    other = torch.from_dlpack(y.__dlpack__(stream=torch.cuda.Stream().cuda_stream))  # torch's handshake
+    torch.cuda.synchronize()
+    assert torch.equal(other, want + 1)
+
+
 def test_torch_writes_through_the_shared_buffer(backend):
     t = torch.zeros(3)
     x = fa.asarray(t)
