@@ -398,9 +398,10 @@ def _attention_formulation(q, k, v, *extras, scale, is_causal, has_bias, has_mas
     m = stop_gradient(F.where(F.isfinite(m), m, 0.0))  # a shift: softmax does not depend on it
     p = F.exp(s - m)
     denom = F.sum(p, axis=-1, keepdims=True)
+    lse = F.reshape(F.log(denom) + m, (B, Hq, Sq))  # log(0) = -inf: a row that sees no key
     p = p / F.where(denom == 0, 1.0, denom)
     out = F.matmul(p, heads(v))
-    return [F.permute_dims(out, (0, 2, 1, 3)).astype(q.dtype, copy=False)]
+    return [F.permute_dims(out, (0, 2, 1, 3)).astype(q.dtype, copy=False), lse]
 
 
 def _gather_last(x, idx):
@@ -448,14 +449,16 @@ def _group_onehot(group_sizes, m, d):
     return ((r >= F.reshape(starts, (1, g))) & (r < F.reshape(ends, (1, g)))).astype(d)
 
 
-def _attention_bwd_formulation(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
-    """attention_bwd written on primitives (the VJP of the attention formulation at ``do``): what second
-    derivatives through the attention kernel differentiate."""
+def _attention_bwd_formulation(q, k, v, *rest, scale, is_causal, has_bias, has_mask, has_dlse):
+    """attention_bwd written on primitives (the VJP of the attention formulation at ``do`` and ``dlse``):
+    what second derivatives through the attention kernel differentiate. It recomputes from q, k, v, so
+    the forward's out and lse (the kernel's residuals) enter with no derivative of their own."""
     from .transforms.autodiff import vjp_flat
-    *extras, do = rest
+    bias, mask, _, _, do, dlse = _split(rest, has_bias, has_mask, has_dlse)
+    extras = [t for t in (bias, mask) if t is not None]
     kw = {"scale": scale, "is_causal": is_causal, "has_bias": has_bias, "has_mask": has_mask}
     _, pull = vjp_flat(lambda a, b, c: _attention_formulation(a, b, c, *extras, **kw), [q, k, v], [True] * 3)
-    return pull([do])
+    return pull([do, dlse])
 
 
 def _softmax_bwd_formulation(dy, y, *, axis, log):
@@ -482,37 +485,32 @@ FORMULATIONS = {
 
 
 # attention: the backward kernels of kernels/attention.py, recorded as one library node (dq, dk, dv).
-# The kernel recomputes the forward for its log-sum-exp (the forward node keeps only the output).
-def _attention_bwd_abstract(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
+# Inputs: q, k, v, [bias], [mask], the forward's out and lse (its residuals: no second forward pass),
+# the output cotangent, and [the lse cotangent] (it folds into the kernel's row term, see attention_bwd).
+def _attention_bwd_abstract(q, k, v, *rest, scale, is_causal, has_bias, has_mask, has_dlse):
     return [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
 
 
-def _split(rest, has_bias, has_mask):
+def _split(rest, has_bias, has_mask, has_dlse):
+    """(bias, mask, out, lse, do, dlse) from attention_bwd's inputs after q, k, v (None where absent)."""
     it = iter(rest)
     bias = next(it) if has_bias else None
     mask = next(it) if has_mask else None
-    return bias, mask, next(it)
+    out, lse, do = next(it), next(it), next(it)
+    return bias, mask, out, lse, do, next(it) if has_dlse else None
 
 
-def _attention_bwd_kernel(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
+def _attention_bwd_kernel(q, k, v, *rest, scale, is_causal, has_bias, has_mask, has_dlse):
     from .kernels import attention
-    bias, mask, do = _split(rest, has_bias, has_mask)
-    out, lse = attention.attention_fwd(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
+    bias, mask, out, lse, do, dlse = _split(rest, has_bias, has_mask, has_dlse)
     return attention.attention_bwd(do.contiguous(), q, k, v, out, lse, bias=bias, mask=mask, scale=scale,
-                                   is_causal=is_causal)
+                                   is_causal=is_causal, dlse=dlse)
 
 
-def _attention_bwd_reference(q, k, v, *rest, scale, is_causal, has_bias, has_mask):
-    import torch
-
+def _attention_bwd_reference(q, k, v, *rest, scale, is_causal, has_bias, has_mask, has_dlse):
     from .kernels import attention
-    bias, mask, do = _split(rest, has_bias, has_mask)
-    # torch.func.vjp, not torch.autograd.grad: this also runs below torch's autograd dispatch (inside a
-    # custom op's backward, flyarray.interop.torch_ops), where enable_grad cannot record a graph.
-    _, pull = torch.func.vjp(lambda *qkv: attention.reference_attention(*qkv, bias, mask, scale=scale,
-                                                                        is_causal=is_causal),
-                             *[t.detach().double() for t in (q, k, v)])
-    grads = pull(do.double())
+    bias, mask, _, _, do, dlse = _split(rest, has_bias, has_mask, has_dlse)
+    grads = attention.reference_attention_bwd(do, q, k, v, bias, mask, scale=scale, is_causal=is_causal, dlse=dlse)
     return [gr.to(t.dtype) for gr, t in zip(grads, (q, k, v))]
 
 
@@ -523,9 +521,13 @@ def _attention_vjp(gs, e):
     kw = e.params["kwargs"]
     if kw["has_bias"] and e.active[3]:
         return None  # the kernel has no bias gradient: differentiate the formulation instead
-    q, k, v = e.x[:3]
-    (g,) = gs
-    dq, dk, dv = core_call(ATTENTION_BWD, [*e.x, g.astype(q.dtype, copy=False)], **kw)
+    q = e.x[0]
+    g, glse = gs
+    if g is None:
+        return None  # only the log-sum-exp has a cotangent: the formulation handles that
+    out, lse = e.y
+    inputs = [*e.x, out, lse, g.astype(q.dtype, copy=False)] + ([glse] if glse is not None else [])
+    dq, dk, dv = core_call(ATTENTION_BWD, inputs, **kw, has_dlse=glse is not None)
     return [dq, dk, dv] + [None] * (len(e.x) - 3)
 
 
@@ -561,6 +563,8 @@ def _softmax_vjp(gs, e):
 def _top_k_vjp(gs, e):
     """values' cotangent goes back to the chosen positions (a masked sum: no scatter primitive)."""
     (x,), (gv, _) = e.x, gs
+    if gv is None:  # only the (integer) indices were used
+        return [None]
     idx = e.y[1]
     n = x.shape[-1]
     hit = F.expand_dims(idx, -1) == F.arange(n, dtype=idx.dtype, device=idx.device)  # (..., k, n)
@@ -613,6 +617,8 @@ def _scan_vjp(gs, e):
 def _sort_vjp(gs, e):
     """values[j] = x[perm[j]]: x's cotangent is values' cotangent put back through the inverse permutation."""
     (gv, _), (x,) = gs, e.x
+    if gv is None:  # only the (integer) permutation was used
+        return [None]
     inverse = F.argsort(e.y[1], axis=-1)
     return [F.take_along_axis(gv, inverse, axis=-1).astype(x.dtype, copy=False)]
 

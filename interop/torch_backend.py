@@ -132,6 +132,21 @@ def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     return fa.ragged_dot(a, b, offs - starts)
 
 
+def _attention_forward(q, k, v, bias, mask, scale, is_causal):
+    from flyarray.ops.library import call
+    from flyarray.ops.library_ops import ATTENTION
+    return tuple(call(ATTENTION, [q, k, v, *[t for t in (bias, mask) if t is not None]],
+                      **torch_ops._attention_kwargs(bias, mask, scale, is_causal)))
+
+
+def _attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal):
+    from flyarray.ad_rules import ATTENTION_BWD
+    from flyarray.ops.library import call
+    tail = [out, lse, do.astype(q.dtype, copy=False)] + ([dlse] if dlse is not None else [])
+    return tuple(call(ATTENTION_BWD, [q, k, v, *[t for t in (bias, mask) if t is not None], *tail],
+                      **torch_ops._attention_kwargs(bias, mask, scale, is_causal), has_dlse=dlse is not None))
+
+
 def _cat(tensors, dim=0):
     return fa.concat(list(tensors), axis=dim)
 
@@ -176,7 +191,9 @@ _FAMILY_OPS = {
                    a, b, bias, res, activation=act, out_dtype=None if out is None else dt.from_torch(out)),
                torch.ops.flyarray.ragged_dot.default: fa.ragged_dot, aten._grouped_mm.default: _grouped_mm},
     "attention": {torch.ops.flyarray.dot_product_attention.default: lambda q, k, v, b, m, scale, causal:
-                  fa.nn.dot_product_attention(q, k, v, b, m, scale=scale, is_causal=causal)},
+                  fa.nn.dot_product_attention(q, k, v, b, m, scale=scale, is_causal=causal),
+                  torch.ops.flyarray.attention_forward.default: _attention_forward,
+                  torch.ops.flyarray.attention_backward.default: _attention_backward},
     "norm": {aten.native_layer_norm.default: _layer_norm,
              torch.ops.flyarray.rms_norm.default: lambda x, w, eps: fa.nn.rms_norm(x, w, eps),
              torch.ops.flyarray.add_rms_norm.default: lambda x, r, w, eps: fa.nn.rms_norm(x, w, eps, residual=r)},
@@ -475,9 +492,10 @@ class CompiledGraph:
 
 # ---- the Dynamo-level pre-pass: library calls torch would decompose become our custom ops ------------------
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """F.scaled_dot_product_attention (B, H, S, D) through flyarray::dot_product_attention (B, S, H, D)."""
-    out = torch.ops.flyarray.dot_product_attention(query.transpose(1, 2), key.transpose(1, 2),
-                                                   value.transpose(1, 2), None, None, scale, is_causal)
+    """F.scaled_dot_product_attention (B, H, S, D) through flyarray::attention_forward (B, S, H, D), whose
+    backward reads the forward's (out, lse) instead of recomputing them."""
+    out, _ = torch.ops.flyarray.attention_forward(query.transpose(1, 2), key.transpose(1, 2),
+                                                  value.transpose(1, 2), None, None, scale, is_causal)
     return out.transpose(1, 2)
 
 

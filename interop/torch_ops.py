@@ -163,7 +163,7 @@ def _check_attention(q, k, v, bias, mask, scale, is_causal):
     from flyarray.ops.library_ops import _attention_abstract
     avals = _avals("dot_product_attention", query=q, key=k, value=v, bias=bias, mask=mask)
     checks.check_number("dot_product_attention", "scale", scale, optional=True)
-    ((shape, dtype),) = _attention_abstract(*[a for a in avals if a is not None], scale=scale,
+    (shape, dtype), _lse = _attention_abstract(*[a for a in avals if a is not None], scale=scale,
                                             is_causal=is_causal, has_bias=bias is not None,
                                             has_mask=mask is not None)
     return shape, dtype
@@ -183,6 +183,97 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor
 def _(q, k, v, bias, mask, scale, is_causal):
     shape, dtype = _check_attention(q, k, v, bias, mask, scale, is_causal)
     return _empty(shape, dtype, q)
+
+
+# ---- attention as a forward/backward pair: the backward reads the forward's residuals ---------------------
+# flyarray::dot_product_attention's derivative goes through flyarray::vjp, which has only q, k, v and so runs
+# the forward again for its log-sum-exp. These two keep (out, lse) between the passes, as torch's own SDPA
+# does: the torch.compile backend routes SDPA through them.
+def _attention_kwargs(bias, mask, scale, is_causal):
+    return dict(scale=scale, is_causal=bool(is_causal), has_bias=bias is not None, has_mask=mask is not None)
+
+
+@torch.library.custom_op("flyarray::attention_forward", mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], mask: Optional[Tensor],
+                      scale: Optional[float], is_causal: bool) -> tuple[Tensor, Tensor]:
+    """dot_product_attention's output and each query row's log-sum-exp ((batch, heads, q_len) float32,
+    natural log): what flyarray::attention_backward reads."""
+    from flyarray.ops.library import call
+    from flyarray.ops.library_ops import ATTENTION
+    _check_attention(q, k, v, bias, mask, scale, is_causal)
+    extras = [fa.asarray(t) for t in (bias, mask) if t is not None]
+    out, lse = call(ATTENTION, [fa.asarray(q), fa.asarray(k), fa.asarray(v), *extras],
+                    **_attention_kwargs(bias, mask, scale, is_causal))
+    inputs = (q, k, v, bias, mask)
+    return _out(out, inputs), _out(lse, inputs)
+
+
+@attention_forward.register_fake
+def _(q, k, v, bias, mask, scale, is_causal):
+    shape, dtype = _check_attention(q, k, v, bias, mask, scale, is_causal)
+    return _empty(shape, dtype, q), _empty((shape[0], shape[2], shape[1]), dt.float32, q)
+
+
+def _check_attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal):
+    shape, dtype = _check_attention(q, k, v, bias, mask, scale, is_causal)
+    rows = (shape[0], shape[2], shape[1])
+    for name, t, want, want_dtype in (("grad_out", do, shape, dtype), ("out", out, shape, dtype),
+                                      ("lse", lse, rows, dt.float32), ("grad_lse", dlse, rows, dt.float32)):
+        if t is None and name == "grad_lse":
+            continue
+        aval = checks.aval("attention_backward", name, t)
+        if tuple(aval.shape) != tuple(want) or aval.dtype != want_dtype:
+            raise ValueError(f"flyarray::attention_backward: {name} must be {tuple(want)} {want_dtype}, "
+                             f"got {tuple(aval.shape)} {aval.dtype}")
+        checks.same_device("attention_backward", query=checks.aval("attention_backward", "query", q), **{name: aval})
+
+
+@torch.library.custom_op("flyarray::attention_backward", mutates_args=())
+def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                       dlse: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor],
+                       scale: Optional[float], is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of attention_forward at the output cotangent ``do`` (and ``dlse`` for the
+    log-sum-exp, or None), from the forward's own (out, lse): no second forward pass."""
+    from flyarray.ad_rules import ATTENTION_BWD
+    from flyarray.ops.library import call
+    _check_attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal)
+    extras = [fa.asarray(t) for t in (bias, mask) if t is not None]
+    tail = [fa.asarray(out), fa.asarray(lse), fa.asarray(do)] + ([fa.asarray(dlse)] if dlse is not None else [])
+    grads = call(ATTENTION_BWD, [fa.asarray(q), fa.asarray(k), fa.asarray(v), *extras, *tail],
+                 **_attention_kwargs(bias, mask, scale, is_causal), has_dlse=dlse is not None)
+    inputs = (do, q, k, v, out, lse, dlse, bias, mask)
+    return tuple(_out(g, inputs) for g in grads)
+
+
+@attention_backward.register_fake
+def _(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal):
+    _check_attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attention_forward_context(ctx, inputs, output):
+    q, k, v, bias, mask, scale, is_causal = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], bias, mask)
+    ctx.scale, ctx.is_causal = scale, is_causal
+    # lse is a residual, not a result to differentiate: no tangent for it (AOTAutograd would otherwise
+    # fill one with zeros for every step); attention_backward still takes a dlse from direct callers
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _attention_forward_backward(ctx, dout, dlse):
+    q, k, v, out, lse, bias, mask = ctx.saved_tensors
+    if ctx.needs_input_grad[3]:
+        raise NotImplementedError("flyarray::attention_forward: no gradient w.r.t. bias here; "
+                                  "flyarray::dot_product_attention has one")
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.flyarray.attention_backward(dout, q, k, v, out, lse, dlse, bias, mask, ctx.scale,
+                                                       ctx.is_causal)
+    return dq, dk, dv, None, None, None, None
+
+
+attention_forward.register_autograd(_attention_forward_backward, setup_context=_attention_forward_context)
 
 
 # ---- matmul with its epilogue -----------------------------------------------------------------------------
@@ -389,5 +480,5 @@ _register_autograd(matmul, "matmul", 4, ("activation", "out_dtype"), {0, 1, 2, 3
 _register_autograd(ragged_dot, "ragged_dot", 3, (), {0, 1})
 _register_autograd(top_k, "top_k", 1, ("k",), {0})
 
-OPS = ("rms_norm", "add_rms_norm", "softmax", "dot_product_attention", "matmul", "ragged_dot", "top_k",
-       "scaled_matmul", "mx_quantize", "vjp")
+OPS = ("rms_norm", "add_rms_norm", "softmax", "dot_product_attention", "attention_forward", "attention_backward",
+       "matmul", "ragged_dot", "top_k", "scaled_matmul", "mx_quantize", "vjp")

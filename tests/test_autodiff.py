@@ -194,6 +194,48 @@ def test_top_k_and_attention():
                attn_mask=d).transpose(1, 2) * torch.from_numpy(w)).sum(), q, k, v, bias, rtol=1e-3, atol=1e-4)
 
 
+def test_attention_gradient_reuses_the_forward_residuals(interpret, monkeypatch):
+    """The forward node keeps out and the log-sum-exp; the backward kernel reads them instead of running
+    the forward again (it did: a gradient paid for two forward passes)."""
+    from flyarray.kernels import attention
+    calls = []
+    forward = attention.attention_fwd
+    monkeypatch.setattr(attention, "attention_fwd", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 9, 2, 16, generator=g) for _ in range(3))
+    w = torch.randn(1, 9, 2, 16, generator=g)
+    grads = fa.grad(lambda a, b, c: fa.sum(fa.nn.dot_product_attention(a, b, c, is_causal=True) * fa.asarray(w)),
+                    argnums=(0, 1, 2))(*map(fa.asarray, (q, k, v)))
+    fa.eval(*grads)
+    assert len(calls) == 1
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    loss = (attention.reference_attention(*ref, is_causal=True) * w.double()).sum()
+    for got, want in zip(grads, torch.autograd.grad(loss, ref)):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradient_through_the_attention_log_sum_exp(backend, causal):
+    """The library op's second output (lse) is differentiable too: the backward folds its cotangent in
+    (kernel) or differentiates the float64 reference with it (reference backend)."""
+    from flyarray.kernels import attention
+    from flyarray.ops.library import call
+    from flyarray.ops.library_ops import ATTENTION
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 7, 2, 16, generator=g) for _ in range(3))
+    w_out, w_lse = torch.randn(1, 7, 2, 16, generator=g), torch.randn(1, 2, 7, generator=g)
+
+    def f(a, b, c):
+        out, lse = call(ATTENTION, [a, b, c], scale=None, is_causal=causal, has_bias=False, has_mask=False)
+        return fa.sum(out * fa.asarray(w_out)) + fa.sum(lse * fa.asarray(w_lse))
+    grads = fa.grad(f, argnums=(0, 1, 2))(*map(fa.asarray, (q, k, v)))
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    out, lse = attention.reference_attention(*ref, is_causal=causal, return_lse=True)
+    loss = (out * w_out.double()).sum() + (lse * w_lse.double()).sum()
+    for got, want in zip(grads, torch.autograd.grad(loss, ref)):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_attention_output_read_by_a_kernel_reference_backend():
     """A library output read by a fused kernel: the plan hands kernels contiguous library outputs
     (the attention reference returns transposed strides)."""

@@ -26,12 +26,16 @@ def _op_cases():
     torch.manual_seed(0)
     lhs, lhs_s = _mx(4, "e2m1")
     rhs, rhs_s = _mx(3, "e2m1")
+    q, k, v = (_r(1, 5, 2, 8, grad=False) for _ in range(3))
+    out, lse = torch.ops.flyarray.attention_forward(q, k, v, None, None, None, True)
     return {
         "rms_norm": (_r(3, 8), _r(8), 1e-6),
         "add_rms_norm": (_r(3, 8), _r(3, 8), _r(8), 1e-6),
         "softmax": (_r(3, 8), -1, False),
         "log_softmax": (_r(3, 8), 0, True),
         "dot_product_attention": (_r(1, 4, 2, 8), _r(1, 4, 2, 8), _r(1, 4, 2, 8), None, None, None, True),
+        "attention_forward": (_r(1, 4, 4, 8), _r(1, 4, 2, 8), _r(1, 4, 2, 8), None, None, 0.5, True),
+        "attention_backward": (torch.randn_like(out), q, k, v, out, lse, torch.randn_like(lse), None, None, None, True),
         "matmul": (_r(3, 8), _r(8, 5), _r(5), _r(3, 5), "silu", None),
         "ragged_dot": (_r(6, 8), _r(2, 8, 4), torch.tensor([2, 4], dtype=torch.int32)),
         "top_k": (_r(3, 8), 2),
@@ -52,6 +56,30 @@ def test_opcheck_fp8_scaled_matmul_except_schema():
     rhs, rhs_s = _mx(3, "e4m3")
     torch.library.opcheck(torch.ops.flyarray.scaled_matmul.default, (lhs, rhs, lhs_s, rhs_s, torch.float32),
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_attention_forward_backward_pair_matches_autograd_and_runs_the_forward_once(monkeypatch):
+    """SDPA under the backend goes through flyarray::attention_forward, whose backward reads the forward's
+    (out, lse): one forward attention per training step (flyarray::vjp ran it twice)."""
+    from flyarray.ops.library_ops import ATTENTION
+    runs = []
+    run = ATTENTION.run
+    monkeypatch.setattr(ATTENTION, "run", lambda *a: runs.append(1) or run(*a))
+    torch.manual_seed(4)
+    q, k, v = _r(2, 7, 4, 8), _r(2, 7, 2, 8), _r(2, 7, 2, 8)  # equal lengths: torch aligns causal top-left
+
+    def sdpa(a, b, c):
+        return torch.nn.functional.scaled_dot_product_attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2),
+                                                                is_causal=True, enable_gqa=True).transpose(1, 2)
+    go = torch.randn(2, 7, 4, 8)
+    want = torch.autograd.grad((sdpa(q, k, v) * go).sum(), (q, k, v))
+    out, lse = torch.ops.flyarray.attention_forward(q, k, v, None, None, None, True)
+    got = torch.autograd.grad((out * go).sum(), (q, k, v))
+    assert len(runs) == 1
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="lse must be"):
+        torch.ops.flyarray.attention_backward(go, q, k, v, out, lse[:, :1], None, None, None, None, True)
 
 
 def test_custom_op_gradients_match_torch():

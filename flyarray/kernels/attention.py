@@ -715,8 +715,11 @@ def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
     return out, lse
 
 
-def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is_causal=False):
-    """(dq, dk, dv) for attention_fwd's (out, lse); dk/dv summed over each GQA group."""
+def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is_causal=False, dlse=None):
+    """(dq, dk, dv) for attention_fwd's (out, lse); dk/dv summed over each GQA group.
+
+    ``dlse`` (B, Hq, Sq), where the log-sum-exp itself has a cotangent: d lse / d s is the row's softmax,
+    so it adds dlse * p to the scores' cotangent p * (dp - delta), which is delta lowered by dlse."""
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if B * Hq * Sq == 0 or Sk == 0:
@@ -729,6 +732,8 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
         out, do, lse, delta, lse2, *out.stride(), *do.stride(), Hq, Sq,
         HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=pre["BLOCK_M"], num_warps=pre["num_warps"],
     )
+    if dlse is not None:
+        delta -= dlse
     bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
     common = dict(IS_CAUSAL=bool(is_causal), HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
                   HEAD_DIM=D, BLOCK_D=BLOCK_D, DOT_PREC=_dot_precision(q.dtype))
@@ -784,6 +789,36 @@ def reference_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=
 
     Rows that see no key give 0 (and lse -inf), as the kernels do.
     """
+    probs, vh, lse = _reference_probs(q, k, v, bias, mask, scale, is_causal)
+    out = (probs @ vh).transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+def reference_attention_bwd(do, q, k, v, bias=None, mask=None, *, scale=None, is_causal=False, dlse=None):
+    """(dq, dk, dv) in float64, in closed form (no autograd: it also runs inside custom ops and torch's
+    schema checks): dv = P^T do; dS = P * (do v^T - delta), delta = rowsum(do * out) - dlse;
+    dq = scale dS k, dk = scale dS^T q; key/value gradients summed over each GQA group."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    probs, vh, _ = _reference_probs(q, k, v, bias, mask, scale, is_causal)
+    doh = do.double().transpose(1, 2)  # B, Hq, Sq, D
+    kh = k.double().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
+    delta = (doh * (probs @ vh)).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.double().unsqueeze(-1)
+    ds = probs * (doh @ vh.transpose(-1, -2) - delta)
+    dq = scale * ds @ kh
+    dk = scale * ds.transpose(-1, -2) @ q.double().transpose(1, 2)
+    dv = probs.transpose(-1, -2) @ doh
+
+    def per_kv_head(t):  # B, Hq, Sk, D -> B, Sk, Hkv, D
+        return t.reshape(B, Hkv, Hq // Hkv, Sk, D).sum(2).transpose(1, 2)
+    return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
+
+
+def _reference_probs(q, k, v, bias, mask, scale, is_causal):
+    """(softmax probabilities (B, Hq, Sq, Sk), value heads repeated per group, lse (B, Hq, Sq)), float64."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -806,13 +841,10 @@ def reference_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=
     p = torch.exp(s - m)
     total = p.sum(-1, keepdim=True)
     seen = total > 0
-    out = (p / torch.where(seen, total, torch.ones_like(total))) @ vh
-    out = out.transpose(1, 2)
-    if not return_lse:
-        return out
+    probs = p / torch.where(seen, total, torch.ones_like(total))
     lse = torch.where(seen, m + torch.log(torch.where(seen, total, torch.ones_like(total))),
                       torch.full_like(total, float("-inf"))).squeeze(-1)
-    return out, lse
+    return probs, vh, lse
 
 
 # ---------------------------------------------------------------------------

@@ -130,7 +130,9 @@ def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
             raise TypeError(f"dot_product_attention: mask must be bool (True keeps), got {t.dtype}")
         if name == "bias":
             checks.check_float("dot_product_attention", "bias", t, checks.KERNEL_FLOATS)
-    return [((B, Sq, Hq, D), q.dtype)]
+    # the output, and each query row's log-sum-exp of its scores (natural log, float32; -inf for a row
+    # that sees no key): the backward's residual, so a gradient does not run the forward again
+    return [((B, Sq, Hq, D), q.dtype), ((B, Hq, Sq), dt.float32)]
 
 
 def _split_extras(extras, has_bias, has_mask):
@@ -142,14 +144,15 @@ def _split_extras(extras, has_bias, has_mask):
 
 def _attention_kernel(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
     bias, mask = _split_extras(extras, has_bias, has_mask)
-    out, _ = _kernels("attention").attention_fwd(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
-    return out
+    out, lse = _kernels("attention").attention_fwd(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
+    return [out, lse]
 
 
 def _attention_reference(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
     bias, mask = _split_extras(extras, has_bias, has_mask)
-    out = _kernels("attention").reference_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal)
-    return out.to(q.dtype)
+    out, lse = _kernels("attention").reference_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal,
+                                                         return_lse=True)
+    return [out.to(q.dtype), lse.float()]
 
 
 ATTENTION = Library("attention", _attention_abstract, _attention_kernel, _attention_reference)
@@ -162,7 +165,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     GQA/MQA when key/value have fewer heads; causal with unequal lengths is aligned bottom-right.
     """
     extras = [t for t in (bias, mask) if t is not None]
-    (out,) = call(ATTENTION, [query, key, value, *extras], scale=scale, is_causal=bool(is_causal),
+    out, _ = call(ATTENTION, [query, key, value, *extras], scale=scale, is_causal=bool(is_causal),
                   has_bias=bias is not None, has_mask=mask is not None)
     return out
 

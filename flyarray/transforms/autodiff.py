@@ -206,10 +206,11 @@ def _backward(eqns, active, roots, cts, inputs, diff):
             if slots is None:
                 continue
             outs = e.params["outputs"] if kind == "library" else e.params.out_nodes
-            gs = [slots.get(i) if slots.get(i) is not None else _zeros(o) for i, o in enumerate(outs)]
-            if kind == "custom":
+            if kind == "custom":  # a user's rule gets zeros for outputs nothing depended on, as JAX's
+                gs = [slots.get(i) if slots.get(i) is not None else _zeros(o) for i, o in enumerate(outs)]
                 res = e.params.vjp(gs, e)
-            else:
+            else:  # a library rule gets None there (no work for an unused output: attention's lse)
+                gs = [slots.get(i) for i in range(len(outs))]
                 rule = getattr(e.prim, "vjp", None)
                 res = rule(gs, e) if rule is not None else None
                 if res is None:

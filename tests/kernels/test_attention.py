@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from flyarray.kernels.attention import (
     attention_bwd, attention_decode, attention_fwd, compile_specs, dot_product_attention,
-    reference_attention,
+    reference_attention, reference_attention_bwd,
 )
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
@@ -175,6 +175,26 @@ def test_backward_direct_call_matches_autograd():
     reference_attention(*leaves, is_causal=True).backward(do.double())
     for ours, ref in zip((dq, dk, dv), leaves):
         assert _rel(ours, ref.grad) < 1e-4
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_with_an_lse_cotangent(causal):
+    """A cotangent on the log-sum-exp folds into the kernel's row term (delta - dlse): against float64
+    autograd through the reference with both cotangents; rows that see no key (causal, Sq > Sk) included."""
+    torch.manual_seed(7)
+    q, k, v = _qkv(1, 21, 13, 4, 2, 16, torch.float32)
+    out, lse = attention_fwd(q, k, v, is_causal=causal)
+    do, dlse = torch.randn_like(out), torch.randn_like(lse)
+    dq, dk, dv = attention_bwd(do, q, k, v, out, lse, is_causal=causal, dlse=dlse)
+    q2, k2, v2 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = reference_attention(q2, k2, v2, is_causal=causal, return_lse=True)
+    seen = torch.isfinite(ref_lse)
+    loss = (ref * do.double()).sum() + (torch.where(seen, ref_lse, 0) * dlse.double()).sum()
+    want = torch.autograd.grad(loss, (q2, k2, v2))
+    closed = reference_attention_bwd(do, q, k, v, is_causal=causal, dlse=dlse)  # the reference backend's
+    for got, ref_closed, w in zip((dq, dk, dv), closed, want):
+        assert _rel(got, w) < 1e-4
+        assert _rel(ref_closed, w) < 1e-12
 
 
 def test_bias_gradient_is_refused():
