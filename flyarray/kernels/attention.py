@@ -54,6 +54,11 @@ LN2 = 0.6931471805599453
 # two fp32 accumulators of BLOCK_N x D plus k and v as wgmma A operands: only
 # BLOCK_N 128 / BLOCK_M 32 / 8 warps stays under 255 regs at hd128 (one loop
 # with a run-time mask branch; three specialized loops spilled). dq: 128 x 64.
+# Re-tuned at hd128 (benchmarks/tune_attention.py, causal B2/B4 H32 S2048 bf16,
+# 2026-12-01, configs that spill under Triton 3.9's sm_90 build excluded):
+# causal forward 64 x 64 / 4 warps / 3 stages (0.208 -> 0.183 ms at B2), dk/dv
+# 16 x 64 / 4 warps / 3 stages (0.765 -> 0.744 ms for the whole backward at B2;
+# 64 x 64 / 4 warps was 0.661 but spills 398 registers), dq 3 stages (-> 0.695).
 # gfx950 (MI350, wave64, 160 KiB LDS/CU, 512 VGPRs incl. AGPRs): BLOCK_M 128 /
 # BLOCK_N 64 with 4 waves (AMD's own recipe) and 2 stages keeps LDS well under
 # 160 KiB; the backward uses 64 x 64 tiles to stay spill-free.
@@ -64,13 +69,13 @@ _SM90 = {
             128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
             256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)},
     "fwd_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-                   128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+                   128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
                    256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_dkdv": {64: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
-                 128: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2),
+                 128: dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3),
                  256: dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_dq": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-               128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+               128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
                256: dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_pre": dict(BLOCK_M=64, num_warps=4),
     "decode": {64: dict(BLOCK_N=128, num_warps=4, num_stages=3),
