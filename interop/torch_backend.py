@@ -557,6 +557,98 @@ def decompositions() -> dict:
     return get_decompositions(_DECOMPOSE)
 
 
+# ---- the ATen-level pass: sums of select_backward become one cat ------------------------------------------
+def merge_select_backward_sums(gm: torch.fx.GraphModule) -> int:
+    """``q, k, v = qkv.unbind(0)`` (or ``qkv[0], qkv[1], ...``) in a forward makes a backward that adds up
+    one ``select_backward`` per index: zeros with one slice filled, each, then the sums. When the
+    indices are distinct, that is the gradients stacked along the axis (zeros where no index was
+    selected): one ``cat`` writes the result once instead of a fill and a copy per index plus the adds.
+    (Only a -0.0 gradient differs: the sum made it +0.0.) Returns how many sums were merged."""
+    merged = 0
+    for node in reversed(list(gm.graph.nodes)):
+        if node.graph is None or not _plain_add(node):
+            continue
+        leaves, inner = _add_tree(node)
+        plan = _stack_plan(leaves)
+        if plan is None:
+            continue
+        with gm.graph.inserting_before(node):
+            new = _stacked(gm.graph, plan, leaves[0])
+        node.replace_all_uses_with(new)
+        for n in [node, *inner, *leaves]:
+            if not n.users:
+                gm.graph.erase_node(n)
+        merged += 1
+    if merged:
+        gm.graph.lint()
+        gm.recompile()
+    return merged
+
+
+def _plain_add(node) -> bool:
+    return node.op == "call_function" and node.target is aten.add.Tensor and node.kwargs.get("alpha", 1) == 1 \
+        and len(node.args) == 2
+
+
+def _add_tree(root):
+    """The leaves of the additions under ``root`` (an inner addition counts when ``root``'s tree is its only
+    user), and the inner additions."""
+    leaves, inner, stack = [], [], list(root.args)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, torch.fx.Node) and _plain_add(n) and len(n.users) == 1:
+            inner.append(n)
+            stack.extend(n.args)
+        else:
+            leaves.append(n)
+    return leaves, inner
+
+
+def _stack_plan(leaves):
+    """(axis, size, {index: gradient node}) when every leaf is a select_backward used once, all with the
+    same input sizes, axis and dtype, at distinct indices; else None."""
+    if len(leaves) < 2 or not all(isinstance(n, torch.fx.Node) and n.op == "call_function" and
+                                  n.target is aten.select_backward.default and len(n.users) == 1 for n in leaves):
+        return None
+    sizes = tuple(leaves[0].args[1])
+    dim = leaves[0].args[2] % len(sizes)
+    vals = [n.meta.get("val") for n in leaves]
+    if any(v is None for v in vals) or len({v.dtype for v in vals}) != 1:
+        return None
+    by_index = {}
+    for n in leaves:
+        if tuple(n.args[1]) != sizes or n.args[2] % len(sizes) != dim:
+            return None
+        index = n.args[3] % sizes[dim]
+        if index in by_index:
+            return None
+        by_index[index] = n.args[0]
+    return dim, sizes, by_index
+
+
+def _stacked(graph, plan, like):
+    """cat([unsqueeze(g_i, axis) at index i, zeros for each run of unselected indices], axis)."""
+    dim, sizes, by_index = plan
+    val = like.meta["val"]
+    parts, index = [], 0
+    while index < sizes[dim]:
+        if index in by_index:
+            part = graph.call_function(aten.unsqueeze.default, (by_index[index], dim))
+            part.meta["val"] = val.new_empty(tuple(1 if i == dim else s for i, s in enumerate(sizes)))
+            index += 1
+        else:
+            run = next((j for j in range(index, sizes[dim]) if j in by_index), sizes[dim]) - index
+            shape = [run if i == dim else s for i, s in enumerate(sizes)]
+            part = graph.call_function(aten.full.default, (shape, 0.0),
+                                       {"dtype": val.dtype, "device": val.device})
+            part.meta["val"] = val.new_empty(tuple(shape))
+            index += run
+        parts.append(part)
+    out = graph.call_function(aten.cat.default, (parts, dim))
+    out.meta["val"] = val.new_empty(tuple(sizes))
+    return out
+
+
 def make_backend(ops=None):
     """A Dynamo backend lowering the op families ``ops`` (None: all of FAMILIES)."""
     from torch._dynamo.backends.common import aot_autograd
@@ -565,6 +657,8 @@ def make_backend(ops=None):
 
     def compile_graph(gm, example_inputs):
         from torch._functorch.aot_autograd import make_boxed_func
+        if "elementwise" in families:
+            merge_select_backward_sums(gm)
         return make_boxed_func(CompiledGraph(gm, table))
 
     aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions())

@@ -199,13 +199,16 @@ def test_backend_forward_and_backward_equal_eager(name, how):
     assert fa.stats()["kernels_launched"] + fa.stats()["library_calls"] > 0  # flyarray did run
 
 
-def _recording_backend(graphs):
-    """backend="flyarray", keeping each CompiledGraph it builds (to count its regions)."""
+def _recording_backend(graphs, merge=False):
+    """backend="flyarray", keeping each CompiledGraph it builds (to count its regions); ``merge`` runs the
+    select_backward pass first, as the real backend does."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
     table = torch_backend.lowerings()
 
     def compile_graph(gm, example_inputs):
+        if merge:
+            torch_backend.merge_select_backward_sums(gm)
         graphs.append(torch_backend.CompiledGraph(gm, table))
         return make_boxed_func(graphs[-1])
 
@@ -468,3 +471,40 @@ def test_block_on_the_gpu_fp16_forward_and_backward():
     torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
     for g, p in zip(grads, list(model.parameters()) + [x2]):
         torch.testing.assert_close(g, p.grad, rtol=5e-2, atol=5e-2)
+
+
+def _select_backward_sum(indices, size=3):
+    def g(*grads):
+        out = None
+        for grad, index in zip(grads, indices):
+            term = torch.ops.aten.select_backward(grad, [size, 2, 5], 0, index)
+            out = term if out is None else out + term
+        return out
+    return g
+
+
+@pytest.mark.parametrize("indices,merged", [((0, 1, 2), 1), ((2, 0), 1), ((1, -1), 1), ((0, 0), 0)])
+def test_sums_of_select_backward_become_one_cat(indices, merged):
+    """The backward of q, k, v = qkv.unbind(0): one cat of the gradients (zeros where no index was taken),
+    not a zero-filled buffer per index and the adds; repeated indices are left as they are."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    grads = [torch.randn(2, 5) for _ in indices]
+    g = _select_backward_sum(indices)
+    gm = make_fx(g, tracing_mode="fake")(*grads)
+    assert torch_backend.merge_select_backward_sums(gm) == merged
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert (torch.ops.aten.select_backward.default not in targets) == bool(merged)
+    torch.testing.assert_close(gm(*grads), g(*grads))
+    compiled = torch_backend.CompiledGraph(gm, torch_backend.lowerings())
+    out = compiled(*grads)
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, g(*grads))
+
+
+def test_block_backward_merges_the_qkv_select_backwards():
+    torch._dynamo.reset()
+    model, graphs = Block(), []
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    torch.compile(model, backend=_recording_backend(graphs, merge=True))(x).sum().backward()
+    _, backward = graphs
+    lowered = [str(n.target) for _, (region, _) in backward.steps for n in region.nodes]
+    assert "aten.select_backward.default" not in lowered and "aten.cat.default" in lowered
