@@ -101,7 +101,8 @@ def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
 def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
     """Cumulative product along ``axis`` (optional for 1-D ``x``): the array API's ``cumulative_prod``.
 
-    The same dtype rules as ``cumulative_sum``; ``include_initial`` puts a 1 in front. A Triton scan kernel."""
+    The same dtype rules as ``cumulative_sum``; ``include_initial`` puts a 1 in front. A Triton scan kernel;
+    differentiable, exactly also where ``x`` has zeros (no division: docs/transforms.md)."""
     return _scan("prod", x, axis, dtype, include_initial)
 
 
