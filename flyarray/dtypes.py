@@ -49,6 +49,9 @@ int16 = DType("int16", "i", 2, torch.int16, "int16")
 int32 = DType("int32", "i", 4, torch.int32, "int32")
 int64 = DType("int64", "i", 8, torch.int64, "int64")
 uint8 = DType("uint8", "u", 1, torch.uint8, "uint8")
+uint16 = DType("uint16", "u", 2, torch.uint16, "uint16")
+uint32 = DType("uint32", "u", 4, torch.uint32, "uint32")
+uint64 = DType("uint64", "u", 8, torch.uint64, "uint64")
 float16 = DType("float16", "f", 2, torch.float16, "float16")
 bfloat16 = DType("bfloat16", "f", 2, torch.bfloat16, "bfloat16")
 float32 = DType("float32", "f", 4, torch.float32, "float32")
@@ -57,7 +60,8 @@ float64 = DType("float64", "f", 8, torch.float64, "float64")
 float8_e4m3fn = DType("float8_e4m3fn", "f", 1, torch.float8_e4m3fn, "float8e4nv")
 float8_e5m2 = DType("float8_e5m2", "f", 1, torch.float8_e5m2, "float8e5")
 
-ALL = [bool_, int8, int16, int32, int64, uint8, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2]
+ALL = [bool_, int8, int16, int32, int64, uint8, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
+       uint16, uint32, uint64]
 STORAGE_ONLY = {float8_e4m3fn, float8_e5m2}
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME["bool_"] = bool_
@@ -69,6 +73,12 @@ _PAIRS = {
     ("i", 1, "i", 2): int16, ("i", 1, "i", 4): int32, ("i", 1, "i", 8): int64,
     ("i", 2, "i", 4): int32, ("i", 2, "i", 8): int64, ("i", 4, "i", 8): int64,
     ("u", 1, "i", 1): int16, ("u", 1, "i", 2): int16, ("u", 1, "i", 4): int32, ("u", 1, "i", 8): int64,
+    # unsigned with unsigned: the wider; unsigned with signed: the smallest signed type holding both
+    # (none holds uint64 and a signed type: the array API leaves that pair undefined, promote() refuses it)
+    ("u", 1, "u", 2): uint16, ("u", 1, "u", 4): uint32, ("u", 1, "u", 8): uint64,
+    ("u", 2, "u", 4): uint32, ("u", 2, "u", 8): uint64, ("u", 4, "u", 8): uint64,
+    ("u", 2, "i", 1): int32, ("u", 2, "i", 2): int32, ("u", 2, "i", 4): int32, ("u", 2, "i", 8): int64,
+    ("u", 4, "i", 1): int64, ("u", 4, "i", 2): int64, ("u", 4, "i", 4): int64, ("u", 4, "i", 8): int64,
 }
 
 
@@ -126,6 +136,9 @@ def promote(a: DType, b: DType) -> DType:
     key = (b.kind, b.itemsize, a.kind, a.itemsize)
     if key in _PAIRS:
         return _PAIRS[key]
+    if {a.kind, b.kind} == {"u", "i"}:  # uint64 with a signed integer: no integer type holds both
+        raise TypeError(f"{a} and {b} have no common dtype: the array API defines no promotion between uint64 and "
+                        "a signed integer type (no integer type holds both ranges); cast one with astype first")
     raise TypeError(f"no promotion rule for {a} and {b}")
 
 

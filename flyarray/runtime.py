@@ -18,7 +18,7 @@ import sys
 import torch
 import triton
 
-from . import codegen, config, diskcache, ir
+from . import codegen, config, diskcache, ir, unsigned
 from .kernel_ir import Kernel
 
 BACKENDS = ("gpu", "interpret", "reference")
@@ -265,5 +265,6 @@ def _torch_movement(t: torch.Tensor, op) -> torch.Tensor:
         offset = t.storage_offset() + sum(s * st for s, st in zip(starts, t.stride()))
         return t.as_strided(shape, [st * step for st, step in zip(t.stride(), steps)], offset)
     if kind == "flip":
-        return t.flip(op[1])  # torch has no negative strides: this one copies
+        # torch has no negative strides: this one copies (uint16/32/64 through their signed view: no flip kernel)
+        return unsigned.unsigned_view(unsigned.signed_view(t).flip(op[1]), t.dtype)
     raise ValueError(kind)

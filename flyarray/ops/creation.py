@@ -68,6 +68,10 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
         return _from_numpy(obj, copy)
     if hasattr(obj, "__dlpack__"):
         return from_dlpack(obj)._node.buffer
+    if isinstance(obj, np.generic) and obj.dtype.kind == "u":  # through numpy: torch.tensor refuses np.uint64
+        if copy is False:
+            raise ValueError("copy=False, but Python scalars and sequences must be copied")
+        return _from_numpy(np.array(obj), copy)
     if isinstance(obj, (bool, numbers.Number, list, tuple, np.generic)):
         if copy is False:
             raise ValueError("copy=False, but Python scalars and sequences must be copied")
