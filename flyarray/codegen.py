@@ -128,7 +128,7 @@ def _ipow(a, b):
     result = a * 0 + 1
     base = a
     e = b
-    for _ in tl.static_range(63):
+    for _ in tl.static_range(64):  # every bit of a uint64 exponent (>> is logical on unsigned types)
         result = tl.where((e & 1) != 0, result * base, result)
         base = base * base
         e = e >> 1

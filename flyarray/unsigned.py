@@ -171,7 +171,7 @@ def reduce(name: str, reference):
             return from_lanes(order_key(reference(order_key(lanes), axes)), x.dtype)
         if name in ("argmax", "argmin"):
             return reference(order_key(lanes), axes)
-        if name in ("sum", "prod"):  # int64 sums wrap modulo 2^64: the bits of the unsigned sum
-            return from_lanes(reference(lanes, axes), x.dtype)
+        if name in ("sum", "prod"):  # int64 sums wrap modulo 2^64: the bits of the uint64 result (cast by the caller)
+            return reference(lanes, axes)
         return reference(x != 0, axes)  # any, all
     return run

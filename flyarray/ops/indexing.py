@@ -379,7 +379,8 @@ def nonzero(x, /) -> tuple:
     node = node_of(x)
     if not node.shape:
         raise ValueError("nonzero: x must have at least one dimension (0-d input is not allowed)")
-    return tuple(asarray(p) for p in torch.nonzero(x.torch(), as_tuple=True))
+    # the signed view: the same zeros, and torch has no nonzero for uint16/32/64
+    return tuple(asarray(p) for p in torch.nonzero(unsigned.signed_view(x.torch()), as_tuple=True))
 
 
 # ---- functional updates: x.at[key].op(values) ---------------------------------------------------------------------
