@@ -92,3 +92,24 @@ def test_interpret_backend(interpret):
     got = fa.grad(lambda a: fa.sum(fa.cumulative_prod(a, axis=1, include_initial=True)))(fa.asarray(x))
     want = torch.func.grad(lambda a: _torch_cumprod(a, 1, True).sum())(torch.from_numpy(x.astype(np.float64)))
     np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.parametrize("n", [7, 3000])
+def test_gpu_grad_and_jvp(n):
+    """On the GPU (the scan kernel and the fused doubling steps, compiled): float64 rows with zeros."""
+    fa.set_backend("gpu")
+    try:
+        x = np.random.default_rng(n).uniform(0.9, 1.1, (4, n)) * np.sign(np.random.default_rng(1).uniform(-1, 1, (4, n)))
+        x[1, n // 2] = 0.0
+        x[2, [1, n - 2]] = 0.0
+        w = np.random.default_rng(2).uniform(-1, 1, (4, n))
+        xd = fa.asarray(x, device="cuda")
+        got = fa.grad(lambda a: fa.sum(fa.cumulative_prod(a, axis=1) * fa.asarray(w, device="cuda")))(xd)
+        want = torch.func.grad(lambda a: (torch.cumprod(a, 1) * torch.from_numpy(w)).sum())(torch.from_numpy(x))
+        np.testing.assert_allclose(got.torch().cpu().numpy(), want.numpy(), rtol=1e-9, atol=1e-11)
+        _, tan = fa.jvp(lambda a: fa.cumulative_prod(a, axis=1), (xd,), (fa.asarray(w, device="cuda"),))
+        _, want_t = torch.func.jvp(lambda a: torch.cumprod(a, 1), (torch.from_numpy(x),), (torch.from_numpy(w),))
+        np.testing.assert_allclose(tan.torch().cpu().numpy(), want_t.numpy(), rtol=1e-9, atol=1e-11)
+    finally:
+        fa.set_backend(None)

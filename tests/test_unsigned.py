@@ -399,3 +399,95 @@ def test_generated_code_compares_divides_and_shifts_unsigned():
     gcn = fa.inspect(f, a, b, target="gfx950").kernels[0].asm
     assert re.search(r"v_cmp_(lt|gt)_u64", gcn) and "v_lshrrev_b64" in gcn
     assert not re.search(r"v_cmp_(lt|gt)_i64|v_ashrrev_i64", gcn)
+
+
+def _every_op(a, b):
+    """Every elementwise op of the tables on one pair, summed into one uint64 array: one fused kernel."""
+    outs = [fn(a, b) for fn, _, _ in BINARY.values()] + [fn(a) for n, (fn, _) in UNARY.items() if n != "sqrt"]
+    outs += [a.astype(t) for t in ("bool", "int8", "int64", "uint8", "float32", "float64")]
+    total = outs[0].astype(fa.uint64)
+    for o in outs[1:]:
+        total = total + o.astype(fa.uint64)
+    return total
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+@pytest.mark.parametrize("dtype", UINTS)
+def test_every_op_compiles_for_gpus(dtype, target):
+    a, b = (fa.asarray(np.array([1, 2], dtype)) for _ in range(2))
+    kernels = fa.inspect(_every_op, a, b, target=target).kernels
+    assert len(kernels) == 1 and f"tl.{dtype}" in kernels[0].triton_source
+
+
+# ---- on a GPU (skipped without one): compiled Triton and torch's CUDA/ROCm build --------------------------------------
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+
+
+@pytest.fixture
+def on_gpu():
+    fa.set_backend("gpu")
+    yield "cuda"
+    fa.set_backend(None)
+
+
+def _host(x):
+    return x.torch().cpu().numpy()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", UINTS)
+def test_gpu_matches_numpy(on_gpu, dtype):
+    """The edge grids through compiled kernels on the GPU: every elementwise op (one fused kernel each),
+    Python constants >= 2^63, reductions, scans, the sort kernel and the torch.sort path, search, indexing."""
+    dev = on_gpu
+    a, b = _pairs(dtype)
+    A = fa.asarray(a, device=dev)
+    for name, (f, npf, rule) in BINARY.items():
+        bb = _constrain(b, rule)
+        if name == "pow" and dtype == "uint64":
+            bb = bb % np.uint64(200)
+        want = _numpy(npf, a, bb)
+        np.testing.assert_array_equal(_host(f(A, fa.asarray(bb, device=dev))), want, err_msg=name)
+    for name, (f, npf) in UNARY.items():
+        want = _numpy(npf, a)
+        got = _host(f(A))
+        if name == "sqrt":
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, want.astype(a.dtype) if want.dtype.kind != "b" else want, err_msg=name)
+    top = int(np.iinfo(dtype).max)
+    t = a.dtype.type
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(_host(A + top), a + t(top))
+        np.testing.assert_array_equal(_host(A < top // 2 + 1), a < t(top // 2 + 1))
+        np.testing.assert_array_equal(_host(A // (top // 2 + 2)), a // t(top // 2 + 2))
+    x = np.stack([_edges(dtype), _edges(dtype)[::-1]])
+    X = fa.asarray(x, device=dev)
+    with np.errstate(all="ignore"):
+        for fn, want in ((fa.sum, np.sum(x, 1, dtype=np.uint64)), (fa.prod, np.prod(x, 1, dtype=np.uint64)),
+                         (fa.max, x.max(1)), (fa.min, x.min(1)), (fa.argmax, x.argmax(1)), (fa.argmin, x.argmin(1))):
+            np.testing.assert_array_equal(_host(fn(X, axis=1)), want, err_msg=fn.__name__)
+        np.testing.assert_array_equal(_host(fa.sum(X)), np.sum(x, dtype=np.uint64))
+        np.testing.assert_array_equal(_host(fa.cumulative_sum(X, axis=1)), np.cumsum(x, 1, dtype=np.uint64))
+        np.testing.assert_array_equal(_host(fa.cumulative_prod(X, axis=1)), np.cumprod(x, 1, dtype=np.uint64))
+    rng = np.random.default_rng(1)
+    for n in (37, 5000):  # the sort kernel (uint16/32), and torch.sort on int64 keys (uint64, long rows)
+        r = rng.integers(0, top, n, dtype=dtype, endpoint=True)
+        r[::5] = r[1]
+        r[:3] = [top, 0, top // 2 + 1]
+        R = fa.asarray(r, device=dev)
+        np.testing.assert_array_equal(_host(fa.argsort(R)), np.argsort(r, kind="stable"))
+        np.testing.assert_array_equal(_host(fa.sort(R, descending=True)), np.sort(r)[::-1])
+        s = np.sort(r)
+        np.testing.assert_array_equal(_host(fa.searchsorted(fa.asarray(s, device=dev), A)), np.searchsorted(s, a))
+        np.testing.assert_array_equal(_host(fa.unique_values(R)), np.unique(r))
+    idx = np.array([9, 0, 6, 6])
+    np.testing.assert_array_equal(_host(A[fa.asarray(idx, device=dev)]), a[idx])
+    np.testing.assert_array_equal(_host(fa.nonzero(A)[0]), np.nonzero(a)[0])
+    want = a.copy()
+    np.maximum.at(want, [1, 1], np.array([top, 1], dtype))
+    got = A.at[fa.asarray([1, 1], device=dev)].max(fa.asarray(np.array([top, 1], dtype), device=dev))
+    np.testing.assert_array_equal(_host(got), want)
+    np.testing.assert_array_equal(_host(fa.flip(A)), a[::-1])
+    t_in = torch.tensor([0, 1, 5], dtype=getattr(torch, dtype), device=dev)
+    assert fa.asarray(t_in).torch().data_ptr() == t_in.data_ptr() == torch.from_dlpack(fa.asarray(t_in)).data_ptr()
