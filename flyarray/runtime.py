@@ -192,8 +192,8 @@ def _check_against_reference(kernel, inputs, outputs, scalars):
         if got.dtype.is_floating_point:
             ok = torch.allclose(got.double(), want.double(), rtol=1e-2 if got.element_size() < 4 else 1e-4,
                                 atol=1e-3 if got.element_size() < 4 else 1e-5, equal_nan=True)
-        else:
-            ok = torch.equal(got, want)
+        else:  # bit for bit (the signed view: torch's kernels for uint16/32/64 vary by device)
+            ok = torch.equal(unsigned.signed_view(got), unsigned.signed_view(want))
         if not ok:
             raise AssertionError(f"FLYARRAY_CHECK: a fused kernel disagrees with the reference backend "
                                  f"(output {tuple(got.shape)} {got.dtype})")
