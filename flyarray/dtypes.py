@@ -49,9 +49,6 @@ int16 = DType("int16", "i", 2, torch.int16, "int16")
 int32 = DType("int32", "i", 4, torch.int32, "int32")
 int64 = DType("int64", "i", 8, torch.int64, "int64")
 uint8 = DType("uint8", "u", 1, torch.uint8, "uint8")
-uint16 = DType("uint16", "u", 2, torch.uint16, "uint16")
-uint32 = DType("uint32", "u", 4, torch.uint32, "uint32")
-uint64 = DType("uint64", "u", 8, torch.uint64, "uint64")
 float16 = DType("float16", "f", 2, torch.float16, "float16")
 bfloat16 = DType("bfloat16", "f", 2, torch.bfloat16, "bfloat16")
 float32 = DType("float32", "f", 4, torch.float32, "float32")
@@ -60,26 +57,38 @@ float64 = DType("float64", "f", 8, torch.float64, "float64")
 float8_e4m3fn = DType("float8_e4m3fn", "f", 1, torch.float8_e4m3fn, "float8e4nv")
 float8_e5m2 = DType("float8_e5m2", "f", 1, torch.float8_e5m2, "float8e5")
 
-ALL = [bool_, int8, int16, int32, int64, uint8, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
-       uint16, uint32, uint64]
+ALL = [bool_, int8, int16, int32, int64, uint8, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2]
 STORAGE_ONLY = {float8_e4m3fn, float8_e5m2}
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME["bool_"] = bool_
 _BY_TORCH = {d.torch: d for d in ALL}
 TORCH_TO_FLYARRAY = _BY_TORCH  # read-only outside this module
 
+# Unsigned integers wider than a byte (issue 13). torch has the dtypes but few CPU kernels for them:
+# the reference backend computes them exactly on int64 lanes (unsigned.py).
+uint16 = DType("uint16", "u", 2, torch.uint16, "uint16")
+uint32 = DType("uint32", "u", 4, torch.uint32, "uint32")
+uint64 = DType("uint64", "u", 8, torch.uint64, "uint64")
+for _d in (uint16, uint32, uint64):
+    ALL.append(_d)
+    _BY_NAME[_d.name] = _d
+    _BY_TORCH[_d.torch] = _d
+
 # The array API's promotion lattice for the pairs it defines (symmetric).
 _PAIRS = {
     ("i", 1, "i", 2): int16, ("i", 1, "i", 4): int32, ("i", 1, "i", 8): int64,
     ("i", 2, "i", 4): int32, ("i", 2, "i", 8): int64, ("i", 4, "i", 8): int64,
     ("u", 1, "i", 1): int16, ("u", 1, "i", 2): int16, ("u", 1, "i", 4): int32, ("u", 1, "i", 8): int64,
-    # unsigned with unsigned: the wider; unsigned with signed: the smallest signed type holding both
-    # (none holds uint64 and a signed type: the array API leaves that pair undefined, promote() refuses it)
+}
+
+# unsigned with unsigned: the wider; unsigned with signed: the smallest signed type holding both. None holds
+# uint64 and a signed type: the array API leaves those pairs undefined, and promote() refuses them.
+_PAIRS.update({
     ("u", 1, "u", 2): uint16, ("u", 1, "u", 4): uint32, ("u", 1, "u", 8): uint64,
     ("u", 2, "u", 4): uint32, ("u", 2, "u", 8): uint64, ("u", 4, "u", 8): uint64,
     ("u", 2, "i", 1): int32, ("u", 2, "i", 2): int32, ("u", 2, "i", 4): int32, ("u", 2, "i", 8): int64,
     ("u", 4, "i", 1): int64, ("u", 4, "i", 2): int64, ("u", 4, "i", 4): int64, ("u", 4, "i", 8): int64,
-}
+})
 
 
 def dtype(obj) -> DType:
