@@ -411,12 +411,23 @@ def _every_op(a, b):
     return total
 
 
+def _every_reduction(x):
+    """max, min, argmax, argmin, sum, prod over rows: one fused row kernel (their neutral elements are
+    the dtype's limits, up to 2^64 - 1, as literals in the source)."""
+    return (fa.max(x, axis=1) - fa.min(x, axis=1) + fa.argmax(x, axis=1).astype(fa.uint64)
+            + fa.argmin(x, axis=1).astype(fa.uint64) + fa.sum(x, axis=1) + fa.prod(x, axis=1))
+
+
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])
 @pytest.mark.parametrize("dtype", UINTS)
 def test_every_op_compiles_for_gpus(dtype, target):
     a, b = (fa.asarray(np.array([1, 2], dtype)) for _ in range(2))
     kernels = fa.inspect(_every_op, a, b, target=target).kernels
     assert len(kernels) == 1 and f"tl.{dtype}" in kernels[0].triton_source
+    if dtype == "uint64":
+        kernels = fa.inspect(_every_reduction, fa.asarray(np.arange(12, dtype=dtype).reshape(3, 4)),
+                             target=target).kernels
+        assert len(kernels) == 1 and "18446744073709551615" in kernels[0].triton_source
 
 
 # ---- on a GPU (skipped without one): compiled Triton and torch's CUDA/ROCm build --------------------------------------
