@@ -276,6 +276,17 @@ def test_dlpack_and_numpy_are_zero_copy(dtype):
     assert str(int(n[-1])) in repr(b)
 
 
+def test_asarray_of_python_and_numpy_values():
+    """Python ints up to 2^64 - 1 (through numpy: torch.tensor refuses them before torch 2.3-ish and refuses
+    np.uint64 scalars), and a clear error for what does not fit."""
+    assert fa.asarray([2 ** 64 - 1, 0], dtype=fa.uint64).tolist() == [2 ** 64 - 1, 0]
+    assert fa.asarray(2 ** 32 - 1, dtype="uint32").item() == 2 ** 32 - 1
+    assert fa.asarray(np.uint64(2 ** 63)).dtype is fa.uint64 and int(fa.asarray(np.uint64(2 ** 63))) == 2 ** 63
+    for bad, dtype in (([-1], "uint64"), ([2 ** 16], "uint16"), ([2 ** 64], "uint64")):
+        with pytest.raises(TypeError, match="cannot make an array from list"):
+            fa.asarray(bad, dtype=dtype)
+
+
 # ---- reductions, scans, sorting, searching, indexing ------------------------------------------------------------
 def _check_reductions(x, axis):
     dtype = x.dtype.name

@@ -102,6 +102,10 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env) -> list:
         return [f"v{i} = read{i}(inputs[{op.input}])"]
     if isinstance(op, Const):
         env[f"shape{i}"], env[f"dtype{i}"] = shapes[op.domain], op.dtype.torch
+        if op.dtype.torch == torch.uint64:  # its int64 bits, viewed: older torch refuses values >= 2^63 here
+            env[f"bits{i}"] = lambda v: v - 2 ** 64 if v >= 2 ** 63 else v
+            return [(f"v{i} = torch.full((), bits{i}(scalars[{op.slot}]), dtype=torch.int64, device=dev)"
+                     f".view(dtype{i}).expand(shape{i})")]
         return [f"v{i} = torch.full((), scalars[{op.slot}], dtype=dtype{i}, device=dev).expand(shape{i})"]
     if isinstance(op, Iota):
         env[f"iota{i}"] = lambda device, op=op: _iota(op, device)
