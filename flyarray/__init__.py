@@ -13,7 +13,7 @@ _os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when
 from . import dtypes as _dtypes  # noqa: E402
 from ._array import Array  # noqa: E402
 from .dtypes import (DType, bfloat16, bool_, finfo, float8_e4m3fn, float8_e5m2, float16, float32, float64,  # noqa: E402
-                     iinfo, int8, int16, int32, int64, uint8)
+                     iinfo, int8, int16, int32, int64, uint8, uint16, uint32, uint64)
 from .ops import *  # noqa: E402,F401,F403
 from .ops import nn  # noqa: E402
 from . import quant  # noqa: E402

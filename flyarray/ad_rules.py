@@ -602,14 +602,48 @@ SCALED_MATMUL.jvp = SCALED_MATMUL.vjp
 # matmul_epilogue and softmax_top_k: differentiated through their formulations (FORMULATIONS).
 
 
+def _shifted(v, d, fill):
+    """``v`` moved ``d`` places along the last axis, ``fill`` coming in at the front (a concat of a view)."""
+    n = v.shape[-1]
+    head = F.full(v.shape[:-1] + (min(d, n),), fill, dtype=v.dtype, device=v.device)
+    return F.concat([head, v[..., :n - d]], axis=-1) if d < n else head
+
+
+def _linear_scan(a, b):
+    """r with r[i] = b[i] + a[i] * r[i-1] along the last axis (r[-1] = 0): the first-order linear
+    recurrence, solved by log2(n) doubling steps (Hillis-Steele over the affine maps r -> a * r + b).
+    Only products and sums, no division: exact where a has zeros, and itself differentiable."""
+    d = 1
+    while d < a.shape[-1]:
+        a, b = a * _shifted(a, d, 1.0), b + a * _shifted(b, d, 0.0)
+        d *= 2
+    return b
+
+
+def _exclusive_prod(x):
+    """E[i] = x[0] * ... * x[i-1] (E[0] = 1): the scan kernel with its leading identity, minus the total."""
+    (ex,) = core_call(SCAN, [x], op="prod", include_initial=True)
+    return ex[..., :-1]
+
+
 def _scan_vjp(gs, e):
-    """cumulative_sum's transpose is the reverse cumulative sum (the leading 0 of include_initial gets nothing)."""
+    """cumulative_sum's transpose is the reverse cumulative sum (the leading 0 of include_initial gets nothing).
+
+    cumulative_prod (y[i] = x[0] * ... * x[i]): dx[j] = sum_{i >= j} g[i] * prod_{k <= i, k != j} x[k]
+    = E[j] * R[j], with E the exclusive product and R[j] = g[j] + x[j+1] * R[j+1] a reverse linear
+    recurrence (_linear_scan on flipped rows). No division by x, so zeros anywhere are exact (the
+    textbook reverse_cumsum(g * y) / x is NaN at a zero and wrong before it)."""
     kw = e.params["kwargs"]
-    if kw["op"] != "sum":
-        raise TypeError("cumulative_prod is not differentiable yet (its derivative divides by the inputs)")
     (g,), (x,) = gs, e.x
     if kw["include_initial"]:
-        g = g[..., 1:]
+        g = g[..., 1:]  # the leading identity depends on nothing
+    if kw["op"] == "prod":
+        if not x.shape[-1]:
+            return [F.zeros(x.shape, dtype=x.dtype, device=x.device)]
+        xf = x.astype(g.dtype, copy=False)
+        nxt = _shifted(F.flip(xf, axis=-1), 1, 0.0)  # row reversed: x[j+1] lands beside g[j]
+        r = F.flip(_linear_scan(nxt, F.flip(g, axis=-1)), axis=-1)
+        return [(_exclusive_prod(xf) * r).astype(x.dtype, copy=False)]
     (rev,) = core_call(SCAN, [F.flip(g, axis=-1)], op="sum", include_initial=False)
     return [F.flip(rev, axis=-1).astype(x.dtype, copy=False)]
 
@@ -624,12 +658,20 @@ def _sort_vjp(gs, e):
 
 
 def _scan_jvp(t, e):
-    """cumulative_sum is linear: its tangent is the cumulative sum of the input's tangent."""
+    """cumulative_sum is linear: its tangent is the cumulative sum of the input's tangent.
+
+    cumulative_prod: y[i] = x[i] * y[i-1], so ty[i] = x[i] * ty[i-1] + tx[i] * y[i-1]: the linear
+    recurrence (_linear_scan) with a = x and b = tx * E (E the exclusive product); exact at zeros."""
     kw = e.params["kwargs"]
-    if kw["op"] != "sum":
-        raise TypeError("cumulative_prod is not differentiable yet (its derivative divides by the inputs)")
     (tx,), (x,) = t, e.x
-    return core_call(SCAN, [tx.astype(e.y[0].dtype, copy=False)], **kw)
+    out_dtype = e.y[0].dtype
+    if kw["op"] == "prod":
+        xf, tf = x.astype(out_dtype, copy=False), tx.astype(out_dtype, copy=False)
+        ty = _linear_scan(xf, tf * _exclusive_prod(xf)) if x.shape[-1] else tf
+        if kw["include_initial"]:
+            ty = F.concat([F.zeros(ty.shape[:-1] + (1,), dtype=out_dtype, device=ty.device), ty], axis=-1)
+        return [ty]
+    return core_call(SCAN, [tx.astype(out_dtype, copy=False)], **kw)
 
 
 def _sort_jvp(t, e):

@@ -131,7 +131,7 @@ def _ipow(a, b):
     result = a * 0 + 1
     base = a
     e = b
-    for _ in tl.static_range(63):
+    for _ in tl.static_range(64):  # every bit of a uint64 exponent (>> is logical on unsigned types)
         result = tl.where((e & 1) != 0, result * base, result)
         base = base * base
         e = e >> 1
@@ -221,11 +221,14 @@ def launch_spec(kernel: Kernel) -> LaunchSpec:
 
 
 def scalar_arg(value, d: dt.DType):
-    """A Const slot's run-time argument: float64 travels as its bits (a Python float arrives as fp32)."""
+    """A Const slot's run-time argument: float64 travels as its bits (a Python float arrives as fp32),
+    uint64 as the int64 of its bits (every integer slot is a tl.int64 argument)."""
     if d is dt.float64:
         return struct.unpack("<q", struct.pack("<d", value))[0]
     if d.kind == "b":
         return int(value)
+    if d is dt.uint64 and value >= 2 ** 63:  # int64 arguments: its bits (const_expr casts them back)
+        return value - 2 ** 64
     return value
 
 

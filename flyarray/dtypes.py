@@ -64,12 +64,31 @@ _BY_NAME["bool_"] = bool_
 _BY_TORCH = {d.torch: d for d in ALL}
 TORCH_TO_FLYARRAY = _BY_TORCH  # read-only outside this module
 
+# Unsigned integers wider than a byte (issue 13). torch has the dtypes but few CPU kernels for them:
+# the reference backend computes them exactly on int64 lanes (unsigned.py).
+uint16 = DType("uint16", "u", 2, torch.uint16, "uint16")
+uint32 = DType("uint32", "u", 4, torch.uint32, "uint32")
+uint64 = DType("uint64", "u", 8, torch.uint64, "uint64")
+for _d in (uint16, uint32, uint64):
+    ALL.append(_d)
+    _BY_NAME[_d.name] = _d
+    _BY_TORCH[_d.torch] = _d
+
 # The array API's promotion lattice for the pairs it defines (symmetric).
 _PAIRS = {
     ("i", 1, "i", 2): int16, ("i", 1, "i", 4): int32, ("i", 1, "i", 8): int64,
     ("i", 2, "i", 4): int32, ("i", 2, "i", 8): int64, ("i", 4, "i", 8): int64,
     ("u", 1, "i", 1): int16, ("u", 1, "i", 2): int16, ("u", 1, "i", 4): int32, ("u", 1, "i", 8): int64,
 }
+
+# unsigned with unsigned: the wider; unsigned with signed: the smallest signed type holding both. None holds
+# uint64 and a signed type: the array API leaves those pairs undefined, and promote() refuses them.
+_PAIRS.update({
+    ("u", 1, "u", 2): uint16, ("u", 1, "u", 4): uint32, ("u", 1, "u", 8): uint64,
+    ("u", 2, "u", 4): uint32, ("u", 2, "u", 8): uint64, ("u", 4, "u", 8): uint64,
+    ("u", 2, "i", 1): int32, ("u", 2, "i", 2): int32, ("u", 2, "i", 4): int32, ("u", 2, "i", 8): int64,
+    ("u", 4, "i", 1): int64, ("u", 4, "i", 2): int64, ("u", 4, "i", 4): int64, ("u", 4, "i", 8): int64,
+})
 
 
 def dtype(obj) -> DType:
@@ -126,6 +145,9 @@ def promote(a: DType, b: DType) -> DType:
     key = (b.kind, b.itemsize, a.kind, a.itemsize)
     if key in _PAIRS:
         return _PAIRS[key]
+    if {a.kind, b.kind} == {"u", "i"}:  # uint64 with a signed integer: no integer type holds both
+        raise TypeError(f"{a} and {b} have no common dtype: the array API defines no promotion between uint64 and "
+                        "a signed integer type (no integer type holds both ranges); cast one with astype first")
     raise TypeError(f"no promotion rule for {a} and {b}")
 
 

@@ -20,7 +20,8 @@ from .schedule import KernelStep, LibraryCall, schedule
 from .targets import TARGETS, KernelSpec, compile_for
 
 _POINTER = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
-            "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1",
+            "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "uint16": "u16", "uint32": "u32",
+            "uint64": "u64", "bool": "i1",
             "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
 
 

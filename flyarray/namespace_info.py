@@ -55,7 +55,8 @@ class Info:
 
     def dtypes(self, *, device=None, kind=None) -> dict:
         """Name -> dtype for the dtypes of ``kind`` (see fa.isdtype; None: all that compute, not float8)."""
-        names = ["bool", "int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16", "float32", "float64"]
+        names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
+                 "float32", "float64"]
         out = {n: dt.dtype(n) for n in names}
         return out if kind is None else {n: d for n, d in out.items() if isdtype(d, kind)}
 

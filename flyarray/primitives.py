@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from . import dtypes as dt
+from . import unsigned
 from .ir import Primitive
 
 
@@ -37,6 +38,16 @@ class Elementwise(Primitive):
         # For the few ops whose answer depends on the storage precision (nextafter): the lowering
         # used when fp16/bf16 inputs are computed in fp32. (arg_exprs, storage DType) -> fp32 expression
         self.lower_narrow = lower_narrow
+        self._unsigned_reference = None
+
+    def reference_for(self, d: dt.DType):
+        """The torch reference for inputs of dtype ``d``: uint16/32/64 through unsigned.py's exact rules
+        (torch has no CPU arithmetic for them)."""
+        if not unsigned.is_wide(d.torch):
+            return self.reference
+        if self._unsigned_reference is None:
+            self._unsigned_reference = unsigned.elementwise(self.name, self.reference, self.out == "bool")
+        return self._unsigned_reference
 
 
 class Reduce(Primitive):
@@ -46,7 +57,16 @@ class Reduce(Primitive):
         super().__init__(name)
         self.reference = reference
         self.combine = combine  # name of a combine function in codegen's prelude
-        self.out = out  # 'sum' (ints widen to int64) | 'same' | 'index' | 'bool'
+        self.out = out  # 'sum' (signed ints and bool widen to int64, unsigned to uint64) | 'same' | 'index' | 'bool'
+        self._unsigned_reference = None
+
+    def reference_for(self, d: dt.DType):
+        """The torch reference for an input of dtype ``d`` (uint16/32/64: unsigned.py)."""
+        if not unsigned.is_wide(d.torch):
+            return self.reference
+        if self._unsigned_reference is None:
+            self._unsigned_reference = unsigned.reduce(self.name, self.reference)
+        return self._unsigned_reference
 
 
 class Library(Primitive):
@@ -250,12 +270,20 @@ def _arg(x, axes, largest):
 
 def reduce_dtype(prim: Reduce, d: dt.DType) -> dt.DType:
     if prim.out == "sum":
-        return dt.int64 if d.kind in "biu" else d
+        return sum_dtype(d)
     if prim.out == "index":
         return dt.int64
     if prim.out == "bool":
         return dt.bool_
     return d
+
+
+def sum_dtype(d: dt.DType) -> dt.DType:
+    """The array API's sum/prod/cumulative_sum dtype: signed integers and bool -> int64 (the default
+    integer), unsigned -> uint64 (the unsigned type of its width), floats keep theirs."""
+    if d.kind == "u":
+        return dt.uint64
+    return dt.int64 if d.kind in "bi" else d
 
 
 def elementwise_out_dtype(prim: Elementwise, d: dt.DType) -> dt.DType:

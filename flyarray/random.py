@@ -119,13 +119,14 @@ def fold_in(k, data) -> Array:
 # ---- bits ------------------------------------------------------------------------------------------
 def bits(k, shape=(), dtype=None) -> Array:
     """Random bits, as ``jax.random.bits``. dtype None: int64 holding 32 bits (JAX's uint32), in
-    [0, 2**32); uint8 / int8 / int16 / int32: that many low bits (signed ones two's complement);
-    int64: 64 bits (JAX's uint64 bits, two's complement)."""
+    [0, 2**32); uint8 / uint16 / uint32 / int8 / int16 / int32: that many low bits (signed ones two's
+    complement); uint64: JAX's 64 bits; int64: the same 64 bits, two's complement."""
     shape = _shape(shape)
     d = dt.int64 if dtype is None else dt.dtype(dtype)
-    if dtype is not None and d is dt.int64:
+    if dtype is not None and d in (dt.int64, dt.uint64):
         x0 = _threefry("threefry2x32_0", k, shape)
-        return ew.bitwise_or(ew.bitwise_left_shift(x0, 32), _threefry("threefry2x32_1", k, shape))
+        out = ew.bitwise_or(ew.bitwise_left_shift(x0, 32), _threefry("threefry2x32_1", k, shape))
+        return out if d is dt.int64 else out.astype(d)
     if d.kind not in "iu":
         raise TypeError(f"bits: dtype must be an integer type, got {d}")
     b = _threefry("random_bits", k, shape)

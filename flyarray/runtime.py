@@ -18,7 +18,7 @@ import sys
 import torch
 import triton
 
-from . import codegen, config, diskcache, ir
+from . import codegen, config, diskcache, ir, unsigned
 from .kernel_ir import Kernel
 
 BACKENDS = ("gpu", "interpret", "reference")
@@ -192,8 +192,8 @@ def _check_against_reference(kernel, inputs, outputs, scalars):
         if got.dtype.is_floating_point:
             ok = torch.allclose(got.double(), want.double(), rtol=1e-2 if got.element_size() < 4 else 1e-4,
                                 atol=1e-3 if got.element_size() < 4 else 1e-5, equal_nan=True)
-        else:
-            ok = torch.equal(got, want)
+        else:  # bit for bit (the signed view: torch's kernels for uint16/32/64 vary by device)
+            ok = torch.equal(unsigned.signed_view(got), unsigned.signed_view(want))
         if not ok:
             raise AssertionError(f"FLYARRAY_CHECK: a fused kernel disagrees with the reference backend "
                                  f"(output {tuple(got.shape)} {got.dtype})")
@@ -265,5 +265,6 @@ def _torch_movement(t: torch.Tensor, op) -> torch.Tensor:
         offset = t.storage_offset() + sum(s * st for s, st in zip(starts, t.stride()))
         return t.as_strided(shape, [st * step for st, step in zip(t.stride(), steps)], offset)
     if kind == "flip":
-        return t.flip(op[1])  # torch has no negative strides: this one copies
+        # torch has no negative strides: this one copies (uint16/32/64 through their signed view: no flip kernel)
+        return unsigned.unsigned_view(unsigned.signed_view(t).flip(op[1]), t.dtype)
     raise ValueError(kind)

@@ -189,8 +189,17 @@ def _top_k(data):
 
 
 def _scan(data):
+    """cumulative_sum and cumulative_prod (zeros in the input: tests/test_cumprod_derivatives.py)."""
     m, n = _sizes(data, 2, 6)
-    return (lambda x: fa.cumulative_sum(x, axis=1) ** 2), (lambda x: torch.cumsum(x, 1) ** 2), [(m, n)]
+    op = data.draw(st.sampled_from(["sum", "prod"]), label="op")
+    initial = data.draw(st.booleans(), label="include_initial")
+    fa_fn, torch_fn, ident = (fa.cumulative_sum, torch.cumsum, 0.0) if op == "sum" else \
+        (fa.cumulative_prod, torch.cumprod, 1.0)
+
+    def tf(x):
+        y = torch_fn(x, 1)
+        return (torch.cat([torch.full((m, 1), ident, dtype=x.dtype), y], 1) if initial else y) ** 2
+    return (lambda x: fa_fn(x, axis=1, include_initial=initial) ** 2), tf, [(m, n)]
 
 
 def _sort(data):

@@ -78,6 +78,9 @@ def test_bits_match_jax(backend):
     assert b.dtype == fa.int64 and _np(b).tolist() == JAX['bits']
     assert _np(R.bits(k, (5,), fa.uint8)).tolist() == JAX['bits8']
     assert (_np(R.bits(k, (3,), fa.int64)).view(np.uint64).tolist()) == JAX['bits64']
+    assert R.bits(k, (3,), fa.uint64).dtype == fa.uint64 and _np(R.bits(k, (3,), fa.uint64)).tolist() == JAX['bits64']
+    assert _np(R.bits(k, (3, 4), fa.uint32)).tolist() == JAX['bits']
+    assert _np(R.bits(k, (3, 4), fa.uint16)).tolist() == (np.array(JAX['bits'], np.uint64) & 0xFFFF).tolist()
     assert _np(R.bits(k, (3, 4), fa.int32)).tolist() == _np(np.array(JAX['bits'], np.uint32).view(np.int32)).tolist()
 
 

@@ -28,8 +28,8 @@ def shape_and_axis(draw, single_axis=False):
 
 def result_dtype(name, dtype):
     kind = np.dtype(dtype).kind
-    if name in ("sum", "prod"):
-        return "int64" if kind in "biu" else dtype
+    if name in ("sum", "prod"):  # the array API's: unsigned -> uint64, signed and bool -> int64
+        return "uint64" if kind == "u" else "int64" if kind in "bi" else dtype
     if name in ("mean", "var", "std"):
         return "float32" if kind != "f" else dtype
     if name in ("argmax", "argmin"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import unsigned
 from ..diskcache import COMPILE_LOCK
 from ..kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce
 from ..primitives import ELEMENTWISE, REDUCE
@@ -30,8 +31,9 @@ def _strided_reader(view: View):
         strides[d] = -strides[d]
     shape, strides = tuple(view.shape), tuple(abs(s) for s in strides)
     as_strided = torch.as_strided
-    if neg:
-        return lambda t: as_strided(t, shape, strides, t.storage_offset() + offset).flip(neg)
+    if neg:  # flipped through the signed view: torch has no flip for uint16/32/64
+        return lambda t: unsigned.unsigned_view(
+            unsigned.signed_view(as_strided(t, shape, strides, t.storage_offset() + offset)).flip(neg), t.dtype)
     return lambda t: as_strided(t, shape, strides, t.storage_offset() + offset)
 
 
@@ -100,13 +102,17 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env) -> list:
         return [f"v{i} = read{i}(inputs[{op.input}])"]
     if isinstance(op, Const):
         env[f"shape{i}"], env[f"dtype{i}"] = shapes[op.domain], op.dtype.torch
+        if op.dtype.torch == torch.uint64:  # its int64 bits, viewed: older torch refuses values >= 2^63 here
+            env[f"bits{i}"] = lambda v: v - 2 ** 64 if v >= 2 ** 63 else v
+            return [(f"v{i} = torch.full((), bits{i}(scalars[{op.slot}]), dtype=torch.int64, device=dev)"
+                     f".view(dtype{i}).expand(shape{i})")]
         return [f"v{i} = torch.full((), scalars[{op.slot}], dtype=dtype{i}, device=dev).expand(shape{i})"]
     if isinstance(op, Iota):
         env[f"iota{i}"] = lambda device, op=op: _iota(op, device)
         return [f"v{i} = iota{i}(dev)"]
     env[f"dtype{i}"] = op.dtype.torch
     if isinstance(op, Reduce):
-        env[f"fn{i}"], env[f"axes{i}"] = REDUCE[op.prim].reference, axes
+        env[f"fn{i}"], env[f"axes{i}"] = REDUCE[op.prim].reference_for(ops[op.arg].dtype), axes
         return [f"v{i} = fn{i}(v{op.arg}, axes{i}).to(dtype{i})"]
     if not isinstance(op, Elementwise):
         raise TypeError(f"unknown op {op}")
@@ -116,7 +122,7 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env) -> list:
     if found is not None:  # ``x + 0.5``: torch takes the Python scalar (same result dtype, no tensor made)
         env[f"fn{i}"], a, b = found
         return [f"v{i} = fn{i}(v{a}, scalars[{ops[b].slot}])"]
-    env[f"fn{i}"] = ELEMENTWISE[op.prim].reference
+    env[f"fn{i}"] = ELEMENTWISE[op.prim].reference_for(op.in_dtype)
     args = ", ".join(f"v{a}" for a in op.args)
     return [f"v{i} = fn{i}({args})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
 
@@ -136,7 +142,8 @@ def _scalars_only(kernel) -> set:
 def _scalar_operand(op, ops):
     """(torch fn, tensor arg, const arg) when ``op`` can take its constant as a Python scalar."""
     fn = _SCALAR_OPERAND.get(op.prim)
-    if fn is None or len(op.args) != 2 or op.in_dtype.kind not in "iuf" or op.dtype is not op.in_dtype:
+    if fn is None or len(op.args) != 2 or op.in_dtype.kind not in "iuf" or op.dtype is not op.in_dtype \
+            or unsigned.is_wide(op.in_dtype.torch):
         return None
     a, b = op.args
     if isinstance(ops[a], Const) and op.prim in _COMMUTES:

@@ -20,8 +20,9 @@ to a power of two with INT64_MAX) gives exactly the stable order; the column com
 low word and the value is gathered from it. One program sorts one row of up to ``max_n`` elements.
 
 **Library call to torch** (no Triton kernel): rows longer than ``max_n``, and 64-bit dtypes
-(int64, float64, whose keys do not fit the 32-bit half of the word), are sorted by
-``torch.sort(stable=True)``; ``uses_kernel`` says which. The binary search is a Triton kernel for
+(int64, uint64, float64, whose keys do not fit the 32-bit half of the word), are sorted by
+``torch.sort(stable=True)``; ``uses_kernel`` says which. uint16/32/64 go there as int64 keys in
+their unsigned order (unsigned.order_key), the values gathered through the signed view. The binary search is a Triton kernel for
 every dtype (it compares values, not keys).
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flyarray import unsigned as _u
 from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
 from flyarray.kernels.top_k import order_key
 from flyarray.targets import KernelSpec
@@ -45,7 +47,7 @@ CONFIGS = {
 }
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.uint8, torch.int16,
-                 torch.int32, torch.bool)
+                 torch.int32, torch.bool, torch.uint16, torch.uint32)
 _PAD = 2 ** 63 - 1  # above every packed word: padding sorts to the end
 
 
@@ -116,6 +118,9 @@ def sort(x: torch.Tensor, descending: bool = False, *, config: dict | None = Non
     """(values, int64 indices) of a stable sort along the last axis; see the module docstring."""
     N = x.shape[-1]
     if not uses_kernel(N, x.dtype, config, x.device):  # the documented library call (long rows, 64-bit)
+        if _u.is_wide(x.dtype):  # sort int64 keys in the unsigned order (torch's uint kernels vary by device)
+            _, indices = torch.sort(_u.order_key(_u.to_lanes(x)), dim=-1, descending=descending, stable=True)
+            return _u.unsigned_view(torch.gather(_u.signed_view(x), -1, indices), x.dtype), indices
         values, indices = torch.sort(x, dim=-1, descending=descending, stable=True)
         return values, indices
     values = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -175,7 +180,7 @@ def reference_sort(x: torch.Tensor, descending: bool = False):
     else:
         order = np.argsort(rows, axis=-1, kind="stable")
     indices = torch.from_numpy(np.ascontiguousarray(order)).to(torch.int64).reshape(x.shape).to(x.device)
-    return torch.gather(x, -1, indices), indices
+    return _u.unsigned_view(torch.gather(_u.signed_view(x), -1, indices), x.dtype), indices
 
 
 def reference_searchsorted(seq: torch.Tensor, v: torch.Tensor, right: bool = False):

@@ -60,14 +60,17 @@ from flyarray.targets import KernelSpec
 @triton.jit
 def order_key(x, IS_FLOAT: tl.constexpr):
     """An int32 whose signed order is ``x``'s order (top_k and sort compare these): a float's bits with
-    the negative half flipped, -0.0 folded onto +0.0 and every NaN above +inf; integers as themselves."""
+    the negative half flipped, -0.0 folded onto +0.0 and every NaN above +inf; integers as themselves
+    (uint32 with its top bit flipped)."""
     if IS_FLOAT:
         bits = x.to(tl.float32).to(tl.int32, bitcast=True)
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
         key = tl.where(key == -1, 0, key)
         key = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FFFFFFF, key)
+    elif x.dtype == tl.uint32:  # the top bit flipped: the unsigned order as a signed one
+        key = (x ^ 0x80000000).to(tl.int32, bitcast=True)
     else:
-        key = x.to(tl.int32)
+        key = x.to(tl.int32)  # uint8/uint16 zero-extend
     return key
 
 

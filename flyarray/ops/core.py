@@ -17,7 +17,7 @@ from .. import dtypes as dt
 from .. import ir, views
 from .._array import Array
 from ..primitives import (ELEMENTWISE, REDUCE, check_accepts, check_storage_only, elementwise_out_dtype,
-                          reduce_dtype)
+                          reduce_dtype, sum_dtype)
 
 
 def node_of(x) -> ir.Node:
@@ -190,7 +190,7 @@ def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     elif dtype is not None:
         node = cast_node(node, dt.dtype(dtype))
     elif prim.out == "sum" and node.dtype.kind in "biu":
-        node = cast_node(node, dt.int64)
+        node = cast_node(node, sum_dtype(node.dtype))
     out_dtype = reduce_dtype(prim, node.dtype)
     keep_shape = tuple(1 if i in axes else s for i, s in enumerate(node.shape))
     if not axes:

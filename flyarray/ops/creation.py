@@ -68,6 +68,16 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
         return _from_numpy(obj, copy)
     if hasattr(obj, "__dlpack__"):
         return from_dlpack(obj)._node.buffer
+    wide_unsigned = target_dtype is not None and target_dtype.kind == "u" and target_dtype.itemsize > 1
+    if (isinstance(obj, np.generic) and obj.dtype.kind == "u") or (wide_unsigned and isinstance(obj, (int, list, tuple))):
+        # through numpy: torch.tensor refuses np.uint64, and older torch Python ints >= 2^63 for uint64
+        if copy is False:
+            raise ValueError("copy=False, but Python scalars and sequences must be copied")
+        try:
+            arr = np.array(obj, dtype=target_dtype.name if wide_unsigned else None)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
+        return _from_numpy(arr, copy)
     if isinstance(obj, (bool, numbers.Number, list, tuple, np.generic)):
         if copy is False:
             raise ValueError("copy=False, but Python scalars and sequences must be copied")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import dtypes as dt
-from .. import views
+from .. import unsigned, views
 from .._array import Array
 from .core import movement, node_of
 from .library import Library, call
@@ -41,7 +41,7 @@ def _gather_abstract(z, idx):
 
 
 def _gather_torch(z, idx):
-    return z[idx.long()]
+    return unsigned.unsigned_view(unsigned.signed_view(z)[idx.long()], z.dtype)  # a move: any dtype
 
 
 GATHER = Library("gather", _gather_abstract, _gather_torch, _gather_torch)
@@ -68,6 +68,11 @@ def _scatter_torch(z, idx, v, *, mode):
     as_bool = out.dtype == torch.bool and mode != "set"
     if as_bool:  # torch reduces no bools: or/and/min/max through uint8
         out, v = out.to(torch.uint8), v.to(torch.uint8)
+    wide = out.dtype if unsigned.is_wide(out.dtype) else None
+    if wide is not None:  # uint16/32/64 (no torch kernels): int64 lanes, min/max in the unsigned order
+        out, v = unsigned.to_lanes(out), unsigned.to_lanes(v)
+        if mode in ("min", "max"):
+            out, v = unsigned.order_key(out), unsigned.order_key(v)
     if mode == "set":
         out.index_put_((idx,), v)
     elif mode == "add" and not as_bool:
@@ -78,6 +83,8 @@ def _scatter_torch(z, idx, v, *, mode):
             warnings.simplefilter("ignore", UserWarning)
             out.index_reduce_(0, idx, v, reduce)
     out = out[:n]
+    if wide is not None:
+        return unsigned.from_lanes(unsigned.order_key(out) if mode in ("min", "max") else out, wide)
     return out.to(torch.bool) if as_bool else out
 
 
@@ -372,7 +379,8 @@ def nonzero(x, /) -> tuple:
     node = node_of(x)
     if not node.shape:
         raise ValueError("nonzero: x must have at least one dimension (0-d input is not allowed)")
-    return tuple(asarray(p) for p in torch.nonzero(x.torch(), as_tuple=True))
+    # the signed view: the same zeros, and torch has no nonzero for uint16/32/64
+    return tuple(asarray(p) for p in torch.nonzero(unsigned.signed_view(x.torch()), as_tuple=True))
 
 
 # ---- functional updates: x.at[key].op(values) ---------------------------------------------------------------------

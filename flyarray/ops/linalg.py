@@ -64,7 +64,7 @@ def matmul(x1, x2, /):
 
 def vecdot(x1, x2, /, *, axis=-1):
     """``sum(x1 * x2, axis=axis)`` with broadcasting (no conjugation: no complex dtypes). Numeric dtypes;
-    unlike the array API, integer and bool inputs give int64 (sum's rule)."""
+    unlike the array API, integer and bool inputs give sum's dtype (int64; uint64 for unsigned ones)."""
     from .reductions import sum
     return sum(x1 * x2, axis=axis)
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
-import torch
-
 from .. import dtypes as dt
 from .. import views
-from ..primitives import check_storage_only
+from ..primitives import check_storage_only, sum_dtype
 from .core import as_array, node_of
 from .library import Library, call
 
@@ -40,8 +38,8 @@ def _rows(op, node):
 def _scan_abstract(x, *, op, include_initial):
     _real(f"cumulative_{op}", "x", x, allow_bool=True)
     _rows(f"cumulative_{op}", x)
-    out = dt.int64 if x.dtype.kind in "bu" or x.dtype.kind == "i" and x.dtype.itemsize < 8 else x.dtype
-    return [(x.shape[:-1] + (x.shape[-1] + int(include_initial),), out)]
+    # the array API's sum dtypes: signed ints and bool -> int64, unsigned -> uint64, floats keep theirs
+    return [(x.shape[:-1] + (x.shape[-1] + int(include_initial),), sum_dtype(x.dtype))]
 
 
 def _scan_kernel(x, *, op, include_initial):
@@ -53,7 +51,7 @@ def _scan_reference(x, *, op, include_initial):
 
 
 def _scan_torch_dtype(x):
-    return torch.int64 if not x.dtype.is_floating_point else x.dtype
+    return sum_dtype(dt.from_torch(x.dtype)).torch
 
 
 SCAN = Library("scan", _scan_abstract, _scan_kernel, _scan_reference)
@@ -101,7 +99,8 @@ def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
 def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
     """Cumulative product along ``axis`` (optional for 1-D ``x``): the array API's ``cumulative_prod``.
 
-    The same dtype rules as ``cumulative_sum``; ``include_initial`` puts a 1 in front. A Triton scan kernel."""
+    The same dtype rules as ``cumulative_sum``; ``include_initial`` puts a 1 in front. A Triton scan kernel;
+    differentiable, exactly also where ``x`` has zeros (no division: docs/transforms.md)."""
     return _scan("prod", x, axis, dtype, include_initial)
 
 
