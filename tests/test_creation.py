@@ -60,6 +60,7 @@ def test_arange(backend, args, kwargs):
 @pytest.mark.parametrize("start,stop,num,endpoint,dtype", [
     (0, 1, 5, True, None), (0, 1, 5, False, None), (-3, 7, 1, True, None), (2, 2, 4, True, None),
     (0, 10, 0, True, None), (1.5, -2.5, 9, True, "float64"), (0, 1, 11, True, "float16"),
+    (0, 10, 5, True, "int32"), (-10, 0, 5, True, "int64"), (0, 7, 4, False, "uint8"),  # numpy: float, then cast
 ])
 def test_linspace(backend, start, stop, num, endpoint, dtype):
     got = fa.linspace(start, stop, num, endpoint=endpoint, dtype=dtype)
