@@ -210,11 +210,15 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
     d = dt.dtype(dtype) if dtype is not None else dt.default_float()
     div = (num - 1) if endpoint else num
     step = (stop - start) / div if div > 0 else 0.0
-    # an integer or bool result is the float64 ramp cast (numpy's rule: 0..10 in 5 is 0 2 5 7 10); an
-    # integer ramp would round the step itself first
+    # an integer result is the float64 ramp rounded down (numpy's rule: -10..0 in 5 is -10 -8 -5 -3 0);
+    # an integer ramp would round the step itself first
     ramp = d if d.kind == "f" else dt.float64
     node = ir.Node(ir.IOTA, (), ("ramp", float(start), float(step)), (num,), ramp, _device(device))
-    return Array(node) if ramp is d else Array(node).astype(d)
+    if ramp is d:
+        return Array(node)
+    from .core import elementwise
+    ramp = Array(node)
+    return (ramp if d.kind == "b" else elementwise("floor", ramp)).astype(d)
 
 
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
