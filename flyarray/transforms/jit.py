@@ -178,6 +178,7 @@ class _Trace:
         self.scalars = scalars
         self.out_refs = out_refs
         self.treedef = treedef
+        self.one_array = treedef.kind is None  # the function returned one array, not a pytree of them
         self.cuda_graph = None  # fa.jit's option
         self.graphed = None  # a graphs.GraphedPlan once captured
         self.graph_decided = False  # whether the first replay chose graph or plain launches
@@ -221,11 +222,12 @@ class _Trace:
             leaves = [tensors[src] if type(src) is int else src for src in self.leaf_sources]
             slots = self.plan.run(leaves, self.scalars)
         outs = []
-        for kind, index, ops, shape in self.out_refs:
+        source = ir.SOURCE
+        for kind, index, ops, shape, base in self.out_refs:
             t = slots[index] if kind == "slot" else tensors[index] if kind == "arg" else index
-            node = ir.source(t)
+            node = ir.Node(source, (), ir.version_of(t), *base, t)  # ir.source(t), its (shape, dtype, device) known
             outs.append(Array(ir.view(node, ops, shape) if ops else node))
-        return tree_util.tree_unflatten(self.treedef, outs)
+        return outs[0] if self.one_array else tree_util.tree_unflatten(self.treedef, outs)
 
 
     def _first_replay(self, tensors):
@@ -235,7 +237,7 @@ class _Trace:
             if self.graph_decided:
                 return self.graphed.run(tensors) if self.graphed is not None else None
             self.graph_decided = True
-            out_slots = sorted({index for kind, index, _, _ in self.out_refs if kind == "slot"})
+            out_slots = sorted({index for kind, index, *_ in self.out_refs if kind == "slot"})
             arguments = [tensors[src] for src in dict.fromkeys(self.leaf_sources) if type(src) is int]
             if not graphs.worth_a_graph(self.plan, arguments, out_slots, self.cuda_graph):
                 return None
@@ -259,17 +261,21 @@ def _leaf_sources(walk, arg_of) -> list:
 
 
 def _out_ref(node, walk, program, arg_of):
+    """(where the output's buffer comes from, which, its view ops, its shape, the buffer's (shape, dtype,
+    device)): the last is fixed by the trace's key, so a replay builds the output node without asking
+    the tensor."""
     base, ops = (node.inputs[0], node.params) if node.prim is ir.VIEW else (node, ())
+    described = (base.shape, base.dtype, base.device)
     if base.id in arg_of:
-        return ("arg", arg_of[base.id], ops, node.shape)
+        return ("arg", arg_of[base.id], ops, node.shape, described)
     if walk is not None and base in walk.position:
         position = walk.position[base]
         slot = next((b[-1] for b in program.binds if len(b) == 2 and b[0] == position), None)
         if slot is None and base in walk.leaf_nodes:
             slot = walk.leaf_nodes.index(base)
         if slot is not None:
-            return ("slot", slot, ops, node.shape)
-    return ("fixed", base.buffer, ops, node.shape)  # computed before the trace: a constant of the function
+            return ("slot", slot, ops, node.shape, described)
+    return ("fixed", base.buffer, ops, node.shape, described)  # computed before the trace: a constant of the function
 
 
 def _flatten_outputs(out):
