@@ -14,6 +14,7 @@ from . import dtypes as _dtypes  # noqa: E402
 from ._array import Array  # noqa: E402
 from .dtypes import (DType, bfloat16, bool_, finfo, float8_e4m3fn, float8_e5m2, float16, float32, float64,  # noqa: E402
                      iinfo, int8, int16, int32, int64, uint8)
+from .dtypes import complex64, complex128  # noqa: E402,F401
 from .ops import *  # noqa: E402,F401,F403
 from .ops import nn  # noqa: E402
 from . import quant  # noqa: E402
