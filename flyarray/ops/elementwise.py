@@ -134,6 +134,19 @@ def imag(x, /):
     return zeros_like(x)
 
 
+def complex_from_parts(re, im):
+    """re + i im from two real float arrays of one dtype and shape (an internal building block: float32 parts
+    give complex64, float64 parts complex128)."""
+    from .. import dtypes, ir
+    from .._array import Array
+    from ..complex_lowering import COMPLEX
+    a, b = re._node, im._node
+    if a.dtype != b.dtype or a.shape != b.shape or a.dtype not in (dtypes.float32, dtypes.float64):
+        raise TypeError(f"complex parts must be float32 or float64 arrays of one dtype and shape, got "
+                        f"{a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)}")
+    return Array(ir.Node(COMPLEX, (a, b), None, a.shape, dtypes.complex_dtype(a.dtype), a.device))
+
+
 def _dtype_kind(x):
     from .. import dtypes
     from .core import as_array

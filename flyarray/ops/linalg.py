@@ -50,11 +50,14 @@ def matmul(x1, x2, /):
     if a.dtype != b.dtype:
         d = dt.promote(a.dtype, b.dtype)
         x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
-    if x1.dtype.kind != "f":
+    if x1.dtype.kind not in "fc":
         raise TypeError(f"matmul: {x1.dtype} operands are not supported; cast to a float dtype first")
     lhs = x1[None, :] if x1.ndim == 1 else x1
     rhs = x2[:, None] if x2.ndim == 1 else x2
-    (out,) = call(MATMUL, [lhs, rhs])
+    if x1.dtype.kind == "c":
+        out = _complex_matmul(lhs, rhs)
+    else:
+        (out,) = call(MATMUL, [lhs, rhs])
     if x1.ndim == 1:
         out = out[..., 0, :]
     if x2.ndim == 1:
@@ -62,11 +65,38 @@ def matmul(x1, x2, /):
     return out
 
 
+def _complex_matmul(a, b):
+    """Complex a @ b as one real GEMM of our kernel: a's (re, im) pairs are a real (..., m, 2k) matrix as
+    they lie in memory, b becomes the real (..., 2k, 2n) block matrix [[re, im], [-im, re]] per element
+    (one fused kernel), and the (..., m, 2n) product is the complex result's (re, im) pairs: 4 real
+    multiply-adds per complex one, as 4 real GEMMs would do, in one launch and with no copy of a."""
+    from ..complex_lowering import AS_COMPLEX, AS_REAL
+    from .creation import arange
+    from .elementwise import where
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({a.shape[-1]} != {b.shape[-2]})")
+    (pa,) = call(AS_REAL, [a])
+    (pb,) = call(AS_REAL, [b])
+    *batch_a, m, k, _ = pa.shape
+    *batch_b, _, n, _ = pb.shape
+    lhs = reshape(pa, (*batch_a, m, 2 * k))
+    re, im = pb[..., None, :, None, 0], pb[..., None, :, None, 1]  # (..., k, 1, n, 1)
+    row = reshape(arange(2, device=a.device), (2, 1, 1))
+    col = arange(2, device=a.device)
+    block = where(row == col, re, where(row < col, im, -im))  # (..., k, 2, n, 2)
+    rhs = reshape(block, (*block.shape[:-4], 2 * k, 2 * n))
+    (prod,) = call(MATMUL, [lhs, rhs])
+    (out,) = call(AS_COMPLEX, [reshape(prod, (*prod.shape[:-1], n, 2))])
+    return out
+
+
 def vecdot(x1, x2, /, *, axis=-1):
-    """``sum(x1 * x2, axis=axis)`` with broadcasting (no conjugation: no complex dtypes). Numeric dtypes;
-    unlike the array API, integer and bool inputs give int64 (sum's rule)."""
+    """``sum(conj(x1) * x2, axis=axis)`` with broadcasting (the array API conjugates the first argument;
+    real arrays are their own conjugates). Numeric dtypes; unlike the array API, integer and bool inputs give
+    int64 (sum's rule)."""
+    from .elementwise import conj
     from .reductions import sum
-    return sum(x1 * x2, axis=axis)
+    return sum(conj(x1) * x2, axis=axis)
 
 
 # ---- epilogue fusion: matmul followed by bias / activation / residual / cast --------------------------------
