@@ -29,6 +29,7 @@ from . import tree_util  # noqa: E402,F401
 from .transforms.batching import vmap  # noqa: E402,F401
 from .transforms.jacobians import hessian, jacfwd, jacrev, linearize  # noqa: E402,F401
 from . import linalg  # noqa: E402,F401
+from . import fft  # noqa: E402,F401
 from .namespace_info import __array_namespace_info__, isdtype  # noqa: E402,F401
 from . import sharding, lax  # noqa: E402,F401
 from .sharded import device_get, device_put  # noqa: E402,F401

@@ -63,8 +63,12 @@ def _as_complex(t):
     return torch.view_as_complex(t)
 
 
+def _as_real(t):
+    return torch.view_as_real(t.resolve_conj())  # a tensor with torch's lazy-conjugation bit is copied first
+
+
 # Reinterpretations, not kernels: a torch view each (plan.py counts no launch for them).
-AS_REAL = Library("view_as_real", _as_real_abstract, torch.view_as_real, torch.view_as_real)
+AS_REAL = Library("view_as_real", _as_real_abstract, _as_real, _as_real)
 AS_COMPLEX = Library("view_as_complex", _as_complex_abstract, _as_complex, _as_complex)
 AS_REAL.reinterpret = AS_COMPLEX.reinterpret = True
 
