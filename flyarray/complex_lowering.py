@@ -172,6 +172,24 @@ def _interleave(re: ir.Node, im: ir.Node) -> ir.Node:
     return where(first, F(_broadcast(re, shape + (1,), full)), F(_broadcast(im, shape + (1,), full))).n
 
 
+def _packed_ops(ops) -> tuple:
+    """Movement ops on a complex value, as the same ops on its packed value (a trailing axis of 2 rides along)."""
+    out = []
+    for op in ops:
+        kind = op[0]
+        if kind in ("reshape", "expand"):
+            out.append((kind, tuple(op[1]) + (2,)))
+        elif kind == "permute":
+            out.append((kind, tuple(op[1]) + (len(op[1]),)))
+        elif kind == "slice":
+            out.append((kind, tuple(op[1]) + (0,), tuple(op[2]) + (1,), tuple(op[3]) + (2,)))
+        elif kind == "flip":
+            out.append(op)
+        else:
+            raise AssertionError(f"unknown movement op {kind}")
+    return tuple(out)
+
+
 def _from_node(x: ir.Node) -> Parts:
     """The parts of a complex buffer (a realized array or a library output): a view_as_real of it."""
     lib = ir.Node(AS_REAL, (x,), None, (), dt.real_dtype(x.dtype), x.device)
@@ -454,6 +472,8 @@ class _Lowering:
     def visit(self, node):
         kind = node.kind
         if kind == "library":
+            if node.prim is AS_REAL:  # its output is replaced by the packed value (below) where that is lazy
+                return
             ins = tuple(self.buffer_of(i) if i.dtype.kind == "c" else self.real(i) for i in node.inputs)
             if ins != node.inputs:
                 node.inputs = ins  # same values, now computable: library nodes are rewritten in place
@@ -493,6 +513,8 @@ class _Lowering:
         kind = node.kind
         if kind == "view":
             base = self.get(node.inputs[0])
+            if base._packed is not None:  # a buffer or a reduction: the same view of the packed value (no copy)
+                return Parts(packed=ir.view(base._packed, _packed_ops(node.params), node.shape + (2,)))
             return Parts(F(ir.view(base.re.n, node.params, node.shape)), F(ir.view(base.im.n, node.params, node.shape)))
         if kind == "elementwise":
             rule = node.prim.complex_rule

@@ -52,8 +52,8 @@ FFT = Library("fft", _fft_abstract, _fft_run, _fft_run)
 
 # ---- checks (all at call time, before any work) ---------------------------------------------------------------
 def _array(op, x):
-    from .ops.core import as_array
     from ._array import Array
+    from .ops.core import as_array
     x = as_array(x)
     if not isinstance(x, Array):
         raise TypeError(f"fft.{op}: x must be an array, got {type(x).__name__}")

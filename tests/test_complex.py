@@ -1,0 +1,313 @@
+"""complex64/complex128: promotion, elementwise functions against numpy's complex128, special values, reductions,
+matmul/vecdot, DLPack without copies, fusion (complex is lowered to real arithmetic before scheduling:
+complex_lowering.py), the interpret backend, autodiff's refusal, and the errors raised at record time."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flyarray as fa
+from tests.conftest import scaled
+
+CDTYPES = ["complex64", "complex128"]
+TOL = {"complex64": dict(rtol=2e-5, atol=2e-6), "complex128": dict(rtol=1e-11, atol=1e-12)}
+
+
+def crandom(rng, shape, dtype="complex64", scale=2.0):
+    z = rng.uniform(-scale, scale, shape) + 1j * rng.uniform(-scale, scale, shape)
+    return z.astype(dtype)
+
+
+def close(got, want, dtype=None, **kw):
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if dtype is not None:
+        assert got.dtype == np.dtype(dtype), (got.dtype, dtype)
+    tol = dict(TOL.get(str(got.dtype), dict(rtol=2e-5, atol=2e-6)), **kw)
+    np.testing.assert_allclose(got, want.astype(got.dtype), equal_nan=True, **tol)
+
+
+# ---- dtypes and promotion ----------------------------------------------------------------------------------------
+def test_dtypes_are_public_and_named():
+    assert fa.complex64.kind == "c" and fa.complex128.itemsize == 16
+    assert fa.asarray(np.zeros(2, np.complex128)).dtype == fa.complex128
+    assert fa.isdtype(fa.complex64, "complex floating") and fa.isdtype(fa.complex64, "numeric")
+    assert not fa.isdtype(fa.complex64, "real floating")
+    info = fa.__array_namespace_info__()
+    assert info.default_dtypes()["complex floating"] == fa.complex64
+    assert set(info.dtypes(kind="complex floating")) == {"complex64", "complex128"}
+    assert fa.finfo(fa.complex64).bits == 32 and fa.finfo(fa.complex128).eps == np.finfo(np.float64).eps
+
+
+def test_promotion_matches_array_api_strict():
+    xp = pytest.importorskip("array_api_strict")
+    names = ["bool", "int8", "int16", "int32", "int64", "uint8", "float32", "float64", "complex64", "complex128"]
+    checked = 0
+    for a in names:
+        for b in names:
+            if "complex" not in a + b:
+                continue
+            try:
+                want = xp.result_type(getattr(xp, a), getattr(xp, b))
+            except TypeError:  # bool/int with complex: the standard is silent; JAX's rule (the complex)
+                assert fa.result_type(getattr(fa, a), getattr(fa, b)) == getattr(fa, a if "complex" in a else b)
+                continue
+            assert fa.result_type(getattr(fa, a), getattr(fa, b)).name == str(want).split(".")[-1], (a, b)
+            checked += 1
+    assert checked >= 10
+    assert fa.result_type(fa.float16, fa.complex64) == fa.complex64
+    assert fa.result_type(fa.bfloat16, fa.complex128) == fa.complex128
+
+
+@pytest.mark.parametrize("dtype,scalar,want", [
+    ("float32", 1j, "complex64"), ("float64", 1j, "complex128"), ("int32", 1j, "complex64"),
+    ("complex64", 2.5, "complex64"), ("complex128", 1, "complex128"), ("complex64", 1 + 1j, "complex64"),
+])
+def test_python_scalars_are_weak(dtype, scalar, want):
+    x = fa.asarray(np.ones(3, dtype))
+    for got in (x + scalar, scalar + x, x * scalar):
+        assert got.dtype.name == want
+    close(x * scalar, np.ones(3, want) * scalar)
+    assert complex(fa.asarray(np.array(2 - 3j, np.complex64))) == 2 - 3j
+
+
+def test_creation_and_item():
+    close(fa.full((2, 3), 1 - 2j), np.full((2, 3), 1 - 2j, np.complex64), dtype="complex64")
+    close(fa.zeros(4, dtype=fa.complex128), np.zeros(4, np.complex128), dtype="complex128")
+    close(fa.ones_like(fa.asarray(np.zeros(2, np.complex64))), np.ones(2, np.complex64))
+    close(fa.asarray([1 + 2j, 3j]), np.array([1 + 2j, 3j]))  # numpy's complex128 list conversion kept
+    assert fa.asarray(np.array([1 + 2j], np.complex64)).item() == 1 + 2j
+    close(fa.astype(fa.asarray(np.arange(3.0, dtype=np.float32)), fa.complex128), np.arange(3.0).astype(np.complex128))
+
+
+# ---- elementwise --------------------------------------------------------------------------------------------------
+NP = {"asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "asinh": np.arcsinh, "acosh": np.arccosh,
+      "atanh": np.arctanh, "sign": lambda z: np.where(z == 0, 0, z / np.where(z == 0, 1, np.abs(z))),
+      "reciprocal": lambda z: 1 / z, "positive": lambda z: +z, "round": lambda z: np.round(z)}
+UNARY = ["abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "conj", "cos", "cosh", "exp", "expm1", "imag",
+         "isfinite", "isinf", "isnan", "log", "log10", "log1p", "log2", "negative", "positive", "real", "reciprocal",
+         "round", "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh"]
+
+
+def test_the_complex_functions_are_array_api_stricts():
+    xp = pytest.importorskip("array_api_strict")
+    z = xp.asarray([1 + 2j])
+    accepted = set()
+    for name in UNARY:
+        getattr(xp, name)(z)  # array_api_strict takes each of ours
+    for name in ("atan2", "ceil", "floor", "trunc", "maximum", "minimum", "less", "greater", "signbit", "copysign",
+                 "hypot", "logaddexp", "nextafter", "remainder", "floor_divide"):
+        with pytest.raises(TypeError):
+            fn = getattr(fa, name)
+            fn(fa.asarray(np.ones(2, np.complex64))) if name in ("ceil", "floor", "trunc", "signbit") else \
+                fn(fa.asarray(np.ones(2, np.complex64)), fa.asarray(np.ones(2, np.complex64)))
+        accepted.add(name)
+    assert accepted
+
+
+@pytest.mark.parametrize("name", UNARY)
+@settings(max_examples=scaled(3))
+@given(seed=st.integers(0, 2**16), dtype=st.sampled_from(CDTYPES), transposed=st.booleans())
+def test_unary_matches_numpy(name, seed, dtype, transposed):
+    rng = np.random.default_rng(seed)
+    z = crandom(rng, (3, 5), dtype)
+    if name in ("sign", "reciprocal"):
+        z[0, 0] = 0 if name == "sign" else z[0, 0]
+    x = fa.asarray(z.T.copy()).T if transposed else fa.asarray(z)
+    got = getattr(fa, name)(x)
+    want = NP.get(name, getattr(np, name, None))(z.astype(np.complex128))
+    if want.dtype == np.bool_:
+        assert got.dtype == fa.bool
+        np.testing.assert_array_equal(np.asarray(got), want)
+        return
+    real_result = name in ("abs", "real", "imag")
+    assert got.dtype.name == (("float32" if dtype == "complex64" else "float64") if real_result else dtype)
+    rtol = TOL[dtype]["rtol"] * (10 if name in ("acos", "acosh", "asin", "atan", "atanh", "tan", "expm1") else 1)
+    np.testing.assert_allclose(np.asarray(got).astype(want.dtype), want, rtol=rtol, atol=TOL[dtype]["atol"])
+
+
+BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide, "pow": np.power,
+          "equal": np.equal, "not_equal": np.not_equal}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@settings(max_examples=scaled(3))
+@given(seed=st.integers(0, 2**16), dtypes=st.sampled_from([("complex64", "complex64"), ("complex64", "float64"),
+                                                           ("float32", "complex64"), ("int16", "complex128")]))
+def test_binary_matches_numpy_with_broadcasting(name, seed, dtypes):
+    rng = np.random.default_rng(seed)
+    a = crandom(rng, (4, 1, 3)) if "complex" in dtypes[0] else rng.uniform(-2, 2, (4, 1, 3))
+    b = crandom(rng, (2, 3)) if "complex" in dtypes[1] else rng.uniform(-2, 2, (2, 3))
+    a, b = a.astype(dtypes[0]), b.astype(dtypes[1])
+    if name == "equal" and a.dtype.kind == b.dtype.kind:
+        b[0] = a[0, 0]
+    got = getattr(fa, name)(fa.asarray(a), fa.asarray(b))
+    want = BINARY[name](a.astype(np.complex128), b.astype(np.complex128))
+    if want.dtype == np.bool_:
+        np.testing.assert_array_equal(np.asarray(got), want)
+        return
+    assert got.dtype == fa.result_type(fa.asarray(a), fa.asarray(b))
+    tol = TOL[got.dtype.name]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
+
+
+def test_operators_and_scalars():
+    z = crandom(np.random.default_rng(1), (5,))
+    x = fa.asarray(z)
+    close((x * 2 - 1j) / (x + 0.5) ** 2, (z * 2 - 1j) / (z + 0.5) ** 2, rtol=1e-5)
+    close(-x, -z)
+    close(abs(x), np.abs(z))
+    close(x ** 3, z ** 3, rtol=1e-5)
+    close(1j ** x, 1j ** z.astype(np.complex128), rtol=1e-5)
+    close(fa.where(fa.real(x) > 0, x, 1j), np.where(z.real > 0, z, 1j))
+    close(fa.vecdot(x, x), np.vecdot(z, z), rtol=1e-5)  # |z|^2 summed: conjugates the first argument
+    assert fa.vecdot(x, x).dtype == fa.complex64
+
+
+def test_special_values():
+    inf, nan = np.inf, np.nan
+    z = np.array([complex(inf, 0), complex(-inf, 0), complex(0, 0), complex(1e30, 1e30), complex(nan, 1),
+                  complex(1, inf), complex(-1, -inf), complex(-4, 0)], np.complex64)
+    x = fa.asarray(z)
+    with np.errstate(all="ignore"):
+        close(fa.exp(x[:3]), np.exp(z[:3]))  # exp(+-inf + 0j) = (inf | 0) + 0j, no nan
+        close(fa.abs(x), np.abs(z))  # 1e30 + 1e30j: hypot, no overflow in the square
+        close(fa.sqrt(x), np.sqrt(z))  # sqrt(x +- inf j) = inf +- inf j; sqrt(-4) = 2j
+        np.testing.assert_array_equal(np.asarray(fa.isnan(x)), np.isnan(z))
+        np.testing.assert_array_equal(np.asarray(fa.isinf(x)), np.isinf(z))
+        np.testing.assert_array_equal(np.asarray(fa.isfinite(x)), np.isfinite(z))
+        big = fa.asarray(np.array([1e30 + 1e30j, 3e-30 + 1e30j], np.complex64))
+        close(big / big, np.ones(2, np.complex64))  # Smith's division: no overflow in |d|^2
+        close(fa.asarray(np.array([1 + 1j], np.complex64)) / 0, np.array([complex(inf, inf)], np.complex64))
+        close(fa.sign(fa.asarray(np.array([3 + 4j, 0j], np.complex64))), np.array([0.6 + 0.8j, 0], np.complex64))
+
+
+def test_real_imag_conj_of_real_arrays():
+    r = np.arange(3.0, dtype=np.float32)
+    x = fa.asarray(r)
+    assert fa.real(x) is x and fa.conj(x) is x
+    close(fa.imag(x), np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="imaginary part"):
+        fa.astype(fa.asarray(np.ones(2, np.complex64)), fa.float32)
+    np.testing.assert_array_equal(np.asarray(fa.astype(fa.asarray(np.array([0j, 1j], np.complex64)), fa.bool)),
+                                  [False, True])
+
+
+# ---- reductions, matmul --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", CDTYPES)
+@pytest.mark.parametrize("axis,keepdims", [(None, False), (0, False), ((0, 2), True), (-1, False)])
+def test_reductions(dtype, axis, keepdims):
+    z = crandom(np.random.default_rng(2), (3, 4, 5), dtype, scale=1.0)
+    x = fa.asarray(z)
+    close(fa.sum(x, axis=axis, keepdims=keepdims), np.sum(z, axis=axis, keepdims=keepdims), dtype=dtype)
+    close(fa.prod(x, axis=axis, keepdims=keepdims), np.prod(z.astype(np.complex128), axis=axis, keepdims=keepdims),
+          dtype=dtype, rtol=TOL[dtype]["rtol"] * 50)
+    close(fa.mean(x * 2, axis=axis, keepdims=keepdims), np.mean(z * 2, axis=axis, keepdims=keepdims), dtype=dtype)
+    np.testing.assert_array_equal(np.asarray(fa.any(x == 0, axis=axis)), np.any(z == 0, axis=axis))
+    close(fa.cumulative_sum(x, axis=1), np.cumsum(z, axis=1), dtype=dtype)
+    close(fa.cumulative_prod(x, axis=2, include_initial=True)[..., 1:], np.cumprod(z.astype(np.complex128), axis=2),
+          dtype=dtype, rtol=TOL[dtype]["rtol"] * 50)
+
+
+@pytest.mark.parametrize("name", ["max", "min", "argmax", "std", "var", "sort"])
+def test_orderings_and_real_only_reductions_refuse_complex(name):
+    with pytest.raises(TypeError):
+        getattr(fa, name)(fa.asarray(np.ones((2, 2), np.complex64)))
+
+
+@pytest.mark.parametrize("dtype", CDTYPES)
+@pytest.mark.parametrize("shapes", [((3, 4), (4, 5)), ((2, 3, 4), (4, 2)), ((4,), (4, 3)), ((3, 4), (4,)),
+                                    ((2, 1, 2, 3), (3, 3, 2))])
+def test_matmul(dtype, shapes):
+    rng = np.random.default_rng(3)
+    a, b = crandom(rng, shapes[0], dtype), crandom(rng, shapes[1], dtype)
+    close(fa.asarray(a) @ fa.asarray(b), a @ b, dtype=dtype, rtol=TOL[dtype]["rtol"] * 10,
+          atol=TOL[dtype]["atol"] * 10)
+    close(fa.matmul(fa.conj(fa.asarray(a)), fa.asarray(b) * 1j), np.conj(a) @ (b * 1j), rtol=TOL[dtype]["rtol"] * 10,
+          atol=TOL[dtype]["atol"] * 10)
+
+
+def test_matmul_mixed_with_real_promotes():
+    rng = np.random.default_rng(4)
+    a, b = crandom(rng, (3, 4)), rng.standard_normal((4, 2))
+    got = fa.asarray(a) @ fa.asarray(b)
+    assert got.dtype == fa.complex128
+    close(got, a @ b, rtol=1e-6)
+
+
+def test_matmul_is_one_gemm():
+    rng = np.random.default_rng(5)
+    y = fa.asarray(crandom(rng, (8, 16))) @ fa.asarray(crandom(rng, (16, 4)))
+    e = fa.explain(y)
+    assert [s.ops for s in e.steps if s.kind == "library call"] == [["matmul"]]
+    assert e.n_kernels == 2  # the block matrix of b (one fused kernel) and the GEMM; a is read as it lies
+
+
+# ---- DLPack and zero copy -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_dlpack_zero_copy(dtype):
+    t = torch.randn(4, 3, dtype=dtype)
+    x = fa.asarray(t)
+    assert x._node.buffer.data_ptr() == t.data_ptr()
+    assert torch.from_dlpack(x).data_ptr() == t.data_ptr()
+    assert fa.from_dlpack(t)._node.buffer.data_ptr() == t.data_ptr()
+    n = np.ones((2, 3), np.complex64)
+    assert fa.asarray(n)._node.buffer.data_ptr() == n.__array_interface__["data"][0]
+    y = x * (1 + 1j)
+    out = torch.from_dlpack(y)
+    assert out.dtype == dtype and out.data_ptr() == y._node.buffer.data_ptr()
+    torch.testing.assert_close(out, t * (1 + 1j))
+    assert np.asarray(y).dtype == np.dtype(str(dtype).split(".")[-1])
+
+
+def test_a_lazily_conjugated_torch_tensor_reads_its_values():
+    t = torch.randn(3, dtype=torch.complex64)
+    close(fa.asarray(t.conj()) * 1, t.conj().resolve_conj().numpy())
+
+
+# ---- fusion and plans ---------------------------------------------------------------------------------------------
+def test_a_complex_chain_is_one_kernel(backend):
+    rng = np.random.default_rng(6)
+    a, b = crandom(rng, (3, 4)), crandom(rng, (4,))
+    y = fa.sqrt(fa.exp(fa.asarray(a) * fa.asarray(b) + 1) / (fa.conj(fa.asarray(a)) - 2j)) * 3
+    assert fa.explain(y).n_kernels == 1
+    fa.reset_stats()
+    close(y, np.sqrt(np.exp(a * b + 1) / (np.conj(a) - 2j)) * 3, rtol=1e-5)
+    assert fa.stats()["kernels_launched"] == 1
+    s = fa.sum(fa.asarray(a) * fa.asarray(b), axis=1)  # elementwise into the reduction: one kernel
+    assert fa.explain(s).n_kernels == 1
+    close(s, np.sum(a * b, axis=1), rtol=1e-5)
+    r = fa.abs(fa.asarray(a) * 2) + fa.real(fa.asarray(a))  # real results of complex inputs: one kernel
+    assert fa.explain(r).n_kernels == 1
+    close(r, np.abs(a * 2) + a.real)
+
+
+def test_scalars_bind_into_one_plan():
+    x = fa.asarray(crandom(np.random.default_rng(7), (5,)))
+    np.asarray(x * (1 + 2j))
+    fa.reset_stats()
+    got = x * (3 - 1j)
+    close(got, np.asarray(x) * (3 - 1j))
+    assert fa.stats()["plan_hits"] == 1 and fa.stats()["plan_misses"] == 0
+
+
+def test_interpret_backend_runs_the_lowered_kernels(interpret):
+    rng = np.random.default_rng(8)
+    a, b = crandom(rng, (2, 3)), crandom(rng, (3, 2))
+    x, y = fa.asarray(a), fa.asarray(b)
+    close(fa.exp(x) * fa.conj(x) / (x + 1j), np.exp(a) * np.conj(a) / (a + 1j), rtol=1e-5)
+    close(fa.sum(x, axis=0), a.sum(0))
+    close(x @ y, a @ b, rtol=1e-5)
+    close(fa.fft.fft(x), np.fft.fft(a), rtol=1e-5, atol=1e-5)
+    assert fa.stats()["kernels_launched"] >= 4
+
+
+# ---- autodiff ------------------------------------------------------------------------------------------------------
+def test_grad_refuses_complex_values():
+    x = fa.asarray(np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="complex"):
+        fa.grad(lambda v: fa.sum(fa.abs(fa.exp(v * 1j))))(x)
+    with pytest.raises(TypeError, match="complex"):
+        fa.grad(lambda z: fa.sum(fa.real(z)))(fa.asarray(np.ones(3, np.complex64)))
