@@ -80,6 +80,27 @@ def test_creation_and_item():
     close(fa.asarray([1 + 2j, 3j]), np.array([1 + 2j, 3j]))  # numpy's complex128 list conversion kept
     assert fa.asarray(np.array([1 + 2j], np.complex64)).item() == 1 + 2j
     close(fa.astype(fa.asarray(np.arange(3.0, dtype=np.float32)), fa.complex128), np.arange(3.0).astype(np.complex128))
+    close(fa.linspace(0, 1 + 2j, 5), np.linspace(0, 1 + 2j, 5).astype(np.complex64), dtype="complex64")
+    close(fa.eye(3, k=1, dtype=fa.complex128), np.eye(3, k=1, dtype=np.complex128), dtype="complex128")
+    close(fa.arange(4, dtype=fa.complex64), np.arange(4).astype(np.complex64), dtype="complex64")
+
+
+def test_views_indexing_joins_and_linalg():
+    z = crandom(np.random.default_rng(9), (4, 5))
+    x = fa.asarray(z)
+    close((x * 2)[1:, ::-2].T, (z * 2)[1:, ::-2].T)
+    close(x[fa.asarray(np.array([2, 0]))], z[[2, 0]])
+    close(fa.take(x * 1j, fa.asarray(np.array([1, 3])), axis=1), (z * 1j)[:, [1, 3]])
+    close(x[fa.real(x) > 0], z[z.real > 0])
+    close(x.at[0].set(5j), np.where(np.arange(4)[:, None] == 0, 5j, z))
+    close(fa.concat([x, x * 1j], axis=1), np.concatenate([z, z * 1j], 1))
+    close(fa.stack([x, fa.conj(x)]), np.stack([z, np.conj(z)]))
+    close(fa.reshape(x.T * 1, (20,)), z.T.reshape(20))
+    close(fa.einsum("ij,kj->ik", x, x), np.einsum("ij,kj->ik", z, z), rtol=1e-5)
+    close(fa.linalg.vector_norm(x), np.linalg.norm(z.ravel()), dtype="float32")
+    close(fa.linalg.vector_norm(x, ord=1, axis=0), np.linalg.norm(z, 1, axis=0), dtype="float32")
+    assert fa.count_nonzero(x * 0) == 0
+    close(fa.jit(lambda a: fa.exp(a) * a)(x), np.exp(z) * z, rtol=1e-5)
 
 
 # ---- elementwise --------------------------------------------------------------------------------------------------

@@ -303,6 +303,8 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     from .elementwise import abs as _abs
     from .elementwise import pow as _pow
     from .elementwise import sqrt
+    if x.dtype.kind == "c":  # the norm of the magnitudes, in the parts' dtype
+        x = _abs(x)
     if x.dtype.kind != "f":
         x = x.astype(dt.default_float())
     if not isinstance(ord, (int, float)) or isinstance(ord, bool):
