@@ -11,7 +11,7 @@ import flyarray as fa
 from tests.conftest import scaled
 
 CDTYPES = ["complex64", "complex128"]
-TOL = {"complex64": dict(rtol=2e-5, atol=2e-6), "complex128": dict(rtol=1e-11, atol=1e-12)}
+TOL = {"complex64": {"rtol": 2e-5, "atol": 2e-6}, "complex128": {"rtol": 1e-11, "atol": 1e-12}}
 
 
 def crandom(rng, shape, dtype="complex64", scale=2.0):
@@ -25,7 +25,7 @@ def close(got, want, dtype=None, **kw):
     assert got.shape == want.shape, (got.shape, want.shape)
     if dtype is not None:
         assert got.dtype == np.dtype(dtype), (got.dtype, dtype)
-    tol = dict(TOL.get(str(got.dtype), dict(rtol=2e-5, atol=2e-6)), **kw)
+    tol = {**TOL.get(str(got.dtype), TOL["complex64"]), **kw}
     np.testing.assert_allclose(got, want.astype(got.dtype), equal_nan=True, **tol)
 
 

@@ -78,7 +78,7 @@ def _complex_matmul(a, b):
     (pa,) = call(AS_REAL, [a])
     (pb,) = call(AS_REAL, [b])
     *batch_a, m, k, _ = pa.shape
-    *batch_b, _, n, _ = pb.shape
+    n = pb.shape[-2]
     lhs = reshape(pa, (*batch_a, m, 2 * k))
     re, im = pb[..., None, :, None, 0], pb[..., None, :, None, 1]  # (..., k, 1, n, 1)
     row = reshape(arange(2, device=a.device), (2, 1, 1))

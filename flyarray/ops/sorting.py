@@ -111,7 +111,8 @@ def _complex_scan(op, x, axis, include_initial):
     """Complex cumulative sums scan the (re, im) pairs (view_as_real) with the real scan kernel; products
     multiply magnitudes and add angles (two real scans, then r (cos t + i sin t))."""
     from ..complex_lowering import AS_COMPLEX, AS_REAL
-    from .elementwise import abs as _abs, atan2, complex_from_parts, cos, imag, real, sin
+    from .elementwise import abs as _abs
+    from .elementwise import atan2, complex_from_parts, cos, imag, real, sin
     from .manipulation import moveaxis
     moved, axis = _last_axis(f"cumulative_{op}", x, axis)
     if op == "prod":
