@@ -230,9 +230,38 @@ def cdiv(a: Parts, b: Parts) -> Parts:
 
 
 def cexp(z: Parts) -> Parts:
+    """e^a (cos b + i sin b), with C99's special values: exp(x + 0j) = e^x + 0j exactly (x = +-inf too),
+    exp(-inf + i y) = 0 for every y, exp(+inf + i y) = inf + nan j for infinite or NaN y."""
     e = z.re.exp()
-    real_axis = z.im.equal(0)  # exp(x + 0j) = exp(x) + 0j exactly (also for x = inf)
-    return Parts(where(real_axis, e, e * z.im.cos()), where(real_axis, z.im, e * z.im.sin()))
+    real_axis = z.im.equal(0)
+    zero = e.equal(0)
+    blown = e.isinf() & z.im.isfinite().logical_not()
+    re = where(real_axis, e, where(zero | blown, e, e * z.im.cos()))
+    im = where(real_axis, z.im, where(zero, e, where(blown, _nan(e), e * z.im.sin())))
+    return Parts(re, im)
+
+
+def _nan(like: F) -> F:
+    return F(like._const(float("nan")))
+
+
+def csinh(z: Parts) -> Parts:
+    """(sinh a cos b, cosh a sin b); a zero part stays zero whatever multiplies it (C99: sinh(0 + i inf) = 0 +
+    nan j), and sinh(+-inf + i inf) = +-inf + nan j."""
+    a, b = z.re, z.im
+    blown = a.isinf() & b.isfinite().logical_not()
+    re = where(a.equal(0) | blown, a, a.sinh() * b.cos())
+    im = where(b.equal(0), b, a.cosh() * b.sin())
+    return Parts(re, im)
+
+
+def ccosh(z: Parts) -> Parts:
+    """(cosh a cos b, sinh a sin b), with C99's special values as csinh."""
+    a, b = z.re, z.im
+    blown = a.isinf() & b.isfinite().logical_not()
+    re = where(blown, a.abs(), a.cosh() * b.cos())
+    im = where(a.equal(0), a, where(b.equal(0), b, a.sinh() * b.sin()))
+    return Parts(re, im)
 
 
 def clog(z: Parts) -> Parts:
@@ -268,8 +297,9 @@ def ctanh(z: Parts) -> Parts:
     rho = (1.0 + s * s).sqrt()
     den = 1.0 + beta * s * s
     far = a.abs().greater(22.0)
-    re = where(far, F(a._const(1.0)).copysign(a), beta * rho * s / den)
-    im = where(far, 4.0 * b.sin() * b.cos() * (-2.0 * a.abs()).exp(), t / den)
+    re = where(far, F(a._const(1.0)).copysign(a), where(a.equal(0), a, beta * rho * s / den))
+    tail = where(b.isfinite(), 4.0 * b.sin() * b.cos() * (-2.0 * a.abs()).exp(), 0.0)  # tanh(inf + i inf) = 1 + 0j
+    im = where(far, tail, t / den)
     return Parts(re, where(b.equal(0), b, im))
 
 
@@ -293,22 +323,44 @@ def _sub(a, b):
     return Parts(a.re - b.re, a.im - b.im)
 
 
+def _big(z: Parts) -> F:
+    """|z| beyond 1/sqrt(eps): there z^2 +- 1 is z^2 to the float's precision (and z^2 may overflow)."""
+    eps = 2.0 ** -52 if z.re.n.dtype == dt.float64 else 2.0 ** -23
+    return z.re.abs().greater(eps ** -0.5) | z.im.abs().greater(eps ** -0.5)
+
+
+def _log2z(z: Parts) -> Parts:
+    """log(2 z) without forming 2 z (no overflow): log z + log 2."""
+    r = clog(z)
+    return Parts(r.re + math.log(2), r.im)
+
+
+def _choose(c: F, a: Parts, b: Parts) -> Parts:
+    return Parts(where(c, a.re, b.re), where(c, a.im, b.im))
+
+
 def casinh(z: Parts) -> Parts:
-    """log(w + sqrt(w^2 + 1)) on the right half plane (w = +-z), odd symmetry for the left."""
-    s = where(z.re.less(0), F(z.re._const(-1.0)), 1.0)
+    """log(w + sqrt(w^2 + 1)) on the right half plane (w = +-z), odd symmetry for the left; log(2 w) for
+    large |w| (no overflow in w^2; the infinities come out as C99 gives them)."""
+    s = where(z.re.signbit(), F(z.re._const(-1.0)), 1.0)  # -0.0 too: asinh(-0 + 2j) has a negative real part
     w = Parts(z.re * s, z.im * s)
-    r = clog(_add(w, csqrt(_add(cmul(w, w), _one(w)))))
+    r = _choose(_big(w), _log2z(w), clog(_add(w, csqrt(_add(cmul(w, w), _one(w))))))
     return Parts(r.re * s, r.im * s)
 
 
 def catanh(z: Parts) -> Parts:
+    """(log1p(z) - log1p(-z)) / 2; for large |z|, 1/z + i pi/2 sign(b) (atanh(inf + i y) = 0 + i pi/2)."""
     r = _sub(clog1p(z), clog1p(Parts(-z.re, -z.im)))
-    return Parts(0.5 * r.re, 0.5 * r.im)
+    m = z.re.hypot(z.im)
+    tiny = where(m.isinf(), F(z.re._const(0.0)).copysign(z.re), (z.re / m) / m)
+    half_pi = where(z.im.isnan(), z.im, F(z.im._const(math.pi / 2)).copysign(z.im))
+    return _choose(_big(z), Parts(tiny, half_pi), Parts(0.5 * r.re, 0.5 * r.im))
 
 
 def cacosh(z: Parts) -> Parts:
+    """log(z + sqrt(z + 1) sqrt(z - 1)); log(2 z) for large |z|."""
     one = _one(z)
-    return clog(_add(z, cmul(csqrt(_add(z, one)), csqrt(_sub(z, one)))))
+    return _choose(_big(z), _log2z(z), clog(_add(z, cmul(csqrt(_add(z, one)), csqrt(_sub(z, one))))))
 
 
 def casin(z: Parts) -> Parts:
@@ -368,10 +420,10 @@ RULES = {
     "log10": lambda n, a: _scale(clog(a[0]), 1 / math.log(10)),
     "sqrt": lambda n, a: csqrt(a[0]),
     "pow": lambda n, a: _pow(*a),
-    "sin": lambda n, a: Parts(a[0].re.sin() * a[0].im.cosh(), a[0].re.cos() * a[0].im.sinh()),
-    "cos": lambda n, a: Parts(a[0].re.cos() * a[0].im.cosh(), -(a[0].re.sin() * a[0].im.sinh())),
-    "sinh": lambda n, a: Parts(a[0].re.sinh() * a[0].im.cos(), a[0].re.cosh() * a[0].im.sin()),
-    "cosh": lambda n, a: Parts(a[0].re.cosh() * a[0].im.cos(), a[0].re.sinh() * a[0].im.sin()),
+    "sin": lambda n, a: _times_minus_i(csinh(_times_i(a[0]))),  # sin z = -i sinh(i z)
+    "cos": lambda n, a: ccosh(_times_i(a[0])),  # cos z = cosh(i z)
+    "sinh": lambda n, a: csinh(a[0]),
+    "cosh": lambda n, a: ccosh(a[0]),
     "tanh": lambda n, a: ctanh(a[0]),
     "tan": lambda n, a: _times_minus_i(ctanh(_times_i(a[0]))),
     "asinh": lambda n, a: casinh(a[0]),
