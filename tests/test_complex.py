@@ -361,3 +361,37 @@ def test_grad_refuses_complex_values():
         fa.grad(lambda v: fa.sum(fa.abs(fa.exp(v * 1j))))(x)
     with pytest.raises(TypeError, match="complex"):
         fa.grad(lambda z: fa.sum(fa.real(z)))(fa.asarray(np.ones(3, np.complex64)))
+
+
+# ---- on a GPU (skipped without one) -----------------------------------------------------------------------------
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm device")
+
+
+@pytest.fixture
+def gpu_backend():
+    fa.set_backend("gpu")
+    fa.reset_stats()
+    yield
+    fa.set_backend(None)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_gpu_elementwise_reduction_matmul_fft(gpu_backend, dtype):
+    a = torch.randn(257, 129, dtype=dtype, device="cuda")
+    b = torch.randn(129, 65, dtype=dtype, device="cuda")
+    x, y = fa.asarray(a), fa.asarray(b)
+    assert x._node.buffer.data_ptr() == a.data_ptr()
+    fa.reset_stats()
+    chain = torch.from_dlpack(fa.sqrt(fa.exp(x * 0.1 + 1j) / (fa.conj(x) - 2.0)) * 3)
+    assert fa.stats()["kernels_launched"] == 1 and chain.dtype == dtype and chain.is_cuda
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.complex64 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(chain, torch.sqrt(torch.exp(a * 0.1 + 1j) / (a.conj() - 2.0)) * 3, **tol)
+    torch.testing.assert_close(torch.from_dlpack(fa.sum(x * x, axis=0)), (a * a).sum(0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.from_dlpack(fa.abs(x)), a.abs(), **tol)
+    got, want = torch.from_dlpack(x @ y), a @ b
+    rel = ((got - want).abs().norm() / want.abs().norm()).item()
+    assert rel < (5e-3 if dtype == torch.complex64 else 1e-12), rel  # float32 GEMMs may use TF32
+    torch.testing.assert_close(torch.from_dlpack(fa.fft.fft(x, axis=0)), torch.fft.fft(a, dim=0), **tol)
+    torch.testing.assert_close(torch.from_dlpack(fa.fft.irfft(fa.fft.rfft(fa.real(x)), n=129)), a.real, **tol)
