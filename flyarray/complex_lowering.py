@@ -42,6 +42,7 @@ REAL = Elementwise("real", 1, "any", "same", torch.real, _unused_lowering)
 IMAG = Elementwise("imag", 1, "any", "same", torch.imag, _unused_lowering)
 CONJ = Elementwise("conj", 1, "any", "same", torch.conj, _unused_lowering)
 COMPLEX = Elementwise("complex", 2, "float", "same", torch.complex, _unused_lowering)  # (re, im) -> re + i im
+COMPLEX_PRIMITIVES = (REAL, IMAG, CONJ, COMPLEX)
 
 
 def _as_real_abstract(x):

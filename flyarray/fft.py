@@ -10,7 +10,7 @@ Dtypes: complex64/complex128 in, the same out (rfft/ihfft: float32 -> complex64,
 irfft/hfft the reverse). A real float array passed where complex is expected is treated as complex with a
 zero imaginary part (numpy's rule; array_api_strict refuses it). float16/bfloat16 and integer inputs raise
 TypeError: cast to float32 first. ``norm`` is "backward" (the default: 1/n on the inverse), "ortho" or
-"forward". Not differentiable (complex values are not, see docs/array_api.md).
+"forward". vmap-able; not differentiable (complex values are not, see docs/array_api.md).
 """
 from __future__ import annotations
 

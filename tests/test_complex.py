@@ -354,6 +354,15 @@ def test_interpret_backend_runs_the_lowered_kernels(interpret):
     assert fa.stats()["kernels_launched"] >= 4
 
 
+def test_vmap_of_complex_functions():
+    rng = np.random.default_rng(10)
+    z, w = crandom(rng, (3, 4)), crandom(rng, (4, 2))
+    f = lambda a: fa.fft.fft(fa.conj(a)) * fa.real(a) + fa.imag(a) * 1j  # noqa: E731
+    close(fa.vmap(f)(fa.asarray(z)), np.stack([np.fft.fft(np.conj(r)) * r.real + r.imag * 1j for r in z]), rtol=1e-5)
+    close(fa.vmap(lambda a: a @ fa.asarray(w))(fa.asarray(z)), z @ w, rtol=1e-5)
+    close(fa.vmap(lambda a: fa.cumulative_sum(a))(fa.asarray(z)), np.cumsum(z, axis=1), rtol=1e-5)
+
+
 # ---- autodiff ------------------------------------------------------------------------------------------------------
 def test_grad_refuses_complex_values():
     x = fa.asarray(np.ones(3, np.float32))
