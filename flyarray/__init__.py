@@ -46,7 +46,7 @@ def result_type(*args):
     promotion table, with JAX's rules across kinds (int + float -> the float) and weak Python scalars."""
     import builtins  # this module's ``bool`` is fa.bool (a DType), not the Python type
     return _dtypes.result_type(*[a.dtype if isinstance(a, Array) else _dtypes.dtype(a)
-                                 if not isinstance(a, (int, float, builtins.bool)) else a for a in args])
+                                 if not isinstance(a, (int, float, complex, builtins.bool)) else a for a in args])
 
 
 def can_cast(from_, to):

@@ -70,6 +70,7 @@ def test_python_scalars_are_weak(dtype, scalar, want):
     for got in (x + scalar, scalar + x, x * scalar):
         assert got.dtype.name == want
     close(x * scalar, np.ones(3, want) * scalar)
+    assert fa.result_type(x, scalar).name == want
     assert complex(fa.asarray(np.array(2 - 3j, np.complex64))) == 2 - 3j
 
 
