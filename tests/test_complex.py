@@ -262,6 +262,20 @@ def test_reductions(dtype, axis, keepdims):
           dtype=dtype, rtol=TOL[dtype]["rtol"] * 50)
 
 
+def test_split_reductions_of_complex_values(monkeypatch):
+    """The GPU's two-stage full and column reductions (forced on here) lower like one-stage ones."""
+    from flyarray.ops import core
+    monkeypatch.setattr(core, "SPLIT_ON_CPU", True)
+    monkeypatch.setattr(core, "SPLIT_MIN", 4096)
+    rng = np.random.default_rng(11)
+    z = crandom(rng, (256, 40))
+    x = fa.asarray(z)
+    assert fa.explain(fa.sum(x * 2)).n_kernels == 2
+    close(fa.sum(x * 2), np.sum(z.astype(np.complex128) * 2), rtol=1e-5)
+    close(fa.sum(x, axis=0), np.sum(z.astype(np.complex128), axis=0), rtol=1e-5, atol=1e-5)
+    close(fa.prod(x[:, :3] * 0.1 + 1, axis=0), np.prod(z[:, :3].astype(np.complex128) * 0.1 + 1, axis=0), rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["max", "min", "argmax", "std", "var", "sort"])
 def test_orderings_and_real_only_reductions_refuse_complex(name):
     with pytest.raises(TypeError):
