@@ -247,11 +247,11 @@ def _nan(like: F) -> F:
 
 
 def csinh(z: Parts) -> Parts:
-    """(sinh a cos b, cosh a sin b); a zero part stays zero whatever multiplies it (C99: sinh(0 + i inf) = 0 +
-    nan j), and sinh(+-inf + i inf) = +-inf + nan j."""
+    """(sinh a cos b, cosh a sin b); a zero part stays a (signed) zero whatever multiplies it (C99: sinh(0 + i inf)
+    = 0 + nan j), and sinh(+-inf + i inf) = +-inf + nan j."""
     a, b = z.re, z.im
     blown = a.isinf() & b.isfinite().logical_not()
-    re = where(a.equal(0) | blown, a, a.sinh() * b.cos())
+    re = where(blown, a, where(a.equal(0), a * _finite_or_one(b.cos(), b), a.sinh() * b.cos()))
     im = where(b.equal(0), b, a.cosh() * b.sin())
     return Parts(re, im)
 
@@ -261,8 +261,14 @@ def ccosh(z: Parts) -> Parts:
     a, b = z.re, z.im
     blown = a.isinf() & b.isfinite().logical_not()
     re = where(blown, a.abs(), a.cosh() * b.cos())
-    im = where(a.equal(0), a, where(b.equal(0), b, a.sinh() * b.sin()))
+    im = where(a.equal(0), a * _finite_or_one(b.sin(), b),
+               where(b.equal(0), b * where(a.less(0), F(a._const(-1.0)), 1.0), a.sinh() * b.sin()))
     return Parts(re, im)
+
+
+def _finite_or_one(v: F, b: F) -> F:
+    """``v`` (a cos/sin of b) where b is finite, else 1: the sign a zero part keeps when multiplied by it."""
+    return where(b.isfinite(), v, 1.0)
 
 
 def clog(z: Parts) -> Parts:
@@ -316,6 +322,11 @@ def _one(z: Parts) -> Parts:
     return Parts(F(z.re._const(1.0)), F(z.re._const(0.0)))
 
 
+def _plus(z: Parts, k: float) -> Parts:
+    """z + k for a real k: the imaginary part is z's own (a -0.0 stays -0.0: it picks the side of a branch cut)."""
+    return Parts(z.re + k, z.im)
+
+
 def _add(a, b):
     return Parts(a.re + b.re, a.im + b.im)
 
@@ -341,27 +352,36 @@ def _choose(c: F, a: Parts, b: Parts) -> Parts:
 
 
 def casinh(z: Parts) -> Parts:
-    """log(w + sqrt(w^2 + 1)) on the right half plane (w = +-z), odd symmetry for the left; log(2 w) for
-    large |w| (no overflow in w^2; the infinities come out as C99 gives them)."""
+    """log1p(w + w^2 / (1 + sqrt(1 + w^2))) on the right half plane (w = +-z; the same value as log(w +
+    sqrt(w^2 + 1)) without its cancellation near 0), odd symmetry for the left; log(2 w) for large |w| (no
+    overflow in w^2; the infinities come out as C99 gives them)."""
     s = where(z.re.signbit(), F(z.re._const(-1.0)), 1.0)  # -0.0 too: asinh(-0 + 2j) has a negative real part
     w = Parts(z.re * s, z.im * s)
-    r = _choose(_big(w), _log2z(w), clog(_add(w, csqrt(_add(cmul(w, w), _one(w))))))
+    w2 = cmul(w, w)
+    near = clog1p(_add(w, cdiv(w2, _plus(csqrt(_plus(w2, 1.0)), 1.0))))
+    r = _choose(_big(w), _log2z(w), near)
     return Parts(r.re * s, r.im * s)
 
 
 def catanh(z: Parts) -> Parts:
-    """(log1p(z) - log1p(-z)) / 2; for large |z|, 1/z + i pi/2 sign(b) (atanh(inf + i y) = 0 + i pi/2)."""
-    r = _sub(clog1p(z), clog1p(Parts(-z.re, -z.im)))
-    m = z.re.hypot(z.im)
-    tiny = where(m.isinf(), F(z.re._const(0.0)).copysign(z.re), (z.re / m) / m)
-    half_pi = where(z.im.isnan(), z.im, F(z.im._const(math.pi / 2)).copysign(z.im))
-    return _choose(_big(z), Parts(tiny, half_pi), Parts(0.5 * r.re, 0.5 * r.im))
+    """Kahan's form: re = log1p(4a / ((1 - a)^2 + b^2)) / 4, im = atan2(2b, (1 - a)(1 + a) - b^2) / 2 (no
+    difference of two nearly equal logarithms); for large |z|, 1/z + i pi/2 sign(b) (atanh(inf + i y) = 0 +
+    i pi/2)."""
+    a, b = z.re, z.im
+    one_minus = 1.0 - a
+    re = 0.25 * (4.0 * a / (one_minus * one_minus + b * b)).log1p()
+    im = 0.5 * (2.0 * b).atan2(one_minus * (1.0 + a) - b * b)
+    m = a.hypot(b)
+    inf = m.isinf()
+    tiny = where(inf, F(a._const(0.0)).copysign(a), (a / m) / m)  # 1/z = conj(z) / |z|^2
+    half_pi = F(b._const(math.pi / 2)).copysign(b)
+    far_im = where(b.isnan(), b, where(inf, half_pi, half_pi - (b / m) / m))
+    return _choose(_big(z), Parts(tiny, far_im), Parts(re, im))
 
 
 def cacosh(z: Parts) -> Parts:
     """log(z + sqrt(z + 1) sqrt(z - 1)); log(2 z) for large |z|."""
-    one = _one(z)
-    return _choose(_big(z), _log2z(z), clog(_add(z, cmul(csqrt(_add(z, one)), csqrt(_sub(z, one))))))
+    return _choose(_big(z), _log2z(z), clog(_add(z, cmul(csqrt(_plus(z, 1.0)), csqrt(_plus(z, -1.0))))))
 
 
 def casin(z: Parts) -> Parts:
