@@ -403,6 +403,10 @@ def test_grad_refuses_complex_values():
         fa.grad(lambda v: fa.sum(fa.abs(fa.exp(v * 1j))))(x)
     with pytest.raises(TypeError, match="complex"):
         fa.grad(lambda z: fa.sum(fa.real(z)))(fa.asarray(np.ones(3, np.complex64)))
+    with pytest.raises(TypeError, match="complex"):
+        fa.grad(lambda v: fa.sum(fa.abs(fa.fft.rfft(v))))(x)
+    with pytest.raises(TypeError, match="complex"):
+        fa.jvp(lambda v: fa.real(fa.fft.ifft(v)), (x,), (x,))
 
 
 # ---- on a GPU (skipped without one) -----------------------------------------------------------------------------
