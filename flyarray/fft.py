@@ -27,19 +27,29 @@ _REAL = (dt.float32, dt.float64)
 
 
 # ---- the library node --------------------------------------------------------------------------------------
-def _fft_abstract(x, *, fn, s, axes, norm):
-    shape = list(x.shape)
+def _out_shape(shape, fn, s, axes) -> tuple:
+    shape = list(shape)
     for size, axis in zip(s, axes):
         shape[axis] = size
     if fn in ("rfftn", "ihfft"):
         shape[axes[-1]] = s[-1] // 2 + 1
-        return [(tuple(shape), dt.complex_dtype(x.dtype))]
-    if fn in ("irfftn", "hfft"):
-        return [(tuple(shape), dt.real_dtype(x.dtype))]
-    return [(tuple(shape), x.dtype)]
+    return tuple(shape)
+
+
+def _out_dtype(d, fn):
+    if fn in ("rfftn", "ihfft"):
+        return dt.complex_dtype(d)
+    return dt.real_dtype(d) if fn in ("irfftn", "hfft") else d
+
+
+def _fft_abstract(x, *, fn, s, axes, norm):
+    return [(_out_shape(x.shape, fn, s, axes), _out_dtype(x.dtype, fn))]
 
 
 def _fft_run(x, *, fn, s, axes, norm):
+    if x.numel() == 0:  # an empty batch axis (the transformed ones are never empty): nothing to transform
+        d = _out_dtype(dt.from_torch(x.dtype), fn)
+        return torch.zeros(_out_shape(x.shape, fn, s, axes), dtype=d.torch, device=x.device)
     if fn in ("hfft", "ihfft"):  # the array API's are 1-D
         out = getattr(torch.fft, fn)(x, n=s[0], dim=axes[0], norm=norm)
     else:

@@ -86,6 +86,17 @@ def test_creation_and_item():
     close(fa.arange(4, dtype=fa.complex64), np.arange(4).astype(np.complex64), dtype="complex64")
 
 
+def test_empty_and_zero_dimensional_arrays():
+    e = fa.asarray(np.zeros((0, 3), np.complex64))
+    close(fa.exp(e) * 2, np.zeros((0, 3), np.complex64))
+    close(fa.sum(e, axis=0), np.zeros(3, np.complex64))
+    close(fa.prod(e, axis=0), np.ones(3, np.complex64))
+    close(e @ fa.asarray(np.ones((3, 2), np.complex64)), np.zeros((0, 2), np.complex64))
+    s = fa.asarray(np.complex64(1 + 1j))
+    close(fa.exp(s) * s, np.exp(np.complex64(1 + 1j)) * np.complex64(1 + 1j))
+    assert complex(fa.sum(s)) == 1 + 1j and float(fa.abs(s)) == pytest.approx(2 ** 0.5)
+
+
 def test_views_indexing_joins_and_linalg():
     z = crandom(np.random.default_rng(9), (4, 5))
     x = fa.asarray(z)
