@@ -452,3 +452,26 @@ def test_gpu_elementwise_reduction_matmul_fft(gpu_backend, dtype):
     assert rel < (5e-3 if dtype == torch.complex64 else 1e-12), rel  # float32 GEMMs may use TF32
     torch.testing.assert_close(torch.from_dlpack(fa.fft.fft(x, axis=0)), torch.fft.fft(a, dim=0), **tol)
     torch.testing.assert_close(torch.from_dlpack(fa.fft.irfft(fa.fft.rfft(fa.real(x)), n=129)), a.real, **tol)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_gpu_unary_functions_match_the_reference_backend(dtype):
+    """The generated kernels (libdevice math) against the reference backend, on random and special values."""
+    rng = np.random.default_rng(13)
+    special = np.array([complex(a, b) for a in SPECIAL for b in SPECIAL])
+    z = np.concatenate([crandom(rng, 200, "complex128", scale=3.0), special]).astype(dtype)
+    tol = TOL[dtype]
+    for name in UNARY:
+        want = np.asarray(getattr(fa, name)(fa.asarray(z)))  # CPU: the reference backend
+        fa.set_backend("gpu")
+        try:
+            got = getattr(fa, name)(fa.asarray(torch.from_numpy(z).cuda())).torch().cpu().numpy()
+        finally:
+            fa.set_backend(None)
+        if want.dtype == np.bool_:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+            continue
+        np.testing.assert_allclose(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10, equal_nan=True,
+                                   err_msg=name)
