@@ -78,7 +78,8 @@ def test_creation_and_item():
     close(fa.full((2, 3), 1 - 2j), np.full((2, 3), 1 - 2j, np.complex64), dtype="complex64")
     close(fa.zeros(4, dtype=fa.complex128), np.zeros(4, np.complex128), dtype="complex128")
     close(fa.ones_like(fa.asarray(np.zeros(2, np.complex64))), np.ones(2, np.complex64))
-    close(fa.asarray([1 + 2j, 3j]), np.array([1 + 2j, 3j]))  # numpy's complex128 list conversion kept
+    close(fa.asarray([1 + 2j, 3j]), np.array([1 + 2j, 3j]), dtype="complex64")  # the default complex, as float32
+    assert fa.asarray(1j).dtype == fa.complex64 and fa.asarray(np.complex128(1j)).dtype == fa.complex128
     assert fa.asarray(np.array([1 + 2j], np.complex64)).item() == 1 + 2j
     close(fa.astype(fa.asarray(np.arange(3.0, dtype=np.float32)), fa.complex128), np.arange(3.0).astype(np.complex128))
     close(fa.linspace(0, 1 + 2j, 5), np.linspace(0, 1 + 2j, 5).astype(np.complex64), dtype="complex64")
