@@ -29,7 +29,7 @@ import math
 import torch
 
 from . import dtypes as dt
-from . import ir
+from . import ir, views
 from .primitives import ELEMENTWISE, REDUCE, Elementwise, Library
 
 
@@ -150,6 +150,17 @@ class Parts:
         if self._packed is None:
             self._packed = _interleave(self._re.n, self._im.n)
         return self._packed
+
+
+def view(node: ir.Node, ops: tuple, shape: tuple) -> ir.Node:
+    """``ir.view``, copying ``node`` first where the composed chain is no strided map of the buffer below (as
+    ops.core.movement does when recording): a part of a complex value is often itself a view (a stride-2 slice of
+    the packed buffer), so a view that folded over the complex value need not fold over its part."""
+    out = ir.view(node, ops, shape)
+    if out.kind == "view" and views.apply_all(ir.buffer_view(out.inputs[0]), out.params) is None:
+        copy = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)
+        out = ir.view(copy, ops, shape)
+    return out
 
 
 def _part_view(packed: ir.Node, k: int) -> ir.Node:
@@ -579,7 +590,7 @@ class _Lowering:
     def rebuilt(self, node) -> ir.Node:
         ins = tuple(self.real(i) for i in node.inputs)
         if node.kind == "view":
-            return ir.view(ins[0], node.params, node.shape)
+            return view(ins[0], node.params, node.shape)
         return ir.Node(node.prim, ins, node.params, node.shape, node.dtype, node.device)
 
     def complex_value(self, node) -> Parts:
@@ -587,8 +598,8 @@ class _Lowering:
         if kind == "view":
             base = self.get(node.inputs[0])
             if base._packed is not None:  # a buffer or a reduction: the same view of the packed value (no copy)
-                return Parts(packed=ir.view(base._packed, _packed_ops(node.params), node.shape + (2,)))
-            return Parts(F(ir.view(base.re.n, node.params, node.shape)), F(ir.view(base.im.n, node.params, node.shape)))
+                return Parts(packed=view(base._packed, _packed_ops(node.params), node.shape + (2,)))
+            return Parts(F(view(base.re.n, node.params, node.shape)), F(view(base.im.n, node.params, node.shape)))
         if kind == "elementwise":
             rule = node.prim.complex_rule
             if rule is None:

@@ -290,7 +290,7 @@ def check_accepts(prim: Elementwise, d: dt.DType):
     check_storage_only(prim.name, d)
     if d.kind == "c":
         if prim.complex_rule is None:
-            raise TypeError(f"{prim.name} does not accept {d} inputs (the array API defines it for real dtypes only)")
+            raise TypeError(f"{prim.name} does not accept {d} inputs (it is defined for real dtypes only)")
         return
     if d.kind not in _ACCEPTS[prim.accepts]:
         raise TypeError(f"{prim.name} does not accept {d} inputs")

@@ -87,6 +87,24 @@ def test_creation_and_item():
     close(fa.arange(4, dtype=fa.complex64), np.arange(4).astype(np.complex64), dtype="complex64")
 
 
+RESHAPES = {  # a reshape that folds over the op's result but not over its input (a stride-2 part of a sliced buffer)
+    "trace": (lambda x: fa.linalg.trace(x[:, :2]), lambda z: np.trace(z[:, :2])),
+    "positive": (lambda x: fa.reshape(fa.positive(x[:, :2]), (4,)), lambda z: z[:, :2].reshape(4)),
+    "conj": (lambda x: fa.reshape(fa.conj(x[:, :2]), (4,)), lambda z: np.conj(z[:, :2]).reshape(4)),
+    "real": (lambda x: fa.reshape(fa.real(x[:, :2]), (4,)), lambda z: z[:, :2].real.reshape(4)),
+    "imag of a transpose": (lambda x: fa.reshape(fa.imag(x.T), (6,)), lambda z: z.T.imag.reshape(6)),
+    "astype to itself": (lambda x: fa.reshape(fa.astype(x.T, fa.complex64), (6,)), lambda z: z.T.reshape(6)),
+    "real + 0": (lambda x: fa.reshape(fa.real(x.T) + 0, (3, 2)), lambda z: (z.T.real + 0).reshape(3, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESHAPES))
+def test_views_over_parts_that_are_views(backend, case):
+    z = (np.arange(6).reshape(2, 3) + 1j * np.arange(6).reshape(2, 3)[::-1]).astype(np.complex64)
+    fn, want = RESHAPES[case]
+    close(fn(fa.asarray(z)), want(z))
+
+
 def test_empty_and_zero_dimensional_arrays():
     e = fa.asarray(np.zeros((0, 3), np.complex64))
     close(fa.exp(e) * 2, np.zeros((0, 3), np.complex64))
