@@ -105,6 +105,67 @@ def test_views_over_parts_that_are_views(backend, case):
     close(fn(fa.asarray(z)), want(z))
 
 
+# A random program of complex ops and views, against numpy: views over complex values and over their parts,
+# broadcasting, reductions and real results mixed in any order.
+STEPS = ["exp", "conj", "neg", "square", "mul", "add_real", "div", "T", "slice", "flip", "reshape", "expand",
+         "sum", "real_part", "abs_back", "where", "astype"]
+
+
+def _apply(step, x, y, xp):
+    if step == "exp":
+        return xp.exp(x * 0.25)
+    if step == "conj":
+        return xp.conj(x)
+    if step == "neg":
+        return -x
+    if step == "square":
+        return x * x * 0.5
+    if step == "mul":
+        return x * (y if y.shape == x.shape else y.ravel()[0] if xp is np else fa.reshape(y, (-1,))[0])
+    if step == "add_real":
+        return x + (xp.real(x) if xp is np else fa.real(x))
+    if step == "div":
+        return x / (x * x + 2)
+    if step == "T":
+        return x.T
+    if step == "slice":
+        return x[::-1, 1:] if x.shape[1] > 1 else x[::2]
+    if step == "flip":
+        return xp.flip(x, axis=0)
+    if step == "reshape":
+        return xp.reshape(x, (x.shape[1], x.shape[0]))
+    if step == "expand":
+        return xp.broadcast_to(x[:1], x.shape) + x
+    if step == "sum":
+        return xp.sum(x, axis=1, keepdims=True) + x
+    if step == "real_part":
+        return (xp.real(x) if xp is np else fa.real(x)) * 1j + (xp.imag(x) if xp is np else fa.imag(x))
+    if step == "abs_back":
+        return xp.abs(x) + x
+    if step == "where":
+        return xp.where(xp.real(x) > 0, x, 1j) if xp is np else fa.where(fa.real(x) > 0, x, 1j)
+    if step == "astype":
+        return x.astype(np.complex128) if xp is np else fa.astype(x, fa.complex128)
+    raise AssertionError(step)
+
+
+@settings(max_examples=scaled(12))
+@given(program=st.lists(st.sampled_from(STEPS), min_size=1, max_size=7), seed=st.integers(0, 2**16),
+       evaluate_midway=st.booleans())
+def test_random_programs_match_numpy(backend, program, seed, evaluate_midway):
+    rng = np.random.default_rng(seed)
+    z, w = crandom(rng, (3, 4), scale=1.0), crandom(rng, (3, 4), scale=1.0)
+    x, y = fa.asarray(z), fa.asarray(w)
+    want, got = z.astype(np.complex128), x
+    for i, step in enumerate(program):
+        want = _apply(step, want, w.astype(np.complex128), np)
+        got = _apply(step, got, y, fa)
+        if evaluate_midway and i == len(program) // 2:
+            fa.eval(got)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
 def test_empty_and_zero_dimensional_arrays():
     e = fa.asarray(np.zeros((0, 3), np.complex64))
     close(fa.exp(e) * 2, np.zeros((0, 3), np.complex64))
