@@ -419,6 +419,34 @@ def test_matmul_is_one_gemm():
     assert e.n_kernels == 2  # the block matrix of b (one fused kernel) and the GEMM; a is read as it lies
 
 
+def test_linalg_decompositions_of_complex_matrices():
+    rng = np.random.default_rng(14)
+    a = crandom(rng, (2, 4, 4), "complex128", scale=1.0)
+    h = a @ np.conj(np.swapaxes(a, -1, -2)) + 4 * np.eye(4)  # Hermitian positive definite
+    la, x = fa.linalg, fa.asarray(a)
+    close(la.cholesky(fa.asarray(h)), np.linalg.cholesky(h), dtype="complex128")
+    close(la.inv(x), np.linalg.inv(a))
+    close(la.det(x), np.linalg.det(a))
+    close(la.solve(x, fa.asarray(h)), np.linalg.solve(a, h))
+    sign, logdet = la.slogdet(x)
+    close(sign, np.linalg.slogdet(a)[0], dtype="complex128")
+    np.testing.assert_allclose(np.asarray(logdet), np.linalg.slogdet(a)[1], rtol=1e-12)
+    assert la.svdvals(x).dtype == fa.float64 and la.eigvalsh(fa.asarray(h)).dtype == fa.float64
+    np.testing.assert_allclose(np.asarray(la.svdvals(x)), np.linalg.svd(a, compute_uv=False), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(la.matrix_norm(x, ord="nuc")), np.linalg.norm(a, "nuc", axis=(1, 2)),
+                               rtol=1e-12)
+    close(la.matrix_power(x, 3), np.linalg.matrix_power(a, 3))
+    values, vectors = la.eig(x)  # unordered: check A v = v w
+    v, w = np.asarray(vectors), np.asarray(values)
+    np.testing.assert_allclose(a @ v, v * w[:, None, :], atol=1e-12)
+    real = rng.standard_normal((3, 3)).astype(np.float32)
+    got = np.asarray(la.eigvals(fa.asarray(real)))
+    assert got.dtype == np.complex64
+    np.testing.assert_allclose(np.sort_complex(got), np.sort_complex(np.linalg.eigvals(real)), rtol=1e-5, atol=1e-5)
+    assert fa.vmap(la.eigvals)(x).shape == (2, 4)
+    close(la.det(fa.exp(x * 0.1)), np.linalg.det(np.exp(a * 0.1)))  # a lazy complex input: materialized, then torch
+
+
 # ---- DLPack and zero copy -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 def test_dlpack_zero_copy(dtype):

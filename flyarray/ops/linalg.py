@@ -325,12 +325,13 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
 
 def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     """The matrix norm of the last two axes: 'fro' (default), 1, -1, inf, -inf (the array API's
-    linalg.matrix_norm). 'nuc', 2 and -2 need singular values (``fa.linalg.svdvals``). Float results."""
+    linalg.matrix_norm). 'nuc', 2 and -2 need singular values (``fa.linalg.svdvals``). Real float results (complex
+    input: its parts' dtype)."""
     from . import reductions as R
     from .elementwise import abs as _abs
     if x.ndim < 2:
         raise ValueError(f"matrix_norm: x must have at least 2 dimensions, got shape {x.shape}")
-    if x.dtype.kind != "f":
+    if x.dtype.kind not in "fc":  # complex: the norms of the magnitudes (svdvals takes the complex matrix)
         x = x.astype(dt.default_float())
     if ord == "fro":
         return vector_norm(x, axis=(-2, -1), keepdims=keepdims)
