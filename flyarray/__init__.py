@@ -14,6 +14,7 @@ from . import dtypes as _dtypes  # noqa: E402
 from ._array import Array  # noqa: E402
 from .dtypes import (DType, bfloat16, bool_, finfo, float8_e4m3fn, float8_e5m2, float16, float32, float64,  # noqa: E402
                      iinfo, int8, int16, int32, int64, uint8, uint16, uint32, uint64)
+from .dtypes import complex64, complex128  # noqa: E402,F401
 from .ops import *  # noqa: E402,F401,F403
 from .ops import nn  # noqa: E402
 from . import quant  # noqa: E402
@@ -28,6 +29,7 @@ from . import tree_util  # noqa: E402,F401
 from .transforms.batching import vmap  # noqa: E402,F401
 from .transforms.jacobians import hessian, jacfwd, jacrev, linearize  # noqa: E402,F401
 from . import linalg  # noqa: E402,F401
+from . import fft  # noqa: E402,F401
 from .namespace_info import __array_namespace_info__, isdtype  # noqa: E402,F401
 from . import sharding, lax  # noqa: E402,F401
 from .sharded import device_get, device_put  # noqa: E402,F401
@@ -44,7 +46,7 @@ def result_type(*args):
     promotion table, with JAX's rules across kinds (int + float -> the float) and weak Python scalars."""
     import builtins  # this module's ``bool`` is fa.bool (a DType), not the Python type
     return _dtypes.result_type(*[a.dtype if isinstance(a, Array) else _dtypes.dtype(a)
-                                 if not isinstance(a, (int, float, builtins.bool)) else a for a in args])
+                                 if not isinstance(a, (int, float, complex, builtins.bool)) else a for a in args])
 
 
 def can_cast(from_, to):

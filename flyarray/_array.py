@@ -156,7 +156,7 @@ class Array:
         return _dlpack.dlpack_device(buffer if buffer is not None else self._tensor())
 
     def item(self):
-        """The value of a one-element array as a Python scalar (bool, int or float); evaluates."""
+        """The value of a one-element array as a Python scalar (bool, int, float or complex); evaluates."""
         if self.size != 1:
             raise ValueError(f"item() needs an array of one element, got shape {self.shape}")
         return self._tensor().item()
@@ -310,7 +310,7 @@ def _binary(name, reflected=False):
 
 
 def _operand_ok(x) -> bool:
-    return isinstance(x, (Array, bool, int, float, np.ndarray, np.generic, torch.Tensor))
+    return isinstance(x, (Array, bool, int, float, complex, np.ndarray, np.generic, torch.Tensor))
 
 
 def _numpy_view(t: torch.Tensor):

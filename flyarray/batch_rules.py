@@ -29,6 +29,8 @@ from .ops.linalg import MATMUL
 from .ops.manipulation import CONCAT
 from .ops.sorting import SCAN, SEARCHSORTED, SORT
 from .primitives import ELEMENTWISE, RANDOM, REDUCE
+from .complex_lowering import AS_COMPLEX, AS_REAL, COMPLEX_PRIMITIVES
+from .fft import FFT
 
 
 def _node(b, prim, inputs, params):
@@ -41,7 +43,7 @@ def _elementwise(b):
     return _node(b, b.node.prim, [b.full(i)._node for i in range(len(b.x))], b.node.params)
 
 
-for _prim in list(ELEMENTWISE.values()) + list(RANDOM.values()):
+for _prim in list(ELEMENTWISE.values()) + list(RANDOM.values()) + list(COMPLEX_PRIMITIVES):
     _prim.batch = _elementwise
 
 
@@ -163,6 +165,8 @@ SOFTMAX.batch = _axis_plus_one
 SOFTMAX_BWD.batch = _axis_plus_one
 ATTENTION.batch = _attention
 ATTENTION_BWD.batch = _attention
+AS_REAL.batch = AS_COMPLEX.batch = _leading  # (re, im) pairs on a trailing axis: the batch leads
+FFT.batch = lambda b: call(FFT, [b.x[0]], **{**_kwargs(b), "axes": tuple(a + 1 for a in _kwargs(b)["axes"])})
 SCAN.batch = _leading  # scans, sorts and searches run along the last axis: the batch is one more row dim
 SORT.batch = _leading
 SEARCHSORTED.batch = lambda b: call(SEARCHSORTED, [b.full(0), b.full(1)], **_kwargs(b))

@@ -1,7 +1,9 @@
 """Data types, the array-API promotion table, and their torch/numpy/Triton names.
 
 A DType is a small immutable value: its name, kind ('b' bool, 'i' signed,
-'u' unsigned, 'f' float) and item size. Promotion follows the array API
+'u' unsigned, 'f' float, 'c' complex) and item size. Complex dtypes have no Triton
+type: graphs holding them are rewritten to real arithmetic before scheduling
+(complex_lowering.py). Promotion follows the array API
 standard's lattice; where the standard is silent (bool or int with float) we
 follow JAX: bool meets anything at that thing, an integer meets a float at
 that float. Python scalars are weak: they take the array's dtype.
@@ -20,7 +22,7 @@ class DType:
     matching torch dtype. One instance per dtype (identity is equality); APIs that take a dtype also accept
     a torch dtype or a name such as "float32"."""
     name: str
-    kind: str  # 'b', 'i', 'u', 'f'
+    kind: str  # 'b', 'i', 'u', 'f', 'c'
     itemsize: int
     torch: torch.dtype = dataclasses.field(repr=False)
     triton: str = dataclasses.field(repr=False)  # triton.language name
@@ -33,6 +35,10 @@ class DType:
     @property
     def is_floating(self) -> bool:
         return self.kind == "f"
+
+    @property
+    def is_complex(self) -> bool:
+        return self.kind == "c"
 
     @property
     def is_integer(self) -> bool:
@@ -59,6 +65,12 @@ float8_e5m2 = DType("float8_e5m2", "f", 1, torch.float8_e5m2, "float8e5")
 
 ALL = [bool_, int8, int16, int32, int64, uint8, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2]
 STORAGE_ONLY = {float8_e4m3fn, float8_e5m2}
+
+# Complex dtypes (a real and an imaginary part of float32 / float64): no Triton name; lowered to real pairs.
+complex64 = DType("complex64", "c", 8, torch.complex64, "")
+complex128 = DType("complex128", "c", 16, torch.complex128, "")
+COMPLEX = (complex64, complex128)
+ALL.extend(COMPLEX)
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME["bool_"] = bool_
 _BY_TORCH = {d.torch: d for d in ALL}
@@ -105,6 +117,8 @@ def dtype(obj) -> DType:
         return int64
     if obj is float:
         return float32
+    if obj is complex:
+        return complex64
     try:
         npd = np.dtype(obj)
     except TypeError:
@@ -130,6 +144,8 @@ def promote(a: DType, b: DType) -> DType:
         return a
     if a in STORAGE_ONLY or b in STORAGE_ONLY:
         raise TypeError(f"{a} and {b}: float8 types are storage formats; cast them with astype first")
+    if a.kind == "c" or b.kind == "c":
+        return _promote_complex(a, b)
     if a.kind == "b" or b.kind == "b":
         other = b if a.kind == "b" else a
         return other  # bool meets anything at that thing (JAX's rule)
@@ -149,6 +165,29 @@ def promote(a: DType, b: DType) -> DType:
         raise TypeError(f"{a} and {b} have no common dtype: the array API defines no promotion between uint64 and "
                         "a signed integer type (no integer type holds both ranges); cast one with astype first")
     raise TypeError(f"no promotion rule for {a} and {b}")
+
+
+def real_dtype(d: DType) -> DType:
+    """The dtype of a complex dtype's parts (complex64 -> float32); other dtypes map to themselves."""
+    return {complex64: float32, complex128: float64}.get(d, d)
+
+
+def complex_dtype(d: DType) -> DType:
+    """The complex dtype holding parts of float dtype ``d`` (float64 -> complex128, other floats -> complex64)."""
+    if d.kind == "c":
+        return d
+    return complex128 if d == float64 else complex64
+
+
+def _promote_complex(a: DType, b: DType) -> DType:
+    """complex with complex: the wider; with a float: the complex whose parts are the wider float
+    (float64 + complex64 -> complex128); with bool or an integer: the complex (JAX's rule, as for floats)."""
+    if a.kind == "c" and b.kind == "c":
+        return a if a.itemsize > b.itemsize else b
+    c, other = (a, b) if a.kind == "c" else (b, a)
+    if other.kind == "f":
+        return complex_dtype(promote(real_dtype(c), other))
+    return c
 
 
 def result_type(*args) -> DType:
@@ -177,6 +216,8 @@ def scalar_dtype(value) -> DType:
         return int64
     if isinstance(value, float):
         return float32
+    if isinstance(value, complex):
+        return complex64
     raise TypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
 
 
@@ -186,7 +227,9 @@ def _weak_promote(d: DType, value) -> DType:
     if isinstance(value, int):
         return d if d.kind != "b" else int64
     if isinstance(value, float):
-        return d if d.kind == "f" else float32
+        return d if d.kind in "fc" else float32
+    if isinstance(value, complex):  # a float array meets a complex scalar at the complex of its precision
+        return complex_dtype(d) if d.kind in "fc" else complex64
     raise TypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
 
 
@@ -222,8 +265,9 @@ class IInfo:
 
 
 def finfo(d) -> FInfo:
-    """Limits of a floating dtype (bits, eps, max, min, smallest_normal), from torch.finfo; TypeError otherwise."""
-    d = dtype(d)
+    """Limits of a floating dtype (bits, eps, max, min, smallest_normal), from torch.finfo; TypeError otherwise.
+    A complex dtype gives its parts' limits (complex64: float32's), as the array API says."""
+    d = real_dtype(dtype(d))
     if d.kind != "f":
         raise TypeError(f"finfo needs a floating dtype, got {d}")
     fi = torch.finfo(d.torch)

@@ -16,6 +16,7 @@ import dataclasses
 import html
 
 from . import codegen, plan, runtime, tables
+from .complex_lowering import lower_complex
 from .expand import expand_composites
 from .kernel_ir import Elementwise, Iota, Reduce
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
@@ -63,7 +64,7 @@ class Explanation:
     @property
     def n_kernels(self) -> int:
         """Launches an evaluation would make: fused kernels and library calls."""
-        return sum(s.kind != "allocation" for s in self.steps)
+        return sum(s.kind not in ("allocation", "view") for s in self.steps)
 
     @property
     def bytes_moved(self) -> int:
@@ -121,6 +122,7 @@ def explain(*arrays) -> Explanation:
         backend = runtime.backend_for(roots[0].device)
         cached = plan.Walk(roots, backend).key in plan._plans
         expand_composites(roots)
+        lower_complex(roots)
         steps = schedule(roots)
     return Explanation(states, _describe(steps, backend), backend, cached)
 
@@ -152,7 +154,7 @@ def _describe(steps, backend) -> list:
             node = step.node
             inputs = [_input(n.inputs[0] if n.kind == "view" else n, made, shape=n.shape) for n in node.inputs]
             outputs = node.params["outputs"]
-            info = StepInfo(index, "library call", [_library_op(node)], inputs, [_output(n) for n in outputs],
+            info = StepInfo(index, "view" if node.prim.reinterpret else "library call", [_library_op(node)], inputs, [_output(n) for n in outputs],
                             "n/a (library kernel)")
         elif isinstance(step, Allocate):
             outputs = [step.node]

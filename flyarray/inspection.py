@@ -14,6 +14,7 @@ import importlib
 import inspect as pyinspect
 
 from . import codegen, runtime, tables
+from .complex_lowering import lower_complex
 from .expand import expand_composites
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
@@ -76,6 +77,7 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     reports, kinds = [], []
     roots = unrealized_bases(outs)
     expand_composites(roots)
+    lower_complex(roots)
     for step in schedule(roots):
         if isinstance(step, KernelStep):
             reports.append(compile_for(fused_spec(step), target))

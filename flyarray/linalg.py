@@ -2,17 +2,17 @@
 
 Built on lazy primitives (they fuse): matmul, matrix_transpose, vecdot, tensordot, outer, diagonal, trace,
 cross, vector_norm, matrix_norm, matrix_power. Lazy library calls to torch.linalg (not our kernels; see
-ops/decompositions.py): cholesky, qr, svd, svdvals, eigh, eigvalsh, inv, solve, det, slogdet, pinv,
+ops/decompositions.py): cholesky, qr, svd, svdvals, eigh, eigvalsh, eig, eigvals, inv, solve, det, slogdet, pinv,
 matrix_rank.
 """
-from .ops.decompositions import (cholesky, det, eigh, eigvalsh, inv, matrix_power, matrix_rank, pinv, qr,  # noqa: F401
-                                 slogdet, solve, svd, svdvals)
+from .ops.decompositions import (cholesky, det, eig, eigh, eigvals, eigvalsh, inv, matrix_power,  # noqa: F401
+                                 matrix_rank, pinv, qr, slogdet, solve, svd, svdvals)
 from .ops.linalg import cross, diagonal, matmul, matrix_norm, outer, tensordot, trace, vecdot, vector_norm  # noqa: F401
 from .ops.manipulation import matrix_transpose  # noqa: F401
 
-__all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul", "matrix_norm", "matrix_power",
-           "matrix_rank", "matrix_transpose", "outer", "pinv", "qr", "slogdet", "solve", "svd", "svdvals",
-           "tensordot", "trace", "vecdot", "vector_norm"]
+__all__ = ["cholesky", "cross", "det", "diagonal", "eig", "eigh", "eigvals", "eigvalsh", "inv", "matmul", "matrix_norm",
+           "matrix_power", "matrix_rank", "matrix_transpose", "outer", "pinv", "qr", "slogdet", "solve", "svd",
+           "svdvals", "tensordot", "trace", "vecdot", "vector_norm"]
 
 
 def _wrap():

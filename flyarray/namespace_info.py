@@ -11,8 +11,8 @@ _KINDS = {
     "unsigned integer": "u",
     "integral": "iu",
     "real floating": "f",
-    "complex floating": "",
-    "numeric": "iuf",
+    "complex floating": "c",
+    "numeric": "iufc",
 }
 
 
@@ -50,13 +50,13 @@ class Info:
         return out
 
     def default_dtypes(self, *, device=None) -> dict:
-        """The default dtypes: float32 for real floating, int64 for integral and indexing (no complex)."""
-        return {"real floating": dt.float32, "complex floating": None, "integral": dt.int64, "indexing": dt.int64}
+        """The default dtypes: float32 for real floating, complex64 for complex, int64 for integral and indexing."""
+        return {"real floating": dt.float32, "complex floating": dt.complex64, "integral": dt.int64, "indexing": dt.int64}
 
     def dtypes(self, *, device=None, kind=None) -> dict:
         """Name -> dtype for the dtypes of ``kind`` (see fa.isdtype; None: all that compute, not float8)."""
         names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
-                 "float32", "float64"]
+                 "float32", "float64", "complex64", "complex128"]
         out = {n: dt.dtype(n) for n in names}
         return out if kind is None else {n: d for n, d in out.items() if isdtype(d, kind)}
 

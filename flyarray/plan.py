@@ -29,6 +29,7 @@ import torch
 
 from . import codegen, config, ir, profiling, runtime
 from .kernel_ir import Kernel
+from .complex_lowering import lower_complex
 from .expand import expand_composites
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
@@ -189,6 +190,7 @@ class _Builder:
 
     def build(self) -> Plan:
         expand_composites(self.roots)
+        lower_complex(self.roots)
         for step in schedule(self.roots):
             if isinstance(step, KernelStep):
                 self.add_kernel(step)
@@ -281,9 +283,12 @@ class _Builder:
                 self.binds.append((lib_position, i, slot))
             outs.append(slot)
 
+        counts = not prim.reinterpret  # view_as_real / view_as_complex (complex_lowering.py) are torch views
+
         def run_library(slots, scalars):
-            runtime._stats["library_calls"] += 1
-            runtime._stats["kernels_launched"] += 1
+            if counts:
+                runtime._stats["library_calls"] += 1
+                runtime._stats["kernels_launched"] += 1
             tensors = [runtime.apply_movement(slots[s], ops) if ops else slots[s] for s, ops in ins]
             for slot, value in zip(outs, prim.run(backend, tensors, kwargs)):
                 # fused kernels read a library output as contiguous (its layout is planned before it exists)

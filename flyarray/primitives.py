@@ -27,6 +27,10 @@ from .ir import Primitive
 
 class Elementwise(Primitive):
     kind = "elementwise"
+    # Complex inputs: the rule that rewrites this op on complex values into real ops (complex_lowering.py
+    # registers it; None: complex inputs raise TypeError), and whether the result is real (abs).
+    complex_rule = None
+    complex_real_result = False
 
     def __init__(self, name, arity, accepts, out, reference, lower, lower_narrow=None):
         super().__init__(name)
@@ -78,6 +82,7 @@ class Library(Primitive):
     given, rewrites an elementwise ``node`` over this op's output into one call of the kernel.
     """
     kind = "library"
+    reinterpret = False  # a torch view of its input (view_as_real/view_as_complex): no launch, no kernel
 
     def __init__(self, name, abstract, kernel, reference, epilogue=None):
         super().__init__(name)
@@ -287,7 +292,9 @@ def sum_dtype(d: dt.DType) -> dt.DType:
 
 
 def elementwise_out_dtype(prim: Elementwise, d: dt.DType) -> dt.DType:
-    return dt.bool_ if prim.out == "bool" else d
+    if prim.out == "bool":
+        return dt.bool_
+    return dt.real_dtype(d) if prim.complex_real_result else d
 
 
 _ACCEPTS = {
@@ -309,6 +316,10 @@ def check_storage_only(op: str, d: dt.DType):
 
 def check_accepts(prim: Elementwise, d: dt.DType):
     check_storage_only(prim.name, d)
+    if d.kind == "c":
+        if prim.complex_rule is None:
+            raise TypeError(f"{prim.name} does not accept {d} inputs (it is defined for real dtypes only)")
+        return
     if d.kind not in _ACCEPTS[prim.accepts]:
         raise TypeError(f"{prim.name} does not accept {d} inputs")
 
@@ -346,3 +357,6 @@ RANDOM = {name: Elementwise(name, 4, "integer", "same", ref, _f(f"{fn}({{0}}, {{
 
 def _xor(a, b):
     return a ^ b
+
+
+from . import complex_lowering  # noqa: E402,F401  (registers each primitive's complex rule)

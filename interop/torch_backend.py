@@ -239,10 +239,10 @@ _DECOMPOSE = [aten._softmax_backward_data, aten._log_softmax_backward_data, aten
 # ---- which nodes a region may hold ------------------------------------------------------------------------
 def _fa_dtype_ok(t) -> bool:
     try:
-        dt.from_torch(t.dtype)
+        d = dt.from_torch(t.dtype)
     except TypeError:
         return False
-    return True
+    return d.kind != "c"  # complex nodes stay with torch here (the lowering rules are not wired for aten's ops)
 
 
 def _metas(node):

@@ -298,6 +298,8 @@ NO_DERIVATIVE = {  # library op -> why it has none (each raises a clear error wh
     "scaled_matmul": "fp8/MX storage operands", "mx_quantize": "quantization (integer codes)",
     "mx_dequantize": "reads integer codes", "searchsorted": "integer insertion indices",
     **{p.name: "torch.linalg call: no derivative rules yet" for p in DECOMPOSITIONS},
+    **{name: "complex values: derivatives of complex functions raise TypeError (tests/test_complex.py)"
+       for name in ("view_as_real", "view_as_complex", "fft")},
 }
 
 

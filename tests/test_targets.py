@@ -28,6 +28,10 @@ CORPUS = {
     "where / compare / cast": (lambda x: fa.where(x > 0, x, 0.0).astype(fa.float16), (_x((30, 30)),)),
     "transposed view": (lambda x: fa.sqrt(fa.abs(x.T))[::2], (_x((17, 9)),)),
     "concat": (lambda x, y: fa.concat([x, y * 2], axis=1), (_x((4, 5)), _x((4, 3)))),
+    "complex64 chain (lowered to real)": (lambda z: fa.sqrt(fa.exp(z * z + 1j) / (z - 2.0)),
+                                          (_x((33, 70), torch.complex64),)),
+    "complex128 sum(a * conj(b))": (lambda a, b: fa.sum(a * fa.conj(b), axis=1),
+                                    (_x((5, 40), torch.complex128), _x((5, 40), torch.complex128))),
     "arange/eye": (lambda x: x + fa.eye(6, device=x.device) * fa.arange(6, device=x.device).astype(fa.float32),
                    (_x((6, 6)),)),
 }

@@ -3,7 +3,7 @@ from .core import astype, where  # noqa: F401
 from .creation import (arange, asarray, empty, empty_like, eye, from_dlpack, full, full_like, linspace,  # noqa: F401
                        ones, ones_like, zeros, zeros_like)
 from .elementwise import *  # noqa: F401,F403
-from .elementwise import clip, conj, gelu, isclose, isin, real, relu, silu  # noqa: F401
+from .elementwise import clip, conj, gelu, imag, isclose, isin, real, relu, silu  # noqa: F401
 from .indexing import getitem, nonzero, take, take_along_axis  # noqa: F401
 from .library_ops import ragged_dot, top_k  # noqa: F401
 from .einsum import einsum  # noqa: F401
@@ -30,7 +30,7 @@ def _convert(a, nested):
     from .core import as_array
     if nested and isinstance(a, (list, tuple)) and [v for v in a if isinstance(v, _FOREIGN)]:
         return type(a)(as_array(v) for v in a)
-    if isinstance(a, (bool, int, float)):  # a Python scalar where an array goes: a 0-d array (fa.sum(3.0))
+    if isinstance(a, (bool, int, float, complex)):  # a Python scalar where an array goes: a 0-d array (fa.sum(3.0))
         from .creation import asarray
         return asarray(a)
     return as_array(a)
@@ -43,7 +43,7 @@ def _accepting_foreign(fn, first_only=False, nested=False):
     @_functools.wraps(fn)
     def wrapper(*args, **kwargs):
         for i, a in enumerate(args[:1] if first_only or nested else args):  # a loop, not any(): the hot path
-            if isinstance(a, _FOREIGN) or nested or i == 0 and isinstance(a, (bool, int, float)):
+            if isinstance(a, _FOREIGN) or nested or i == 0 and isinstance(a, (bool, int, float, complex)):
                 args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else (_convert(a, False)
                                                                                           for a in args[1:]))
                 break
@@ -56,7 +56,7 @@ _MAKERS = {"broadcast_shapes", "arange", "asarray", "empty", "eye", "from_dlpack
 for _name in [n for n, v in list(globals().items()) if callable(v) and not isinstance(v, (_types.ModuleType, type))]:
     _fn = globals()[_name]
     if _name.startswith("_") or _name in _MAKERS or getattr(_fn, "__module__", "") == elementwise.__name__ and \
-            _name not in ("clip", "isclose", "gelu", "relu", "silu", "conj", "real", "isin"):
+            _name not in ("clip", "isclose", "gelu", "relu", "silu", "conj", "real", "imag", "isin"):
         continue
     globals()[_name] = _accepting_foreign(_fn, first_only=_name in ("getitem", "take", "take_along_axis"),
                                          nested=_name in ("concat", "stack"))

@@ -47,6 +47,14 @@ def check_scalar_fits(value, d: dt.DType):
 
 def constant(value, shape, d: dt.DType, device) -> ir.Node:
     check_scalar_fits(value, d)
+    if d.kind == "c":  # complex(re, im) over two real constants: the plan binds both values, as any scalar's
+        from ..complex_lowering import COMPLEX
+        value = complex(value)
+        r = dt.real_dtype(d)
+        parts = (ir.constant(value.real, tuple(shape), r, device), ir.constant(value.imag, tuple(shape), r, device))
+        return ir.Node(COMPLEX, parts, None, tuple(shape), d, device)
+    if isinstance(value, complex):
+        raise TypeError(f"a Python complex scalar {value!r} cannot be {d}: use a complex dtype")
     if d.kind == "b":
         value = bool(value)
     elif d.kind in "iu":
@@ -92,7 +100,7 @@ def elementwise(name: str, *args) -> Array:
         # the common case: same dtype, shape and device, nothing to promote or broadcast
         in_dtype, shape, device = first.dtype, first.shape, first.device
         inputs = tuple(a._node for a in args)
-        if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind != "f":
+        if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind not in "fc":
             in_dtype = dt.default_float()
             inputs = tuple(cast_node(n, in_dtype) for n in inputs)
     else:
@@ -128,7 +136,7 @@ def _with_scalar(prim, a, b):
 
 def as_array(x):
     """numpy arrays and scalars, torch tensors -> Arrays (zero copy where possible); anything else unchanged."""
-    if isinstance(x, (np.ndarray, np.generic, torch.Tensor)) and not isinstance(x, (bool, int, float)):
+    if isinstance(x, (np.ndarray, np.generic, torch.Tensor)) and not isinstance(x, (bool, int, float, complex)):
         from .creation import asarray
         return asarray(x)
     return x
@@ -137,12 +145,12 @@ def as_array(x):
 def _promote_and_broadcast(name, prim, args):
     args = tuple(as_array(a) for a in args)
     for a in args:
-        if not isinstance(a, (Array, bool, int, float)):
+        if not isinstance(a, (Array, bool, int, float, complex)):
             raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
     arrays = [a for a in args if isinstance(a, Array)]
     device = common_device(arrays)
     in_dtype = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in args])
-    if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind != "f":
+    if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind not in "fc":
         in_dtype = dt.default_float()
     check_accepts(prim, in_dtype)
     shape = views.broadcast_shapes(*[a._node.shape for a in arrays])
@@ -173,6 +181,9 @@ def astype(x, dtype, copy=True) -> Array:
     node = node_of(x)
     if node.dtype == d and not copy:
         return x
+    if node.dtype.kind == "c" and d.kind not in "bc":
+        raise TypeError(f"astype: casting {node.dtype} to {d} would drop the imaginary part, which the array API "
+                        "does not permit; take fa.real(x) (or fa.abs(x)) first")
     return Array(ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, d, node.device))
 
 
@@ -181,6 +192,9 @@ def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     node = node_of(x)
     if dtype is None:
         check_storage_only(name, node.dtype)
+    if (node.dtype.kind == "c" or dtype is not None and dt.dtype(dtype).kind == "c") and \
+            name not in ("sum", "prod", "any", "all"):
+        raise TypeError(f"{name} does not accept complex inputs (complex numbers have no order)")
     axes = views.normalize_axes(axis, len(node.shape))
     if name in ("max", "min", "argmax", "argmin") and any(node.shape[a] == 0 for a in axes):
         raise ValueError(f"{name} of an empty slice: axes {axes} of shape {node.shape} have no elements "

@@ -196,7 +196,14 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
     if dtype is None:
         dtype = dt.int64 if all(isinstance(v, int) for v in (start, stop, step)) else dt.default_float()
     d = dt.dtype(dtype)
-    return Array(ir.Node(ir.IOTA, (), ("ramp", start, step), (n,), d, _device(device)))
+    return _iota(("ramp", start, step), (n,), d, device)
+
+
+def _iota(params, shape, d, device) -> Array:
+    """An index ramp (arange, linspace, eye); a complex one is the real ramp cast (zero imaginary parts)."""
+    if d.kind == "c":
+        return Array(ir.Node(ir.IOTA, (), params, shape, dt.real_dtype(d), _device(device))).astype(d)
+    return Array(ir.Node(ir.IOTA, (), params, shape, d, _device(device)))
 
 
 def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> Array:
@@ -207,7 +214,16 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
     if num < 0:
         raise ValueError(f"linspace: num must be >= 0, got {num}")
     (num,) = views.check_shape((num,), "linspace: num")
-    d = dt.dtype(dtype) if dtype is not None else dt.default_float()
+    if isinstance(start, complex) or isinstance(stop, complex):
+        d = dt.dtype(dtype) if dtype is not None else dt.complex64
+    else:
+        d = dt.dtype(dtype) if dtype is not None else dt.default_float()
+    if d.kind == "c":  # a ramp per part
+        from .elementwise import complex_from_parts
+        start, stop, r = complex(start), complex(stop), dt.real_dtype(d)
+        parts = [linspace(getattr(start, p), getattr(stop, p), num, dtype=r, device=device, endpoint=endpoint)
+                 for p in ("real", "imag")]
+        return complex_from_parts(*parts)
     div = (num - 1) if endpoint else num
     step = (stop - start) / div if div > 0 else 0.0
     # an integer result is the float64 ramp rounded down (numpy's rule: -10..0 in 5 is -10 -8 -5 -3 0);
@@ -227,7 +243,7 @@ def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
     shape = views.check_shape((n_rows, n_cols), "eye: (n_rows, n_cols)")
     k = views.as_int(k, "eye: k")
     d = dt.dtype(dtype) if dtype is not None else dt.default_float()
-    return Array(ir.Node(ir.IOTA, (), ("eye", k, shape[1]), shape, d, _device(device)))
+    return _iota(("eye", k, shape[1]), shape, d, device)
 
 
 def _shape(shape) -> tuple:

@@ -1,5 +1,7 @@
 """Matrix decompositions and solvers as lazy library nodes that call torch.linalg (as JAX calls cuSOLVER /
-LAPACK): cholesky, qr, svd, svdvals, eigh, eigvalsh, inv, solve, det, slogdet, pinv, matrix_rank.
+LAPACK): cholesky, qr, svd, svdvals, eigh, eigvalsh, eig, eigvals, inv, solve, det, slogdet, pinv, matrix_rank.
+They take float32/float64 and complex64/complex128 matrices (complex buffers go to torch as they are; values
+that are real by definition, singular values and Hermitian eigenvalues, come back real).
 
 These are not our kernels: the gpu backend runs torch.linalg on the device (cuSOLVER / rocSOLVER), the CPU
 backends run it on the CPU. They are graph nodes like any library op (lazy, batched over leading axes,
@@ -13,7 +15,7 @@ from .. import dtypes as dt
 from .. import views
 from .library import Library, call
 
-_FLOATS = (dt.float32, dt.float64)
+_FLOATS = (dt.float32, dt.float64, dt.complex64, dt.complex128)
 
 
 def _square(op, x):
@@ -23,7 +25,8 @@ def _square(op, x):
 
 def _float(op, x):
     if x.dtype not in _FLOATS:
-        raise TypeError(f"{op}: x has dtype {x.dtype}; torch.linalg takes float32 or float64 (cast with astype)")
+        raise TypeError(f"{op}: x has dtype {x.dtype}; torch.linalg takes float32, float64, complex64 or complex128 "
+                        "(cast with astype)")
 
 
 def _matrix(op, x):
@@ -61,7 +64,7 @@ DET = _op("det", _scalar("det"), lambda x: torch.linalg.det(x))
 
 def _slogdet_abstract(x):
     _scalar("slogdet")(x)
-    return [(x.shape[:-2], x.dtype)] * 2
+    return [(x.shape[:-2], x.dtype), (x.shape[:-2], dt.real_dtype(x.dtype))]  # (sign, log|det|)
 
 
 SLOGDET = _op("slogdet", _slogdet_abstract, lambda x: tuple(torch.linalg.slogdet(x)))
@@ -85,7 +88,7 @@ def _svd_abstract(x, *, full_matrices):
     k = min(m, n)
     b = tuple(b)
     u, v = (m, n) if full_matrices else (k, k)
-    return [(b + (m, u), x.dtype), (b + (k,), x.dtype), (b + (v, n), x.dtype)]
+    return [(b + (m, u), x.dtype), (b + (k,), dt.real_dtype(x.dtype)), (b + (v, n), x.dtype)]
 
 
 SVD = _op("svd", _svd_abstract, lambda x, *, full_matrices: tuple(torch.linalg.svd(x, full_matrices=full_matrices)))
@@ -93,7 +96,7 @@ SVD = _op("svd", _svd_abstract, lambda x, *, full_matrices: tuple(torch.linalg.s
 
 def _svdvals_abstract(x):
     _matrix("svdvals", x)
-    return [(x.shape[:-2] + (min(x.shape[-2:]),), x.dtype)]
+    return [(x.shape[:-2] + (min(x.shape[-2:]),), dt.real_dtype(x.dtype))]
 
 
 SVDVALS = _op("svdvals", _svdvals_abstract, lambda x: torch.linalg.svdvals(x))
@@ -102,11 +105,22 @@ SVDVALS = _op("svdvals", _svdvals_abstract, lambda x: torch.linalg.svdvals(x))
 def _eigh_abstract(x):
     _matrix("eigh", x)
     _square("eigh", x)
-    return [(x.shape[:-1], x.dtype), (x.shape, x.dtype)]
+    return [(x.shape[:-1], dt.real_dtype(x.dtype)), (x.shape, x.dtype)]
 
 
 EIGH = _op("eigh", _eigh_abstract, lambda x: tuple(torch.linalg.eigh(x)))
 EIGVALSH = _op("eigvalsh", lambda x: _eigh_abstract(x)[:1], lambda x: torch.linalg.eigvalsh(x))
+
+
+def _eig_abstract(x):
+    _matrix("eig", x)
+    _square("eig", x)
+    c = dt.complex_dtype(dt.real_dtype(x.dtype))
+    return [(x.shape[:-1], c), (x.shape, c)]
+
+
+EIG = _op("eig", _eig_abstract, lambda x: tuple(torch.linalg.eig(x)))
+EIGVALS = _op("eigvals", lambda x: _eig_abstract(x)[:1], lambda x: torch.linalg.eigvals(x))
 
 
 def _solve_abstract(a, b):
@@ -148,72 +162,90 @@ def _rank_abstract(x, *, rtol):
 
 RANK = _op("matrix_rank", _rank_abstract, lambda x, *, rtol: torch.linalg.matrix_rank(x, rtol=rtol))
 
-DECOMPOSITIONS = (CHOLESKY, INV, DET, SLOGDET, QR, SVD, SVDVALS, EIGH, EIGVALSH, SOLVE, PINV, RANK)
+DECOMPOSITIONS = (CHOLESKY, INV, DET, SLOGDET, QR, SVD, SVDVALS, EIGH, EIGVALSH, EIG, EIGVALS, SOLVE, PINV, RANK)
 
 
 def cholesky(x, /, *, upper=False):
-    """The Cholesky factor L (x = L L^T) of symmetric positive-definite matrices (U with ``upper``); float32/64.
+    """The Cholesky factor L (x = L L^H) of Hermitian positive-definite matrices (U with ``upper``);
+    float32/64 or complex64/128.
     A lazy library call to torch.linalg.cholesky."""
     return call(CHOLESKY, [x], upper=bool(upper))[0]
 
 
 def qr(x, /, *, mode="reduced"):
-    """(Q, R) with x = Q R, ``mode`` 'reduced' or 'complete'; float32/64. A lazy call to torch.linalg.qr."""
+    """(Q, R) with x = Q R, ``mode`` 'reduced' or 'complete'; float32/64 or complex64/128. A lazy call to
+    torch.linalg.qr."""
     return tuple(call(QR, [x], mode=mode))
 
 
 def svd(x, /, *, full_matrices=True):
-    """(U, S, Vh) with x = U diag(S) Vh, S descending; float32/64. A lazy call to torch.linalg.svd."""
+    """(U, S, Vh) with x = U diag(S) Vh, S descending (real); float32/64 or complex64/128. A lazy call to
+    torch.linalg.svd."""
     return tuple(call(SVD, [x], full_matrices=bool(full_matrices)))
 
 
 def svdvals(x, /):
-    """The singular values of the last two axes, descending; float32/64. A lazy call to torch.linalg.svdvals."""
+    """The singular values of the last two axes, descending (real); float32/64 or complex64/128. A lazy call
+    to torch.linalg.svdvals."""
     return call(SVDVALS, [x])[0]
 
 
 def eigh(x, /):
-    """(eigenvalues ascending, eigenvectors) of symmetric matrices (the lower triangle is read); float32/64.
+    """(eigenvalues ascending, eigenvectors) of symmetric / Hermitian matrices (the lower triangle is read; the
+    eigenvalues are real); float32/64 or complex64/128.
     A lazy call to torch.linalg.eigh."""
     return tuple(call(EIGH, [x]))
 
 
 def eigvalsh(x, /):
-    """The eigenvalues of symmetric matrices, ascending; float32/64. A lazy call to torch.linalg.eigvalsh."""
+    """The eigenvalues of symmetric / Hermitian matrices, ascending (real); float32/64 or complex64/128. A lazy
+    call to torch.linalg.eigvalsh."""
     return call(EIGVALSH, [x])[0]
 
 
+def eig(x, /):
+    """(eigenvalues, eigenvectors) of general square matrices, both complex (complex64 for float32/complex64
+    input, complex128 for float64/complex128), unordered; columns of the eigenvectors have unit norm.
+    A lazy call to torch.linalg.eig."""
+    return tuple(call(EIG, [x]))
+
+
+def eigvals(x, /):
+    """The eigenvalues of general square matrices, complex, unordered. A lazy call to torch.linalg.eigvals."""
+    return call(EIGVALS, [x])[0]
+
+
 def inv(x, /):
-    """The inverse of square matrices; float32/64. A lazy call to torch.linalg.inv (singular input: torch's
-    error, at evaluation)."""
+    """The inverse of square matrices; float32/64 or complex64/128. A lazy call to torch.linalg.inv (singular
+    input: torch's error, at evaluation)."""
     return call(INV, [x])[0]
 
 
 def solve(x1, x2, /):
-    """The solution X of x1 X = x2 (x2 a stack of matrices, or one vector); float32/64. A lazy call to
+    """The solution X of x1 X = x2 (x2 a stack of matrices, or one vector); float32/64 or complex64/128. A lazy call to
     torch.linalg.solve."""
     return call(SOLVE, [x1, x2])[0]
 
 
 def det(x, /):
-    """The determinant of square matrices; float32/64. A lazy call to torch.linalg.det."""
+    """The determinant of square matrices; float32/64 or complex64/128. A lazy call to torch.linalg.det."""
     return call(DET, [x])[0]
 
 
 def slogdet(x, /):
-    """(sign, log|det|) of square matrices; float32/64. A lazy call to torch.linalg.slogdet."""
+    """(sign, log|det|) of square matrices; float32/64 or complex64/128. A lazy call to torch.linalg.slogdet."""
     return tuple(call(SLOGDET, [x]))
 
 
 def pinv(x, /, *, rtol=None):
     """The Moore-Penrose pseudo-inverse (singular values below ``rtol`` times the largest are dropped);
-    float32/64. A lazy call to torch.linalg.pinv."""
+    float32/64 or complex64/128. A lazy call to torch.linalg.pinv."""
     return call(PINV, [x], rtol=rtol)[0]
 
 
 def matrix_rank(x, /, *, rtol=None):
-    """The rank (singular values above ``rtol`` times the largest), int64; float32/64 input. A lazy call to
-    torch.linalg.matrix_rank."""
+    """The rank (singular values above ``rtol`` times the largest), int64; float32/64 or complex64/128 input.
+    A lazy call to torch.linalg.matrix_rank."""
     return call(RANK, [x], rtol=rtol)[0]
 
 

@@ -103,14 +103,55 @@ def isin(x1, x2, /, *, invert=False):
     return elementwise("logical_not", hit) if invert else hit
 
 
+def _complex_part(prim, x):
+    from .. import dtypes, ir
+    from .._array import Array
+    from .core import as_array, node_of
+    node = node_of(as_array(x))
+    d = dtypes.real_dtype(node.dtype) if prim.complex_real_result else node.dtype
+    return Array(ir.Node(prim, (node,), None, node.shape, d, node.device))
+
+
 def conj(x, /):
-    """The complex conjugate: ``x`` itself, since flyarray has no complex dtypes. Any dtype."""
-    return x
+    """The complex conjugate (re - i im), in ``x``'s dtype; a real array is returned as is."""
+    from ..complex_lowering import CONJ
+    return _complex_part(CONJ, x) if _dtype_kind(x) == "c" else x
 
 
 def real(x, /):
-    """The real part: ``x`` itself, since flyarray has no complex dtypes. Any dtype."""
-    return x
+    """The real part: float32 for complex64, float64 for complex128; a real array is returned as is."""
+    from ..complex_lowering import REAL
+    return _complex_part(REAL, x) if _dtype_kind(x) == "c" else x
+
+
+def imag(x, /):
+    """The imaginary part: float32 for complex64, float64 for complex128; zeros of ``x``'s dtype for a
+    real array (as JAX; the array API defines imag for complex arrays only)."""
+    from ..complex_lowering import IMAG
+    if _dtype_kind(x) == "c":
+        return _complex_part(IMAG, x)
+    from .creation import zeros_like
+    return zeros_like(x)
+
+
+def complex_from_parts(re, im):
+    """re + i im from two real float arrays of one dtype and shape (an internal building block: float32 parts
+    give complex64, float64 parts complex128)."""
+    from .. import dtypes, ir
+    from .._array import Array
+    from ..complex_lowering import COMPLEX
+    a, b = re._node, im._node
+    if a.dtype != b.dtype or a.shape != b.shape or a.dtype not in (dtypes.float32, dtypes.float64):
+        raise TypeError(f"complex parts must be float32 or float64 arrays of one dtype and shape, got "
+                        f"{a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)}")
+    return Array(ir.Node(COMPLEX, (a, b), None, a.shape, dtypes.complex_dtype(a.dtype), a.device))
+
+
+def _dtype_kind(x):
+    from .. import dtypes
+    from .core import as_array
+    x = as_array(x)
+    return x.dtype.kind if isinstance(getattr(x, "dtype", None), dtypes.DType) else None
 
 
 def relu(x, /):
@@ -143,7 +184,7 @@ def pow(x1, x2, /):
     torch's ``pow(x, 2)`` do: far cheaper than a general pow on a GPU, and its
     derivative is a product rather than another pow. Bool inputs raise TypeError."""
     from .._array import Array
-    if type(x2) is int and x2 in _SMALL_POWERS and isinstance(x1, Array) and x1.dtype.kind == "f" \
+    if type(x2) is int and x2 in _SMALL_POWERS and isinstance(x1, Array) and x1.dtype.kind in "fc" \
             and x1.dtype not in _STORAGE_ONLY:
         square = elementwise("multiply", x1, x1)
         if x2 == 2:
@@ -158,6 +199,6 @@ def isclose(a, b, rtol=1e-5, atol=1e-8):
     return elementwise("less_equal", elementwise("abs", a - b), atol + rtol * elementwise("abs", b))
 
 
-__all__ = [n for n in ELEMENTWISE if n not in ("astype", "gelu_tanh")] + ["clip", "conj", "real", "isclose", "isin",
+__all__ = [n for n in ELEMENTWISE if n not in ("astype", "gelu_tanh")] + ["clip", "conj", "real", "imag", "isclose", "isin",
                                                                            "astype"]
 del dt

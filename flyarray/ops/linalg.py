@@ -50,11 +50,14 @@ def matmul(x1, x2, /):
     if a.dtype != b.dtype:
         d = dt.promote(a.dtype, b.dtype)
         x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
-    if x1.dtype.kind != "f":
+    if x1.dtype.kind not in "fc":
         raise TypeError(f"matmul: {x1.dtype} operands are not supported; cast to a float dtype first")
     lhs = x1[None, :] if x1.ndim == 1 else x1
     rhs = x2[:, None] if x2.ndim == 1 else x2
-    (out,) = call(MATMUL, [lhs, rhs])
+    if x1.dtype.kind == "c":
+        out = _complex_matmul(lhs, rhs)
+    else:
+        (out,) = call(MATMUL, [lhs, rhs])
     if x1.ndim == 1:
         out = out[..., 0, :]
     if x2.ndim == 1:
@@ -62,11 +65,38 @@ def matmul(x1, x2, /):
     return out
 
 
+def _complex_matmul(a, b):
+    """Complex a @ b as one real GEMM of our kernel: a's (re, im) pairs are a real (..., m, 2k) matrix as
+    they lie in memory, b becomes the real (..., 2k, 2n) block matrix [[re, im], [-im, re]] per element
+    (one fused kernel), and the (..., m, 2n) product is the complex result's (re, im) pairs: 4 real
+    multiply-adds per complex one, as 4 real GEMMs would do, in one launch and with no copy of a."""
+    from ..complex_lowering import AS_COMPLEX, AS_REAL
+    from .creation import arange
+    from .elementwise import where
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({a.shape[-1]} != {b.shape[-2]})")
+    (pa,) = call(AS_REAL, [a])
+    (pb,) = call(AS_REAL, [b])
+    *batch_a, m, k, _ = pa.shape
+    n = pb.shape[-2]
+    lhs = reshape(pa, (*batch_a, m, 2 * k))
+    re, im = pb[..., None, :, None, 0], pb[..., None, :, None, 1]  # (..., k, 1, n, 1)
+    row = reshape(arange(2, device=a.device), (2, 1, 1))
+    col = arange(2, device=a.device)
+    block = where(row == col, re, where(row < col, im, -im))  # (..., k, 2, n, 2)
+    rhs = reshape(block, (*block.shape[:-4], 2 * k, 2 * n))
+    (prod,) = call(MATMUL, [lhs, rhs])
+    (out,) = call(AS_COMPLEX, [reshape(prod, (*prod.shape[:-1], n, 2))])
+    return out
+
+
 def vecdot(x1, x2, /, *, axis=-1):
-    """``sum(x1 * x2, axis=axis)`` with broadcasting (no conjugation: no complex dtypes). Numeric dtypes;
-    unlike the array API, integer and bool inputs give sum's dtype (int64; uint64 for unsigned ones)."""
+    """``sum(conj(x1) * x2, axis=axis)`` with broadcasting (the array API conjugates the first argument;
+    real arrays are their own conjugates). Numeric dtypes; unlike the array API, integer and bool inputs give
+    sum's dtype (int64; uint64 for unsigned ones)."""
+    from .elementwise import conj
     from .reductions import sum
-    return sum(x1 * x2, axis=axis)
+    return sum(conj(x1) * x2, axis=axis)
 
 
 # ---- epilogue fusion: matmul followed by bias / activation / residual / cast --------------------------------
@@ -273,6 +303,8 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     from .elementwise import abs as _abs
     from .elementwise import pow as _pow
     from .elementwise import sqrt
+    if x.dtype.kind == "c":  # the norm of the magnitudes, in the parts' dtype
+        x = _abs(x)
     if x.dtype.kind != "f":
         x = x.astype(dt.default_float())
     if not isinstance(ord, (int, float)) or isinstance(ord, bool):
@@ -293,12 +325,13 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
 
 def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     """The matrix norm of the last two axes: 'fro' (default), 1, -1, inf, -inf (the array API's
-    linalg.matrix_norm). 'nuc', 2 and -2 need singular values (``fa.linalg.svdvals``). Float results."""
+    linalg.matrix_norm). 'nuc', 2 and -2 need singular values (``fa.linalg.svdvals``). Real float results (complex
+    input: its parts' dtype)."""
     from . import reductions as R
     from .elementwise import abs as _abs
     if x.ndim < 2:
         raise ValueError(f"matrix_norm: x must have at least 2 dimensions, got shape {x.shape}")
-    if x.dtype.kind != "f":
+    if x.dtype.kind not in "fc":  # complex: the norms of the magnitudes (svdvals takes the complex matrix)
         x = x.astype(dt.default_float())
     if ord == "fro":
         return vector_norm(x, axis=(-2, -1), keepdims=keepdims)

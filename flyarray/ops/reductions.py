@@ -77,7 +77,9 @@ def _float_input(name, x):
     (the reference backend rounds each op to its dtype: a float16 sum of large values overflows)."""
     from ..primitives import check_storage_only
     check_storage_only(name, x.dtype)
-    out = x.dtype if x.dtype.kind == "f" else dt.default_float()
+    if x.dtype.kind == "c" and name != "mean":
+        raise TypeError(f"{name} does not accept {x.dtype} inputs (the array API defines it for real floats only)")
+    out = x.dtype if x.dtype.kind in "fc" else dt.default_float()
     return astype(x, dt.compute_dtype(out), copy=False), out
 
 

@@ -77,6 +77,8 @@ def _from_last(y, axis):
 
 def _scan(op, x, axis, dtype, include_initial):
     x = as_array(x)
+    if dtype is not None and dt.dtype(dtype).kind == "c" or x.dtype.kind == "c":
+        return _complex_scan(op, x if dtype is None else x.astype(dt.dtype(dtype), copy=False), axis, include_initial)
     _real(f"cumulative_{op}", "x", x._node, allow_bool=True)
     if dtype is not None:
         x = x.astype(dt.dtype(dtype), copy=False)
@@ -102,6 +104,25 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
     The same dtype rules as ``cumulative_sum``; ``include_initial`` puts a 1 in front. A Triton scan kernel;
     differentiable, exactly also where ``x`` has zeros (no division: docs/transforms.md)."""
     return _scan("prod", x, axis, dtype, include_initial)
+
+
+def _complex_scan(op, x, axis, include_initial):
+    """Complex cumulative sums scan the (re, im) pairs (view_as_real) with the real scan kernel; products
+    multiply magnitudes and add angles (two real scans, then r (cos t + i sin t))."""
+    from ..complex_lowering import AS_COMPLEX, AS_REAL
+    from .elementwise import abs as _abs
+    from .elementwise import atan2, complex_from_parts, cos, imag, real, sin
+    from .manipulation import moveaxis
+    moved, axis = _last_axis(f"cumulative_{op}", x, axis)
+    if op == "prod":
+        flag = bool(include_initial)
+        (mag,) = call(SCAN, [_abs(moved)], op="prod", include_initial=flag)
+        (ang,) = call(SCAN, [atan2(imag(moved), real(moved))], op="sum", include_initial=flag)
+        return _from_last(complex_from_parts(mag * cos(ang), mag * sin(ang)), axis)
+    (pairs,) = call(AS_REAL, [moved])
+    (out,) = call(SCAN, [moveaxis(pairs, -1, -2)], op="sum", include_initial=bool(include_initial))
+    (out,) = call(AS_COMPLEX, [moveaxis(out, -2, -1)])
+    return _from_last(out, axis)
 
 
 # ---- sort -------------------------------------------------------------------------------------------------

@@ -99,6 +99,10 @@ def _trace(roots, inputs, start):
         flags = tuple(i.id in active for i in inputs_)
         if not any(flags):
             continue
+        if node.dtype.kind == "c" or any(i.dtype.kind == "c" for i in inputs_):
+            raise TypeError(f"cannot differentiate through {prim.name} of {node.dtype}{list(node.shape)}: derivatives "
+                            "of complex-valued functions are not implemented (complex values are supported "
+                            "outside fa.grad/vjp/jvp); differentiate a real function of real parts instead")
         if prim.kind not in ("library", "custom") and not _differentiable(node.dtype):
             continue
         active.add(node.id)
@@ -379,6 +383,10 @@ def _prepare(fun, args, kwargs, argnums, where):
         leaves, tree = tu.tree_flatten(args[i])
         leaves = [_as_array(x, where) for x in leaves]
         for leaf in leaves:
+            if leaf.dtype.kind == "c":
+                raise TypeError(f"{where}: argument {i} is {leaf.dtype}; derivatives with respect to complex inputs "
+                                "are not implemented (differentiate w.r.t. the real and imaginary parts as float "
+                                "arrays instead)")
             if not _differentiable(leaf.dtype):
                 raise TypeError(f"{where} requires real-valued (floating-point) inputs, but argument {i} has a "
                                 f"leaf of dtype {leaf.dtype}; differentiate w.r.t. float arrays, or leave integer "

@@ -1,0 +1,637 @@
+"""Complex numbers, lowered to real arithmetic before scheduling.
+
+Triton has no complex type, so complex64/complex128 exist only in the recorded graph (the front) and
+in buffers (torch complex tensors, DLPack). On a plan miss, after composites are expanded
+(expand.py) and before the scheduler runs, ``lower_complex`` rewrites every complex node under the
+roots into real nodes: each complex value becomes a pair (re, im) of real nodes of its shape, or
+equivalently one *packed* real node of shape ``shape + (2,)`` (re at [..., 0], im at [..., 1]:
+the memory layout of a complex tensor seen through ``torch.view_as_real``).
+
+  * a complex buffer (a user's tensor, a library output such as fft's) is read through
+    ``view_as_real`` (the ``AS_REAL`` library node: a torch view, no copy for a contiguous buffer);
+    its parts are strided views of that (stride 2, no kernel);
+  * an elementwise op on complex values becomes real elementwise ops on the parts, by the op's rule
+    in ``RULES`` below (one rule per primitive, here and nowhere else);
+  * a complex value that must exist in memory (a root the user asked for, a library input) is
+    written packed: ``where(k == 0, re, im)`` over the packed shape, one fused kernel that computes
+    both parts, then viewed as complex (``AS_COMPLEX``, a torch view);
+  * sum reduces the packed value over the same axes (one kernel, already packed); prod multiplies
+    magnitudes and adds angles.
+
+The scheduler, code generation and every backend (gpu, interpret, reference) then see real ops only:
+a chain of complex elementwise ops is one kernel, as a real chain is. The plan's key is the graph as
+recorded (complex nodes included), so it captures everything the lowering decides.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import dtypes as dt
+from . import ir, views
+from .primitives import ELEMENTWISE, REDUCE, Elementwise, Library
+
+
+# ---- the front's complex-only primitives (never scheduled: lowered first) --------------------------------
+def _unused_lowering(args, cdt):  # pragma: no cover - complex nodes never reach code generation
+    raise AssertionError("complex primitives are lowered to real ones before code generation")
+
+
+REAL = Elementwise("real", 1, "any", "same", torch.real, _unused_lowering)
+IMAG = Elementwise("imag", 1, "any", "same", torch.imag, _unused_lowering)
+CONJ = Elementwise("conj", 1, "any", "same", torch.conj, _unused_lowering)
+COMPLEX = Elementwise("complex", 2, "float", "same", torch.complex, _unused_lowering)  # (re, im) -> re + i im
+COMPLEX_PRIMITIVES = (REAL, IMAG, CONJ, COMPLEX)
+
+
+def _as_real_abstract(x):
+    if x.dtype.kind != "c":
+        raise TypeError(f"view_as_real needs a complex array, got {x.dtype}")
+    return [(x.shape + (2,), dt.real_dtype(x.dtype))]
+
+
+def _as_complex_abstract(x):
+    if x.dtype not in (dt.float32, dt.float64) or not x.shape or x.shape[-1] != 2:
+        raise TypeError(f"view_as_complex needs a float32/float64 array whose last axis has length 2, "
+                        f"got {x.dtype}{list(x.shape)}")
+    return [(x.shape[:-1], dt.complex_dtype(x.dtype))]
+
+
+def _as_complex(t):
+    if t.stride(-1) != 1 or t.storage_offset() % 2 or any(s % 2 for s in t.stride()[:-1]):
+        t = t.contiguous()
+    return torch.view_as_complex(t)
+
+
+def _as_real(t):
+    return torch.view_as_real(t.resolve_conj())  # a tensor with torch's lazy-conjugation bit is copied first
+
+
+# Reinterpretations, not kernels: a torch view each (plan.py counts no launch for them).
+AS_REAL = Library("view_as_real", _as_real_abstract, _as_real, _as_real)
+AS_COMPLEX = Library("view_as_complex", _as_complex_abstract, _as_complex, _as_complex)
+AS_REAL.reinterpret = AS_COMPLEX.reinterpret = True
+
+
+# ---- building real nodes --------------------------------------------------------------------------------
+class F:
+    """A real node with arithmetic, so the rules below read as formulas."""
+    __slots__ = ("n",)
+
+    def __init__(self, n: ir.Node):
+        self.n = n
+
+    def _const(self, v, d=None):
+        d = d or self.n.dtype
+        return ir.constant(bool(v) if d.kind == "b" else float(v), self.n.shape, d, self.n.device)
+
+    def _arg(self, v):
+        return v.n if isinstance(v, F) else self._const(v)
+
+    def _op(self, name, *others):
+        args = (self.n,) + tuple(self._arg(o) for o in others)
+        prim = ELEMENTWISE[name]
+        out = dt.bool_ if prim.out == "bool" else self.n.dtype
+        return F(ir.Node(prim, args, None, self.n.shape, out, self.n.device))
+
+    def _rop(self, name, other):
+        return F(self._arg(other))._op(name, self)
+
+    __add__ = lambda self, o: self._op("add", o)  # noqa: E731
+    __radd__ = lambda self, o: self._rop("add", o)  # noqa: E731
+    __sub__ = lambda self, o: self._op("subtract", o)  # noqa: E731
+    __rsub__ = lambda self, o: self._rop("subtract", o)  # noqa: E731
+    __mul__ = lambda self, o: self._op("multiply", o)  # noqa: E731
+    __rmul__ = lambda self, o: self._rop("multiply", o)  # noqa: E731
+    __truediv__ = lambda self, o: self._op("divide", o)  # noqa: E731
+    __rtruediv__ = lambda self, o: self._rop("divide", o)  # noqa: E731
+    __neg__ = lambda self: self._op("negative")  # noqa: E731
+    __and__ = lambda self, o: self._op("logical_and", o)  # noqa: E731
+    __or__ = lambda self, o: self._op("logical_or", o)  # noqa: E731
+
+    def __getattr__(self, name):  # x.exp(), x.atan2(y), x.equal(0), ...
+        if name in ELEMENTWISE:
+            return lambda *others: self._op(name, *others)
+        raise AttributeError(name)
+
+    def astype(self, d):
+        if self.n.dtype == d:
+            return self
+        return F(ir.Node(ELEMENTWISE["astype"], (self.n,), None, self.n.shape, d, self.n.device))
+
+
+def where(c: F, a, b) -> F:
+    ref = a if isinstance(a, F) else b
+    a, b = ref._arg(a), ref._arg(b)
+    return F(ir.Node(ELEMENTWISE["where"], (c.n, a, b), None, ref.n.shape, ref.n.dtype, ref.n.device))
+
+
+class Parts:
+    """A complex value as real nodes: (re, im), and the packed ``shape + (2,)`` node, each made on demand."""
+    __slots__ = ("_im", "_packed", "_re")
+
+    def __init__(self, re: F = None, im: F = None, packed: ir.Node = None):
+        self._re, self._im, self._packed = re, im, packed
+
+    @property
+    def re(self) -> F:
+        if self._re is None:
+            self._re = F(_part_view(self._packed, 0))
+        return self._re
+
+    @property
+    def im(self) -> F:
+        if self._im is None:
+            self._im = F(_part_view(self._packed, 1))
+        return self._im
+
+    def packed(self) -> ir.Node:
+        if self._packed is None:
+            self._packed = _interleave(self._re.n, self._im.n)
+        return self._packed
+
+
+def view(node: ir.Node, ops: tuple, shape: tuple) -> ir.Node:
+    """``ir.view``, copying ``node`` first where the composed chain is no strided map of the buffer below (as
+    ops.core.movement does when recording): a part of a complex value is often itself a view (a stride-2 slice of
+    the packed buffer), so a view that folded over the complex value need not fold over its part."""
+    out = ir.view(node, ops, shape)
+    if out.kind == "view" and views.apply_all(ir.buffer_view(out.inputs[0]), out.params) is None:
+        copy = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)
+        out = ir.view(copy, ops, shape)
+    return out
+
+
+def _part_view(packed: ir.Node, k: int) -> ir.Node:
+    shape = packed.shape[:-1]
+    n = len(packed.shape)
+    ops = (("slice", (0,) * (n - 1) + (k,), (1,) * n, shape + (1,)), ("reshape", shape))
+    return ir.view(packed, ops, shape)
+
+
+def _broadcast(node: ir.Node, lead: tuple, shape: tuple) -> ir.Node:
+    return ir.view(node, (("reshape", lead), ("expand", shape)), shape)
+
+
+def _interleave(re: ir.Node, im: ir.Node) -> ir.Node:
+    """The packed value: ``where(k == 0, re, im)`` over ``shape + (2,)``; one fused elementwise kernel."""
+    shape, dev = re.shape, re.device
+    full = shape + (2,)
+    k = ir.Node(ir.IOTA, (), ("ramp", 0, 1), (2,), dt.int32, dev)
+    k = F(_broadcast(k, (1,) * len(shape) + (2,), full))
+    first = k.equal(0)
+    return where(first, F(_broadcast(re, shape + (1,), full)), F(_broadcast(im, shape + (1,), full))).n
+
+
+def _packed_ops(ops) -> tuple:
+    """Movement ops on a complex value, as the same ops on its packed value (a trailing axis of 2 rides along)."""
+    out = []
+    for op in ops:
+        kind = op[0]
+        if kind in ("reshape", "expand"):
+            out.append((kind, tuple(op[1]) + (2,)))
+        elif kind == "permute":
+            out.append((kind, tuple(op[1]) + (len(op[1]),)))
+        elif kind == "slice":
+            out.append((kind, tuple(op[1]) + (0,), tuple(op[2]) + (1,), tuple(op[3]) + (2,)))
+        elif kind == "flip":
+            out.append(op)
+        else:
+            raise AssertionError(f"unknown movement op {kind}")
+    return tuple(out)
+
+
+def _from_node(x: ir.Node) -> Parts:
+    """The parts of a complex buffer (a realized array or a library output): a view_as_real of it."""
+    lib = ir.Node(AS_REAL, (x,), None, (), dt.real_dtype(x.dtype), x.device)
+    out = ir.Node(ir.OUTPUT, (lib,), 0, x.shape + (2,), dt.real_dtype(x.dtype), x.device)
+    lib.params = {"outputs": [out], "kwargs": {}}
+    return Parts(packed=out)
+
+
+def as_complex_node(packed: ir.Node, node: ir.Node = None) -> ir.Node:
+    """A complex node over a packed real one (``node`` itself becomes it when given: a root)."""
+    d = dt.complex_dtype(packed.dtype)
+    lib = ir.Node(AS_COMPLEX, (packed,), None, (), d, packed.device)
+    if node is None:
+        node = ir.Node(ir.OUTPUT, (lib,), 0, packed.shape[:-1], d, packed.device)
+    else:
+        node.prim, node.inputs, node.params = ir.OUTPUT, (lib,), 0
+    lib.params = {"outputs": [node], "kwargs": {}}
+    return node
+
+
+# ---- complex arithmetic on parts ---------------------------------------------------------------------------
+def cmul(a: Parts, b: Parts) -> Parts:
+    return Parts(a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re)
+
+
+def cdiv(a: Parts, b: Parts) -> Parts:
+    """Smith's algorithm (as numpy's npymath): divide by the larger of |c|, |d| first, so no square overflows."""
+    c, d = b.re, b.im
+    big = c.abs().greater_equal(d.abs())
+    r1 = d / c
+    den1 = c + d * r1
+    r2 = c / d
+    den2 = c * r2 + d
+    re = where(big, (a.re + a.im * r1) / den1, (a.re * r2 + a.im) / den2)
+    im = where(big, (a.im - a.re * r1) / den1, (a.im * r2 - a.re) / den2)
+    zero = c.equal(0) & d.equal(0)  # x / 0: each part divided by |0| (inf or nan), as numpy
+    return Parts(where(zero, a.re / c.abs(), re), where(zero, a.im / c.abs(), im))
+
+
+def cexp(z: Parts) -> Parts:
+    """e^a (cos b + i sin b), with C99's special values: exp(x + 0j) = e^x + 0j exactly (x = +-inf too),
+    exp(-inf + i y) = 0 for every y, exp(+inf + i y) = inf + nan j for infinite or NaN y."""
+    e = z.re.exp()
+    real_axis = z.im.equal(0)
+    zero = e.equal(0)
+    blown = e.isinf() & z.im.isfinite().logical_not()
+    re = where(real_axis, e, where(zero | blown, e, e * z.im.cos()))
+    im = where(real_axis, z.im, where(zero, e, where(blown, _nan(e), e * z.im.sin())))
+    return Parts(re, im)
+
+
+def _nan(like: F) -> F:
+    return F(like._const(float("nan")))
+
+
+def csinh(z: Parts) -> Parts:
+    """(sinh a cos b, cosh a sin b); a zero part stays a (signed) zero whatever multiplies it (C99: sinh(0 + i inf)
+    = 0 + nan j), and sinh(+-inf + i inf) = +-inf + nan j."""
+    a, b = z.re, z.im
+    blown = a.isinf() & b.isfinite().logical_not()
+    re = where(blown, a, where(a.equal(0), a * _finite_or_one(b.cos(), b), a.sinh() * b.cos()))
+    im = where(b.equal(0), b, a.cosh() * b.sin())
+    return Parts(re, im)
+
+
+def ccosh(z: Parts) -> Parts:
+    """(cosh a cos b, sinh a sin b), with C99's special values as csinh."""
+    a, b = z.re, z.im
+    blown = a.isinf() & b.isfinite().logical_not()
+    re = where(blown, a.abs(), a.cosh() * b.cos())
+    im = where(a.equal(0), a * _finite_or_one(b.sin(), b),
+               where(b.equal(0), b * where(a.less(0), F(a._const(-1.0)), 1.0), a.sinh() * b.sin()))
+    return Parts(re, im)
+
+
+def _finite_or_one(v: F, b: F) -> F:
+    """``v`` (a cos/sin of b) where b is finite, else 1: the sign a zero part keeps when multiplied by it."""
+    return where(b.isfinite(), v, 1.0)
+
+
+def clog(z: Parts) -> Parts:
+    return Parts(z.re.hypot(z.im).log(), z.im.atan2(z.re))
+
+
+def clog1p(z: Parts) -> Parts:
+    a, b = z.re, z.im
+    small = (a.abs() + b.abs()).less(0.5)  # |1 + z|^2 - 1 = a (2 + a) + b^2 without cancellation
+    re = where(small, 0.5 * (a * (a + 2.0) + b * b).log1p(), (a + 1.0).hypot(b).log())
+    return Parts(re, b.atan2(a + 1.0))
+
+
+def csqrt(z: Parts) -> Parts:
+    """The principal root: t = sqrt((|a| + |z|) / 2), then the other part is b / 2t (Kahan's form)."""
+    a, b = z.re, z.im
+    t = (0.5 * a.abs() + 0.5 * a.hypot(b)).sqrt()
+    q = where(t.equal(0), b, b / (2.0 * t))
+    right = a.greater_equal(0)
+    re = where(right, t, q.abs())
+    im = where(right, q, t.copysign(b))
+    inf = b.isinf()  # sqrt(x +- inf j) = inf +- inf j for every x, NaN included
+    return Parts(where(inf, b.abs(), re), where(inf, b, im))
+
+
+def ctanh(z: Parts) -> Parts:
+    """Kahan's formula (as C libraries): t = tan(b), s = sinh(a), rho = sqrt(1 + s^2); beyond |a| = 22 the
+    real part is +-1 to every float's precision."""
+    a, b = z.re, z.im
+    t = b.tan()
+    beta = 1.0 + t * t
+    s = a.sinh()
+    rho = (1.0 + s * s).sqrt()
+    den = 1.0 + beta * s * s
+    far = a.abs().greater(22.0)
+    re = where(far, F(a._const(1.0)).copysign(a), where(a.equal(0), a, beta * rho * s / den))
+    tail = where(b.isfinite(), 4.0 * b.sin() * b.cos() * (-2.0 * a.abs()).exp(), 0.0)  # tanh(inf + i inf) = 1 + 0j
+    im = where(far, tail, t / den)
+    return Parts(re, where(b.equal(0), b, im))
+
+
+def _times_i(z: Parts) -> Parts:
+    return Parts(-z.im, z.re)
+
+
+def _times_minus_i(z: Parts) -> Parts:
+    return Parts(z.im, -z.re)
+
+
+def _one(z: Parts) -> Parts:
+    return Parts(F(z.re._const(1.0)), F(z.re._const(0.0)))
+
+
+def _plus(z: Parts, k: float) -> Parts:
+    """z + k for a real k: the imaginary part is z's own (a -0.0 stays -0.0: it picks the side of a branch cut)."""
+    return Parts(z.re + k, z.im)
+
+
+def _add(a, b):
+    return Parts(a.re + b.re, a.im + b.im)
+
+
+def _sub(a, b):
+    return Parts(a.re - b.re, a.im - b.im)
+
+
+def _big(z: Parts) -> F:
+    """|z| beyond 1/sqrt(eps): there z^2 +- 1 is z^2 to the float's precision (and z^2 may overflow)."""
+    eps = 2.0 ** -52 if z.re.n.dtype == dt.float64 else 2.0 ** -23
+    return z.re.abs().greater(eps ** -0.5) | z.im.abs().greater(eps ** -0.5)
+
+
+def _log2z(z: Parts) -> Parts:
+    """log(2 z) without forming 2 z (no overflow): log z + log 2."""
+    r = clog(z)
+    return Parts(r.re + math.log(2), r.im)
+
+
+def _choose(c: F, a: Parts, b: Parts) -> Parts:
+    return Parts(where(c, a.re, b.re), where(c, a.im, b.im))
+
+
+def casinh(z: Parts) -> Parts:
+    """log1p(w + w^2 / (1 + sqrt(1 + w^2))) on the right half plane (w = +-z; the same value as log(w +
+    sqrt(w^2 + 1)) without its cancellation near 0), odd symmetry for the left; log(2 w) for large |w| (no
+    overflow in w^2; the infinities come out as C99 gives them)."""
+    s = where(z.re.signbit(), F(z.re._const(-1.0)), 1.0)  # -0.0 too: asinh(-0 + 2j) has a negative real part
+    w = Parts(z.re * s, z.im * s)
+    w2 = cmul(w, w)
+    near = clog1p(_add(w, cdiv(w2, _plus(csqrt(_plus(w2, 1.0)), 1.0))))
+    r = _choose(_big(w), _log2z(w), near)
+    return Parts(r.re * s, r.im * s)
+
+
+def catanh(z: Parts) -> Parts:
+    """Kahan's form: re = log1p(4a / ((1 - a)^2 + b^2)) / 4, im = atan2(2b, (1 - a)(1 + a) - b^2) / 2 (no
+    difference of two nearly equal logarithms); for large |z|, 1/z + i pi/2 sign(b) (atanh(inf + i y) = 0 +
+    i pi/2)."""
+    a, b = z.re, z.im
+    one_minus = 1.0 - a
+    re = 0.25 * (4.0 * a / (one_minus * one_minus + b * b)).log1p()
+    im = 0.5 * (2.0 * b).atan2(one_minus * (1.0 + a) - b * b)
+    m = a.hypot(b)
+    inf = m.isinf()
+    tiny = where(inf, F(a._const(0.0)).copysign(a), (a / m) / m)  # 1/z = conj(z) / |z|^2
+    half_pi = F(b._const(math.pi / 2)).copysign(b)
+    far_im = where(b.isnan(), b, where(inf, half_pi, half_pi - (b / m) / m))
+    return _choose(_big(z), Parts(tiny, far_im), Parts(re, im))
+
+
+def cacosh(z: Parts) -> Parts:
+    """log(z + sqrt(z + 1) sqrt(z - 1)); log(2 z) for large |z|."""
+    return _choose(_big(z), _log2z(z), clog(_add(z, cmul(csqrt(_plus(z, 1.0)), csqrt(_plus(z, -1.0))))))
+
+
+def casin(z: Parts) -> Parts:
+    return _times_minus_i(casinh(_times_i(z)))
+
+
+def _scale(z: Parts, k: float) -> Parts:
+    return Parts(z.re * k, z.im * k)
+
+
+def _pow(z: Parts, w: Parts) -> Parts:
+    """exp(w log z); 0 ** w is 0 for Re(w) > 0 (as numpy)."""
+    r = cexp(cmul(w, clog(z)))
+    zero = z.re.equal(0) & z.im.equal(0) & w.re.greater(0)
+    return Parts(where(zero, 0.0, r.re), where(zero, 0.0, r.im))
+
+
+def _sign(z: Parts) -> Parts:
+    m = z.re.hypot(z.im)
+    zero = m.equal(0)
+    return Parts(where(zero, 0.0, z.re / m), where(zero, 0.0, z.im / m))
+
+
+def _acos(z: Parts) -> Parts:
+    r = casin(z)
+    return Parts(math.pi / 2 - r.re, -r.im)
+
+
+def _cexpm1(z: Parts) -> Parts:
+    a, b = z.re, z.im
+    half = (0.5 * b).sin()
+    re = a.expm1() * b.cos() - 2.0 * half * half  # e^a cos b - 1 without cancellation near 0
+    real_axis = b.equal(0)
+    return Parts(where(real_axis, a.expm1(), re), where(real_axis, b, a.exp() * b.sin()))
+
+
+# Each primitive's complex rule: (node, args) -> Parts (a complex result) or F (a real one); ``args`` hold
+# Parts for complex inputs and F for real ones. Registering a rule is what lets the primitive take complex
+# inputs (primitives.check_accepts); the array API's list of complex-accepting functions is the guide.
+RULES = {
+    "add": lambda n, a: _add(*a),
+    "subtract": lambda n, a: _sub(*a),
+    "multiply": lambda n, a: cmul(*a),
+    "divide": lambda n, a: cdiv(*a),
+    "negative": lambda n, a: Parts(-a[0].re, -a[0].im),
+    "positive": lambda n, a: Parts(a[0].re, a[0].im),
+    "square": lambda n, a: cmul(a[0], a[0]),
+    "reciprocal": lambda n, a: cdiv(_one(a[0]), a[0]),
+    "abs": lambda n, a: a[0].re.hypot(a[0].im),
+    "sign": lambda n, a: _sign(a[0]),
+    "round": lambda n, a: Parts(a[0].re.round(), a[0].im.round()),
+    "exp": lambda n, a: cexp(a[0]),
+    "expm1": lambda n, a: _cexpm1(a[0]),
+    "log": lambda n, a: clog(a[0]),
+    "log1p": lambda n, a: clog1p(a[0]),
+    "log2": lambda n, a: _scale(clog(a[0]), 1 / math.log(2)),
+    "log10": lambda n, a: _scale(clog(a[0]), 1 / math.log(10)),
+    "sqrt": lambda n, a: csqrt(a[0]),
+    "pow": lambda n, a: _pow(*a),
+    "sin": lambda n, a: _times_minus_i(csinh(_times_i(a[0]))),  # sin z = -i sinh(i z)
+    "cos": lambda n, a: ccosh(_times_i(a[0])),  # cos z = cosh(i z)
+    "sinh": lambda n, a: csinh(a[0]),
+    "cosh": lambda n, a: ccosh(a[0]),
+    "tanh": lambda n, a: ctanh(a[0]),
+    "tan": lambda n, a: _times_minus_i(ctanh(_times_i(a[0]))),
+    "asinh": lambda n, a: casinh(a[0]),
+    "asin": lambda n, a: casin(a[0]),
+    "acos": lambda n, a: _acos(a[0]),
+    "acosh": lambda n, a: cacosh(a[0]),
+    "atanh": lambda n, a: catanh(a[0]),
+    "atan": lambda n, a: _times_minus_i(catanh(_times_i(a[0]))),
+    "equal": lambda n, a: a[0].re.equal(a[1].re) & a[0].im.equal(a[1].im),
+    "not_equal": lambda n, a: a[0].re.not_equal(a[1].re) | a[0].im.not_equal(a[1].im),
+    "isnan": lambda n, a: a[0].re.isnan() | a[0].im.isnan(),
+    "isinf": lambda n, a: a[0].re.isinf() | a[0].im.isinf(),
+    "isfinite": lambda n, a: a[0].re.isfinite() & a[0].im.isfinite(),
+    "where": lambda n, a: Parts(where(a[0], a[1].re, a[2].re), where(a[0], a[1].im, a[2].im)),
+    "astype": lambda n, a: _astype(n, a[0]),
+    "real": lambda n, a: a[0].re,
+    "imag": lambda n, a: a[0].im,
+    "conj": lambda n, a: Parts(a[0].re, -a[0].im),
+    "complex": lambda n, a: Parts(a[0], a[1]),
+}
+
+
+def _astype(node, x):
+    d = node.dtype
+    if d.kind == "c":  # to complex: cast the parts; a real input gets a zero imaginary part
+        r = dt.real_dtype(d)
+        if isinstance(x, Parts):
+            return Parts(x.re.astype(r), x.im.astype(r))
+        re = x.astype(r)
+        return Parts(re, F(re._const(0.0)))
+    if d.kind == "b":  # nonzero: either part
+        return x.re.not_equal(0) | x.im.not_equal(0)
+    return x.re.astype(d)  # the real part (fa.astype refuses this; internal casts only)
+
+
+for _name, _rule in RULES.items():
+    if _name in ELEMENTWISE:
+        ELEMENTWISE[_name].complex_rule = _rule
+for _prim in (REAL, IMAG, CONJ, COMPLEX):
+    _prim.complex_rule = RULES[_prim.name]
+ELEMENTWISE["abs"].complex_real_result = True
+REAL.complex_real_result = IMAG.complex_real_result = True
+
+
+# ---- the pass -----------------------------------------------------------------------------------------------
+def lower_complex(roots: list) -> None:
+    """Rewrite the graph under ``roots`` so that no complex node is computed by a kernel (see the module
+    docstring). Roots keep their node objects (the user's arrays hold them): a complex root becomes the
+    view_as_complex of its packed value, a real root over complex values the real expression."""
+    order = ir.toposort(roots)
+    if not any(n.dtype.kind == "c" for n in order):
+        return
+    _Lowering(roots).run(order)
+
+
+class _Lowering:
+    def __init__(self, roots):
+        self.roots = roots
+        self.parts = {}  # complex node -> Parts
+        self.new = {}  # real node -> its replacement
+
+    def run(self, order):
+        for node in order:
+            if node.buffer is None:
+                self.visit(node)
+        for root in self.roots:
+            if root.dtype.kind == "c":
+                if root.kind != "output":
+                    as_complex_node(self.get(root).packed(), root)
+            elif root in self.new:
+                _become(root, self.new[root])
+
+    def get(self, node) -> Parts:
+        """The parts of complex ``node`` (visited already, or a buffer)."""
+        parts = self.parts.get(node)
+        if parts is None:
+            if node.buffer is None and node.kind != "output":
+                raise AssertionError(f"complex lowering: {node} was not visited")
+            parts = self.parts[node] = _from_node(node)
+        return parts
+
+    def real(self, node) -> ir.Node:
+        return self.new.get(node, node)
+
+    def arg(self, node):
+        return self.get(node) if node.dtype.kind == "c" else F(self.real(node))
+
+    def buffer_of(self, node) -> ir.Node:
+        """A complex node that a library reads: it must exist in memory as a complex buffer."""
+        if node.buffer is not None or node.kind == "output":
+            return node
+        if node.kind == "view":
+            base = node.inputs[0]
+            made = self.buffer_of(base)
+            return node if made is base else ir.view(made, node.params, node.shape)
+        return as_complex_node(self.get(node).packed())
+
+    def visit(self, node):
+        kind = node.kind
+        if kind == "library":
+            if node.prim is AS_REAL:  # its output is replaced by the packed value (below) where that is lazy
+                return
+            ins = tuple(self.buffer_of(i) if i.dtype.kind == "c" else self.real(i) for i in node.inputs)
+            if ins != node.inputs:
+                node.inputs = ins  # same values, now computable: library nodes are rewritten in place
+            return
+        if kind == "output":
+            lib = node.inputs[0]
+            if lib.prim is AS_COMPLEX:
+                self.parts[node] = Parts(packed=self.real(lib.inputs[0]))
+            elif lib.prim is AS_REAL and lib.inputs[0].dtype.kind == "c" and lib.inputs[0].kind != "output" \
+                    and lib.inputs[0].buffer is None:
+                self.new[node] = self.get(lib.inputs[0]).packed()
+            return
+        if kind in ("constant", "iota", "source"):
+            if node.dtype.kind == "c":
+                raise AssertionError(f"a complex {kind} node: complex scalars are recorded as complex(re, im)")
+            return
+        if kind == "composite":
+            raise AssertionError("complex lowering runs after composites are expanded")
+        if node.dtype.kind == "c":
+            self.parts[node] = self.complex_value(node)
+            return
+        if any(i.dtype.kind == "c" for i in node.inputs):  # a real result of complex inputs: abs, real, isnan
+            if kind != "elementwise":
+                raise TypeError(f"{node.prim.name} of complex inputs is not supported")
+            self.new[node] = node.prim.complex_rule(node, [self.arg(i) for i in node.inputs]).n
+            return
+        if any(i in self.new for i in node.inputs):
+            self.new[node] = self.rebuilt(node)
+
+    def rebuilt(self, node) -> ir.Node:
+        ins = tuple(self.real(i) for i in node.inputs)
+        if node.kind == "view":
+            return view(ins[0], node.params, node.shape)
+        return ir.Node(node.prim, ins, node.params, node.shape, node.dtype, node.device)
+
+    def complex_value(self, node) -> Parts:
+        kind = node.kind
+        if kind == "view":
+            base = self.get(node.inputs[0])
+            if base._packed is not None:  # a buffer or a reduction: the same view of the packed value (no copy)
+                return Parts(packed=view(base._packed, _packed_ops(node.params), node.shape + (2,)))
+            return Parts(F(view(base.re.n, node.params, node.shape)), F(view(base.im.n, node.params, node.shape)))
+        if kind == "elementwise":
+            rule = node.prim.complex_rule
+            if rule is None:
+                raise TypeError(f"{node.prim.name} does not accept complex inputs")
+            return rule(node, [self.arg(i) for i in node.inputs])
+        if kind == "reduce":
+            return self.reduce(node)
+        if kind == "concat":
+            packed = [self.get(i).packed() for i in node.inputs]
+            r = packed[0].dtype
+            return Parts(packed=ir.Node(node.prim, tuple(packed), node.params, node.shape + (2,), r, node.device))
+        raise TypeError(f"complex values are not supported by {node.prim.name} ({kind})")
+
+    def reduce(self, node) -> Parts:
+        x = self.get(node.inputs[0])
+        axes, name = node.params, node.prim.name
+        if name == "sum":  # the packed value summed over the same axes is the packed sum
+            p = x.packed()
+            out = ir.Node(REDUCE["sum"], (p,), axes, node.shape + (2,), p.dtype, node.device)
+            return Parts(packed=out)
+        if name == "prod":  # magnitudes multiply, angles add
+            shape = node.shape
+            mag = ir.Node(REDUCE["prod"], (x.re.hypot(x.im).n,), axes, shape, x.re.n.dtype, node.device)
+            ang = ir.Node(REDUCE["sum"], (x.im.atan2(x.re).n,), axes, shape, x.re.n.dtype, node.device)
+            m, a = F(mag), F(ang)
+            return Parts(m * a.cos(), m * a.sin())
+        raise TypeError(f"{name} does not accept complex inputs")
+
+
+def _become(node, new):
+    """Root ``node`` computes ``new``'s value from now on (its object stays: the user's array holds it)."""
+    if new.kind in ("output", "view", "source", "constant", "iota") or new.buffer is not None:
+        node.prim, node.inputs, node.params = ELEMENTWISE["astype"], (new,), None
+    else:
+        node.prim, node.inputs, node.params = new.prim, new.inputs, new.params
