@@ -83,8 +83,9 @@ class F:
         self.n = n
 
     def _const(self, v, d=None):
-        d = d or self.n.dtype
-        return ir.constant(bool(v) if d.kind == "b" else float(v), self.n.shape, d, self.n.device)
+        d = d or self.n.dtype  # the value in its dtype's Python type: a launch passes it as that kernel argument
+        value = bool(v) if d.kind == "b" else int(v) if d.kind in "iu" else float(v)
+        return ir.constant(value, self.n.shape, d, self.n.device)
 
     def _arg(self, v):
         return v.n if isinstance(v, F) else self._const(v)

@@ -562,6 +562,22 @@ def test_gpu_elementwise_reduction_matmul_fft(gpu_backend, dtype):
     torch.testing.assert_close(torch.from_dlpack(fa.fft.irfft(fa.fft.rfft(fa.real(x)), n=129)), a.real, **tol)
 
 
+def test_lowered_constants_are_kernel_arguments_of_their_dtype(interpret, monkeypatch):
+    """Every constant the lowering makes reaches a kernel as its slot's Python type (an int for an integer
+    slot): the GPU's direct launcher refuses a float where the kernel takes an integer."""
+    from flyarray import runtime
+    seen, scalar_args = [], runtime._scalar_args
+
+    def typed(kernel, scalars):
+        seen.extend((d.kind, type(v)) for v, d in zip(scalars, kernel.scalar_dtypes))
+        return scalar_args(kernel, scalars)
+    monkeypatch.setattr(runtime, "_scalar_args", typed)
+    z = crandom(np.random.default_rng(2), 6, "complex64", scale=2.0).astype("complex64")
+    for name in ("exp", "sqrt", "conj", "tanh"):
+        np.asarray(getattr(fa, name)(fa.asarray(z)))
+    assert seen and all(t is (bool if k == "b" else int if k in "iu" else float) for k, t in seen), set(seen)
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", CDTYPES)
