@@ -311,3 +311,35 @@ def test_numpy_view_is_read_only_and_bfloat16_converts():
     b = np.asarray(fa.asarray(X).astype(fa.bfloat16))
     assert b.dtype.name == "bfloat16"
     np.testing.assert_allclose(b.astype(np.float32), X, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint32"])
+@pytest.mark.parametrize("shapes", [((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((1, 2, 3), (4, 3, 2))])
+def test_integer_matmul_and_tensordot_keep_their_dtype(backend, dtype, shapes):
+    """The array API's matmul takes every numeric dtype; the result is the operands' (wrapping), as
+    array_api_strict's."""
+    xp = pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(sum(map(len, shapes)))
+    a, b = (rng.integers(0, 60, s).astype(dtype) for s in shapes)
+    got, want = fa.matmul(fa.asarray(a), fa.asarray(b)), xp.matmul(xp.asarray(a), xp.asarray(b))
+    assert got.dtype.name == str(want.dtype).split(".")[-1]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    if a.ndim >= 1 and b.ndim >= 1:
+        t = fa.tensordot(fa.asarray(a), fa.asarray(b), axes=([-1], [-2 if b.ndim > 1 else 0]))
+        assert t.dtype.name == dtype
+
+
+@pytest.mark.parametrize("src,dtype", [("uint8", "int32"), ("int32", "int16"), ("int8", "uint16"), ("uint32", "float32")])
+def test_sum_and_prod_with_dtype_return_that_dtype(backend, src, dtype):
+    xp = pytest.importorskip("array_api_strict")
+    x = np.arange(1, 7).astype(src)
+    for name in ("sum", "prod"):
+        got = getattr(fa, name)(fa.asarray(x), dtype=getattr(fa, dtype))
+        want = getattr(xp, name)(xp.asarray(x), dtype=getattr(xp, dtype))
+        assert got.dtype.name == dtype and str(want.dtype).endswith(dtype)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_bool_matmul_is_refused():
+    with pytest.raises(TypeError, match="numeric dtypes only"):
+        fa.matmul(fa.ones((2, 2), dtype=fa.bool), fa.ones((2, 2), dtype=fa.bool))

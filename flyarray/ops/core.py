@@ -206,6 +206,8 @@ def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     elif prim.out == "sum" and node.dtype.kind in "biu":
         node = cast_node(node, sum_dtype(node.dtype))
     out_dtype = reduce_dtype(prim, node.dtype)
+    if dtype is not None and prim.out == "sum":  # the array API: sum/prod(dtype=d) compute in d and return d
+        out_dtype = node.dtype
     keep_shape = tuple(1 if i in axes else s for i, s in enumerate(node.shape))
     if not axes:
         return Array(cast_node(node, out_dtype)) if name not in ("argmax", "argmin") else \

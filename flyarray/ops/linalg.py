@@ -43,18 +43,24 @@ MATMUL = Library("matmul", _matmul_abstract, _matmul_kernel, _matmul_reference) 
 def matmul(x1, x2, /):
     """x1 @ x2 with the array API's rules: 1-D operands gain and lose an axis, batch axes broadcast.
 
-    Float dtypes only (mixed dtypes promote first); unlike numpy, integer and bool operands raise TypeError."""
+    Float and complex operands run the GEMM kernel; integer ones a fused multiply-and-sum in their own
+    dtype (wrapping, as numpy's); mixed dtypes promote first. Bool operands raise TypeError (the array
+    API's matmul is for numeric dtypes)."""
     a, b = node_of(x1), node_of(x2)
     if not a.shape or not b.shape:
         raise ValueError(f"matmul: operands must have at least one dimension, got {a.shape} and {b.shape}")
     if a.dtype != b.dtype:
         d = dt.promote(a.dtype, b.dtype)
         x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
-    if x1.dtype.kind not in "fc":
-        raise TypeError(f"matmul: {x1.dtype} operands are not supported; cast to a float dtype first")
+    if x1.dtype.kind not in "fciu":
+        raise TypeError(f"matmul: {x1.dtype} operands are not supported (numeric dtypes only); cast them first")
     lhs = x1[None, :] if x1.ndim == 1 else x1
     rhs = x2[:, None] if x2.ndim == 1 else x2
-    if x1.dtype.kind == "c":
+    if lhs.shape[-1] != rhs.shape[-2]:
+        raise ValueError(f"matmul: inner dimensions differ: {x1.shape} @ {x2.shape}")
+    if x1.dtype.kind in "iu":
+        out = contract(lhs, rhs)
+    elif x1.dtype.kind == "c":
         out = _complex_matmul(lhs, rhs)
     else:
         (out,) = call(MATMUL, [lhs, rhs])
@@ -244,12 +250,12 @@ def tensordot(x1, x2, /, *, axes=2):
 
 
 def contract(a, b):
-    """(M, K) x (K, N) -> (M, N) (or batched with a leading axis): matmul for floats, else a fused
-    multiply-and-sum (integers and bools: matmul takes floats only)."""
+    """(..., M, K) x (..., K, N) -> (..., M, N), batch axes broadcast: matmul for floats, else a fused
+    multiply-and-sum, in the operands' dtype for integers (the array API's result type) and int64 for bools."""
     from .reductions import sum as _sum
-    if a.dtype.kind == "f":
+    if a.dtype.kind in "fc":
         return matmul(a, b)
-    return _sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
+    return _sum(a[..., :, :, None] * b[..., None, :, :], axis=-2, dtype=a.dtype if a.dtype.kind in "iu" else None)
 
 
 def diagonal(x, /, *, offset=0):

@@ -11,13 +11,14 @@ from .core import astype, reduce
 def sum(x, /, *, axis=None, keepdims=False, dtype=None):
     """Sum over ``axis`` (int, tuple or None for all). bool/signed integer inputs give int64, unsigned ones
     uint64 (the array API's rule; wrapping modulo 2^64); floats keep their dtype, float16/bfloat16 accumulating
-    in float32. ``dtype`` casts first."""
+    in float32. ``dtype=d`` casts first and returns d (int32 sums wrap modulo 2^32)."""
     return reduce("sum", x, axis, keepdims, dtype)
 
 
 def prod(x, /, *, axis=None, keepdims=False, dtype=None):
     """Product over ``axis``: bool/signed integer inputs give int64, unsigned ones uint64, floats keep their
-    dtype (float16/bfloat16 accumulate in float32); ``dtype`` casts the input first. Empty axes give 1."""
+    dtype (float16/bfloat16 accumulate in float32); ``dtype=d`` casts the input first and returns d. Empty
+    axes give 1."""
     return reduce("prod", x, axis, keepdims, dtype)
 
 
