@@ -162,10 +162,7 @@ def irfft(x, /, *, n=None, axis=-1, norm="backward"):
     terms). A lazy library call to torch.fft."""
     x = _input("irfft", x, "complex")
     axis = _axis("irfft", x, axis)
-    n = 2 * (x.shape[axis] - 1) if n is None else _length("irfft", n)
-    if n < 1:
-        raise ValueError(f"fft.irfft: the output length 2 * (m - 1) is {n} for shape {x.shape}; pass n")
-    return _record(x, "irfftn", (n,), (axis,), _norm("irfft", norm))
+    return _record(x, "irfftn", (_real_length("irfft", x, n, axis),), (axis,), _norm("irfft", norm))
 
 
 def hfft(x, /, *, n=None, axis=-1, norm="backward"):
@@ -173,10 +170,15 @@ def hfft(x, /, *, n=None, axis=-1, norm="backward"):
     along ``axis`` (default 2 * (m - 1)). A lazy library call to torch.fft."""
     x = _input("hfft", x, "complex")
     axis = _axis("hfft", x, axis)
-    n = 2 * (x.shape[axis] - 1) if n is None else _length("hfft", n)
+    return _record(x, "hfft", (_real_length("hfft", x, n, axis),), (axis,), _norm("hfft", norm))
+
+
+def _real_length(name, x, n, axis) -> int:
+    """The real output's length along ``axis`` of a Hermitian transform: ``n``, or 2 * (m - 1) for m terms."""
+    n = 2 * (x.shape[axis] - 1) if n is None else _length(name, n)
     if n < 1:
-        raise ValueError(f"fft.hfft: the output length 2 * (m - 1) is {n} for shape {x.shape}; pass n")
-    return _record(x, "hfft", (n,), (axis,), _norm("hfft", norm))
+        raise ValueError(f"fft.{name}: the output length 2 * (m - 1) is {n} for shape {x.shape}; pass n")
+    return n
 
 
 def ihfft(x, /, *, n=None, axis=-1, norm="backward"):

@@ -294,8 +294,8 @@ def _check_reductions(x, axis):
     with np.errstate(all="ignore"):
         assert_matches(fa.sum(a, axis=axis), np.sum(x, axis=axis, dtype=np.uint64))  # the spec: uint64
         assert_matches(fa.prod(a, axis=axis), np.prod(x, axis=axis, dtype=np.uint64))
-        if dtype != "uint16":  # dtype= casts the input first (docs/array_api.md); the sum is still uint64
-            assert_matches(fa.sum(a, axis=axis, dtype="uint16"), np.sum(x.astype("uint16"), axis=axis, dtype=np.uint64))
+        if dtype != "uint16":  # dtype=d computes in d and returns d (the array API; wraps modulo 2^16)
+            assert_matches(fa.sum(a, axis=axis, dtype="uint16"), np.sum(x.astype("uint16"), axis=axis, dtype=np.uint16))
     assert_matches(fa.max(a, axis=axis), np.max(x, axis=axis))
     assert_matches(fa.min(a, axis=axis), np.min(x, axis=axis))
     assert_matches(fa.argmax(a, axis=axis), np.asarray(np.argmax(x, axis=axis)).astype(np.int64))

@@ -60,6 +60,16 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     return Array(ir.source(tensor))
 
 
+def _copied(obj, copy, make):
+    """``make()``: a new buffer from Python values (so copy=False is refused), its errors as TypeError."""
+    if copy is False:
+        raise ValueError("copy=False, but Python scalars and sequences must be copied")
+    try:
+        return make()
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        raise TypeError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
+
+
 def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
     if isinstance(obj, torch.Tensor):
         _check_supported(obj.dtype)
@@ -71,20 +81,10 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
     wide_unsigned = target_dtype is not None and target_dtype.kind == "u" and target_dtype.itemsize > 1
     if (isinstance(obj, np.generic) and obj.dtype.kind == "u") or (wide_unsigned and isinstance(obj, (int, list, tuple))):
         # through numpy: torch.tensor refuses np.uint64, and older torch Python ints >= 2^63 for uint64
-        if copy is False:
-            raise ValueError("copy=False, but Python scalars and sequences must be copied")
-        try:
-            arr = np.array(obj, dtype=target_dtype.name if wide_unsigned else None)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise TypeError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
+        arr = _copied(obj, copy, lambda: np.array(obj, dtype=target_dtype.name if wide_unsigned else None))
         return _from_numpy(arr, copy)
     if isinstance(obj, (bool, numbers.Number, list, tuple, np.generic)):
-        if copy is False:
-            raise ValueError("copy=False, but Python scalars and sequences must be copied")
-        try:
-            t = torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
+        t = _copied(obj, copy, lambda: torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None))
         if t.dtype == torch.float64 and target_dtype is None and not isinstance(obj, np.generic):
             t = t.float()  # the array API's default float is float32
         _check_supported(t.dtype)
