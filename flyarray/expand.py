@@ -13,6 +13,14 @@ from . import ir
 from .primitives import ELEMENTWISE
 
 
+def to_primitives(roots: list):
+    """The graph the scheduler takes, in place (on a plan miss, and for explain/inspect): composites
+    expanded, then complex values lowered to (re, im) pairs of real ones (complex_lowering.py)."""
+    from .complex_lowering import lower_complex
+    expand_composites(roots)
+    lower_complex(roots)
+
+
 def expand_composites(roots: list):
     """Expand every composite node reachable from ``roots`` (iteratively; expansions may nest)."""
     while True:

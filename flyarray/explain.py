@@ -16,8 +16,7 @@ import dataclasses
 import html
 
 from . import codegen, plan, runtime, tables
-from .complex_lowering import lower_complex
-from .expand import expand_composites
+from .expand import to_primitives
 from .kernel_ir import Elementwise, Iota, Reduce
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
@@ -121,8 +120,7 @@ def explain(*arrays) -> Explanation:
             roots = plan._with_companions(roots)
         backend = runtime.backend_for(roots[0].device)
         cached = plan.Walk(roots, backend).key in plan._plans
-        expand_composites(roots)
-        lower_complex(roots)
+        to_primitives(roots)
         steps = schedule(roots)
     return Explanation(states, _describe(steps, backend), backend, cached)
 

@@ -14,8 +14,7 @@ import importlib
 import inspect as pyinspect
 
 from . import codegen, runtime, tables
-from .complex_lowering import lower_complex
-from .expand import expand_composites
+from .expand import to_primitives
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
 from .targets import TARGETS, KernelSpec, compile_for
@@ -76,8 +75,7 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     reports, kinds = [], []
     roots = unrealized_bases(outs)
-    expand_composites(roots)
-    lower_complex(roots)
+    to_primitives(roots)
     for step in schedule(roots):
         if isinstance(step, KernelStep):
             reports.append(compile_for(fused_spec(step), target))

@@ -29,8 +29,7 @@ import torch
 
 from . import codegen, config, ir, profiling, runtime
 from .kernel_ir import Kernel
-from .complex_lowering import lower_complex
-from .expand import expand_composites
+from .expand import to_primitives
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
 PLAN_CACHE_SIZE = 4096
@@ -189,8 +188,7 @@ class _Builder:
         return self.slot[node.id]
 
     def build(self) -> Plan:
-        expand_composites(self.roots)
-        lower_complex(self.roots)
+        to_primitives(self.roots)
         for step in schedule(self.roots):
             if isinstance(step, KernelStep):
                 self.add_kernel(step)
