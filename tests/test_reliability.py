@@ -283,3 +283,21 @@ def test_interop_ops_still_work():
     torch.testing.assert_close(fat.dot_product_attention(Q, Q, Q),
                                torch.nn.functional.scaled_dot_product_attention(
                                    *[t.transpose(1, 2) for t in (Q, Q, Q)]).transpose(1, 2), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_reference_ops_trusted_to_keep_a_float_dtype_do(dtype):
+    """The reference backend skips the dtype check after these ops (backends/reference.py): each torch
+    reference returns its same-dtype float arguments' dtype."""
+    from flyarray import dtypes as dt
+    from flyarray.backends.reference import _KEEPS_FLOAT_DTYPE
+    from flyarray.primitives import ELEMENTWISE
+    d = dt.dtype(dtype)
+    x = torch.rand(5, dtype=d.torch) + 0.5
+    for name in _KEEPS_FLOAT_DTYPE:
+        fn = ELEMENTWISE[name].reference_for(d)
+        try:
+            out = fn(x, x)
+        except TypeError:
+            out = fn(x)
+        assert out.dtype == d.torch, (name, out.dtype)
