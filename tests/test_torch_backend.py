@@ -308,10 +308,20 @@ def test_marked_dynamic_sizes_run_correctly():
             torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_a_case_flyarray_does_not_cover_runs_as_the_torch_op():
+def test_a_case_flyarray_does_not_cover_runs_as_the_torch_op(monkeypatch):
+    """A lowering that raises while the graph is recorded (a case flyarray does not cover: here a matmul
+    lowering that takes floats only, as fa.matmul once did) leaves that node to torch; the rest lowers."""
     torch._dynamo.reset()
+    table = torch_backend.lowerings()
+    mm = table[torch.ops.aten.mm.default]
 
-    def f(a, b):  # flyarray's GEMM takes floats only: the int mm must run as torch's
+    def floats_only(a, b):
+        if a.dtype.kind != "f":
+            raise TypeError("matmul: float operands only")
+        return mm(a, b)
+    monkeypatch.setattr(torch_backend, "lowerings", lambda ops=None: {**table, torch.ops.aten.mm.default: floats_only})
+
+    def f(a, b):
         return torch.mm(a, b) * 3 + 1, torch.exp(a.float()) * 2
 
     graphs = []
@@ -320,6 +330,15 @@ def test_a_case_flyarray_does_not_cover_runs_as_the_torch_op():
     for got, want in zip(compiled(a, b), f(a, b)):
         torch.testing.assert_close(got, want)
     assert [str(n.target) for n in graphs[0].excluded] == ["aten.mm.default"]
+
+
+def test_integer_mm_lowers_to_flyarray():
+    torch._dynamo.reset()
+    graphs = []
+    f = lambda a, b: torch.mm(a, b) * 3 + 1  # noqa: E731
+    a, b = torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 2))
+    torch.testing.assert_close(torch.compile(f, backend=_recording_backend(graphs))(a, b), f(a, b))
+    assert not graphs[0].excluded and all(kind == "region" for kind, _ in graphs[0].steps)
 
 
 def test_input_mutations_keep_their_order_batchnorm_training():
