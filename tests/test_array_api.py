@@ -80,6 +80,9 @@ EINSUMS = [
     ("bij,bjk->bki", (Y.transpose(1, 0, 2)[:, :3], RNG.standard_normal((2, 3, 5)).astype(np.float32))),
     ("ij,jk,kl->il", (X, X.T, X)), ("i,j->ij", (X[0], X[1])), ("ij,kj", (X, X)), ("ijk,k->", (Y, X[0, :3])),
     ("ij,kj->ik", (np.arange(12).reshape(3, 4), np.arange(12).reshape(3, 4))),
+    ("...i,ij->...j", (Y, X.T[:3])), ("...i,ij", (Y, X.T[:3])), ("...ii->...i", (np.stack([X[:, :3]] * 2),)),
+    ("i...,i...->...", (X, X)), ("...,...", (X[0], X[1])),
+    ("...ij,...jk->...ik", (Y[:, None], np.arange(30, dtype=np.float32).reshape(5, 3, 2) / 30)),
 ]
 
 
@@ -213,8 +216,12 @@ def test_manipulation_errors(no_evaluation):
         fa.pad(x, 1, mode="reflect")
     with pytest.raises(ValueError, match="letters but shape"):
         fa.einsum("ijk,jk", x, x)
-    with pytest.raises(NotImplementedError, match="ellipsis"):
-        fa.einsum("...i,i", x, lazy((4,)))
+    with pytest.raises(ValueError, match="none in its output"):
+        fa.einsum("...i->i", x)
+    with pytest.raises(ValueError, match="names 3 axes"):
+        fa.einsum("...ijk", x)
+    with pytest.raises(ValueError, match="one '...'"):
+        fa.einsum("...i...", x)
     with pytest.raises(ValueError, match="differ in size"):
         fa.tensordot(x, x, axes=1)
     with pytest.raises(ValueError, match="must be 1-D"):

@@ -15,11 +15,13 @@ from .core import node_of
 
 def einsum(subscripts, /, *operands) -> Array:
     """Einstein summation, numpy's notation: ``einsum('ij,jk->ik', a, b)``; the implicit form (no '->')
-    sums letters that appear twice and orders the rest alphabetically. ``...`` is not supported. Operand
-    dtypes promote; float pairs contract with one matmul, the rest with a fused multiply-and-sum."""
+    sums letters that appear twice and orders the rest alphabetically. ``...`` stands for the axes a term
+    does not name (broadcast across operands, right-aligned, as numpy's; first in an implicit output).
+    Operand dtypes promote; float pairs contract with one matmul, the rest with a fused multiply-and-sum."""
     if not isinstance(subscripts, str):
         raise TypeError(f"einsum: subscripts must be a string, got {type(subscripts).__name__}")
-    ins, out = _parse(subscripts.replace(" ", ""), len(operands))
+    subscripts = _named_ellipsis(subscripts.replace(" ", ""), operands)
+    ins, out = _parse(subscripts, len(operands))
     sizes = {}
     for term, x in zip(ins, operands):
         if len(term) != len(node_of(x).shape):
@@ -37,9 +39,42 @@ def einsum(subscripts, /, *operands) -> Array:
     return _product_sum(ops, out).astype(d, copy=False)
 
 
+def _named_ellipsis(s, operands) -> str:
+    """``s`` with every ``...`` replaced by letters it does not use: the broadcast axes, right-aligned
+    across the terms (a term with fewer of them takes the last ones)."""
+    if "." not in s:
+        return s
+    lhs, arrow, out = s.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise ValueError(f"einsum: {len(terms)} operand terms in {s!r} but {len(operands)} operands")
+    counts = []
+    for term, x in zip(terms, operands):
+        named = term.replace("...", "", 1)
+        if "." in named:
+            raise ValueError(f"einsum: {term!r}: '.' only as one '...' per term")
+        n = len(node_of(x).shape) - len(named) if "..." in term else 0
+        if n < 0:
+            raise ValueError(f"einsum: operand {term!r} names {len(named)} axes but has shape {tuple(x.shape)}")
+        counts.append(n)
+    width = max(counts)
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in s][:width]
+    if len(spare) < width:
+        raise ValueError(f"einsum: {s!r} leaves too few unused letters for its '...' axes")
+    terms = [t.replace("...", "".join(spare[width - n:])) for t, n in zip(terms, counts)]
+    if not arrow:  # numpy: the broadcast axes first, then the letters that appear once, in order
+        letters = "".join(t for t in terms)
+        once = sorted(c for c in set(letters) - set(spare) if letters.count(c) == 1)
+        return ",".join(terms) + "->" + "".join(spare) + "".join(once)
+    if "." in out.replace("...", "", 1):
+        raise ValueError(f"einsum: output {out!r}: '.' only as one '...'")
+    if "..." not in out and width:
+        raise ValueError(f"einsum: {s!r} has '...' axes in its operands but none in its output; name them "
+                         "or add '...' to the output")
+    return ",".join(terms) + "->" + out.replace("...", "".join(spare))
+
+
 def _parse(s, count):
-    if "." in s:
-        raise NotImplementedError("einsum: '...' (ellipsis) subscripts are not supported; name the axes")
     lhs, arrow, out = s.partition("->")
     ins = lhs.split(",")
     if len(ins) != count:
