@@ -199,14 +199,20 @@ def _pad_widths(pad_width, ndim):
     return out
 
 
+_PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
+
+
 def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
-    """``x`` padded with ``constant_values`` (numpy's ``mode='constant'``; the only mode): ``pad_width`` is an
-    int, a (before, after) pair, or one pair per axis. Any dtype; the fill is cast to ``x``'s dtype.
-    Lazy: the padding is a constant (no memory) joined by one copy kernel (concat)."""
+    """``x`` padded as numpy's ``pad``: ``pad_width`` is an int, a (before, after) pair, or one pair per
+    axis; ``mode`` is 'constant' (``constant_values``, cast to ``x``'s dtype), 'edge', 'reflect',
+    'symmetric' or 'wrap' (any widths, as numpy: the latter three repeat with periods 2(n-1), 2n, n).
+    Any dtype. Lazy: the padding is a constant or views of ``x``, joined by concat (a copy per piece)."""
     from .creation import full
     node = node_of(x)
+    if mode not in _PAD_MODES:
+        raise ValueError(f"pad: mode must be one of {', '.join(_PAD_MODES)}, got {mode!r}")
     if mode != "constant":
-        raise NotImplementedError(f"pad: only mode='constant' is implemented, got {mode!r}")
+        return _pad_from_x(x, _pad_widths(pad_width, len(node.shape)), mode)
     if not isinstance(constant_values, (bool, int, float)):
         raise TypeError(f"pad: constant_values must be a Python scalar, got {type(constant_values).__name__}")
     out = x
@@ -219,6 +225,68 @@ def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
         if parts[0] is not None or parts[1] is not None:
             out = concat([p for p in (parts[0], out, parts[1]) if p is not None], axis=axis)
     return out
+
+
+def _pad_from_x(x, widths, mode):
+    """Padding taken from ``x`` itself: per axis, the source index of every output position (numpy's rule
+    for ``mode``), cut into runs that are views of ``x`` (a slice, a reversed slice, or one element
+    broadcast), joined by a concat."""
+    out = x
+    for axis, (before, after) in enumerate(widths):
+        if not before and not after:
+            continue
+        n = out.shape[axis]
+        if n == 0:
+            raise ValueError(f"pad: mode={mode!r} cannot pad axis {axis}, which is empty")
+        index = [_pad_source(i, n, mode) for i in range(-before, n + after)]
+        parts = []
+        for start, stop, step in _runs(index):
+            key = [slice(None)] * out.ndim
+            if step == 0:
+                key[axis] = slice(start, start + 1)
+                piece = out[tuple(key)]
+                shape = list(piece.shape)
+                shape[axis] = stop
+                parts.append(broadcast_to(piece, tuple(shape)))
+            else:
+                key[axis] = slice(start, stop if stop >= 0 else None, step)
+                parts.append(out[tuple(key)])
+        out = concat(parts, axis=axis) if len(parts) > 1 else parts[0]
+    return out
+
+
+def _pad_source(i, n, mode) -> int:
+    """Which element of an axis of length n position i (0 = the first original one) copies."""
+    if mode == "edge":
+        return min(max(i, 0), n - 1)
+    if mode == "wrap":
+        return i % n
+    if mode == "symmetric":
+        j = i % (2 * n)
+        return j if j < n else 2 * n - 1 - j
+    if n == 1:  # reflect: the period 2(n - 1) of a single element is 0
+        return 0
+    j = i % (2 * n - 2)
+    return j if j < n else 2 * n - 2 - j
+
+
+def _runs(index):
+    """(start, stop, step) slices covering ``index`` in order: runs stepping by +1 or -1, and repeats as
+    (element, count, 0)."""
+    runs, i = [], 0
+    while i < len(index):
+        j = i + 1
+        if j < len(index) and index[j] == index[i]:
+            while j < len(index) and index[j] == index[i]:
+                j += 1
+            runs.append((index[i], j - i, 0))
+        else:
+            step = index[j] - index[i] if j < len(index) and abs(index[j] - index[i]) == 1 else 1
+            while j < len(index) and index[j] - index[j - 1] == step:
+                j += 1
+            runs.append((index[i], index[j - 1] + step, step))
+        i = j
+    return runs
 
 
 def _triangle(x, k, upper):
