@@ -70,7 +70,7 @@ _TORCH_MAX_VERSION = _torch_takes_max_version()
 
 def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=None):
     tensor = array._tensor()
-    if dl_device is not None and tuple(dl_device) != tuple(tensor.__dlpack_device__()):
+    if dl_device is not None and tuple(dl_device) != tuple(dlpack_device(tensor)):
         if copy is False:
             raise BufferError(f"copy=False, but the consumer asks for device {dl_device} and the data lives on "
                               f"{tensor.device}")
@@ -79,9 +79,4 @@ def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=
         tensor, copy = tensor.cpu(), False
     if copy:
         tensor = tensor.clone()
-    if max_version is None:
-        return tensor.__dlpack__(stream=stream)
-    try:
-        return tensor.__dlpack__(stream=stream, max_version=max_version)
-    except TypeError:  # an older torch without max_version
-        return tensor.__dlpack__(stream=stream)
+    return buffer_capsule(tensor, stream, max_version)
