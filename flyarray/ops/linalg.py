@@ -56,8 +56,9 @@ def matmul(x1, x2, /):
         raise TypeError(f"matmul: {x1.dtype} operands are not supported (numeric dtypes only); cast them first")
     lhs = x1[None, :] if x1.ndim == 1 else x1
     rhs = x2[:, None] if x2.ndim == 1 else x2
-    if lhs.shape[-1] != rhs.shape[-2]:
-        raise ValueError(f"matmul: inner dimensions differ: {x1.shape} @ {x2.shape}")
+    if lhs.shape[-1] != rhs.shape[-2]:  # every path below (GEMM, complex block GEMM, multiply-and-sum)
+        raise ValueError(f"matmul: inner dimensions differ: {x1.shape} @ {x2.shape} "
+                         f"({lhs.shape[-1]} != {rhs.shape[-2]})")
     if x1.dtype.kind in "iu":
         out = contract(lhs, rhs)
     elif x1.dtype.kind == "c":
@@ -79,8 +80,6 @@ def _complex_matmul(a, b):
     from ..complex_lowering import AS_COMPLEX, AS_REAL
     from .creation import arange
     from .elementwise import where
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({a.shape[-1]} != {b.shape[-2]})")
     (pa,) = call(AS_REAL, [a])
     (pb,) = call(AS_REAL, [b])
     *batch_a, m, k, _ = pa.shape
