@@ -132,21 +132,6 @@ def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     return fa.ragged_dot(a, b, offs - starts)
 
 
-def _attention_forward(q, k, v, bias, mask, scale, is_causal):
-    from flyarray.ops.library import call
-    from flyarray.ops.library_ops import ATTENTION
-    return tuple(call(ATTENTION, [q, k, v, *[t for t in (bias, mask) if t is not None]],
-                      **torch_ops._attention_kwargs(bias, mask, scale, is_causal)))
-
-
-def _attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal):
-    from flyarray.ad_rules import ATTENTION_BWD
-    from flyarray.ops.library import call
-    tail = [out, lse, do.astype(q.dtype, copy=False)] + ([dlse] if dlse is not None else [])
-    return tuple(call(ATTENTION_BWD, [q, k, v, *[t for t in (bias, mask) if t is not None], *tail],
-                      **torch_ops._attention_kwargs(bias, mask, scale, is_causal), has_dlse=dlse is not None))
-
-
 def _cat(tensors, dim=0):
     return fa.concat(list(tensors), axis=dim)
 
@@ -192,8 +177,10 @@ _FAMILY_OPS = {
                torch.ops.flyarray.ragged_dot.default: fa.ragged_dot, aten._grouped_mm.default: _grouped_mm},
     "attention": {torch.ops.flyarray.dot_product_attention.default: lambda q, k, v, b, m, scale, causal:
                   fa.nn.dot_product_attention(q, k, v, b, m, scale=scale, is_causal=causal),
-                  torch.ops.flyarray.attention_forward.default: _attention_forward,
-                  torch.ops.flyarray.attention_backward.default: _attention_backward},
+                  torch.ops.flyarray.attention_forward.default: lambda q, k, v, b, m, scale, causal:
+                  torch_ops._attention_with_lse(q, k, v, b, m, scale=scale, is_causal=causal),
+                  torch.ops.flyarray.attention_backward.default: lambda do, q, k, v, o, lse, dlse, b, m, scale, causal:
+                  torch_ops._attention_grads(do, q, k, v, o, lse, dlse, b, m, scale=scale, is_causal=causal)},
     "norm": {aten.native_layer_norm.default: _layer_norm,
              torch.ops.flyarray.rms_norm.default: lambda x, w, eps: fa.nn.rms_norm(x, w, eps),
              torch.ops.flyarray.add_rms_norm.default: lambda x, r, w, eps: fa.nn.rms_norm(x, w, eps, residual=r)},

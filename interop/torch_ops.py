@@ -24,7 +24,7 @@ import flyarray as fa
 from flyarray import dtypes as dt
 from flyarray.ops import checks
 
-_OPTIONAL = {"weight", "residual", "bias", "mask", "lhs_scales"}
+_OPTIONAL = {"weight", "residual", "bias", "mask", "lhs_scales", "grad_lse"}
 
 
 # ---- argument checks: shared by the real and the fake implementation --------------------------------
@@ -74,6 +74,23 @@ def _softmax(x, *, dim, log):
 
 def _attention(q, k, v, bias, mask, *, scale, is_causal):
     return fa.nn.dot_product_attention(q, k, v, bias, mask, scale=scale, is_causal=is_causal)
+
+
+def _attention_with_lse(q, k, v, bias, mask, *, scale, is_causal):
+    """(out, lse): the attention library op's two outputs (flyarray::attention_forward)."""
+    from flyarray.ops.library import call
+    from flyarray.ops.library_ops import ATTENTION
+    return tuple(call(ATTENTION, [q, k, v, *[t for t in (bias, mask) if t is not None]],
+                      **_attention_kwargs(bias, mask, scale, is_causal)))
+
+
+def _attention_grads(do, q, k, v, out, lse, dlse, bias, mask, *, scale, is_causal):
+    """(dq, dk, dv) from the forward's (out, lse) and the cotangents (flyarray::attention_backward)."""
+    from flyarray.ad_rules import ATTENTION_BWD
+    from flyarray.ops.library import call
+    tail = [out, lse, do.astype(q.dtype, copy=False)] + ([dlse] if dlse is not None else [])
+    return tuple(call(ATTENTION_BWD, [q, k, v, *[t for t in (bias, mask) if t is not None], *tail],
+                      **_attention_kwargs(bias, mask, scale, is_causal), has_dlse=dlse is not None))
 
 
 def _matmul(a, b, bias, residual, *, activation, out_dtype):
@@ -198,12 +215,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], m
                       scale: Optional[float], is_causal: bool) -> tuple[Tensor, Tensor]:
     """dot_product_attention's output and each query row's log-sum-exp ((batch, heads, q_len) float32,
     natural log): what flyarray::attention_backward reads."""
-    from flyarray.ops.library import call
-    from flyarray.ops.library_ops import ATTENTION
     _check_attention(q, k, v, bias, mask, scale, is_causal)
-    extras = [fa.asarray(t) for t in (bias, mask) if t is not None]
-    out, lse = call(ATTENTION, [fa.asarray(q), fa.asarray(k), fa.asarray(v), *extras],
-                    **_attention_kwargs(bias, mask, scale, is_causal))
+    out, lse = _attention_with_lse(*map(_fa, (q, k, v, bias, mask)), scale=scale, is_causal=is_causal)
     inputs = (q, k, v, bias, mask)
     return _out(out, inputs), _out(lse, inputs)
 
@@ -217,15 +230,12 @@ def _(q, k, v, bias, mask, scale, is_causal):
 def _check_attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal):
     shape, dtype = _check_attention(q, k, v, bias, mask, scale, is_causal)
     rows = (shape[0], shape[2], shape[1])
-    for name, t, want, want_dtype in (("grad_out", do, shape, dtype), ("out", out, shape, dtype),
-                                      ("lse", lse, rows, dt.float32), ("grad_lse", dlse, rows, dt.float32)):
-        if t is None and name == "grad_lse":
-            continue
-        aval = checks.aval("attention_backward", name, t)
-        if tuple(aval.shape) != tuple(want) or aval.dtype != want_dtype:
+    avals = _avals("attention_backward", query=q, grad_out=do, out=out, lse=lse, grad_lse=dlse)  # one device
+    wanted = ((shape, dtype), (shape, dtype), (rows, dt.float32), (rows, dt.float32))
+    for name, aval, (want, want_dtype) in zip(("grad_out", "out", "lse", "grad_lse"), avals[1:], wanted):
+        if aval is not None and (tuple(aval.shape) != tuple(want) or aval.dtype != want_dtype):
             raise ValueError(f"flyarray::attention_backward: {name} must be {tuple(want)} {want_dtype}, "
                              f"got {tuple(aval.shape)} {aval.dtype}")
-        checks.same_device("attention_backward", query=checks.aval("attention_backward", "query", q), **{name: aval})
 
 
 @torch.library.custom_op("flyarray::attention_backward", mutates_args=())
@@ -234,14 +244,9 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                        scale: Optional[float], is_causal: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of attention_forward at the output cotangent ``do`` (and ``dlse`` for the
     log-sum-exp, or None), from the forward's own (out, lse): no second forward pass."""
-    from flyarray.ad_rules import ATTENTION_BWD
-    from flyarray.ops.library import call
     _check_attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal)
-    extras = [fa.asarray(t) for t in (bias, mask) if t is not None]
-    tail = [fa.asarray(out), fa.asarray(lse), fa.asarray(do)] + ([fa.asarray(dlse)] if dlse is not None else [])
-    grads = call(ATTENTION_BWD, [fa.asarray(q), fa.asarray(k), fa.asarray(v), *extras, *tail],
-                 **_attention_kwargs(bias, mask, scale, is_causal), has_dlse=dlse is not None)
     inputs = (do, q, k, v, out, lse, dlse, bias, mask)
+    grads = _attention_grads(*map(_fa, inputs), scale=scale, is_causal=is_causal)
     return tuple(_out(g, inputs) for g in grads)
 
 
