@@ -165,7 +165,16 @@ _ew("gelu_tanh", 1, "float", "same", lambda x: torch.nn.functional.gelu(x, appro
     _f("(0.5 * {0} * (1.0 + ext.tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}))))"))
 
 # ---- unary, same dtype ----------------------------------------------------------------
-_ew("negative", 1, "numeric", "same", torch.negative, _f("(-{0})"))
+def _negate(a, cdt):
+    """A float's sign bit flipped, NaNs included (as torch.negative), rather than -x: Triton 3.6 lowers
+    a float's -x to 0 - x, which makes -(+0.0) +0.0 (3.9 has fneg)."""
+    if cdt.kind != "f":
+        return f"(-{a[0]})"
+    bits = 8 * cdt.itemsize
+    return f"({a[0]}.to(tl.int{bits}, bitcast=True) ^ {-(1 << (bits - 1))}).to(tl.{cdt.triton}, bitcast=True)"
+
+
+_ew("negative", 1, "numeric", "same", torch.negative, _negate)
 _ew("positive", 1, "numeric", "same", torch.positive, _f("{0}"))
 _ew("abs", 1, "numeric", "same", torch.abs, _f("tl.abs({0})"))
 _ew("square", 1, "numeric", "same", torch.square, _f("({0} * {0})"))

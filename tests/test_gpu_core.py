@@ -31,6 +31,14 @@ def test_elementwise_chain_is_one_kernel(dtype):
     assert _rel(out, ref) < (1e-2 if dtype != torch.float32 else 1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_negation_keeps_the_sign_of_zero(dtype):
+    """-(+0.0) is -0.0 (Triton 3.6 compiles a float's -x as 0 - x, which gives +0.0)."""
+    x = torch.tensor([0.0, -0.0, 1.5, float("inf"), float("nan")], device="cuda", dtype=dtype)
+    got = torch.from_dlpack(-fa.asarray(x))
+    assert torch.equal(torch.signbit(got), torch.signbit(-x)) and torch.isnan(got[4])
+
+
 @pytest.mark.parametrize("shape", [(64, 1000), (256, 20000), (3, 5, 17)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_rms_norm_match_torch(shape, dtype):

@@ -19,9 +19,13 @@ Three kernels, picked per arch and shape (``method=None``) or by name:
   on Hopper Triton upcasts the MX operands to bf16 before ``wgmma``.
 * ``"decode"`` (for M <= 64, bf16/fp16 activations x MXFP4/MXFP8 weights):
   weight bytes dominate, so the kernel streams the 4-bit (or 8-bit) weights,
-  decodes them to bf16 in registers next to the MMA, and spreads N over many
-  programs (and K over ``split_k`` programs when N is short) to keep every SM
-  loading. It moves ~4x (~2x) fewer bytes than a bf16 GEMV.
+  decodes them to bf16 in registers and computes out^T = W x^T, so the decoded
+  weights are the MMA's register operand (Hopper's wgmma takes A from
+  registers) and the few activation rows the shared-memory one. On NVIDIA
+  sm_90+ with bf16 activations the FP4 decode is a prmt table lookup, eight
+  codes per 32-bit word (``_FP4_TO_BF16X8_ASM``); elsewhere plain bit
+  arithmetic. N spreads over many programs (and K over ``split_k`` programs
+  when N is short). It moves ~4x (~2x) fewer bytes than a bf16 GEMV.
 * ``"fp8_blocks"`` (MXFP8 x MXFP8 on Hopper): feeds the fp8 tensor cores
   directly, one K=32 MMA per scale block (wgmma's fp8 K is 32), and applies
   the two E8M0 scales to each block's fp32 partial product:
@@ -32,11 +36,11 @@ shape on first use and keep the fastest (``tuning_choices()`` lists them).
 
 Numerics: MX products are exact and accumulate in fp32. "decode" rounds the
 decoded weights to the activations' dtype, which is exact for E2M1/E4M3
-values times a power of two in the bf16/fp16 range. "decode" and
-"fp8_blocks" build each scale as a normal float32, so a block with scale
-exponent below -126 (E8M0 codes 0..1, i.e. |values| under ~2^-118) counts as
-zero there; "dot_scaled" follows Triton. A NaN scale (255) makes its block,
-hence its output row/column, NaN.
+values times a power of two in the bf16/fp16 range. "decode" (bf16: the scale
+as a bf16 power of two, E8M0 code 0 = 2^-127 flushed to zero; fp16: through
+fp32) and "fp8_blocks" (a normal float32) count a block whose scale is below
+their range as zero (|values| under ~2^-118); "dot_scaled" follows Triton.
+A NaN scale (255) makes its block, hence its output row/column, NaN.
 
 On the CPU every kernel runs in Triton's interpreter (3.9's interpreter
 implements tl.dot_scaled for all the combinations used here, so nothing is
@@ -92,16 +96,17 @@ CONFIGS = {
                  num_stages=3),
         ],
         "mxfp8_method": "fp8_blocks",
-        # timed once per shape on first use (the first is used where timing is impossible);
-        # "dot_scaled" entries run the tl.dot_scaled kernel with a small-M tile instead
+        # timed once per shape on first use (the first is used where timing is impossible); "decode"
+        # entries run the transposed decode kernel (FP4 through the prmt table decode), "dot_scaled"
+        # ones the tl.dot_scaled kernel with a small-M tile. benchmarks/tune_mx_decode.py (H200,
+        # 16x14336x4096, best of 3 rounds): MXFP4 32/256 2 warps 30.3 us; MXFP8 64/256 4 warps 39.1 us
+        # (not kept: it spills 259 B cross-compiled by Triton 3.9; 8 warps does not), 64/128 split 2
+        # 47.1; dot_scaled 64/512 47.5 (MXFP4). Every "decode" entry compiles for sm_90 without spills.
         "decode_candidates": [
-            dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8, num_stages=4),
-            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=4),
-            dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),
-            dict(kernel="decode", BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=4),
-            dict(kernel="decode", BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
-            dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=4),
-            dict(kernel="dot_scaled", BLOCK_N=128, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=4),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3),
+            dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8, num_stages=3),
+            dict(kernel="decode", BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
+            dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
             dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=512, GROUP_M=1, num_warps=4, num_stages=3),
         ],
     },
@@ -196,74 +201,152 @@ def _e8m0_exp2(code, OFFSET: tl.constexpr):
 
 
 @triton.jit
-def _fp4_half_units(code):
-    """E2M1 codes (int32, 0..15) -> value * 2 as float32 (exact small integers, signed)."""
-    magnitude = code & 7
-    exp = magnitude >> 1
-    mant = magnitude & 1
-    units = tl.where(exp == 0, mant, (2 + mant) << tl.maximum(exp - 1, 0))
-    units = tl.where((code & 8) != 0, -units, units)
-    return units.to(tl.float32)
+def _fp4_bits(code, FP16: tl.constexpr):
+    """E2M1 codes (int32, 0..15) -> the int32 bit pattern of the same value in fp16 or bf16.
+
+    A magnitude code m >= 2 is a normal float whose exponent and mantissa bits are m's bits,
+    shifted into place and rebiased; m == 1 (0.5, E2M1's one subnormal) is the rebias alone;
+    m == 0 is zero. The sign bit moves to bit 15.
+    """
+    mag = code & 7
+    if FP16:
+        bits = tl.where(mag >= 2, (mag << 9) + 0x3800, mag * 0x3800)
+    else:
+        bits = tl.where(mag >= 2, (mag << 6) + 0x3F00, mag * 0x3F00)
+    return bits | ((code & 8) << 12)
+
+
+# E2M1 -> bf16 for 8 codes (one 32-bit word) at a time, scaled, on NVIDIA (sm_90: mul.bf16x2).
+# prmt picks bytes out of two registers by 3-bit selectors, so with the magnitude codes as
+# selectors it is an 8-entry table lookup, four codes an instruction: once for the bf16 values'
+# high bytes (0x00 3F 3F 3F 40 40 40 40) and once for their low bytes (0x00 00 80 C0 00 40 80 C0).
+# Two more prmts interleave them into bf16 pairs; a prmt in sign-replicating mode (selector msb)
+# spreads each code's sign bit (bit 3 of the nibble: byte msb of the word shifted left by 4 for
+# the even codes, of the word itself for the odd ones) over a byte, masked onto bits 15 and 31.
+_FP4_TO_BF16X8_ASM = tl.constexpr("""
+{
+.reg .b32 m, mh, a4, hl, hh, ll, lh, h0, l0, h1, l1, o, s;
+mov.b32 hl, 0x3F3F3F00;
+mov.b32 hh, 0x40404040;
+mov.b32 ll, 0xC0800000;
+mov.b32 lh, 0xC0804000;
+and.b32 m, $8, 0x77777777;
+shr.u32 mh, m, 16;
+shl.b32 a4, $8, 4;
+prmt.b32 h0, hl, hh, m;
+prmt.b32 l0, ll, lh, m;
+prmt.b32 h1, hl, hh, mh;
+prmt.b32 l1, ll, lh, mh;
+prmt.b32 o, l0, h0, 0x5140;
+prmt.b32 s, a4, $8, 0xC080;
+lop3.b32 o, o, s, 0x80008000, 0xF8;
+mul.rn.bf16x2 o, o, $9;
+mov.b32 {$0, $1}, o;
+prmt.b32 o, l0, h0, 0x7362;
+prmt.b32 s, a4, $8, 0xD090;
+lop3.b32 o, o, s, 0x80008000, 0xF8;
+mul.rn.bf16x2 o, o, $9;
+mov.b32 {$2, $3}, o;
+prmt.b32 o, l1, h1, 0x5140;
+prmt.b32 s, a4, $8, 0xE0A0;
+lop3.b32 o, o, s, 0x80008000, 0xF8;
+mul.rn.bf16x2 o, o, $9;
+mov.b32 {$4, $5}, o;
+prmt.b32 o, l1, h1, 0x7362;
+prmt.b32 s, a4, $8, 0xF0B0;
+lop3.b32 o, o, s, 0x80008000, 0xF8;
+mul.rn.bf16x2 o, o, $9;
+mov.b32 {$6, $7}, o;
+}
+""")
+
+
+@triton.jit
+def _fp4_words_to_bf16(words, scale2):
+    """[R, W] int32 words of 8 E2M1 codes (low nibble first) times their bf16x2 scales -> [R, 8W] bf16."""
+    e0, e1, e2, e3, e4, e5, e6, e7 = tl.inline_asm_elementwise(
+        _FP4_TO_BF16X8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale2],
+        dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    # join(a, b) adds a last axis [a, b]: nested so that element 4t + 2u + v lands at [t, u, v]
+    w = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
+    return tl.reshape(w, (words.shape[0], words.shape[1] * 8))
 
 
 @triton.jit
 def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, weights decoded in registers.
+                      BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, FP4_LUT: tl.constexpr = False):
+    """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
-    x is contiguous along K, w along K (packed two a byte for FP4), scales [N, K/32].
-    Program (pid_n, split) covers BLOCK_N columns and K range [split*k_per_split, +k_per_split).
-    The next tile's weight bytes are loaded before the current one is decoded,
-    so each thread keeps two tiles of (still packed, hence cheap) loads in flight.
+    Program (pid_n, split) covers BLOCK_N rows of w and K range [split*k_per_split, +k_per_split).
+    The decoded weights are the MMA's left operand ([BLOCK_N, BLOCK_K], as they lie in memory)
+    and x^T the right one, so on Hopper the weights go from the load through the decode to the
+    tensor cores in registers (wgmma takes A from registers; B, here the few rows of x, comes
+    from shared memory). Decodes: FP4_LUT, 8 codes a 32-bit word through prmt tables (NVIDIA,
+    bf16); else bit arithmetic (_fp4_bits) or the hardware fp8 conversion. The E8M0 scale is
+    applied in the activations' dtype when SCALE_NATIVE (bf16 has fp32's exponent range, so the
+    product is exact), else through fp32 (fp16, whose range is too narrow for the scale).
     """
-    GROUPS: tl.constexpr = BLOCK_K // 32
-    BYTES: tl.constexpr = 16 if W_FP4 else 32          # bytes of one 32-element group
+    BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
+    PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
+    GROUPS: tl.constexpr = BYTES // PER_SCALE
+    ZERO: tl.constexpr = 0 if W_FP4 else 0.0                      # fp8 tensors take a float fill
+    compute_ty = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    g = tl.arange(0, GROUPS)
-    j = tl.arange(0, BYTES)
-    n_ok = rn < N
+    rn_safe = tl.where(rn < N, rn, 0).to(tl.int64)   # rows past N read row 0; never stored
+    m_ok = (rm < M)[None, :]
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    compute_ty = x_ptr.dtype.element_ty
-    w_row = w_ptr + rn[:, None, None].to(tl.int64) * stride_wn + (g * BYTES)[None, :, None] + j[None, None, :]
-    s_row = s_ptr + rn[:, None].to(tl.int64) * stride_sn + g[None, :]
-    ZERO: tl.constexpr = 0 if W_FP4 else 0.0             # fp8 tensors take a float fill
-    # first tile
-    group_ok = (k_start + g * 32) < k_end
-    w_raw = tl.load(w_row + k_start // 32 * BYTES, mask=n_ok[:, None, None] & group_ok[None, :, None], other=ZERO)
-    s_raw = tl.load(s_row + k_start // 32, mask=n_ok[:, None] & group_ok[None, :], other=0)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    jb = tl.arange(0, BYTES)
+    g = tl.arange(0, GROUPS)
+    jw = tl.arange(0, BLOCK_K // 8)
+    w_ptrs = w_ptr + rn_safe[:, None] * stride_wn + jb[None, :]
+    # FP4_LUT reads the packed weights as 32-bit words (K % 32 == 0, so rows stay word-aligned)
+    w_words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * (stride_wn // 4) + jw[None, :]
+    s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + g[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        k_next = k0 + BLOCK_K
-        next_ok = (k_next + g * 32) < k_end
-        w_next = tl.load(w_row + k_next // 32 * BYTES, mask=n_ok[:, None, None] & next_ok[None, :, None],
-                         other=ZERO)
-        s_next = tl.load(s_row + k_next // 32, mask=n_ok[:, None] & next_ok[None, :], other=0)
-        kx = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kx[None, :],
-                    mask=(rm[:, None] < M) & (kx[None, :] < k_end), other=0.0)
-        if W_FP4:
-            # Byte j of a group holds elements 2j (low nibble) and 2j+1 (high).
-            packed = w_raw.to(tl.int32)
-            scale = _e8m0_exp2(s_raw, -1)[:, :, None]           # the nibble decode gives 2x values
-            w_even = tl.reshape((_fp4_half_units(packed & 0xF) * scale).to(compute_ty), (BLOCK_N, BLOCK_K // 2))
-            w_odd = tl.reshape((_fp4_half_units(packed >> 4) * scale).to(compute_ty), (BLOCK_N, BLOCK_K // 2))
-            x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
-            acc = tl.dot(x_even, tl.trans(w_even), acc)
-            acc = tl.dot(x_odd, tl.trans(w_odd), acc)
+        codes = tl.load(s_ptrs + k0 // 32, mask=(k0 + 32 * g < k_end)[None, :], other=0).to(tl.int32)
+        if FP4_LUT:
+            words = tl.load(w_words + k0 // 8, mask=(k0 + 8 * jw < k_end)[None, :], other=0)
+            s16 = tl.where(codes == 255, 0x7FC0, codes << 7)             # bf16 2^(code - 127); NaN
+            s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 4)),
+                            (BLOCK_N, BLOCK_K // 8))                      # one bf16x2 scale a word
+            w = _fp4_words_to_bf16(words, s2)
         else:
-            scale = _e8m0_exp2(s_raw, 0)[:, :, None]
-            w = tl.reshape((w_raw.to(tl.float32) * scale).to(compute_ty), (BLOCK_N, BLOCK_K))
-            acc = tl.dot(x, tl.trans(w), acc)
-        w_raw = w_next
-        s_raw = s_next
-    out_ptrs = out_ptr + split * stride_split + rm[:, None] * stride_om + rn[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & n_ok[None, :])
+            if W_FP4:
+                raw = tl.load(w_ptrs + k0 // 2, mask=(k0 + 2 * jb < k_end)[None, :], other=ZERO)
+            else:
+                raw = tl.load(w_ptrs + k0, mask=(k0 + jb < k_end)[None, :], other=ZERO)
+            code = tl.reshape(tl.broadcast_to(codes[:, :, None], (BLOCK_N, GROUPS, PER_SCALE)), (BLOCK_N, BYTES))
+            if SCALE_NATIVE:  # bf16 2^(code - 127): code 0 (2^-127) flushes to zero, 255 is NaN
+                scale = tl.where(code == 255, 0x7FC0, code << 7).to(tl.int16).to(compute_ty, bitcast=True)
+            else:
+                scale = _e8m0_exp2(code, 0)
+            if W_FP4:
+                packed = raw.to(tl.int32)
+                lo = _fp4_bits(packed & 0xF, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
+                hi = _fp4_bits(packed >> 4, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
+                if SCALE_NATIVE:
+                    lo = lo * scale
+                    hi = hi * scale
+                else:
+                    lo = (lo.to(tl.float32) * scale).to(compute_ty)
+                    hi = (hi.to(tl.float32) * scale).to(compute_ty)
+                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))   # byte j holds k = 2j (lo), 2j + 1 (hi)
+            elif SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
+                w = raw.to(compute_ty) * scale
+            else:
+                w = (raw.to(tl.float32) * scale).to(compute_ty)
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=(kk < k_end)[:, None] & m_ok, other=0.0)
+        acc = tl.dot(w, xt, acc)
+    out_ptrs = out_ptr + split * stride_split + rm[None, :] * stride_om + rn[:, None] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (rn < N)[:, None])
 
 
 @triton.jit
@@ -573,6 +656,13 @@ def _fastest(candidates, run):
     return best
 
 
+def _has_bf16x2_ptx(device: torch.device) -> bool:
+    """NVIDIA sm_90 or newer: _FP4_TO_BF16X8_ASM's PTX (mul.bf16x2) runs there; elsewhere (AMD, the
+    interpreter) the decode is plain Triton arithmetic."""
+    arch = current_arch(device)
+    return arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 90
+
+
 def _decode_launch(x, w, sw, w_fmt, out, c):
     m, k = x.shape
     n = w.shape[0]
@@ -582,12 +672,15 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
     split_k = triton.cdiv(k, k_per_split)
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, c["BLOCK_N"]), split_k)
+    # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
+    native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)
+    lut = native and w_fmt == "e2m1" and c.get("FP4_LUT", True) and _has_bf16x2_ptx(x.device)
     launch(_mx_decode_kernel, x.device, grid,
            x, w, sw, target, m, n, k, k_per_split,
            x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
            target.stride(0) if split_k > 1 else 0,
            W_FP4=w_fmt == "e2m1", BLOCK_M=max(16, next_pow2(m)), BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
-           num_warps=c["num_warps"], num_stages=c["num_stages"])
+           SCALE_NATIVE=native, FP4_LUT=lut, num_warps=c["num_warps"], num_stages=c["num_stages"])
     if split_k > 1:
         numel = m * n
         launch(_sum_splits_kernel, x.device, (triton.cdiv(numel, 1024),), target, out, numel,
@@ -626,17 +719,19 @@ def _dot_scaled_spec(arch: str, a_fmt: str, b_fmt: str, tile=None, tag: str = ""
                       signature, constexprs, **launch_opts)
 
 
-def _decode_spec(arch: str, w_fmt: str):
+def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
+    """The decode kernel as it runs on ``arch`` with bf16 activations (the prmt table decode for FP4 on sm_90)."""
     from flyarray.targets import KernelSpec
-    c = dict(next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
+    c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
     c.pop("SPLIT_K"), c.pop("kernel")
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",
-                 **{k: "constexpr" for k in ("W_FP4", "BLOCK_M", *c)}}
-    constexprs = {"stride_on": 1, "W_FP4": w_fmt == "e2m1", "BLOCK_M": 16, **c}
-    return KernelSpec(f"scaled_matmul_decode_bf16x{w_fmt}_{arch}", _mx_decode_kernel,
+                 **{k: "constexpr" for k in ("W_FP4", "BLOCK_M", "SCALE_NATIVE", "FP4_LUT", *c)}}
+    constexprs = {"stride_on": 1, "W_FP4": w_fmt == "e2m1", "BLOCK_M": 16, "SCALE_NATIVE": True,
+                  "FP4_LUT": w_fmt == "e2m1" and arch.startswith("sm_"), **c}
+    return KernelSpec(f"scaled_matmul_decode{tag}_bf16x{w_fmt}_{arch}", _mx_decode_kernel,
                       signature, constexprs, **launch_opts)
 
 
@@ -666,6 +761,8 @@ def compile_specs(arch: str | None = None) -> list:
                       for m in (16, DECODE_MAX_M) for fb in ("e2m1", "e4m3")]
     if "sm_90" in archs:
         small_m = next(c for c in CONFIGS["sm_90"]["decode_candidates"] if c["kernel"] == "dot_scaled")
-        specs += [_decode_spec("sm_90", "e2m1"), _decode_spec("sm_90", "e4m3"), _fp8_blocks_spec("sm_90"),
+        decodes = [c for c in CONFIGS["sm_90"]["decode_candidates"] if c["kernel"] == "decode"]
+        specs += [_decode_spec("sm_90", fmt, c, f"{i}") for i, c in enumerate(decodes) for fmt in ("e2m1", "e4m3")]
+        specs += [_fp8_blocks_spec("sm_90"),
                   _dot_scaled_spec("sm_90", "bf16", "e2m1", dict(small_m, BLOCK_M=16), "_decode")]
     return specs

@@ -133,6 +133,16 @@ def test_gfx950_amd_options_reach_the_compiler():
     assert report.matrix_instructions == ["v_mfma_scale_f32_16x16x128_f8f6f4"], report.summary()
 
 
+def test_hopper_decode_configs_compile_without_spills():
+    """Every sm_90 decode candidate, MXFP4 (the prmt table decode) and MXFP8, on the MMA with 0 spills."""
+    from flyarray.targets import compile_for
+    specs = [s for s in sm.compile_specs("sm_90") if s.name.startswith("scaled_matmul_decode")]
+    assert len(specs) == 2 * sum(c["kernel"] == "decode" for c in sm.CONFIGS["sm_90"]["decode_candidates"])
+    for spec in specs:
+        report = compile_for(spec, "sm_90")
+        assert report.spills == 0 and report.matrix_instructions, report.summary()
+
+
 def test_hopper_kernels_use_tensor_cores():
     from flyarray.targets import compile_for
     fp8 = compile_for(sm._fp8_blocks_spec("sm_90"), "sm_90")
@@ -157,3 +167,58 @@ def test_gpu_matches_dequantized_matmul(a_fmt, b_fmt, m):
     for method in (["fp8_blocks", "dot_scaled"] if "e2m1" not in (a_fmt, b_fmt) and a_fmt != "bf16" else []):
         out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.bfloat16, method=method)
         assert _rel_err(out, ref.double()) < 1e-2, method
+
+
+def _every_code_operands(w_fmt, device):
+    """x: 16 one-hot rows (row i picks k = i), w: 48 rows whose first 16 elements run through the codes
+    (E2M1: all 16 nibbles; E4M3: 16 codes across the range, subnormals and -0 included) under
+    scales 2^-127 (code 0), 2^-117, 2^0, 2^100, 2^-100 and NaN (255), and random codes after them (every
+    product stays a normal bf16: subnormal results may flush, as documented)."""
+    g = torch.Generator().manual_seed(7)
+    k = 1056  # not a multiple of any BLOCK_K
+    if w_fmt == "e2m1":
+        first = torch.arange(16, dtype=torch.uint8)
+        data = torch.randint(0, 256, (48, k // 2), generator=g, dtype=torch.uint8)
+        data[:, :8] = first[0::2] | (first[1::2] << 4)
+    else:
+        first = torch.tensor([0, 1, 7, 8, 0x38, 0x3F, 0x40, 0x77, 0x7E, 0x80, 0x81, 0xB8, 0xC0, 0xF0, 0xFE, 0x45],
+                             dtype=torch.uint8)
+        data = torch.randint(0, 256, (48, k), generator=g, dtype=torch.uint8)
+        data[(data & 0x7F) == 0x7F] = 0x11  # no NaN codes among the random ones
+        data[:, :16] = first
+    scales = torch.randint(110, 140, (48, k // 32), generator=g, dtype=torch.uint8)
+    scales[:, 0] = torch.tensor([0, 10, 127, 227, 27, 255] * 8, dtype=torch.uint8)
+    x = torch.zeros(16, k, dtype=torch.bfloat16)
+    x[torch.arange(16), torch.arange(16)] = 1.0
+    return x.to(device), data.to(device), scales.to(device)
+
+
+@NEEDS_GPU
+@pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
+def test_gpu_decode_candidates_decode_every_code_exactly(w_fmt):
+    """Each sm_90 decode config (the prmt table decode for FP4) against the spec decode, bit for bit:
+    one-hot activations make every output one decoded weight times its scale (exact in bf16), NaN
+    scales give NaN rows, the 2^-127 scale flushes to zero as documented."""
+    x, data, scales = _every_code_operands(w_fmt, "cuda")
+    want = mx.reference_mx_dequantize(data.cpu(), scales.cpu(), w_fmt)[:, :16].T  # [16, 48] float64
+    want[:, scales[:, 0].cpu() == 0] = 0.0
+    cfg = sm.pick_config(sm.CONFIGS, "sm_90")
+    w = data.view(torch.float8_e4m3fn) if w_fmt == "e4m3" else data
+    for c in (c for c in cfg["decode_candidates"] if c["kernel"] == "decode"):
+        out = torch.empty(16, 48, dtype=torch.bfloat16, device="cuda")
+        sm._decode_candidate(x, w, scales, "bf16", w_fmt, out, cfg, c)
+        torch.testing.assert_close(out.double().cpu(), want.to(torch.bfloat16).double(), rtol=0, atol=0,
+                                   equal_nan=True, msg=lambda m: f"{c}: {m}")
+
+
+@NEEDS_GPU
+@pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
+@pytest.mark.parametrize("m,n,k", [(1, 300, 4096), (16, 520, 1056), (37, 130, 224), (64, 4096, 2048)])
+def test_gpu_decode_candidates_match_dequantized_matmul(w_fmt, m, n, k):
+    a, b, _, sb = _operands(m, n, k, "bf16", w_fmt, seed=m + n, device="cuda")
+    ref = sm.reference_scaled_matmul(a, b, None, sb)
+    cfg = sm.pick_config(sm.CONFIGS, "sm_90")
+    for c in cfg["decode_candidates"]:
+        out = torch.empty(m, n, dtype=torch.float32, device="cuda")
+        sm._decode_candidate(a, b, mx.scales_as_uint8(sb).contiguous(), "bf16", w_fmt, out, cfg, c)
+        assert _rel_err(out, ref) < 1e-5, c

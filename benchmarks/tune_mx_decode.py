@@ -1,0 +1,82 @@
+"""Weight-only MX decode configs on the GPU (bf16 activations x MXFP4 / MXFP8 weights, 16x14336x4096):
+each candidate checked against dequantise-then-matmul in fp32, then timed (do_bench, median, L2 flushed
+between runs) in three interleaved rounds (the best round counts: a shared GPU drifts), beside bf16
+torch.matmul. Not part of the suite; prints a table and writes JSON.
+
+    PYTHONPATH=$PWD python benchmarks/tune_mx_decode.py [OUT.json]
+"""
+import itertools
+import json
+import sys
+
+import torch
+import triton.testing
+
+from flyarray.kernels import mx, scaled_matmul as sm
+
+M, N, K = 16, 14336, 4096
+ROUNDS = 3
+
+
+def candidates(w_fmt):
+    t = dict(kernel="decode_t", num_stages=3)
+    if w_fmt != "e2m1":
+        return [dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps)
+                for bn, bk, split, warps in ((64, 256, 1, 4), (64, 128, 2, 4), (32, 128, 2, 4), (128, 128, 1, 4),
+                                             (128, 128, 2, 8), (128, 64, 2, 4), (256, 64, 1, 8), (256, 64, 2, 8))]
+    found = [dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=512, GROUP_M=1, num_warps=4, num_stages=3),
+             dict(t, FP4_LUT=True, BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2)]
+    for bn, bk, warps, split in itertools.product((64, 128, 256), (64, 128, 256), (2, 4, 8), (1, 2, 4)):
+        if bn * bk > 128 * 256 or warps * 16 > bn or bn == 256 and warps == 2:
+            continue
+        found.append(dict(t, FP4_LUT=True, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps))
+    return found
+
+
+def main():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", generator=g)
+    bf16_w = w.to(torch.bfloat16)
+    runs = {"torch.matmul bf16": lambda: x @ bf16_w.T}
+    rows = {"torch.matmul bf16": dict(name="torch.matmul bf16")}
+    for w_fmt in ("e2m1", "e4m3"):
+        data, scales = mx.mx_quantize(w, w_fmt)
+        s8 = mx.scales_as_uint8(scales).contiguous()
+        ref = x.float() @ mx.mx_dequantize(data, scales, w_fmt).float().T
+        nbytes = data.numel() * data.element_size() + scales.numel() + x.numel() * 2 + M * N * 2
+        cfg = sm.pick_config(sm.CONFIGS, "sm_90")
+        for i, c in enumerate(candidates(w_fmt)):
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            run = lambda c=c, out=out, data=data, s8=s8, w_fmt=w_fmt: sm._decode_candidate(  # noqa: E731
+                x, data, s8, "bf16", w_fmt, out, cfg, c)
+            key = f"{w_fmt} {i}"
+            try:
+                run()
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+            except Exception as e:  # noqa: BLE001
+                err = repr(e)[:160]
+            rows[key] = dict(name=w_fmt, config=c, err=err, bytes=nbytes)
+            if isinstance(err, float) and err < 1e-2:
+                runs[key] = run
+            else:
+                print("REJECTED", json.dumps(rows[key]), flush=True)
+    for _ in range(ROUNDS):
+        for key, run in runs.items():
+            ms = triton.testing.do_bench(run, warmup=5, rep=20, return_mode="median")
+            rows[key]["ms"] = min(ms, rows[key].get("ms", float("inf")))
+    for key, r in rows.items():
+        if "ms" in r and "bytes" in r:
+            r["tbps"] = r["bytes"] / r["ms"] / 1e9
+    print(f"torch.matmul bf16 {M}x{N}x{K}: {rows['torch.matmul bf16']['ms'] * 1e3:.1f} us")
+    for w_fmt in ("e2m1", "e4m3"):
+        best = sorted((r for r in rows.values() if r.get("name") == w_fmt and "ms" in r), key=lambda r: r["ms"])
+        print(f"--- {w_fmt} ({len(best)} configs) best:", *(f"{r['ms'] * 1e3:.1f} us {r['config']}" for r in best[:8]),
+              sep="\n  ")
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(list(rows.values()), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
