@@ -16,20 +16,21 @@ from flyarray.kernels import mx, scaled_matmul as sm
 
 M, N, K = 16, 14336, 4096
 ROUNDS = 3
+FORMATS = ("e2m1", "e4m3", "e5m2")
 
 
 def candidates(w_fmt):
-    t = dict(kernel="decode_t", num_stages=3)
-    if w_fmt != "e2m1":
-        return [dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps)
-                for bn, bk, split, warps in ((64, 256, 1, 4), (64, 128, 2, 4), (32, 128, 2, 4), (128, 128, 1, 4),
-                                             (128, 128, 2, 8), (128, 64, 2, 4), (256, 64, 1, 8), (256, 64, 2, 8))]
-    found = [dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=512, GROUP_M=1, num_warps=4, num_stages=3),
-             dict(t, FP4_LUT=True, BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2)]
-    for bn, bk, warps, split in itertools.product((64, 128, 256), (64, 128, 256), (2, 4, 8), (1, 2, 4)):
-        if bn * bk > 128 * 256 or warps * 16 > bn or bn == 256 and warps == 2:
+    """The configs the table holds, the PTX decodes on a grid of tiles, and Triton-only decodes for reference."""
+    t = dict(kernel="decode", num_stages=3)
+    found = list(sm.CONFIGS["sm_90"]["decode_candidates"])
+    found += [dict(t, ASM_DECODE=False, BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8),
+              dict(t, ASM_DECODE=False, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4)]
+    for bn, bk, warps, split in itertools.product((32, 64, 128), (128, 256), (2, 4, 8), (1, 2)):
+        if warps * 16 > bn or bn * bk > 128 * 128 and warps == 2:
             continue
-        found.append(dict(t, FP4_LUT=True, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps))
+        c = dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps)
+        if c not in found:
+            found.append(c)
     return found
 
 
@@ -40,7 +41,7 @@ def main():
     bf16_w = w.to(torch.bfloat16)
     runs = {"torch.matmul bf16": lambda: x @ bf16_w.T}
     rows = {"torch.matmul bf16": dict(name="torch.matmul bf16")}
-    for w_fmt in ("e2m1", "e4m3"):
+    for w_fmt in FORMATS:
         data, scales = mx.mx_quantize(w, w_fmt)
         s8 = mx.scales_as_uint8(scales).contiguous()
         ref = x.float() @ mx.mx_dequantize(data, scales, w_fmt).float().T
@@ -69,7 +70,7 @@ def main():
         if "ms" in r and "bytes" in r:
             r["tbps"] = r["bytes"] / r["ms"] / 1e9
     print(f"torch.matmul bf16 {M}x{N}x{K}: {rows['torch.matmul bf16']['ms'] * 1e3:.1f} us")
-    for w_fmt in ("e2m1", "e4m3"):
+    for w_fmt in FORMATS:
         best = sorted((r for r in rows.values() if r.get("name") == w_fmt and "ms" in r), key=lambda r: r["ms"])
         print(f"--- {w_fmt} ({len(best)} configs) best:", *(f"{r['ms'] * 1e3:.1f} us {r['config']}" for r in best[:8]),
               sep="\n  ")

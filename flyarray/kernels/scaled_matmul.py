@@ -97,7 +97,7 @@ CONFIGS = {
         ],
         "mxfp8_method": "fp8_blocks",
         # timed once per shape on first use (the first is used where timing is impossible); "decode"
-        # entries run the transposed decode kernel (FP4 through the prmt table decode), "dot_scaled"
+        # entries run the transposed decode kernel (sm_90: the PTX word decodes), "dot_scaled"
         # ones the tl.dot_scaled kernel with a small-M tile. benchmarks/tune_mx_decode.py (H200,
         # 16x14336x4096, best of 3 rounds): MXFP4 32/256 2 warps 30.3 us; MXFP8 64/256 4 warps 39.1 us
         # (not kept: it spills 259 B cross-compiled by Triton 3.9; 8 warps does not), 64/128 split 2
@@ -261,6 +261,40 @@ mov.b32 {$6, $7}, o;
 """)
 
 
+def _fp8_to_bf16x4_asm(fmt: str) -> str:
+    """PTX: a 32-bit word of 4 fp8 codes (``fmt`` e4m3 or e5m2) times a bf16x2 scale -> 4 bf16. The
+    hardware's fp8x2 -> f16x2 conversion (exact: every fp8 value is an fp16 one, NaN included), f16 -> f32
+    -> bf16x2 (exact again), then one mul.bf16x2 per pair."""
+    pairs = []
+    for i, half in enumerate(("lo", "hi")):
+        pairs.append(f"""cvt.rn.f16x2.{fmt}x2 a, {half};
+mov.b32 {{h0, h1}}, a;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+cvt.rn.bf16x2.f32 o, f1, f0;
+mul.rn.bf16x2 o, o, $5;
+mov.b32 {{${2 * i}, ${2 * i + 1}}}, o;""")
+    return "{\n.reg .b16 lo, hi, h0, h1;\n.reg .b32 a, o;\n.reg .f32 f0, f1;\nmov.b32 {lo, hi}, $4;\n" + \
+        "\n".join(pairs) + "\n}"
+
+
+_E4M3_TO_BF16X4_ASM = tl.constexpr(_fp8_to_bf16x4_asm("e4m3"))
+_E5M2_TO_BF16X4_ASM = tl.constexpr(_fp8_to_bf16x4_asm("e5m2"))
+
+
+@triton.jit
+def _fp8_words_to_bf16(words, scale2, E5M2: tl.constexpr):
+    """[R, W] int32 words of 4 fp8 codes (lowest byte first) times their bf16x2 scales -> [R, 4W] bf16."""
+    if E5M2:
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(_E5M2_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
+                                                   dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+    else:
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(_E4M3_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
+                                                   dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+    w = tl.join(tl.join(e0, e2), tl.join(e1, e3))   # element 2t + u at [t, u]
+    return tl.reshape(w, (words.shape[0], words.shape[1] * 4))
+
+
 @triton.jit
 def _fp4_words_to_bf16(words, scale2):
     """[R, W] int32 words of 8 E2M1 codes (low nibble first) times their bf16x2 scales -> [R, 8W] bf16."""
@@ -276,15 +310,17 @@ def _fp4_words_to_bf16(words, scale2):
 def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, FP4_LUT: tl.constexpr = False):
+                      BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr = False,
+                      E5M2: tl.constexpr = False):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
     Program (pid_n, split) covers BLOCK_N rows of w and K range [split*k_per_split, +k_per_split).
     The decoded weights are the MMA's left operand ([BLOCK_N, BLOCK_K], as they lie in memory)
     and x^T the right one, so on Hopper the weights go from the load through the decode to the
     tensor cores in registers (wgmma takes A from registers; B, here the few rows of x, comes
-    from shared memory). Decodes: FP4_LUT, 8 codes a 32-bit word through prmt tables (NVIDIA,
-    bf16); else bit arithmetic (_fp4_bits) or the hardware fp8 conversion. The E8M0 scale is
+    from shared memory). Decodes: ASM_DECODE (NVIDIA sm_90, bf16), 32-bit words of codes through
+    inline PTX (FP4: prmt tables; fp8: the fp8x2 conversion); else bit arithmetic (_fp4_bits) or
+    Triton's fp8 conversion. The E8M0 scale is
     applied in the activations' dtype when SCALE_NATIVE (bf16 has fp32's exponent range, so the
     product is exact), else through fp32 (fp16, whose range is too narrow for the scale).
     """
@@ -303,20 +339,24 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     k_end = tl.minimum(k_start + k_per_split, K)
     jb = tl.arange(0, BYTES)
     g = tl.arange(0, GROUPS)
-    jw = tl.arange(0, BLOCK_K // 8)
+    PER_WORD: tl.constexpr = 8 if W_FP4 else 4                    # k elements per 32-bit word
+    jw = tl.arange(0, BLOCK_K // PER_WORD)
     w_ptrs = w_ptr + rn_safe[:, None] * stride_wn + jb[None, :]
-    # FP4_LUT reads the packed weights as 32-bit words (K % 32 == 0, so rows stay word-aligned)
+    # ASM_DECODE reads the weights as 32-bit words (K % 32 == 0, so rows stay word-aligned)
     w_words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * (stride_wn // 4) + jw[None, :]
     s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + g[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         codes = tl.load(s_ptrs + k0 // 32, mask=(k0 + 32 * g < k_end)[None, :], other=0).to(tl.int32)
-        if FP4_LUT:
-            words = tl.load(w_words + k0 // 8, mask=(k0 + 8 * jw < k_end)[None, :], other=0)
+        if ASM_DECODE:
+            words = tl.load(w_words + k0 // PER_WORD, mask=(k0 + PER_WORD * jw < k_end)[None, :], other=0)
             s16 = tl.where(codes == 255, 0x7FC0, codes << 7)             # bf16 2^(code - 127); NaN
-            s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 4)),
-                            (BLOCK_N, BLOCK_K // 8))                      # one bf16x2 scale a word
-            w = _fp4_words_to_bf16(words, s2)
+            s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 32 // PER_WORD)),
+                            (BLOCK_N, BLOCK_K // PER_WORD))               # one bf16x2 scale a word
+            if W_FP4:
+                w = _fp4_words_to_bf16(words, s2)
+            else:
+                w = _fp8_words_to_bf16(words, s2, E5M2)
         else:
             if W_FP4:
                 raw = tl.load(w_ptrs + k0 // 2, mask=(k0 + 2 * jb < k_end)[None, :], other=ZERO)
@@ -674,13 +714,14 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
     grid = (triton.cdiv(n, c["BLOCK_N"]), split_k)
     # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
     native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)
-    lut = native and w_fmt == "e2m1" and c.get("FP4_LUT", True) and _has_bf16x2_ptx(x.device)
+    asm = native and c.get("ASM_DECODE", True) and _has_bf16x2_ptx(x.device)
     launch(_mx_decode_kernel, x.device, grid,
            x, w, sw, target, m, n, k, k_per_split,
            x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
            target.stride(0) if split_k > 1 else 0,
            W_FP4=w_fmt == "e2m1", BLOCK_M=max(16, next_pow2(m)), BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
-           SCALE_NATIVE=native, FP4_LUT=lut, num_warps=c["num_warps"], num_stages=c["num_stages"])
+           SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", num_warps=c["num_warps"],
+           num_stages=c["num_stages"])
     if split_k > 1:
         numel = m * n
         launch(_sum_splits_kernel, x.device, (triton.cdiv(numel, 1024),), target, out, numel,
@@ -720,7 +761,7 @@ def _dot_scaled_spec(arch: str, a_fmt: str, b_fmt: str, tile=None, tag: str = ""
 
 
 def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
-    """The decode kernel as it runs on ``arch`` with bf16 activations (the prmt table decode for FP4 on sm_90)."""
+    """The decode kernel as it runs on ``arch`` with bf16 activations (the PTX word decodes on sm_90)."""
     from flyarray.targets import KernelSpec
     c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
@@ -728,9 +769,9 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",
-                 **{k: "constexpr" for k in ("W_FP4", "BLOCK_M", "SCALE_NATIVE", "FP4_LUT", *c)}}
+                 **{k: "constexpr" for k in ("W_FP4", "BLOCK_M", "SCALE_NATIVE", "ASM_DECODE", "E5M2", *c)}}
     constexprs = {"stride_on": 1, "W_FP4": w_fmt == "e2m1", "BLOCK_M": 16, "SCALE_NATIVE": True,
-                  "FP4_LUT": w_fmt == "e2m1" and arch.startswith("sm_"), **c}
+                  "ASM_DECODE": arch.startswith("sm_"), "E5M2": w_fmt == "e5m2", **c}
     return KernelSpec(f"scaled_matmul_decode{tag}_bf16x{w_fmt}_{arch}", _mx_decode_kernel,
                       signature, constexprs, **launch_opts)
 

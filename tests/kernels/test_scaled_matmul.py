@@ -134,7 +134,7 @@ def test_gfx950_amd_options_reach_the_compiler():
 
 
 def test_hopper_decode_configs_compile_without_spills():
-    """Every sm_90 decode candidate, MXFP4 (the prmt table decode) and MXFP8, on the MMA with 0 spills."""
+    """Every sm_90 decode candidate, MXFP4 and MXFP8 through the PTX word decodes, on the MMA with 0 spills."""
     from flyarray.targets import compile_for
     specs = [s for s in sm.compile_specs("sm_90") if s.name.startswith("scaled_matmul_decode")]
     assert len(specs) == 2 * sum(c["kernel"] == "decode" for c in sm.CONFIGS["sm_90"]["decode_candidates"])
@@ -196,7 +196,7 @@ def _every_code_operands(w_fmt, device):
 @NEEDS_GPU
 @pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
 def test_gpu_decode_candidates_decode_every_code_exactly(w_fmt):
-    """Each sm_90 decode config (the prmt table decode for FP4) against the spec decode, bit for bit:
+    """Each sm_90 decode config (the PTX word decodes) against the spec decode, bit for bit:
     one-hot activations make every output one decoded weight times its scale (exact in bf16), NaN
     scales give NaN rows, the 2^-127 scale flushes to zero as documented."""
     x, data, scales = _every_code_operands(w_fmt, "cuda")
