@@ -314,7 +314,9 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       E5M2: tl.constexpr = False):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
-    Program (pid_n, split) covers BLOCK_N rows of w and K range [split*k_per_split, +k_per_split).
+    Program (pid_m, pid_n, split) covers BLOCK_M rows of x, BLOCK_N rows of w and K range
+    [split*k_per_split, +k_per_split); pid_m varies fastest, so the programs sharing a weight tile
+    run together and read it once from memory (the rest from L2).
     The decoded weights are the MMA's left operand ([BLOCK_N, BLOCK_K], as they lie in memory)
     and x^T the right one, so on Hopper the weights go from the load through the decode to the
     tensor cores in registers (wgmma takes A from registers; B, here the few rows of x, comes
@@ -329,9 +331,10 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     GROUPS: tl.constexpr = BYTES // PER_SCALE
     ZERO: tl.constexpr = 0 if W_FP4 else 0.0                      # fp8 tensors take a float fill
     compute_ty = x_ptr.dtype.element_ty
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_safe = tl.where(rn < N, rn, 0).to(tl.int64)   # rows past N read row 0; never stored
     m_ok = (rm < M)[None, :]
@@ -703,6 +706,11 @@ def _has_bf16x2_ptx(device: torch.device) -> bool:
     return arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 90
 
 
+# Rows of x per decode program: the MMA's smallest N; more rows take more programs (larger tiles spill
+# the register-resident decoded weights, and M <= 16 is the decode case that matters).
+_DECODE_BLOCK_M = 16
+
+
 def _decode_launch(x, w, sw, w_fmt, out, c):
     m, k = x.shape
     n = w.shape[0]
@@ -711,7 +719,7 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(n, c["BLOCK_N"]), split_k)
+    grid = (triton.cdiv(m, _DECODE_BLOCK_M), triton.cdiv(n, c["BLOCK_N"]), split_k)
     # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
     native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)
     asm = native and c.get("ASM_DECODE", True) and _has_bf16x2_ptx(x.device)
@@ -719,7 +727,7 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
            x, w, sw, target, m, n, k, k_per_split,
            x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
            target.stride(0) if split_k > 1 else 0,
-           W_FP4=w_fmt == "e2m1", BLOCK_M=max(16, next_pow2(m)), BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
+           W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
            SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", num_warps=c["num_warps"],
            num_stages=c["num_stages"])
     if split_k > 1:

@@ -37,9 +37,10 @@ def test_mx_times_mx_matches_dequantized_matmul(a_fmt, b_fmt, method):
 
 @pytest.mark.parametrize("b_fmt", ["e2m1", "e4m3"])
 @pytest.mark.parametrize("method", ["decode", "dot_scaled"])
-def test_weight_only_matches_dequantized_matmul(b_fmt, method):
+@pytest.mark.parametrize("m", [5, 37])  # 37: three 16-row decode programs per weight tile
+def test_weight_only_matches_dequantized_matmul(b_fmt, method, m):
     # fp16 activations: the interpreter has no bf16 arithmetic
-    a, b, sa, sb = _operands(5, 40, 160, "fp16", b_fmt, seed=1)
+    a, b, sa, sb = _operands(m, 40, 160, "fp16", b_fmt, seed=1)
     out = sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float32, method=method)
     ref = sm.reference_scaled_matmul(a, b, None, sb)
     # the decoded weights are rounded to fp16 before the MMA (exact unless a scale pushes them out of range)
