@@ -23,12 +23,12 @@ from flyarray.kernels import top_k as tk
 ROWS, N = 64, 131072
 # (name, overrides) tried on fp32 randn; bf16 and uniform rows time the default only
 VARIANTS = {
-    50: [("chunk8192", {"chunk": 8192}), ("chunk2048", {"chunk": 2048}),
-         ("ept32", {"chunk_elems_per_thread": 32}),  # 4 warps per 4096-chunk
-         ("search16", {"search_bits": 16}), ("groups2048", {"min_groups": 2048}),
-         ("groups512", {"min_groups": 512})],
-    1024: [("groups4", {"groups_per_kpad": 4}), ("search16", {"search_bits": 16}),
-           ("final16w", {"final_warps": 16}), ("chunk8192", {"chunk": 8192})],
+    50: [("chunk8192", {"chunk": 8192}), ("chunk2048", {"chunk": 2048}),  # programs of the two data passes
+         ("search16", {"search_bits": 16}), ("digit6", {"digit_bits": 6}),  # threshold: 5 rounds of 6 bits (30), not 8 of 4
+         ("select4w", {"select_warps": 4}), ("groups2048", {"min_groups": 2048}),
+         ("final4w", {"final_min_warps": 4})],  # the 128-word sort on 4 warps, not 2
+    1024: [("groups4", {"groups_per_kpad": 4}), ("search16", {"search_bits": 16}), ("digit6", {"digit_bits": 6}),
+           ("final16w", {"final_warps": 16, "final_words_per_warp": 128})],  # the 2048-word sort on 16 warps
 }
 
 

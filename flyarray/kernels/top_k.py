@@ -97,13 +97,13 @@ def order_key(x, IS_FLOAT: tl.constexpr):
 #   columns a group-max program reads per slab (coalescing).
 # digit_bits / search_bits: bits a round of the threshold search settles (a 2^(digit+1)-bin
 #   histogram), and how many of the key's top bits are searched (search_bits // digit_bits rounds;
-#   fewer bits: cheaper, looser). The final kernel's exact search uses digit_bits when it divides 32.
+#   fewer bits: cheaper, looser). The final kernel's exact search always takes 4 bits a round.
 # select_tile / select_warps: group maxima the threshold program holds at once (all of them, up to
 #   this many: one load for every round), its warps.
 # min_cap: fewest candidate slots a row gets (the final sort takes max(2*kpad, min_cap) words).
-# final_warps / final_min_warps: the final kernel's warps (one program a row, a warp per 256 words
-#   within these bounds); fallback_elems_per_thread: elements a thread reads per step when a row's
-#   candidates overflow (the exact scan).
+# final_warps / final_min_warps / final_words_per_warp: the final kernel's warps (one program a row,
+#   a warp per final_words_per_warp words within these bounds); fallback_elems_per_thread: elements
+#   a thread reads per step when a row's candidates overflow (the exact scan).
 # direct_max_n: rows up to this long go straight to the final kernel (it sorts the whole row).
 # max_k: largest k on the Triton path (the final sort holds 2*kpad words); above: torch.topk on
 #   the packed words.
@@ -113,7 +113,7 @@ def order_key(x, IS_FLOAT: tl.constexpr):
 _WIDE = {
     "chunk": 4096, "chunk_elems_per_thread": 16, "groups_per_kpad": 8, "min_groups": 1024,
     "max_groups": 16384, "min_segment": 32, "digit_bits": 4, "search_bits": 32, "select_tile": 8192,
-    "select_warps": 8, "min_cap": 128, "final_warps": 8, "final_min_warps": 2,
+    "select_warps": 8, "min_cap": 128, "final_warps": 8, "final_min_warps": 2, "final_words_per_warp": 256,
     "fallback_elems_per_thread": 8, "direct_max_n": 2048, "max_k": 2048,
 }
 _NARROW = {"narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1}
@@ -451,14 +451,13 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
     kpad = next_pow2(k)
     m = max(2 * kpad, cfg["min_cap"])
     warp = cfg["warp_size"]
-    final_warps = max(cfg["final_min_warps"], min(cfg["final_warps"], m // 256))
-    # the final kernel's search must settle all 32 bits: a digit that divides 32
-    exact_digit = cfg["digit_bits"] if 32 % cfg["digit_bits"] == 0 else 4
-    plan = {"kpad": kpad, "m": m, "final_warps": final_warps, "exact_digit": exact_digit,
+    final_warps = max(cfg["final_min_warps"], min(cfg["final_warps"], m // cfg["final_words_per_warp"]))
+    # the final kernel's exact search settles all 32 bits, 4 a round (a 32-bin histogram of a tile)
+    plan = {"kpad": kpad, "m": m, "final_warps": final_warps, "exact_digit": 4,
             "fallback_tile": final_warps * warp * cfg["fallback_elems_per_thread"]}
     if next_pow2(N) <= max(m, cfg["direct_max_n"]):
         m = max(2, next_pow2(N))
-        final_warps = max(1, min(cfg["final_warps"], m // 256))
+        final_warps = max(1, min(cfg["final_warps"], m // cfg["final_words_per_warp"]))
         return {**plan, "direct": True, "m": m, "final_warps": final_warps}
     chunk = min(cfg["chunk"], next_pow2(N))
     want = next_pow2(triton.cdiv(N, chunk))  # programs a row
