@@ -98,11 +98,11 @@ def cases(device, small):
         x = _randn((m, n), device, 10 + k)
         bytes_moved = m * n * 4 + m * k * (4 + 4)
         variants = [("", None)]
-        if k == 50 and not small:  # other chunk/group sizes, for tuning
-            variants += [(" cfg chunk8192", {"chunk": 8192, "group_size": 16}),
-                         (" cfg chunk2048", {"chunk": 2048, "group_size": 4}),
-                         (" cfg search32", {"search_bits": 32}),
-                         (" cfg search8", {"search_bits": 8})]
+        if k == 50 and not small:  # other chunk sizes and threshold searches, for tuning
+            variants += [(" cfg chunk8192", {"chunk": 8192}),
+                         (" cfg chunk2048", {"chunk": 2048}),
+                         (" cfg search16", {"search_bits": 16}),
+                         (" cfg groups2048", {"min_groups": 2048})]
         for tag, cfg in variants:
             out.append(Case(
                 name=f"top_k k={k} {m}x{n} fp32{tag}",

@@ -29,22 +29,37 @@ value and, between equal values, the lower column. Two regimes:
 
 * narrow rows (N <= ~1024, k <= 16: MoE routers): one kernel, several rows per
   program; k rounds of "row max of the keys, lowest column holding it, knock it out".
-* wide rows (vocabularies, and everything else): the row is cut into chunks
-  spread over many programs (64 rows x 16 chunks for 64x131072). A chunk keeps
-  only what can be in its own top k: the k-th largest of its strided group
-  maxima is a lower bound of its k-th largest element (k distinct elements
-  reach it), found by a 32-step bitwise search over the few group maxima.
-  What passes (about k for real data) is compacted with a prefix sum into CAP
-  slots. If more than CAP pass (adversarial data, floods of ties), the exact
-  k-th largest of the whole chunk is searched instead and ties at it are taken
-  lowest column first, so the result never depends on the data being kind. A second
-  kernel, one program per row, runs a bitonic top-k network over the
-  candidates of its row and gathers the values.
+* wide rows (vocabularies, and everything else): a threshold, then one compaction.
+  Four kernels, no host synchronization (64x131072: 64 rows x 32 programs for the two
+  passes over the data):
 
-Kernels call no other @triton.jit function (Triton's interpreter, which runs
-them on the CPU, cannot), so reductions and scans go through ``tl.reduce`` and
-``tl.associative_scan`` with Triton's own combine functions, and the bitonic
-network is written out inline.
+  1. group maxima: the row is cut into ``groups`` strided groups (column % groups, so
+     the k largest of a sorted or clustered row still fall in k different groups); each
+     program reads a band of contiguous columns of every slab and writes their maxima.
+  2. threshold, one program a row: t = the largest key with at least k group maxima
+     >= t, a bitwise search DIGIT bits a round (a 2^(DIGIT+1)-bin histogram per round).
+     k distinct elements reach t, so the row's top k are all >= t; with ~8 groups per
+     top-k slot about k + k^2/(2*groups) elements do (1087 for k=1024 of randn rows).
+  3. compaction (second read of the row, mostly from L2): every element >= t goes, as a
+     packed word, to the row's m = max(2*kpad, min_cap) slots (atomic slot counter);
+     counts of >= t and > t are kept.
+  4. final, one program a row: a bitonic top-k network over the m words, then the
+     values are gathered. If more than m were >= t (floods of ties, or a threshold left
+     loose by adversarial data) the program finds a superset itself, exactly, scanning
+     the row: the k-th largest key T is t when fewer than k are above t (ties at the
+     threshold: one scan), else a bitwise search over the row; then everything above T
+     (fewer than k) and the first ties at T in column order (at most kpad), which fits
+     the m slots whatever the data.
+
+  Rows up to ``direct_max_n`` skip 1-3 (the final kernel sorts the whole row), and k
+  past ``max_k`` (whose network would not fit) is a library call: torch.topk on the
+  packed words, which are distinct, so its answer is the exact one.
+
+Kernels call only small @triton.jit helpers (order_key and the search round), which the
+runner interprets too; reductions and scans go through ``tl.reduce`` and
+``tl.associative_scan`` with Triton's own combine functions (Triton's interpreter, which
+runs the kernels on the CPU, recognizes exactly those), and the bitonic network is
+written out inline.
 """
 from __future__ import annotations
 
@@ -74,33 +89,38 @@ def order_key(x, IS_FLOAT: tl.constexpr):
     return key
 
 
-# chunk: elements of a wide row one program filters, at least chunk_per_kpad * kpad (large k).
-# group_size: elements per strided group in the lower bound (fewer groups = cheaper
-#   search, more candidates); groups are kept >= 4*kpad so the bound stays tight.
-# chunk_elems_per_thread: sets the chunk kernel's warps (registers: ~160 a thread at 16).
-# merge_warps: warps of the merge kernel (at most; fewer for few candidates).
-# merge_max: most candidate words one merge program sorts; more go through a merge tree.
-# digit_bits / search_bits: bits of the threshold settled per round of the search over the
-#   group maxima, and how many of the key's top bits are searched at all.
+# Wide rows (see wide_plan):
+# chunk: elements one program of the group-max and compaction passes reads (64 rows x 32 chunks of
+#   4096 for 64x131072: 2048 programs, ~15 an SM on 132 SMs); chunk_elems_per_thread sets their warps.
+# groups_per_kpad / min_groups / max_groups: group maxima per row (the threshold is the k-th largest
+#   of them; more groups, fewer candidates past k: about k*k / (2*groups)); min_segment: contiguous
+#   columns a group-max program reads per slab (coalescing).
+# digit_bits / search_bits: bits a round of the threshold search settles (a 2^(digit+1)-bin
+#   histogram), and how many of the key's top bits are searched (search_bits // digit_bits rounds;
+#   fewer bits: cheaper, looser). The final kernel's exact search always takes 4 bits a round.
+# select_tile / select_warps: group maxima the threshold program holds at once (all of them, up to
+#   this many: one load for every round), its warps.
+# min_cap: fewest candidate slots a row gets (the final sort takes max(2*kpad, min_cap) words).
+# final_warps / final_min_warps / final_words_per_warp: the final kernel's warps (one program a row,
+#   a warp per final_words_per_warp words within these bounds); fallback_elems_per_thread: elements
+#   a thread reads per step when a row's candidates overflow (the exact scan).
+# direct_max_n: rows up to this long go straight to the final kernel (it sorts the whole row).
+# max_k: largest k on the Triton path (the final sort holds 2*kpad words); above: torch.topk on
+#   the packed words.
 # narrow_max_n / narrow_max_k: rows up to this length and k up to this take the one-kernel path.
 # narrow_tile / narrow_warps: elements per program there (several short rows share a
 #   program) and its warps; one warp keeps every row reduction a warp reduction (no barriers).
+_WIDE = {
+    "chunk": 4096, "chunk_elems_per_thread": 16, "groups_per_kpad": 8, "min_groups": 1024,
+    "max_groups": 16384, "min_segment": 32, "digit_bits": 4, "search_bits": 32, "select_tile": 8192,
+    "select_warps": 8, "min_cap": 128, "final_warps": 8, "final_min_warps": 2, "final_words_per_warp": 256,
+    "fallback_elems_per_thread": 8, "direct_max_n": 2048, "max_k": 2048,
+}
+_NARROW = {"narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1}
 CONFIGS = {
-    "sm_90": {  # 132 SMs: 64 rows x 32 chunks = 2048 programs of 8 warps, ~3 resident per SM
-        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "search_bits": 16, "warp_size": 32,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
-    },
-    "gfx950": {  # wave64: 4 waves = 256 lanes over a 4096 chunk, 16 elements a lane
-        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "search_bits": 16, "warp_size": 64,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
-    },
-    "default": {
-        "chunk": 4096, "chunk_per_kpad": 8, "group_size": 16, "chunk_elems_per_thread": 16,
-        "merge_warps": 8, "merge_max": 4096, "digit_bits": 4, "search_bits": 16, "warp_size": 32,
-        "narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1,
-    },
+    "sm_90": {**_WIDE, **_NARROW, "warp_size": 32},  # 132 SMs: 8 warps x 16 elements a thread
+    "gfx950": {**_WIDE, **_NARROW, "warp_size": 64},  # wave64: 4 waves = 256 lanes over a 4096 chunk
+    "default": {**_WIDE, **_NARROW, "warp_size": 32},
 }
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32,
@@ -162,85 +182,184 @@ def _rows_topk_kernel(
 
 
 @triton.jit
-def _chunk_candidates_kernel(
-    x_ptr, ws_ptr, N, stride_row, k, ws_stride,
-    CHUNK: tl.constexpr, GROUPS: tl.constexpr, CAP: tl.constexpr, DIGIT: tl.constexpr,
-    SEARCH_BITS: tl.constexpr, IS_FLOAT: tl.constexpr,
-):
-    """Program (row, chunk): write a superset of the chunk's top k (at most CAP packed words) to ws."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    col = chunk * CHUNK + tl.arange(0, CHUNK)
-    valid = col < N
-    x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0, eviction_policy="evict_first")
-    key = order_key(x, IS_FLOAT)  # order-preserving int32 key; all NaNs on top, -0.0 folded onto +0.0
-    # the same order as unsigned numbers, so a bitwise search can build the threshold from the top bit;
-    # padding gets 0, below any threshold the search can produce (those always have a bit set)
-    ukey = tl.where(valid, key.to(tl.uint32, bitcast=True) ^ 0x80000000, 0)
-
-    # Lower bound: maxima of GROUPS strided groups (group = column % GROUPS, so sorted or
-    # clustered rows still spread their largest values over many groups). The k-th largest
-    # maximum t has k distinct elements >= t, so the chunk's top k are all >= t.
-    # The largest t with count(group_max >= t) >= k, DIGIT bits a round from the top: each
-    # round counts against all 2^DIGIT trial digits at once, so it costs one block reduction.
-    # Only the top SEARCH_BITS bits are searched: t only grows while k maxima still reach it,
-    # so a shorter search is still a lower bound, just a little looser (16 bits: within
-    # 1/128 relative for floats, exact for bf16).
-    group_max = tl.reduce(tl.reshape(ukey, [CHUNK // GROUPS, GROUPS]), 0, _MAX)
-    digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)
-    t = tl.full([], 0, tl.uint32)
-    for rnd in range(SEARCH_BITS // DIGIT):
-        shift = 32 - DIGIT * (rnd + 1)
-        trials = t | (digits << shift)
-        # groups on axis 0, trials on axis 1: Triton lays lanes along the last axis, so the
-        # count over the groups stays mostly within each thread's registers
-        counts = tl.reduce((group_max[:, None] >= trials[None, :]).to(tl.int32), 0, _ADD)
-        # counts fall as the trial digit grows: the digit kept is how many trials reach k, less one
-        t = t | ((tl.reduce((counts >= k).to(tl.int32), 0, _ADD) - 1).to(tl.uint32) << shift)
-    # Common case: everything >= t fits the slots (ties at t included: harmless, all of them).
-    take = valid & (ukey >= t)
-    n_taken = tl.reduce(take.to(tl.int32), 0, _ADD)
-    if n_taken > CAP:  # loose bound or a flood of ties: the chunk's exact k-th largest instead
-        t = tl.full([], 0, tl.uint32)
-        bit = tl.full([], 0x80000000, tl.uint32)
-        for _ in range(32):
-            trial = t | bit
-            t = tl.where(tl.reduce((valid & (ukey >= trial)).to(tl.int32), 0, _ADD) >= k, trial, t)
-            bit = bit >> 1
-        # everything above t (fewer than k), then ties at t lowest column first, k in all
-        above = valid & (ukey > t)
-        n_above = tl.reduce(above.to(tl.int32), 0, _ADD)
-        tie = (valid & (ukey == t)).to(tl.int32)
-        tie_rank = tl.associative_scan(tie, 0, _ADD) - tie
-        take = above | ((tie != 0) & (tie_rank < k - n_above))
-        n_taken = tl.reduce(take.to(tl.int32), 0, _ADD)
-    take_i = take.to(tl.int32)
-    slot = tl.associative_scan(take_i, 0, _ADD) - 1  # column order is kept
-    word = (key.to(tl.int64) << 32) | (col.to(tl.int64) ^ 0xFFFFFFFF)
-    out = ws_ptr + row * ws_stride + chunk * CAP
-    tl.store(out + slot, word, mask=take)
-    free = tl.arange(0, CAP)
-    tl.store(out + free, tl.full([CAP], -9223372036854775808, tl.int64), mask=free >= n_taken)
+def _unsigned_key(x, IS_FLOAT: tl.constexpr):
+    """order_key as an unsigned number (top bit flipped): a bitwise search builds it from the top bit."""
+    return order_key(x, IS_FLOAT).to(tl.uint32, bitcast=True) ^ 0x80000000
 
 
 @triton.jit
-def _merge_candidates_kernel(
-    ws_ptr, x_ptr, vals_ptr, idx_ptr, out_ptr, stride_row, k, n_words, ws_stride, out_stride,
-    M: tl.constexpr, LOGM: tl.constexpr, KPAD: tl.constexpr, LOGK: tl.constexpr,
-    FINAL: tl.constexpr,
-):
-    """Program (row, g): bitonic top-KPAD of the row's candidate words [g*M, g*M + M).
+def _digit_histogram(u, ok, t, shift, DIGIT: tl.constexpr):
+    """One round of a bitwise search for the largest t with count(u >= t) >= k, all 2^DIGIT trial
+    digits at once: t holds the bits above ``shift + DIGIT`` settled so far (the rest 0). Bin d < 2^DIGIT
+    counts the u whose higher bits equal t's and whose digit at ``shift`` is d; bin 2^DIGIT counts the
+    u above t's higher bits; everything else (and ~ok) goes to bin 2^DIGIT + 1."""
+    hi_u = (u >> shift) >> DIGIT  # two shifts: shift + DIGIT may be 32
+    hi_t = (t >> shift) >> DIGIT
+    d = ((u >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
+    b = tl.where(hi_u > hi_t, 1 << DIGIT, tl.where(hi_u == hi_t, d, (1 << DIGIT) + 1))
+    return tl.histogram(tl.where(ok, b, (1 << DIGIT) + 1), 2 << DIGIT)
 
-    FINAL: gather the values and write the results (one program a row); otherwise write the
-    KPAD best words to out_ptr[row, g*KPAD:], a level of the merge tree (large k only).
+
+@triton.jit
+def _settle_digit(hist, t, shift, k, DIGIT: tl.constexpr):
+    """t with its digit at ``shift`` set: the largest d with count(u >= t | d << shift) >= k."""
+    b = tl.arange(0, 2 << DIGIT)[None, :]
+    d = tl.arange(0, 1 << DIGIT)[:, None]
+    counts = tl.reduce(tl.where((b >= d) & (b <= (1 << DIGIT)), hist[None, :], 0), 1, _ADD)
+    # counts fall as the trial digit grows (counts[0] >= k holds by induction): the digit is how
+    # many trials reach k, less one
+    digit = tl.reduce((counts >= k).to(tl.int32), 0, _ADD) - 1
+    return t | (digit.to(tl.uint32) << shift)
+
+
+@triton.jit
+def _group_max_kernel(
+    x_ptr, gm_ptr, N, stride_row, n_slabs, gm_stride,
+    GROUPS: tl.constexpr, SEG: tl.constexpr, SLABS: tl.constexpr, IS_FLOAT: tl.constexpr,
+):
+    """Program (row, c): maxima (unsigned keys) of the row's groups c*SEG .. c*SEG + SEG - 1.
+
+    The row is read as slabs of GROUPS columns; group g holds the columns g, g + GROUPS, g + 2*GROUPS,
+    ... (strided over the whole row, so the k largest of a sorted or clustered row still land in
+    k different groups). A program reads SEG contiguous columns of every slab, SLABS slabs a step.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * SEG + tl.arange(0, SEG)
+    acc = tl.zeros([SEG], tl.uint32)  # below every valid key but INT32_MIN's (harmless: see _threshold)
+    for j0 in range(0, n_slabs, SLABS):
+        col = (j0 + tl.arange(0, SLABS))[:, None] * GROUPS + g[None, :]
+        ok = col < N
+        # evict_last: the compaction pass reads the row again, from L2 if it stayed there
+        x = tl.load(x_ptr + row * stride_row + col, mask=ok, other=0, eviction_policy="evict_last")
+        u = tl.where(ok, _unsigned_key(x, IS_FLOAT), 0)
+        acc = tl.maximum(acc, tl.reduce(u, 0, _MAX))
+    tl.store(gm_ptr + row * gm_stride + g, acc.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _threshold_kernel(
+    gm_ptr, state_ptr, k, state_stride,
+    GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+):
+    """Program = row: t = the largest key with k group maxima >= t (searched over the top SEARCH_BITS
+    bits, DIGIT a round; the bits below stay 0, so t is a lower bound of the k-th largest maximum).
+    k distinct elements reach t, so the row's top k are all >= t. state[row] = (t, 0, 0): the counters
+    the compaction adds to start at 0."""
+    row = tl.program_id(0).to(tl.int64)
+    gm = gm_ptr + row * state_stride
+    if TILE == GROUPS:  # every maximum held in registers across the rounds
+        u_all = tl.load(gm + tl.arange(0, GROUPS)).to(tl.uint32, bitcast=True)
+    t = tl.full([], 0, tl.uint32)
+    for rnd in range(SEARCH_BITS // DIGIT):
+        shift = 32 - DIGIT * (rnd + 1)
+        if TILE == GROUPS:
+            hist = _digit_histogram(u_all, u_all == u_all, t, shift, DIGIT)
+        else:
+            hist = tl.zeros([2 << DIGIT], tl.int32)
+            for g0 in range(0, GROUPS, TILE):
+                u = tl.load(gm + g0 + tl.arange(0, TILE)).to(tl.uint32, bitcast=True)
+                hist += _digit_histogram(u, u == u, t, shift, DIGIT)
+        t = _settle_digit(hist, t, shift, k, DIGIT)
+    s = tl.arange(0, 4)
+    tl.store(state_ptr + row * state_stride + s, tl.where(s == 0, t.to(tl.int32, bitcast=True), 0))
+
+
+@triton.jit
+def _compact_kernel(
+    x_ptr, state_ptr, words_ptr, N, stride_row, state_stride,
+    CHUNK: tl.constexpr, CAP: tl.constexpr, IS_FLOAT: tl.constexpr,
+):
+    """Program (row, chunk): append the chunk's elements >= t (packed words) to the row's CAP slots.
+
+    state[row, 1] counts every element >= t (the slot counter; words past CAP are dropped and the
+    final kernel then takes the exact path), state[row, 2] those > t."""
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    valid = col < N
+    x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0, eviction_policy="evict_first")
+    key = order_key(x, IS_FLOAT)
+    u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+    t = tl.load(state_ptr + row * state_stride).to(tl.uint32, bitcast=True)
+    take = valid & (u >= t)
+    n_take = tl.reduce(take.to(tl.int32), 0, _ADD)
+    if n_take > 0:
+        n_above = tl.reduce((valid & (u > t)).to(tl.int32), 0, _ADD)
+        base = tl.atomic_add(state_ptr + row * state_stride + 1, n_take, sem="relaxed")
+        tl.atomic_add(state_ptr + row * state_stride + 2, n_above, sem="relaxed")
+        take_i = take.to(tl.int32)
+        slot = base + tl.associative_scan(take_i, 0, _ADD) - take_i
+        # the packed word key << 32 | ~col as its two 32-bit halves (little-endian): no 64-bit registers
+        half = words_ptr.to(tl.pointer_type(tl.int32)) + 2 * (row * CAP + slot)
+        keep = take & (slot < CAP)
+        tl.store(half, col ^ -1, mask=keep)
+        tl.store(half + 1, key, mask=keep)
+
+
+@triton.jit
+def _final_kernel(
+    x_ptr, state_ptr, words_ptr, vals_ptr, idx_ptr, N, stride_row, k, state_stride,
+    M: tl.constexpr, LOGM: tl.constexpr, KPAD: tl.constexpr, LOGK: tl.constexpr,
+    DIRECT: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, IS_FLOAT: tl.constexpr,
+):
+    """Program = row: bitonic top-KPAD of at most M candidate words, then gather values and indices.
+
+    DIRECT: the candidates are the whole row (N <= M). Otherwise they are the words the compaction
+    wrote, when they all fit (count <= M). When they did not (floods of ties at t, or a loose t),
+    the program finds them itself, exactly, scanning the row: the k-th largest key T (t itself when
+    fewer than k are above t, else a bitwise search over the row), then every element above T
+    (fewer than k: slots 0..) and the first ties at T in column order (slots KPAD..), which is a
+    superset of the top k that fits M >= 2*KPAD.
 
     The words live on a hypercube of shape [2]*LOGM; bit d of a position is the axis
     LOGM-1-d, so the partner at distance 2^d is the sum over that axis minus oneself
     (int64 addition wraps, the difference is exact), and one reduction does a pass.
     """
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * M + tl.arange(0, M)
-    words = tl.load(ws_ptr + row * ws_stride + offs, mask=offs < n_words, other=-9223372036854775808)
+    j = tl.arange(0, M)
+    if DIRECT:
+        x = tl.load(x_ptr + row * stride_row + j, mask=j < N, other=0)
+        words = (order_key(x, IS_FLOAT).to(tl.int64) << 32) | (j.to(tl.int64) ^ 0xFFFFFFFF)
+        words = tl.where(j < N, words, -9223372036854775808)
+    else:
+        out = words_ptr + row * M
+        n_cand = tl.load(state_ptr + row * state_stride + 1)
+        if n_cand > M:
+            t = tl.load(state_ptr + row * state_stride).to(tl.uint32, bitcast=True)
+            if tl.load(state_ptr + row * state_stride + 2) >= k:  # t is below the k-th largest: search it
+                t = tl.full([], 0, tl.uint32)
+                for rnd in range(32 // DIGIT):
+                    shift = 32 - DIGIT * (rnd + 1)
+                    hist = tl.zeros([2 << DIGIT], tl.int32)
+                    for c0 in range(0, N, TILE):
+                        col = c0 + tl.arange(0, TILE)
+                        x = tl.load(x_ptr + row * stride_row + col, mask=col < N, other=0)
+                        hist += _digit_histogram(_unsigned_key(x, IS_FLOAT), col < N, t, shift, DIGIT)
+                    t = _settle_digit(hist, t, shift, k, DIGIT)
+            # t is now the k-th largest key: fewer than k above it, then ties in column order
+            half = words_ptr.to(tl.pointer_type(tl.int32)) + 2 * row * M
+            n_above = tl.full([], 0, tl.int32)
+            n_tie = tl.full([], 0, tl.int32)
+            for c0 in range(0, N, TILE):
+                col = c0 + tl.arange(0, TILE)
+                valid = col < N
+                x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0)
+                key = order_key(x, IS_FLOAT)
+                u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+                above = (valid & (u > t)).to(tl.int32)
+                tie = (valid & (u == t)).to(tl.int32)
+                # slots: above t from 0, ties from KPAD; each word stored as its two 32-bit halves
+                slot = tl.where(above != 0, n_above + tl.associative_scan(above, 0, _ADD) - above,
+                                KPAD + n_tie + tl.associative_scan(tie, 0, _ADD) - tie)
+                keep = (above != 0) | ((tie != 0) & (slot < M))
+                tl.store(half + 2 * slot, col ^ -1, mask=keep)
+                tl.store(half + 2 * slot + 1, key, mask=keep)
+                n_above += tl.reduce(above, 0, _ADD)
+                n_tie += tl.reduce(tie, 0, _ADD)
+            tl.debug_barrier()  # the slots were written by other threads of this program
+            ok = (j < n_above) | ((j >= KPAD) & (j - KPAD < n_tie))
+        else:
+            ok = j < n_cand
+        words = tl.load(out + j, mask=ok, other=-9223372036854775808)
     if LOGK == 0:
         top = tl.reduce(words, 0, _MAX, keep_dims=True)
     else:
@@ -270,15 +389,12 @@ def _merge_candidates_kernel(
                 partner = tl.reduce(h, LOGM - r - 1 - LOGK + i, _ADD, keep_dims=True) - h  # wraps, exactly
                 h = tl.where((hi ^ desc) != 0, tl.maximum(h, partner), tl.minimum(h, partner))
         top = tl.reshape(h, [KPAD])
-    j = tl.arange(0, KPAD)
-    if FINAL:
-        ok = j < k
-        idx = ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(tl.int32)
-        v = tl.load(x_ptr + row * stride_row + idx, mask=ok, other=0)
-        tl.store(vals_ptr + row * k + j, v, mask=ok)
-        tl.store(idx_ptr + row * k + j, idx, mask=ok)
-    else:
-        tl.store(out_ptr + row * out_stride + tl.program_id(1) * KPAD + j, top)
+    jk = tl.arange(0, KPAD)
+    ok = jk < k
+    idx = ((top & 0xFFFFFFFF) ^ 0xFFFFFFFF).to(tl.int32)
+    v = tl.load(x_ptr + row * stride_row + idx, mask=ok, other=0)
+    tl.store(vals_ptr + row * k + jk, v, mask=ok)
+    tl.store(idx_ptr + row * k + jk, idx, mask=ok)
 
 
 # ----------------------------------------------------------------------------- launch
@@ -324,58 +440,113 @@ def _launch_rows(x2, vals, idx, k, cfg, softmax: bool, renorm: bool) -> None:
 
 
 def wide_plan(N: int, k: int, cfg: dict) -> dict:
-    """Chunk, group and candidate-slot sizes of the wide-row path (all powers of two)."""
+    """Sizes of the wide-row path (all powers of two but the counts).
+
+    m: candidate words the final kernel sorts (at least 2*kpad: the exact path's two halves).
+    direct: rows this short skip the threshold passes (the final kernel reads the row itself).
+    groups: group maxima per row (k of them set the threshold; about 8 per top-k slot keep the
+      candidates near k); the group-max pass has ``programs`` programs a row, each reading ``seg``
+      contiguous columns of every slab of ``groups`` columns, ``slabs`` slabs a step.
+    """
     kpad = next_pow2(k)
-    chunk = min(next_pow2(N), max(cfg["chunk"], cfg["chunk_per_kpad"] * kpad))
-    # the bound lets through about k plus a few (k^2 / 2 groups collisions): 15% + 4 of slack
-    cap = min(next_pow2(k + k // 7 + 4), chunk)
-    group_size = max(1, min(cfg["group_size"], chunk // (4 * kpad)))
-    groups = chunk // group_size
-    n_chunks = triton.cdiv(N, chunk)
-    m_valid = n_chunks * cap
-    m = max(2, next_pow2(m_valid))
-    threads = min(512, max(cfg["warp_size"], chunk // cfg["chunk_elems_per_thread"]))
-    # digit search: 2^digit trial thresholds against every group maximum; keep that tile small
-    digit = cfg["digit_bits"] if groups << cfg["digit_bits"] <= 32 * threads else 1
-    search_bits = max(digit, cfg["search_bits"] // digit * digit)
-    return {"kpad": kpad, "chunk": chunk, "cap": cap, "groups": groups, "digit": digit,
-            "search_bits": search_bits,
-            "n_chunks": n_chunks, "m_valid": m_valid, "m": m,
-            "chunk_warps": threads // cfg["warp_size"],
-            "merge_max": max(cfg["merge_max"], 4 * kpad)}
-
-
-def _merge_warps(m: int, cfg: dict) -> int:
-    return max(1, min(16, cfg["merge_warps"], m // 64))
+    m = max(2 * kpad, cfg["min_cap"])
+    warp = cfg["warp_size"]
+    final_warps = max(cfg["final_min_warps"], min(cfg["final_warps"], m // cfg["final_words_per_warp"]))
+    # the final kernel's exact search settles all 32 bits, 4 a round (a 32-bin histogram of a tile)
+    plan = {"kpad": kpad, "m": m, "final_warps": final_warps, "exact_digit": 4,
+            "fallback_tile": final_warps * warp * cfg["fallback_elems_per_thread"]}
+    if next_pow2(N) <= max(m, cfg["direct_max_n"]):
+        m = max(2, next_pow2(N))
+        final_warps = max(1, min(cfg["final_warps"], m // cfg["final_words_per_warp"]))
+        return {**plan, "direct": True, "m": m, "final_warps": final_warps}
+    chunk = min(cfg["chunk"], next_pow2(N))
+    want = next_pow2(triton.cdiv(N, chunk))  # programs a row
+    groups = max(cfg["groups_per_kpad"] * kpad, cfg["min_groups"], want * cfg["min_segment"])
+    groups = min(groups, max(cfg["max_groups"], cfg["groups_per_kpad"] * kpad), next_pow2(N))
+    programs = max(1, min(want, groups // cfg["min_segment"]))
+    seg = groups // programs
+    n_slabs = triton.cdiv(N, groups)
+    slabs = max(1, min(next_pow2(n_slabs), chunk // seg))
+    threads = lambda elems: min(512, max(warp, elems // cfg["chunk_elems_per_thread"]))  # noqa: E731
+    return {**plan, "direct": False, "chunk": chunk, "n_chunks": triton.cdiv(N, chunk),
+            "chunk_warps": threads(chunk) // warp,
+            "groups": groups, "programs": programs, "seg": seg, "n_slabs": n_slabs, "slabs": slabs,
+            "group_warps": threads(seg * slabs) // warp,
+            "select_tile": min(groups, cfg["select_tile"]), "select_warps": cfg["select_warps"],
+            "digit": cfg["digit_bits"], "search_bits": min(32, max(cfg["digit_bits"], cfg["search_bits"]))}
 
 
 def _launch_wide(x2, vals, idx, k, cfg) -> None:
     rows, N = x2.shape
     plan = wide_plan(N, k, cfg)
-    ws = torch.empty((rows, plan["m_valid"]), dtype=torch.int64, device=x2.device)
-    runner(_chunk_candidates_kernel, x2.device)[(rows, plan["n_chunks"])](
-        x2, ws, N, x2.stride(0), k, plan["m_valid"],
-        CHUNK=plan["chunk"], GROUPS=plan["groups"], CAP=plan["cap"], DIGIT=plan["digit"],
-        SEARCH_BITS=plan["search_bits"], IS_FLOAT=x2.dtype.is_floating_point, num_warps=plan["chunk_warps"],
+    m, kpad = plan["m"], plan["kpad"]
+    final = runner(_final_kernel, x2.device)
+    sizes = dict(M=m, LOGM=m.bit_length() - 1, KPAD=kpad, LOGK=kpad.bit_length() - 1,
+                 TILE=plan["fallback_tile"], DIGIT=plan["exact_digit"], IS_FLOAT=x2.dtype.is_floating_point,
+                 num_warps=plan["final_warps"])
+    if plan["direct"]:
+        final[(rows,)](x2, idx, idx, vals, idx, N, x2.stride(0), k, 0, DIRECT=True, **sizes)
+        return
+    state, words = _threshold_passes(x2, k, plan)
+    final[(rows,)](x2, state, words, vals, idx, N, x2.stride(0), k, state.stride(0), DIRECT=False, **sizes)
+
+
+def _threshold_passes(x2, k, plan):
+    """Group maxima, threshold, compaction: (state [rows, 4 + groups] int32: t, candidates, above t,
+    -, the group maxima; words [rows, m] int64: the candidates, when they fit)."""
+    rows, N = x2.shape
+    is_float = x2.dtype.is_floating_point
+    groups, m = plan["groups"], plan["m"]
+    state = torch.empty((rows, 4 + groups), dtype=torch.int32, device=x2.device)
+    words = torch.empty((rows, m), dtype=torch.int64, device=x2.device)
+    gm = state[:, 4:]
+    runner(_group_max_kernel, x2.device)[(rows, plan["programs"])](
+        x2, gm, N, x2.stride(0), plan["n_slabs"], state.stride(0),
+        GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float,
+        num_warps=plan["group_warps"],
     )
-    kpad, n_words, segment = plan["kpad"], plan["m_valid"], plan["cap"]
-    merge = runner(_merge_candidates_kernel, x2.device)
-    while n_words > plan["merge_max"]:  # a tree level: groups of segments down to KPAD words each
-        m = plan["merge_max"] // segment * segment
-        groups = triton.cdiv(n_words, m)
-        out = torch.empty((rows, groups * kpad), dtype=torch.int64, device=x2.device)
-        merge[(rows, groups)](
-            ws, x2, vals, idx, out, x2.stride(0), k, n_words, ws.stride(0), out.stride(0),
-            M=m, LOGM=m.bit_length() - 1, KPAD=kpad, LOGK=kpad.bit_length() - 1, FINAL=False,
-            num_warps=_merge_warps(m, cfg),
-        )
-        ws, n_words, segment = out, groups * kpad, kpad
-    m = max(2, next_pow2(n_words))
-    merge[(rows, 1)](
-        ws, x2, vals, idx, ws, x2.stride(0), k, n_words, ws.stride(0), 0,
-        M=m, LOGM=m.bit_length() - 1, KPAD=kpad, LOGK=kpad.bit_length() - 1, FINAL=True,
-        num_warps=_merge_warps(m, cfg),
+    runner(_threshold_kernel, x2.device)[(rows,)](
+        gm, state, k, state.stride(0),
+        GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
+        num_warps=plan["select_warps"],
     )
+    runner(_compact_kernel, x2.device)[(rows, plan["n_chunks"])](
+        x2, state, words, N, x2.stride(0), state.stride(0),
+        CHUNK=plan["chunk"], CAP=m, IS_FLOAT=is_float, num_warps=plan["chunk_warps"],
+    )
+    return state, words
+
+
+def wide_threshold_state(x: torch.Tensor, k: int, *, config: dict | None = None) -> dict:
+    """What the wide path's first three kernels leave for each row (tests use it to see which branch
+    of the final kernel a row takes): the threshold t (its unsigned key), how many elements are >= t
+    (the candidates; more than ``m`` overflow: the exact scan) and how many > t (fewer than k: the
+    k-th largest is t itself, no search)."""
+    x2, N = _rows_of(x, k)
+    plan = wide_plan(N, k, _config(x.device, config))
+    assert not plan["direct"], "rows this short skip the threshold passes"
+    state, _ = _threshold_passes(x2, k, plan)
+    state = state[:, :3].cpu().to(torch.int64)
+    return {"t": state[:, 0] & 0xFFFFFFFF, "candidates": state[:, 1], "above": state[:, 2], "m": plan["m"]}
+
+
+def _launch_packed_words(x2, vals, idx, k) -> None:
+    """k past the final kernel's sort (max_k): torch.topk over the packed words (library call; the
+    words are distinct, so its answer is the exact one)."""
+    N = x2.shape[1]
+    if x2.dtype.is_floating_point:
+        bits = x2.to(torch.float32).view(torch.int32)
+        key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        key = torch.where(key == -1, 0, key)  # -0.0 onto +0.0
+        key = torch.where(x2.isnan(), 0x7FFFFFFF, key)
+    else:
+        key = x2.to(torch.int32)
+    col = torch.arange(N, device=x2.device, dtype=torch.int64)
+    words = (key.to(torch.int64) << 32) | (0xFFFFFFFF - col)
+    top = torch.topk(words, k, dim=-1).values
+    index = 0xFFFFFFFF - (top & 0xFFFFFFFF)
+    vals.view(-1, k).copy_(torch.gather(x2, 1, index))
+    idx.view(-1, k).copy_(index.to(torch.int32))
 
 
 def top_k(x: torch.Tensor, k: int, *, config: dict | None = None):
@@ -390,8 +561,10 @@ def top_k(x: torch.Tensor, k: int, *, config: dict | None = None):
     cfg = _config(x.device, config)
     if N <= cfg["narrow_max_n"] and k <= cfg["narrow_max_k"] and x.dtype != torch.int32:
         _launch_rows(x2, vals, idx, k, cfg, softmax=False, renorm=False)
-    else:
+    elif k <= cfg["max_k"]:
         _launch_wide(x2, vals, idx, k, cfg)
+    else:
+        _launch_packed_words(x2, vals, idx, k)
     return vals, idx
 
 
@@ -461,25 +634,50 @@ def compile_specs() -> list:
             num_warps=cfg["narrow_warps"],
         ))
         for k in (50, 1024):
-            plan = wide_plan(131072, k, cfg)
-            specs.append(KernelSpec(
-                f"top_k_chunk_bf16_k{k}_{arch}", _chunk_candidates_kernel,
-                {"x_ptr": "*bf16", "ws_ptr": "*i64", "N": "i32", "stride_row": "i32", "k": "i32",
-                 "ws_stride": "i32", "CHUNK": "constexpr", "GROUPS": "constexpr", "CAP": "constexpr",
-                 "DIGIT": "constexpr", "SEARCH_BITS": "constexpr", "IS_FLOAT": "constexpr"},
-                {"CHUNK": plan["chunk"], "GROUPS": plan["groups"], "CAP": plan["cap"],
-                 "DIGIT": plan["digit"], "SEARCH_BITS": plan["search_bits"], "IS_FLOAT": True},
-                num_warps=plan["chunk_warps"],
-            ))
-            m = min(plan["m"], plan["merge_max"])  # the final merge (k=50), or a tree level (k=1024)
-            specs.append(KernelSpec(
-                f"top_k_merge_fp32_k{k}_m{m}_{arch}", _merge_candidates_kernel,
-                {"ws_ptr": "*i64", "x_ptr": "*fp32", "vals_ptr": "*fp32", "idx_ptr": "*i32",
-                 "out_ptr": "*i64", "stride_row": "i32", "k": "i32", "n_words": "i32", "ws_stride": "i32",
-                 "out_stride": "i32", "M": "constexpr", "LOGM": "constexpr", "KPAD": "constexpr",
-                 "LOGK": "constexpr", "FINAL": "constexpr"},
-                {"M": m, "LOGM": m.bit_length() - 1, "KPAD": plan["kpad"],
-                 "LOGK": plan["kpad"].bit_length() - 1, "FINAL": plan["m"] <= plan["merge_max"]},
-                num_warps=_merge_warps(m, cfg),
-            ))
+            specs += wide_specs(131072, k, arch, "fp32")
+        specs += [s for s in wide_specs(131072, 50, arch, "bf16") if "_final_" not in s.name]
     return specs
+
+
+def wide_specs(N: int, k: int, arch: str, dtype: str = "fp32") -> list:
+    """The four kernels of the wide path for rows of N and this k, as ``arch``'s plan launches them."""
+    cfg = CONFIGS[arch]
+    plan = wide_plan(N, k, cfg)
+    assert not plan["direct"]
+    m, kpad = plan["m"], plan["kpad"]
+    tag = f"{dtype}_n{N}_k{k}_{arch}"
+    return [
+        KernelSpec(
+            f"top_k_group_max_{tag}", _group_max_kernel,
+            {"x_ptr": f"*{dtype}", "gm_ptr": "*i32", "N": "i32", "stride_row": "i32", "n_slabs": "i32",
+             "gm_stride": "i32", "GROUPS": "constexpr", "SEG": "constexpr", "SLABS": "constexpr",
+             "IS_FLOAT": "constexpr"},
+            {"GROUPS": plan["groups"], "SEG": plan["seg"], "SLABS": plan["slabs"], "IS_FLOAT": True},
+            num_warps=plan["group_warps"], divisible=("N", "stride_row"),
+        ),
+        KernelSpec(
+            f"top_k_threshold_{tag}", _threshold_kernel,
+            {"gm_ptr": "*i32", "state_ptr": "*i32", "k": "i32", "state_stride": "i32",
+             "GROUPS": "constexpr", "TILE": "constexpr", "DIGIT": "constexpr", "SEARCH_BITS": "constexpr"},
+            {"GROUPS": plan["groups"], "TILE": plan["select_tile"], "DIGIT": plan["digit"],
+             "SEARCH_BITS": plan["search_bits"]},
+            num_warps=plan["select_warps"], divisible=("state_stride",),
+        ),
+        KernelSpec(
+            f"top_k_compact_{tag}", _compact_kernel,
+            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "N": "i32", "stride_row": "i32",
+             "state_stride": "i32", "CHUNK": "constexpr", "CAP": "constexpr", "IS_FLOAT": "constexpr"},
+            {"CHUNK": plan["chunk"], "CAP": m, "IS_FLOAT": True},
+            num_warps=plan["chunk_warps"], divisible=("N", "stride_row", "state_stride"),
+        ),
+        KernelSpec(
+            f"top_k_final_{tag}", _final_kernel,
+            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "vals_ptr": f"*{dtype}",
+             "idx_ptr": "*i32", "N": "i32", "stride_row": "i32", "k": "i32", "state_stride": "i32",
+             "M": "constexpr", "LOGM": "constexpr", "KPAD": "constexpr", "LOGK": "constexpr",
+             "DIRECT": "constexpr", "TILE": "constexpr", "DIGIT": "constexpr", "IS_FLOAT": "constexpr"},
+            {"M": m, "LOGM": m.bit_length() - 1, "KPAD": kpad, "LOGK": kpad.bit_length() - 1,
+             "DIRECT": False, "TILE": plan["fallback_tile"], "DIGIT": plan["exact_digit"], "IS_FLOAT": True},
+            num_warps=plan["final_warps"], divisible=("N", "stride_row", "state_stride"),
+        ),
+    ]

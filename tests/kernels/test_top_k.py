@@ -1,8 +1,9 @@
 """top_k / softmax_top_k: interpreter tests against the float64 reference, GPU tests, cross-compiles.
 
 The wide-row path is exercised on tiny rows by shrinking its chunk, group and
-merge sizes through ``config=``, so chunking, the merge tree and the exact
-fallback all run in the interpreter in a few seconds.
+candidate sizes through ``config=``, so several programs a row, the candidate
+overflow and both branches of the exact scan run in the interpreter in seconds;
+``wide_threshold_state`` says which branch a row took.
 """
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from flyarray.kernels.top_k import (
-    compile_specs, reference_softmax_top_k, reference_top_k, softmax_top_k, top_k, wide_plan, CONFIGS,
+    compile_specs, reference_softmax_top_k, reference_top_k, softmax_top_k, top_k, wide_plan,
+    wide_threshold_state, CONFIGS,
 )
 
-# tiny chunks: a 100-long row becomes several chunks; merge_max small enough to build a tree
-WIDE_SMALL = {"narrow_max_n": 0, "chunk": 32, "chunk_per_kpad": 2, "group_size": 2, "merge_max": 64}
+# tiny sizes: a 100-long row is several chunks and group-max programs, and 8 candidate slots
+# overflow at the first flood of ties
+WIDE_SMALL = {"narrow_max_n": 0, "direct_max_n": 0, "chunk": 64, "min_groups": 16, "groups_per_kpad": 4,
+              "min_segment": 4, "min_cap": 8, "select_tile": 16, "fallback_elems_per_thread": 1}
+DIRECT = {"narrow_max_n": 0}  # the final kernel alone (rows up to direct_max_n)
 NARROW = {}
-PATHS = {"narrow": NARROW, "wide": WIDE_SMALL}
+PATHS = {"narrow": NARROW, "wide": WIDE_SMALL, "direct": DIRECT}
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -51,7 +56,7 @@ def test_top_k_shapes(path, dtype, shape, k):
 def test_ties_lower_index_wins(path):
     # few distinct values: long runs of ties, across chunk boundaries on the wide path
     x = torch.randint(-2, 3, (4, 100)).float()
-    for k in (1, 9, 40, 100 if path == "wide" else 16):
+    for k in (1, 9, 40, 100 if path != "narrow" else 16):
         values, indices = top_k(x, k, config=PATHS[path])
         assert_same(x, k, (values, indices), path)
     x = torch.zeros(2, 70)
@@ -90,25 +95,113 @@ def test_integers(dtype):
         assert_same(x, 8, top_k(x, 8, config=cfg), path)
 
 
-def test_wide_path_pieces():
-    x = torch.randn(2, 300)
-    # several chunks, one merge (the default shape of the wide path, scaled down)
-    assert_same(x, 20, top_k(x, 20, config={**WIDE_SMALL, "merge_max": 4096}))
-    # a two-level merge tree
-    assert wide_plan(300, 3, {**CONFIGS["default"], **WIDE_SMALL})["m_valid"] > 8
-    assert_same(x, 3, top_k(x, 3, config={**WIDE_SMALL, "merge_max": 8}))
-    # the exact fallback: strided group 0 holds every big value, so the group-max bound lets
-    # through more than CAP and the chunk's exact k-th largest is searched instead
-    f = -torch.rand(2, 128)
-    f[:, ::8] = 100 + torch.arange(16.0)
-    cfg = {"narrow_max_n": 0, "chunk": 128, "chunk_per_kpad": 2, "group_size": 16}
-    plan = wide_plan(128, 2, {**CONFIGS["default"], **cfg})
-    assert plan["groups"] == 8 and plan["cap"] < 16  # group 0 alone beats the cap
-    assert_same(f, 2, top_k(f, 2, config=cfg))
-    # sorted rows (the strided groups keep the bound tight)
-    s = torch.arange(200.0).repeat(2, 1)
-    assert_same(s, 10, top_k(s, 10, config=WIDE_SMALL))
-    assert_same(-s, 10, top_k(-s, 10, config=WIDE_SMALL))
+def wide_branch(x, k, config=WIDE_SMALL):
+    """Which branch of the final kernel each row takes: 'fits' (the compacted candidates), 'ties'
+    (they overflow; fewer than k above the threshold, so it is the k-th largest) or 'search'."""
+    state = wide_threshold_state(x, k, config=config)
+    return ["fits" if c <= state["m"] else "ties" if a < k else "search"
+            for c, a in zip(state["candidates"].tolist(), state["above"].tolist())]
+
+
+def test_wide_plan_sizes():
+    cfg = CONFIGS["sm_90"]
+    p50, p1024 = wide_plan(131072, 50, cfg), wide_plan(131072, 1024, cfg)
+    # 64 rows x 32 programs of 4096 elements, 8 warps, for the two data passes
+    assert (p50["programs"], p50["n_chunks"], p50["chunk_warps"], p50["group_warps"]) == (32, 32, 8, 8)
+    assert p50["groups"] == 1024 and p50["seg"] * p50["n_slabs"] == 4096 and p50["m"] == 128
+    assert p1024["groups"] == 8192 and p1024["seg"] * p1024["n_slabs"] == 4096 and p1024["m"] == 2048
+    assert wide_plan(131072, 50, CONFIGS["gfx950"])["chunk_warps"] == 4  # wave64: 256 lanes
+    assert wide_plan(1000, 20, cfg)["direct"] and not wide_plan(5000, 20, cfg)["direct"]
+    for n, k in [(2049, 1), (5000, 2048), (10 ** 6, 7), (3 * 10 ** 6, 1000)]:  # odd sizes stay consistent
+        p = wide_plan(n, k, cfg)
+        assert p["groups"] >= 4 * k and p["groups"] == p["programs"] * p["seg"]
+        assert p["seg"] >= cfg["min_segment"] and p["seg"] * p["slabs"] <= p["chunk"]
+        assert p["m"] >= 2 * p["kpad"] and p["n_chunks"] * p["chunk"] >= n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_fits_random_and_sorted(dtype):
+    # random rows: about k candidates, no overflow; several rows, k not a power of two
+    x = torch.randn(3, 300).to(dtype)
+    for k in (1, 3, 6):
+        assert wide_branch(x, k) == ["fits"] * 3
+        assert_same(x, k, top_k(x, k, config=WIDE_SMALL))
+    # sorted and reversed rows: the groups stride over the whole row, so the k largest (side by
+    # side) are k group maxima and the threshold is exact
+    s = torch.stack([torch.arange(300.0), -torch.arange(300.0), torch.arange(300.0).flip(0)]).to(dtype)
+    assert wide_branch(s, 4) == ["fits"] * 3
+    assert_same(s, 4, top_k(s, 4, config=WIDE_SMALL))
+    # the default sizes on a full-length row (the interpreter runs it in about a second)
+    x = torch.randn(1, 131072).to(dtype)
+    assert_same(x, 50, top_k(x, 50))
+
+
+def test_wide_tie_floods():
+    """Overflowing candidates where the threshold is the k-th largest: all equal, few distinct
+    values, NaN rows, signed zeros, -inf masks; ties go to the lowest columns across chunks."""
+    x = torch.zeros(6, 300)
+    x[1] = torch.randint(0, 3, (300,)).float()
+    x[2] = float("nan")
+    x[2, 100:] = -float("nan")  # sign bit set: still a NaN, still on top
+    x[3, ::2] = -0.0  # -0.0 == +0.0: index order; the element comes back with its sign
+    x[4] = -float("inf")
+    x[4, [7, 250]] = 1.0  # a masked row: two real values, k past them takes -inf ties
+    x[5] = 1.0
+    x[5, [3, 140, 299]] = torch.tensor([5.0, 4.0, 3.0])  # a few above, then a flood at the k-th value
+    assert wide_branch(x, 5) == ["ties"] * 6
+    for k in (1, 5, 64):
+        assert_same(x, k, top_k(x, k, config=WIDE_SMALL))
+    assert top_k(x, 5, config=WIDE_SMALL)[1][5].tolist() == [3, 140, 299, 0, 1]
+    for dtype in (torch.float16, torch.bfloat16):
+        assert_same(x.to(dtype), 7, top_k(x.to(dtype), 7, config=WIDE_SMALL))
+
+
+def test_wide_search_branch():
+    """Overflow with k or more above the threshold (the big values share one strided group, so the
+    group maxima bound is loose): the final kernel searches the k-th largest over the row."""
+    cfg = {**WIDE_SMALL, "chunk": 128, "groups_per_kpad": 2}  # 16 groups of 19 elements
+    x = -torch.rand(3, 300)
+    groups = wide_plan(300, 4, {**CONFIGS["default"], **cfg})["groups"]
+    x[0, ::groups] = 100 + torch.arange(len(range(0, 300, groups)), dtype=torch.float32)  # distinct
+    x[1, ::groups] = 100.0  # ties at the k-th value, after the search too
+    x[1, 5] = 200.0
+    x[2, 1::groups] = 7.0
+    x[2, 2::groups] = 7.0
+    assert wide_branch(x, 4, cfg) == ["search"] * 3
+    for k in (4, 11):
+        assert_same(x, k, top_k(x, k, config=cfg))
+    assert top_k(x, 4, config=cfg)[1][1].tolist() == [5, 0, groups, 2 * groups]
+    # a threshold of the top 4 bits only: loose on random data, every row searches
+    coarse = {**WIDE_SMALL, "search_bits": 4}
+    y = torch.randn(2, 200)
+    assert wide_branch(y, 20, coarse) == ["search"] * 2
+    assert_same(y, 20, top_k(y, 20, config=coarse))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32])
+def test_wide_integers(dtype):
+    info = torch.iinfo(dtype)
+    x = torch.randint(info.min, info.max, (3, 300), dtype=torch.int64)
+    x[1] = torch.randint(info.min, info.min + 3, (300,))  # a flood at the bottom of the key range
+    x[2] = info.min  # INT32_MIN is key 0, the same as padding
+    x[2, [4, 200]] = info.max
+    x = x.to(dtype)
+    for k in (3, 40):
+        assert_same(x, k, top_k(x, k, config=WIDE_SMALL))
+
+
+def test_wide_sizes_and_large_k():
+    # N not a multiple of anything, k = N, k past max_k (the packed-word torch.topk call)
+    x = torch.randn(2, 257)
+    for k in (1, 2, 100, 257):
+        assert_same(x, k, top_k(x, k, config=WIDE_SMALL))
+    assert_same(x, 9, top_k(x, 9, config={**WIDE_SMALL, "max_k": 8}))
+    z = torch.zeros(2, 50)
+    z[0, ::3] = float("nan")
+    assert_same(z, 30, top_k(z, 30, config={"narrow_max_n": 0, "max_k": 8}))
+    # non-contiguous, several leading dims, on the wide path
+    y = torch.randn(300, 2, 3).permute(1, 2, 0)
+    assert_same(y, 6, top_k(y, 6, config=WIDE_SMALL))
 
 
 def test_non_contiguous_and_errors():
@@ -136,6 +229,38 @@ def test_top_k_hypothesis(rows, n, data, wide, half, distinct):
         x = torch.randint(0, distinct, (rows, n), generator=g).float()
     x = x.half() if half else x
     assert_same(x, k, top_k(x, k, config=WIDE_SMALL if wide else NARROW))
+
+
+WIDE_CONFIGS = {
+    "small": WIDE_SMALL,
+    "coarse": {**WIDE_SMALL, "search_bits": 8, "digit_bits": 2},  # loose thresholds, 2-bit rounds
+    "roomy": {**WIDE_SMALL, "min_cap": 64, "chunk": 64, "min_groups": 64},
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 3), n=st.integers(1, 400), data=st.data(), cfg=st.sampled_from(sorted(WIDE_CONFIGS)),
+       dtype=st.sampled_from(["float32", "float16", "bfloat16", "int8", "int32"]),
+       kind=st.sampled_from(["randn", "few", "flood", "sorted", "specials"]))
+def test_wide_hypothesis(rows, n, data, cfg, dtype, kind):
+    """Fresh random rows of every kind against the reference, on the small wide-path configs."""
+    k = data.draw(st.integers(1, n))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 31)))
+    x = torch.randn(rows, n, generator=g) * 50
+    if kind == "few":
+        x = torch.randint(-2, 3, (rows, n), generator=g).float()
+    elif kind == "flood":  # the k-th value shared by most of the row
+        x = torch.where(torch.rand(rows, n, generator=g) < 0.8, 1.0, x)
+    elif kind == "sorted":
+        x = x.sort(-1, descending=bool(n % 2)).values
+    elif kind == "specials":
+        pick = torch.randint(0, 5, (rows, n), generator=g)
+        x = torch.where(pick == 0, float("nan"), torch.where(pick == 1, float("inf"), x))
+        x = torch.where(pick == 2, -float("inf"), torch.where(pick == 3, -0.0, x))
+    if dtype.startswith("int"):
+        x = x.nan_to_num(0.0, 100.0, -100.0).clamp(-128, 127)
+    x = x.to(getattr(torch, dtype))
+    assert_same(x, k, top_k(x, k, config=WIDE_CONFIGS[cfg]))
 
 
 # ----------------------------------------------------------------------------- softmax_top_k
@@ -197,6 +322,30 @@ def test_top_k_gpu_ties_and_specials():
 
 
 @gpu
+@pytest.mark.parametrize("k", [1, 50, 1024, 2048, 3000])
+def test_top_k_gpu_wide_branches(k):
+    """Every branch of the wide path at full size: fits, tie floods, the exact search, large k."""
+    n = 131072
+    x = torch.randn(8, n, device="cuda")
+    x[0] = 1.0  # all equal
+    x[1, ::2] = -0.0
+    x[1, 1::2] = 0.0
+    x[2] = float("nan")
+    x[3] = -float("inf")
+    x[3, 5000::9000] = torch.arange(15.0, device="cuda")  # a masked row
+    x[4] = x[4].sort().values  # sorted
+    x[5, ::8192] = 100 + torch.arange(16.0, device="cuda")  # the big values share one group
+    x[6] = torch.randint(-3, 3, (n,), device="cuda").float()
+    if k <= 2048:
+        groups = wide_plan(n, k, CONFIGS["sm_90"])["groups"]
+        x[7, ::groups] = 50.0  # loose threshold with ties at the k-th value
+    assert_same(x, k, top_k(x, k))
+    assert_same(x.bfloat16(), k, top_k(x.bfloat16(), k))
+    i = torch.randint(-128, 127, (4, n), device="cuda", dtype=torch.int8)
+    assert_same(i, k, top_k(i, k))
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_softmax_top_k_gpu(dtype, renormalize):
@@ -210,12 +359,11 @@ def test_softmax_top_k_gpu(dtype, renormalize):
 
 # ----------------------------------------------------------------------------- cross-compile
 
-# each spec compiled for the arch its plan is for; the k=1024 specs are slow to compile (report only)
-FAST_SPECS = [(s, "sm_90" if s.name.endswith("sm_90") else "gfx950")
-              for s in compile_specs() if "k1024" not in s.name]
+# each spec compiled for the arch its plan is for (every kernel of the wide path, k=50 and k=1024)
+SPECS = [(s, "sm_90" if s.name.endswith("sm_90") else "gfx950") for s in compile_specs()]
 
 
-@pytest.mark.parametrize("spec,target", FAST_SPECS, ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("spec,target", SPECS, ids=lambda v: getattr(v, "name", v))
 def test_cross_compile(spec, target):
     from flyarray.targets import compile_for
     assert spec.name.endswith(target)
@@ -223,3 +371,4 @@ def test_cross_compile(spec, target):
     assert report.spills == 0, report.summary()
     assert report.matrix_instructions == []  # selection work: no matrix units
     assert report.registers > 0
+    print(f"{spec.name}: {report.registers} registers, {report.spills} spills, {spec.num_warps} warps")
