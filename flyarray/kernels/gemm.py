@@ -241,7 +241,7 @@ def _gemm_kernel(
                     b = b_desc.load([pid_n * BLOCK_N, k0]).T
                 else:
                     b = b_desc.load([k0, pid_n * BLOCK_N])
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=acc.dtype)
         else:
             # Rows/columns past a ragged edge wrap around (modulo) instead of
             # being masked, so loads stay unmasked; the store mask drops the
@@ -264,7 +264,7 @@ def _gemm_kernel(
                     k_left = K - kt * BLOCK_K
                     a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
                     b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=acc.dtype)
                 a_ptrs += BLOCK_K * s_ak
                 b_ptrs += BLOCK_K * s_bk
 
