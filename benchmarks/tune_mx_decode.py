@@ -10,6 +10,8 @@ import json
 import sys
 
 import torch
+import triton
+import triton.language as tl
 import triton.testing
 
 from flyarray.kernels import mx, scaled_matmul as sm
@@ -17,6 +19,36 @@ from flyarray.kernels import mx, scaled_matmul as sm
 M, N, K = 16, 14336, 4096
 ROUNDS = 3
 FORMATS = ("e2m1", "e4m3", "e5m2")
+
+
+@triton.jit
+def _bf16_gemv_t(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Reference point for the plain bf16 decode GEMM: out^T = W x^T with W the MMA's left operand."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + tl.where(rn < N, rn, 0)[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    x_ptrs = x_ptr + rm[None, :] * stride_xm + rk[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        acc = tl.dot(tl.load(w_ptrs + k0), tl.load(x_ptrs + k0, mask=(rm < M)[None, :], other=0.0), acc)
+    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], acc.to(tl.bfloat16), mask=(rm < M)[None, :] & (rn < N)[:, None])
+
+
+def bf16_rows(x, w, ref, runs, rows):
+    for bn, bk, warps, stages in itertools.product((64, 128), (64, 128, 256), (4, 8), (3, 4, 5)):
+        if bn * bk > 128 * 128:
+            continue
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        run = lambda out=out, bn=bn, bk=bk, warps=warps, stages=stages: _bf16_gemv_t[(triton.cdiv(N, bn),)](  # noqa: E731
+            x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk,
+            num_warps=warps, num_stages=stages)
+        run()
+        key = f"bf16 {bn} {bk} {warps} {stages}"
+        rows[key] = dict(name="bf16 gemv_t", config=[bn, bk, warps, stages],
+                         err=((out.float() - ref).norm() / ref.norm()).item(), bytes=w.numel() * 2)
+        runs[key] = run
 
 
 def candidates(w_fmt):
@@ -41,6 +73,11 @@ def main():
     bf16_w = w.to(torch.bfloat16)
     runs = {"torch.matmul bf16": lambda: x @ bf16_w.T}
     rows = {"torch.matmul bf16": dict(name="torch.matmul bf16")}
+    import flyarray as fa
+    fa.set_backend("gpu")
+    runs["fa.matmul bf16 (user path)"] = lambda: torch.from_dlpack(fa.asarray(x) @ fa.asarray(bf16_w).T)
+    rows["fa.matmul bf16 (user path)"] = dict(name="fa.matmul bf16")
+    bf16_rows(x, bf16_w, x.float() @ bf16_w.float().T, runs, rows)
     for w_fmt in FORMATS:
         data, scales = mx.mx_quantize(w, w_fmt)
         s8 = mx.scales_as_uint8(scales).contiguous()
@@ -70,7 +107,8 @@ def main():
         if "ms" in r and "bytes" in r:
             r["tbps"] = r["bytes"] / r["ms"] / 1e9
     print(f"torch.matmul bf16 {M}x{N}x{K}: {rows['torch.matmul bf16']['ms'] * 1e3:.1f} us")
-    for w_fmt in FORMATS:
+    print(f"fa.matmul bf16 (user path): {rows['fa.matmul bf16 (user path)']['ms'] * 1e3:.1f} us")
+    for w_fmt in FORMATS + ("bf16 gemv_t",):
         best = sorted((r for r in rows.values() if r.get("name") == w_fmt and "ms" in r), key=lambda r: r["ms"])
         print(f"--- {w_fmt} ({len(best)} configs) best:", *(f"{r['ms'] * 1e3:.1f} us {r['config']}" for r in best[:8]),
               sep="\n  ")

@@ -77,7 +77,7 @@ class KernelReport:
     matrix_instructions: list
     registers: int  # VGPRs on AMD, registers per thread on NVIDIA
     shared_bytes: int  # LDS on AMD, shared memory on NVIDIA
-    spills: int  # scratch bytes (AMD) / spill stores (NVIDIA); 0 is required
+    spills: int  # scratch bytes (AMD) / stack beyond the PTX's local arrays + spill stores (NVIDIA); 0 is required
     num_warps: int
 
     def summary(self) -> dict:
@@ -133,9 +133,18 @@ def _nvidia_report(spec, target, compiled) -> KernelReport:
         matrix_instructions=sorted(matrix),
         registers=_last_int(r"REG:(\d+)", usage),
         shared_bytes=max(int(compiled.metadata.shared), _last_int(r"SHARED:(\d+)", usage)),
-        spills=_last_int(r"STACK:(\d+)", usage) + len(re.findall(r"\bSTL\b", sass)),
+        spills=_nvidia_spills(ptx, usage, sass),
         num_warps=spec.num_warps,
     )
+
+
+def _nvidia_spills(ptx: str, usage: str, sass: str) -> int:
+    """Bytes of stack beyond the local arrays the PTX itself declares, plus the SASS local stores when it
+    declares none. libdevice's sin/cos keep a 28-byte table for the huge-argument reduction in a PTX
+    local depot (stores to it are not spills; ptxas versions differ in whether STACK counts it)."""
+    depot = sum(-(-int(n) // 8) * 8 for n in re.findall(r"__local_depot\d+\[(\d+)\]", ptx))  # 8-byte frames
+    stack = _last_int(r"STACK:(\d+)", usage)
+    return max(0, stack - depot) + (0 if depot else len(re.findall(r"\bSTL\b", sass)))
 
 
 def _cuobjdump(cubin: bytes, flag: str) -> str:

@@ -72,7 +72,7 @@ _SM90 = {
                    128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
                    256: dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_dkdv": {64: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
-                 128: dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3),
+                 128: dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2),
                  256: dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)},
     "bwd_dq": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
                128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),

@@ -223,3 +223,28 @@ def test_gpu_decode_candidates_match_dequantized_matmul(w_fmt, m, n, k):
         out = torch.empty(m, n, dtype=torch.float32, device="cuda")
         sm._decode_candidate(a, b, mx.scales_as_uint8(sb).contiguous(), "bf16", w_fmt, out, cfg, c)
         assert _rel_err(out, ref) < 1e-5, c
+
+
+def test_tuner_warms_every_candidate_before_timing_and_skips_failures(monkeypatch):
+    """_fastest runs each config once (compile, clock ramp) before timing any, in two rounds, best of each."""
+    import triton.testing
+    events = []
+    times = {"a": [3.0, 3.0], "b": [5.0, 1.0], "c": [2.0, 2.5]}   # b is slow while the clock ramps up
+
+    def run(c):
+        if c == "bad":
+            raise RuntimeError("out of resources")
+        events.append(("run", c))
+
+    def do_bench(fn, **kw):
+        fn()
+        c = events[-1][1]
+        events.append(("time", c))
+        return times[c].pop(0)
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    assert sm._fastest(["a", "bad", "b", "c"], run) == "b"
+    first_timing = events.index(("time", "a"))
+    assert {c for kind, c in events[:first_timing] if kind == "run"} == {"a", "b", "c"}
+    assert sum(kind == "time" for kind, _ in events) == 6
+    with pytest.raises(RuntimeError, match="no candidate"):
+        sm._fastest(["bad"], run)
