@@ -223,7 +223,9 @@ def _fp4_bits(code, FP16: tl.constexpr):
 # Two more prmts interleave them into bf16 pairs; a prmt in sign-replicating mode (selector msb)
 # spreads each code's sign bit (bit 3 of the nibble: byte msb of the word shifted left by 4 for
 # the even codes, of the word itself for the odd ones) over a byte, masked onto bits 15 and 31.
-_FP4_TO_BF16X8_ASM = tl.constexpr("""
+def _fp4_to_bf16x8_asm() -> str:
+    """PTX: a 32-bit word of 8 E2M1 codes ($8) times a bf16x2 scale ($9) -> 8 bf16 ($0..$7)."""
+    tables = """
 {
 .reg .b32 m, mh, a4, hl, hh, ll, lh, h0, l0, h1, l1, o, s;
 mov.b32 hl, 0x3F3F3F00;
@@ -237,28 +239,19 @@ prmt.b32 h0, hl, hh, m;
 prmt.b32 l0, ll, lh, m;
 prmt.b32 h1, hl, hh, mh;
 prmt.b32 l1, ll, lh, mh;
-prmt.b32 o, l0, h0, 0x5140;
-prmt.b32 s, a4, $8, 0xC080;
+"""
+    # per output pair: its low/high byte tables, the interleave selector, the sign-spreading selector
+    pairs = [("l0", "h0", "0x5140", "0xC080"), ("l0", "h0", "0x7362", "0xD090"),
+             ("l1", "h1", "0x5140", "0xE0A0"), ("l1", "h1", "0x7362", "0xF0B0")]
+    return tables + "".join(f"""prmt.b32 o, {low}, {high}, {interleave};
+prmt.b32 s, a4, $8, {sign};
 lop3.b32 o, o, s, 0x80008000, 0xF8;
 mul.rn.bf16x2 o, o, $9;
-mov.b32 {$0, $1}, o;
-prmt.b32 o, l0, h0, 0x7362;
-prmt.b32 s, a4, $8, 0xD090;
-lop3.b32 o, o, s, 0x80008000, 0xF8;
-mul.rn.bf16x2 o, o, $9;
-mov.b32 {$2, $3}, o;
-prmt.b32 o, l1, h1, 0x5140;
-prmt.b32 s, a4, $8, 0xE0A0;
-lop3.b32 o, o, s, 0x80008000, 0xF8;
-mul.rn.bf16x2 o, o, $9;
-mov.b32 {$4, $5}, o;
-prmt.b32 o, l1, h1, 0x7362;
-prmt.b32 s, a4, $8, 0xF0B0;
-lop3.b32 o, o, s, 0x80008000, 0xF8;
-mul.rn.bf16x2 o, o, $9;
-mov.b32 {$6, $7}, o;
-}
-""")
+mov.b32 {{${2 * i}, ${2 * i + 1}}}, o;
+""" for i, (low, high, interleave, sign) in enumerate(pairs)) + "}\n"
+
+
+_FP4_TO_BF16X8_ASM = tl.constexpr(_fp4_to_bf16x8_asm())
 
 
 def _fp8_to_bf16x4_asm(fmt: str) -> str:
