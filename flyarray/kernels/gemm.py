@@ -679,7 +679,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
         out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
         prepared(a, b, out, bias, residual, a_scale, b_scale)
         return out
-    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    M, N = a.shape[-2], b.shape[-1]
     batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     out = torch.empty(*batch_shape, M, N, dtype=out_dtype, device=a.device)
     if out.numel() == 0:

@@ -7,7 +7,6 @@ overflow and both branches of the exact scan run in the interpreter in seconds;
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
