@@ -22,9 +22,9 @@ Three kernels, picked per arch and shape (``method=None``) or by name:
   decodes them to bf16 in registers and computes out^T = W x^T, so the decoded
   weights are the MMA's register operand (Hopper's wgmma takes A from
   registers) and the few activation rows the shared-memory one. On NVIDIA
-  sm_90+ with bf16 activations the FP4 decode is a prmt table lookup, eight
-  codes per 32-bit word (``_FP4_TO_BF16X8_ASM``); elsewhere plain bit
-  arithmetic. N spreads over many programs (and K over ``split_k`` programs
+  sm_90+ with bf16 activations it decodes 32-bit words of codes with inline PTX
+  (FP4: a prmt table lookup, eight codes a word, ``_FP4_TO_BF16X8_ASM``; fp8:
+  the hardware fp8x2 conversion); elsewhere plain Triton arithmetic. N spreads over many programs (and K over ``split_k`` programs
   when N is short). It moves ~4x (~2x) fewer bytes than a bf16 GEMV.
 * ``"fp8_blocks"`` (MXFP8 x MXFP8 on Hopper): feeds the fp8 tensor cores
   directly, one K=32 MMA per scale block (wgmma's fp8 K is 32), and applies
@@ -201,6 +201,13 @@ def _e8m0_exp2(code, OFFSET: tl.constexpr):
 
 
 @triton.jit
+def _e8m0_bf16_bits(code):
+    """int32 E8M0 codes -> the int32 bit pattern of bf16 2^(code - 127): code << 7 (code 0, 2^-127, is
+    bf16 zero: flushed), 255 -> NaN."""
+    return tl.where(code == 255, 0x7FC0, code << 7)
+
+
+@triton.jit
 def _fp4_bits(code, FP16: tl.constexpr):
     """E2M1 codes (int32, 0..15) -> the int32 bit pattern of the same value in fp16 or bf16.
 
@@ -315,9 +322,9 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     tensor cores in registers (wgmma takes A from registers; B, here the few rows of x, comes
     from shared memory). Decodes: ASM_DECODE (NVIDIA sm_90, bf16), 32-bit words of codes through
     inline PTX (FP4: prmt tables; fp8: the fp8x2 conversion); else bit arithmetic (_fp4_bits) or
-    Triton's fp8 conversion. The E8M0 scale is
-    applied in the activations' dtype when SCALE_NATIVE (bf16 has fp32's exponent range, so the
-    product is exact), else through fp32 (fp16, whose range is too narrow for the scale).
+    Triton's fp8 conversion. The E8M0 scale is applied in the activations' dtype when SCALE_NATIVE
+    (bf16 has fp32's exponent range, so the product is exact), else through fp32 (fp16, whose range
+    is too narrow for the scale).
     """
     BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
     PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
@@ -346,7 +353,7 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
         codes = tl.load(s_ptrs + k0 // 32, mask=(k0 + 32 * g < k_end)[None, :], other=0).to(tl.int32)
         if ASM_DECODE:
             words = tl.load(w_words + k0 // PER_WORD, mask=(k0 + PER_WORD * jw < k_end)[None, :], other=0)
-            s16 = tl.where(codes == 255, 0x7FC0, codes << 7)             # bf16 2^(code - 127); NaN
+            s16 = _e8m0_bf16_bits(codes)
             s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 32 // PER_WORD)),
                             (BLOCK_N, BLOCK_K // PER_WORD))               # one bf16x2 scale a word
             if W_FP4:
@@ -359,8 +366,8 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
             else:
                 raw = tl.load(w_ptrs + k0, mask=(k0 + jb < k_end)[None, :], other=ZERO)
             code = tl.reshape(tl.broadcast_to(codes[:, :, None], (BLOCK_N, GROUPS, PER_SCALE)), (BLOCK_N, BYTES))
-            if SCALE_NATIVE:  # bf16 2^(code - 127): code 0 (2^-127) flushes to zero, 255 is NaN
-                scale = tl.where(code == 255, 0x7FC0, code << 7).to(tl.int16).to(compute_ty, bitcast=True)
+            if SCALE_NATIVE:
+                scale = _e8m0_bf16_bits(code).to(tl.int16).to(compute_ty, bitcast=True)
             else:
                 scale = _e8m0_exp2(code, 0)
             if W_FP4:
@@ -700,7 +707,7 @@ def _fastest(candidates, run):
 
 
 def _has_bf16x2_ptx(device: torch.device) -> bool:
-    """NVIDIA sm_90 or newer: _FP4_TO_BF16X8_ASM's PTX (mul.bf16x2) runs there; elsewhere (AMD, the
+    """NVIDIA sm_90 or newer: the decode's inline PTX (mul.bf16x2) runs there; elsewhere (AMD, the
     interpreter) the decode is plain Triton arithmetic."""
     arch = current_arch(device)
     return arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) >= 90
@@ -778,7 +785,7 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",
                  **{k: "constexpr" for k in ("W_FP4", "BLOCK_M", "SCALE_NATIVE", "ASM_DECODE", "E5M2", *c)}}
-    constexprs = {"stride_on": 1, "W_FP4": w_fmt == "e2m1", "BLOCK_M": 16, "SCALE_NATIVE": True,
+    constexprs = {"stride_on": 1, "W_FP4": w_fmt == "e2m1", "BLOCK_M": _DECODE_BLOCK_M, "SCALE_NATIVE": True,
                   "ASM_DECODE": arch.startswith("sm_"), "E5M2": w_fmt == "e5m2", **c}
     return KernelSpec(f"scaled_matmul_decode{tag}_bf16x{w_fmt}_{arch}", _mx_decode_kernel,
                       signature, constexprs, **launch_opts)
