@@ -2,7 +2,7 @@
 
 Nothing computes when an op is recorded. Evaluation is triggered only by
 ``fa.eval``, ``block_until_ready`` and data access (``__repr__``,
-``__array__``, ``__dlpack__``, ``__dlpack_device__``, ``torch()``, ``item``,
+``__array__``, ``__dlpack__``, ``torch()``, ``item``,
 ``tolist``, ``__bool__``, ``__int__``, ``__float__``, ``__index__``,
 ``__complex__``) -- that list is the whole of it (docs/semantics.md).
 """
@@ -88,12 +88,13 @@ class Array:
 
     def _tensor(self) -> torch.Tensor:
         """The realized value as a torch tensor (a view of the buffer where torch can express it)."""
-        buffer = self._node.buffer
+        node = self._node
+        buffer = node.buffer
         if buffer is not None:  # realized and not a view: the common case after evaluation
             return buffer
         _plan().realize([self])
-        from .runtime import tensor_of
-        return tensor_of(self._node)
+        buffer = node.buffer
+        return buffer if buffer is not None else _plan().runtime.tensor_of(node)
 
     def torch(self) -> torch.Tensor:
         """The value as a torch tensor sharing this array's memory: the fastest way out (evaluates).
@@ -144,15 +145,15 @@ class Array:
         return flyarray
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        buffer = self._node.buffer
-        if buffer is not None and dl_device is None and copy is None:  # the buffer's own capsule, no copy
-            return _dlpack.buffer_capsule(buffer, stream, max_version)
-        from .dlpack import export_dlpack
-        return export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        if dl_device is None and copy is None:  # the buffer's own capsule, no copy
+            buffer = self._node.buffer
+            return _dlpack.buffer_capsule(buffer if buffer is not None else self._tensor(), stream, max_version)
+        return _dlpack.export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self):
-        buffer = self._node.buffer
-        return _dlpack.dlpack_device(buffer if buffer is not None else self._tensor())
+        """(DLPack device type, index) of where the array lives: known without evaluating it (the value
+        is computed by ``__dlpack__``, which a consumer calls next)."""
+        return _dlpack.device_of(self._node.device)
 
     def item(self):
         """The value of a one-element array as a Python scalar (bool, int, float or complex); evaluates."""
@@ -299,10 +300,15 @@ def _ops():
 
 
 def _binary(name, reflected=False):
+    fn = None
+
     def method(self, other):
-        if not _operand_ok(other):
+        nonlocal fn
+        if fn is None:
+            fn = getattr(_ops(), name)
+        kind = type(other)
+        if kind is not Array and kind is not float and kind is not int and not _operand_ok(other):
             return NotImplemented
-        fn = getattr(_ops(), name)
         return fn(other, self) if reflected else fn(self, other)
     method.__name__ = name
     return method

@@ -27,6 +27,17 @@ def dlpack_device(tensor: torch.Tensor):
     return found
 
 
+def device_of(device: torch.device):
+    """The DLPack (device type, index) of ``device`` without a tensor on it: what a tensor there would
+    answer (computed once per device from a zero-element tensor; a bare "cuda" is the current index)."""
+    found = _DEVICES.get(device)
+    if found is None:
+        if device.type != "cpu" and device.index is None:
+            return device_of(torch.device(device.type, torch.cuda.current_device()))
+        found = _DEVICES[device] = torch.empty(0, device=device).__dlpack_device__()
+    return found
+
+
 def buffer_capsule(buffer: torch.Tensor, stream, max_version):
     """The capsule of a realized buffer for a consumer on ``stream``: made directly when no stream
     handshake is needed, else by torch's ``__dlpack__`` (which also raises for what it refuses)."""

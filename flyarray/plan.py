@@ -2,9 +2,9 @@
 
 Every evaluation (a trigger, ``fa.eval``, a ``fa.jit`` trace) goes through ``realize``:
 
-  1. **walk** the graph under the requested arrays once, iteratively, into a structural key: each
-     node's (primitive, static params, shape, dtype) and the positions of its inputs (so sharing
-     is part of the key), and for each realized leaf exactly what Triton specializes on (dtype,
+  1. **walk** the graph under the requested arrays once, iteratively (depth-first pre-order), into
+     a structural key: each node's (primitive, static params, shape, dtype) and the positions of its
+     inputs (so sharing is part of the key), and for each realized leaf exactly what Triton specializes on (dtype,
      shape, strides, storage offset, 16-byte alignment, device). Leaf buffers and the values of
      Python scalars (constant nodes) are collected beside the key, in walk order: they are
      *bound* into the plan, never part of it.
@@ -26,6 +26,7 @@ import threading
 import weakref
 
 import torch
+import torch.autograd.profiler as _torch_profiler
 
 from . import codegen, config, ir, profiling, runtime
 from .kernel_ir import Kernel
@@ -49,44 +50,40 @@ class Walk:
     __slots__ = ("nodes", "position", "leaves", "leaf_nodes", "scalars", "scalar_nodes", "key")
 
     def __init__(self, roots: list, backend: str):
+        # Numbered in depth-first pre-order (a node before its inputs): deterministic, so structurally
+        # equal graphs number alike, and one visit per node. Entries name inputs by number.
         position = {}  # node -> walk position (nodes hash by identity)
-        nodes, entries = [], []
-        leaves, leaf_nodes, scalars, scalar_nodes = [], [], [], []
-        constant, plain = ir.CONSTANT, _PLAIN_PARAMS
-        add_node, add_entry, where = nodes.append, entries.append, position.__getitem__
+        nodes = []
+        add_node = nodes.append
         for root in roots:
             stack = [root]
+            pop = stack.pop
             while stack:
-                node = stack[-1]
+                node = pop()
                 if node in position:
-                    stack.pop()
                     continue
-                buffer = node.buffer
-                if buffer is None:
-                    ready = True
-                    for i in node.inputs:  # inputs first: come back to this node after them
-                        if i not in position:
-                            stack.append(i)
-                            ready = False
-                    if not ready:
-                        continue
-                stack.pop()
                 position[node] = len(nodes)
                 add_node(node)
-                if buffer is not None:
-                    leaves.append(buffer)
-                    leaf_nodes.append(node)
-                    add_entry(("leaf", node.dtype, node.shape, buffer.stride(), buffer.storage_offset(),
-                               buffer.data_ptr() % 16, node.device))
-                    continue
-                prim = node.prim
-                if prim is constant:
-                    scalars.append(node.params)
-                    scalar_nodes.append(node)
-                    add_entry((constant, node.shape, node.dtype, node.device))
-                else:
-                    params = node.params if prim.kind in plain else _params_key(node)
-                    add_entry((prim, params, node.shape, node.dtype) + tuple(map(where, node.inputs)))
+                if node.buffer is None:
+                    stack += node.inputs
+        entries, leaves, leaf_nodes, scalars, scalar_nodes = [], [], [], [], []
+        add_entry, constant, plain, where = entries.append, ir.CONSTANT, _PLAIN_PARAMS, position.__getitem__
+        for node in nodes:
+            buffer = node.buffer
+            if buffer is not None:
+                leaves.append(buffer)
+                leaf_nodes.append(node)
+                add_entry(("leaf", node.dtype, node.shape, buffer.stride(), buffer.storage_offset(),
+                           buffer.data_ptr() % 16, node.device))
+                continue
+            prim = node.prim
+            if prim is constant:
+                scalars.append(node.params)
+                scalar_nodes.append(node)
+                add_entry((constant, node.shape, node.dtype, node.device))
+            else:
+                params = node.params if prim.kind in plain else _params_key(node)
+                add_entry((prim, params, node.shape, node.dtype, *map(where, node.inputs)))
         self.nodes, self.position = nodes, position
         self.leaves, self.leaf_nodes = leaves, leaf_nodes
         self.scalars, self.scalar_nodes = scalars, scalar_nodes
@@ -127,7 +124,7 @@ def freeze(value):
 # ---- 2. plans -----------------------------------------------------------------------------------
 class Plan:
     """Slots 0..n_leaves-1 hold the bound leaves; every step reads and fills slots."""
-    __slots__ = ("steps", "labels", "n_slots", "n_leaves", "binds", "description", "static_scalars")
+    __slots__ = ("steps", "labels", "n_slots", "n_leaves", "binds", "description", "static_scalars", "fresh_slots")
 
     def __init__(self, steps, labels, n_slots, n_leaves, binds, description, static_scalars=()):
         self.steps = steps
@@ -137,16 +134,17 @@ class Plan:
         self.binds = binds  # (walk position, slot) or (library position, output index, slot)
         self.description = description  # structure only: what FLYARRAY_PLAN_CHECK compares
         self.static_scalars = list(static_scalars)
+        self.fresh_slots = [None] * (n_slots - n_leaves)  # copied by leaves + fresh_slots, never written
 
     def run(self, leaves: list, scalars: list) -> list:
         if self.static_scalars:
             scalars = scalars + self.static_scalars
-        slots = leaves + [None] * (self.n_slots - self.n_leaves)
-        if profiling.recording:  # fa.profile() is open: each launch timed (profiling.py)
-            profiling.run_steps(self, slots, scalars)
-            return slots
-        if profiling.torch_profiler_on():  # torch.profiler records: each step in a range named by its label
-            profiling.run_labelled(self, slots, scalars)
+        slots = leaves + self.fresh_slots
+        if profiling.recording or _torch_profiler._is_profiler_enabled:
+            if profiling.recording:  # fa.profile() is open: each launch timed (profiling.py)
+                profiling.run_steps(self, slots, scalars)
+            else:  # torch.profiler records: each step in a range named by its label
+                profiling.run_labelled(self, slots, scalars)
             return slots
         for step in self.steps:
             step(slots, scalars)
@@ -394,11 +392,18 @@ def evaluate(roots: list) -> tuple:
     """Walk, plan, run and bind ``roots`` (unrealized nodes; a view node asks for that view only, which
     the scheduler may compute alone: schedule.py); returns (walk, plan, slots)."""
     backend = runtime.backend_for(roots[0].device)
-    runtime._stats["evaluations"] += 1
+    stats = runtime._stats
+    stats["evaluations"] += 1
     walk = Walk(roots, backend)
     if runtime._check:
         _check_versions(walk)
-    plan = _plan_for(walk, roots, backend)
+    key = walk.key
+    plan = _plans.get(key)
+    if plan is None or _plan_check:
+        plan = _plan_for(walk, roots, backend)
+    else:  # the hit, inline: the hot path of every evaluation
+        stats["plan_hits"] += 1
+        _plans.move_to_end(key)
     slots = plan.run(walk.leaves, walk.scalars)
     plan.bind(walk, slots)
     return walk, plan, slots

@@ -56,9 +56,20 @@ def set_backend(name):
     if name is not None and name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     _backend_override = name
+    _backend_of.clear()
 
 
 def backend_for(device: torch.device) -> str:
+    found = _backend_of.get(device)
+    if found is None:
+        found = _backend_of[device] = _choose_backend(device)
+    return found
+
+
+_backend_of: dict = {}  # device -> backend, for the current choice (set_backend empties it)
+
+
+def _choose_backend(device: torch.device) -> str:
     name = backend_name()
     if device.type == "cpu":
         if name == "gpu":

@@ -196,6 +196,8 @@ def axis_tuple(axis, name: str = "axis") -> tuple:
 def normalize_axes(axis, ndim: int, name: str = "axis") -> tuple:
     if axis is None:
         return tuple(range(ndim))
+    if type(axis) is int and -ndim <= axis < ndim:  # the common case, checked in full below otherwise
+        return (axis % ndim,)
     axes = axis_tuple(axis, name)
     out = tuple(sorted(normalize_axis(a, ndim, name) for a in axes))
     if len(set(out)) != len(out):

@@ -99,39 +99,59 @@ def elementwise(name: str, *args) -> Array:
                                  for a in args):
         # the common case: same dtype, shape and device, nothing to promote or broadcast
         in_dtype, shape, device = first.dtype, first.shape, first.device
-        inputs = tuple(a._node for a in args)
+        inputs = tuple([a._node for a in args])
+        out_dtype = _RESULT_DTYPE.get((prim, in_dtype))
+        if out_dtype is not None:  # a (primitive, dtype) pair seen before: its checks passed then
+            return Array(ir.Node(prim, inputs, None, shape, out_dtype, device))
         if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind not in "fc":
             in_dtype = dt.default_float()
             inputs = tuple(cast_node(n, in_dtype) for n in inputs)
     else:
         in_dtype, shape, device, inputs = _promote_and_broadcast(name, prim, args)
-    check_accepts(prim, in_dtype)
-    return Array(ir.Node(prim, inputs, None, shape, elementwise_out_dtype(prim, in_dtype), device))
+    return Array(ir.Node(prim, inputs, None, shape, result_dtype(prim, in_dtype), device))
+
+
+_RESULT_DTYPE: dict = {}  # (primitive, input dtype) -> result dtype, for inputs the primitive accepts
+
+
+def result_dtype(prim, d: dt.DType) -> dt.DType:
+    """The result dtype of elementwise ``prim`` on inputs of dtype ``d`` (already promoted); raises
+    TypeError where the primitive does not accept ``d``. Remembered per pair: the record hot path."""
+    out = _RESULT_DTYPE.get((prim, d))
+    if out is None:
+        check_accepts(prim, d)
+        out = elementwise_out_dtype(prim, d)
+        if not ((prim.accepts == "float" or prim.out == "float") and d.kind not in "fc"):
+            _RESULT_DTYPE[(prim, d)] = out  # only dtypes that need no cast first: elementwise's fast path reads it
+    return out
 
 
 def _with_scalar(prim, a, b):
     """The common ``x * 0.5`` / ``2 - x``: a float scalar with a float array, or an int scalar with a
     non-bool array, takes the array's dtype (weak promotion) with nothing to broadcast or cast."""
-    if type(b) in (float, int):
+    kind = type(b)
+    if kind is float or kind is int:
         array, scalar, first = a, b, True
-    elif type(a) in (float, int):
-        array, scalar, first = b, a, False
     else:
-        return None
+        kind = type(a)
+        if kind is not float and kind is not int:
+            return None
+        array, scalar, first = b, a, False
     if type(array) is not Array:
         return None
     node = array._node
     d = node.dtype
-    if type(scalar) is float:
-        if d.kind != "f" or d in dt.STORAGE_ONLY:
-            return None
+    if d.kind == "f" and d not in dt.STORAGE_ONLY:  # a float array takes any Python number as its float
+        const = ir.Node(ir.CONSTANT, (), float(scalar), node.shape, d, node.device)
+    elif kind is float:
+        return None
     elif d.kind not in "iuf" or d in dt.STORAGE_ONLY or (prim.accepts == "float" or prim.out == "float") \
             and d.kind != "f":
         return None
-    const = constant(scalar, node.shape, d, node.device)
-    check_accepts(prim, d)
+    else:
+        const = constant(scalar, node.shape, d, node.device)
     inputs = (node, const) if first else (const, node)
-    return Array(ir.Node(prim, inputs, None, node.shape, elementwise_out_dtype(prim, d), node.device))
+    return Array(ir.Node(prim, inputs, None, node.shape, result_dtype(prim, d), node.device))
 
 
 def as_array(x):
