@@ -109,6 +109,11 @@ def _params_key(node):
 
 def freeze(value):
     """A hashable, exact key for a static value (kwargs of library ops, iota params, jit statics)."""
+    kind = type(value)
+    if kind is bool or kind is int or kind is str or value is None:  # exact types first: the hot path
+        return (kind, value)
+    if kind is dict:
+        return (dict, tuple(sorted([(k, freeze(v)) for k, v in value.items()])))
     if isinstance(value, float):
         return (float, value.hex() if value == value else "nan")
     if isinstance(value, (bool, int, str, type(None))):
@@ -220,12 +225,17 @@ class _Builder:
                                          [n.shape for n in step.outputs])
         if backend == "reference":  # the reference launch makes its fresh outputs (often with no copy)
             made = {slot for _, slot in fresh}
+            if all(o in made for o in outs) and len(outs) == 1:  # the common case: one output, made here
+                out, nothing = outs[0], [None]
 
-            def run_kernel(slots, scalars):
-                results = launch([slots[i] for i in ins], [None if o in made else slots[o] for o in outs],
-                                 [scalars[j] for j in sc])
-                for o, value in zip(outs, results):
-                    slots[o] = value
+                def run_kernel(slots, scalars):
+                    slots[out] = launch([slots[i] for i in ins], nothing, [scalars[j] for j in sc])[0]
+            else:
+                def run_kernel(slots, scalars):
+                    results = launch([slots[i] for i in ins], [None if o in made else slots[o] for o in outs],
+                                     [scalars[j] for j in sc])
+                    for o, value in zip(outs, results):
+                        slots[o] = value
         else:
             allocations = [(slot, n.shape, _empty_like_of(n.dtype.torch, self.device)) for n, slot in fresh]
 
@@ -378,9 +388,10 @@ def realize(arrays):
     if not roots:
         return
     with _lock:
-        roots = [r for r in roots if _pending(r)]  # another thread may have computed them meanwhile
-        if not roots:
-            return
+        if len(roots) > 1 or not _pending(roots[0]):  # another thread may have computed them meanwhile
+            roots = [r for r in roots if _pending(r)]
+            if not roots:
+                return
         if _companions:
             roots = _with_companions(roots)
         if getattr(_trace, "sources", None):

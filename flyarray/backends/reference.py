@@ -81,8 +81,12 @@ def _store(dest_of, shape, buffer_shape, dtype, fresh):
     def store(value, out, inputs):
         if out is None:
             if fresh and value.shape == shape and value.dtype is dtype and value.is_contiguous() \
-                    and not value._is_view() and all(value is not t for t in inputs):
-                return value if shape == buffer_shape else value.view(buffer_shape)  # torch just made it
+                    and not value._is_view():
+                for t in inputs:
+                    if value is t:  # an input passed through: the output must be a buffer of its own
+                        break
+                else:
+                    return value if shape == buffer_shape else value.view(buffer_shape)  # torch just made it
             out = torch.empty(buffer_shape, dtype=dtype, device=value.device)
         dest_of(out).copy_(value if value.shape == shape else value.expand(shape))
         return out
@@ -117,7 +121,7 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env) -> list:
     env[f"dtype{i}"] = op.dtype.torch
     if isinstance(op, Reduce):
         env[f"fn{i}"], env[f"axes{i}"] = REDUCE[op.prim].reference_for(ops[op.arg].dtype), axes
-        return [f"v{i} = fn{i}(v{op.arg}, axes{i}).to(dtype{i})"]
+        return [f"v{i} = fn{i}(v{op.arg}, axes{i})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
     if not isinstance(op, Elementwise):
         raise TypeError(f"unknown op {op}")
     if op.prim == "astype":

@@ -53,6 +53,8 @@ def check_float(op: str, name: str, x, allowed=None):
 def check_number(op: str, name: str, value, *, optional=False):
     if optional and value is None:
         return
+    if type(value) is float or type(value) is int:  # the common case, without the ABC check below
+        return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{op}: {name} must be a real number, got {value!r} of type {type(value).__name__}")
 

@@ -90,24 +90,51 @@ def elementwise(name: str, *args) -> Array:
     """Record elementwise primitive ``name`` over Arrays and Python scalars."""
     prim = ELEMENTWISE[name]
     if len(args) == 2:
-        fast = _with_scalar(prim, *args)
+        return binary(prim, *args)
+    if len(args) == 1:
+        return unary(prim, args[0])
+    return _general(prim, args)
+
+
+def unary(prim, x) -> Array:
+    """Record ``prim(x)``; an Array whose dtype the primitive took before needs no checks."""
+    if type(x) is Array:
+        node = x._node
+        out_dtype = _RESULT_DTYPE.get((prim, node.dtype))
+        if out_dtype is not None:
+            return Array(ir.Node(prim, (node,), None, node.shape, out_dtype, node.device))
+    return _general(prim, (x,))
+
+
+def binary(prim, a, b) -> Array:
+    """Record ``prim(a, b)``: two Arrays of one dtype, shape and device, or an Array with a Python
+    scalar, take the fast paths (the record hot path); anything else promotes and broadcasts."""
+    if type(a) is Array and type(b) is Array:
+        na, nb = a._node, b._node
+        if na.dtype is nb.dtype and na.shape == nb.shape and na.device == nb.device:
+            out_dtype = _RESULT_DTYPE.get((prim, na.dtype))
+            if out_dtype is not None:
+                return Array(ir.Node(prim, (na, nb), None, na.shape, out_dtype, na.device))
+    else:
+        fast = _with_scalar(prim, a, b)
         if fast is not None:
             return fast
+    return _general(prim, (a, b))
+
+
+def _general(prim, args) -> Array:
     first = args[0]._node if isinstance(args[0], Array) else None
     if first is not None and all(isinstance(a, Array) and a._node.dtype is first.dtype
                                  and a._node.shape == first.shape and a._node.device == first.device
                                  for a in args):
-        # the common case: same dtype, shape and device, nothing to promote or broadcast
+        # same dtype, shape and device, nothing to promote or broadcast
         in_dtype, shape, device = first.dtype, first.shape, first.device
         inputs = tuple([a._node for a in args])
-        out_dtype = _RESULT_DTYPE.get((prim, in_dtype))
-        if out_dtype is not None:  # a (primitive, dtype) pair seen before: its checks passed then
-            return Array(ir.Node(prim, inputs, None, shape, out_dtype, device))
         if (prim.accepts == "float" or prim.out == "float") and in_dtype.kind not in "fc":
             in_dtype = dt.default_float()
             inputs = tuple(cast_node(n, in_dtype) for n in inputs)
     else:
-        in_dtype, shape, device, inputs = _promote_and_broadcast(name, prim, args)
+        in_dtype, shape, device, inputs = _promote_and_broadcast(prim.name, prim, args)
     return Array(ir.Node(prim, inputs, None, shape, result_dtype(prim, in_dtype), device))
 
 

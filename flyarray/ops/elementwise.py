@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..primitives import ELEMENTWISE
-from .core import astype, elementwise, where  # noqa: F401  (re-exported)
+from .core import astype, binary, elementwise, unary, where  # noqa: F401  (re-exported)
 
 
 # name -> what it computes (one line). The dtype sentence comes from the primitive's ``accepts``/``out``.
@@ -59,12 +59,16 @@ def _doc(name, prim):
 
 
 def _make(name, arity):
+    prim = ELEMENTWISE[name]
     if arity == 1:
         def fn(x, /):
-            return elementwise(name, x)
-    else:
+            return unary(prim, x)
+    elif arity == 2:
         def fn(x1, x2, /):
-            return elementwise(name, x1, x2)
+            return binary(prim, x1, x2)
+    else:
+        def fn(*args):
+            return elementwise(name, *args)
     fn.__name__ = name
     fn.__doc__ = _doc(name, ELEMENTWISE[name])
     return fn
