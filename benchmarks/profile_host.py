@@ -17,12 +17,14 @@ t = torch.randn(2048, device=device)
 w = torch.randn(64, device=device)
 x2 = torch.randn(8, 64, device=device)
 xb = torch.randn(64, 64, device=device, dtype=torch.bfloat16)
+xk = torch.randn(64, 131072, device=device) if device == "cuda" else torch.randn(4, 4096)
 chain = fa.jit(lambda a: fa.sin(a) * 2.0 + 1.0)
 cases = {
     "user exp+1": lambda: torch.from_dlpack(fa.exp(fa.asarray(t)) + 1),
     "user exp+1 .torch()": lambda: (fa.exp(fa.asarray(t)) + 1).torch(),
     "user rms_norm": lambda: torch.from_dlpack(fa.nn.rms_norm(fa.asarray(x2), fa.asarray(w), 1e-6)),
     "user row sum f32 acc": lambda: torch.from_dlpack(fa.sum(fa.asarray(xb), axis=-1, dtype=fa.float32)),
+    "user top_k k=50": lambda: [torch.from_dlpack(a) for a in fa.top_k(fa.asarray(xk), 50)],
     "jit replay .torch()": lambda: chain(t).torch(),
     "torch exp+1": lambda: torch.exp(t) + 1,
     "torch.from_dlpack(tensor)": lambda: torch.from_dlpack(t),
@@ -40,7 +42,7 @@ for name, fn in cases.items():
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"{name:28} {(time.perf_counter() - t0) / n * 1e6:8.1f} us/call", file=out)
-for name in ("user exp+1 .torch()", "user row sum f32 acc", "user rms_norm", "jit replay .torch()"):
+for name in ("user exp+1 .torch()", "user row sum f32 acc", "user rms_norm", "user top_k k=50", "jit replay .torch()"):
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(2000):

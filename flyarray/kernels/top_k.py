@@ -405,6 +405,23 @@ def _config(device: torch.device, overrides: dict | None) -> dict:
     return cfg
 
 
+_PLANS: dict = {}  # (arch, N, k) -> (config, wide_plan), for calls without overrides: the per-call host cost
+
+
+def _config_and_plan(device: torch.device, N: int, k: int, overrides: dict | None):
+    """This arch's config (with ``overrides``) and the wide path's sizes for rows of N; remembered when
+    nothing is overridden (both follow from the arch, N and k alone)."""
+    if overrides:
+        cfg = _config(device, overrides)
+        return cfg, wide_plan(N, k, cfg)
+    key = (current_arch(device), N, k)
+    found = _PLANS.get(key)
+    if found is None:
+        cfg = _config(device, None)
+        found = _PLANS[key] = (cfg, wide_plan(N, k, cfg))
+    return found
+
+
 def _rows_of(x: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
     """x as a [rows, N] view with unit column stride; checks k and the dtype."""
     if x.dim() == 0:
@@ -476,9 +493,9 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
             "digit": cfg["digit_bits"], "search_bits": min(32, max(cfg["digit_bits"], cfg["search_bits"]))}
 
 
-def _launch_wide(x2, vals, idx, k, cfg) -> None:
+def _launch_wide(x2, vals, idx, plan) -> None:
     rows, N = x2.shape
-    plan = wide_plan(N, k, cfg)
+    k = vals.shape[-1]
     m, kpad = plan["m"], plan["kpad"]
     final = runner(_final_kernel, x2.device)
     sizes = dict(M=m, LOGM=m.bit_length() - 1, KPAD=kpad, LOGK=kpad.bit_length() - 1,
@@ -558,11 +575,11 @@ def top_k(x: torch.Tensor, k: int, *, config: dict | None = None):
     vals, idx = _outputs(x, k, x.dtype)
     if x2.shape[0] == 0:
         return vals, idx
-    cfg = _config(x.device, config)
+    cfg, plan = _config_and_plan(x.device, N, k, config)
     if N <= cfg["narrow_max_n"] and k <= cfg["narrow_max_k"] and x.dtype != torch.int32:
         _launch_rows(x2, vals, idx, k, cfg, softmax=False, renorm=False)
     elif k <= cfg["max_k"]:
-        _launch_wide(x2, vals, idx, k, cfg)
+        _launch_wide(x2, vals, idx, plan)
     else:
         _launch_packed_words(x2, vals, idx, k)
     return vals, idx
