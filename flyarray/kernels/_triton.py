@@ -213,38 +213,49 @@ class DirectLaunch:
                 compiled = self.scoped[grid](*args, **kwargs)
                 if key is not None and hasattr(compiled, "packed_metadata"):
                     compiled.run  # noqa: B018  (load the binary and its launcher now)
-                    self.compiled[key] = (compiled, self.bind_order(len(args), kwargs))
+                    self.compiled[key] = (compiled, self.tail(len(args), kwargs), _first_tensor(args))
                 return compiled
-            compiled, order = found
-            values = [args[i] if type(i) is int else kwargs[i] if i in kwargs else self.defaults[i] for i in order]
-            device = next((a.device.index for a in args if isinstance(a, torch.Tensor)), None)
-            compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(
-                device if device is not None else torch.cuda.current_device()), compiled.function,
-                compiled.packed_metadata, None, None, None, *values)
+            compiled, tail, first_tensor = found
+            device = args[first_tensor].get_device() if first_tensor is not None else torch.cuda.current_device()
+            compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                         compiled.packed_metadata, None, None, None, *args, *tail)
             return compiled
         return launch
 
-    def bind_order(self, n_args, kwargs) -> list:
-        """Where each kernel parameter's value comes from: a position, or a name (keyword or default)."""
-        return [i if i < n_args else name for i, name in enumerate(self.params)]
+    def tail(self, n_args, kwargs) -> tuple:
+        """The values of the parameters after the positional ones: keywords (constexprs, which the key
+        holds, so they are the same on every launch with it) or defaults."""
+        return tuple(kwargs[name] if name in kwargs else self.defaults[name] for name in self.params[n_args:])
+
+
+def _first_tensor(args):
+    return next((i for i, a in enumerate(args) if type(a) is torch.Tensor), None)
 
 
 def _specialization(args, kwargs):
+    """What Triton specializes a launch on, as a key: per tensor its dtype and 16-byte alignment, per int
+    whether it is 1, a multiple of 16, and its width; keywords by type and value. None: let the JIT decide."""
     key = []
+    add = key.append
     for a in args:
         t = type(a)
         if t is torch.Tensor:
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
+            add(a.dtype)
+            add(not a.data_ptr() & 15)
         elif t is int:
-            key.append(("i", a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31, a >= 2 ** 63))
-        elif t is float or t is bool or a is None:
-            key.append((t, a) if t is not float else float)
+            add((a == 1, not a & 15, -2147483648 <= a <= 2147483647, a >= 9223372036854775808))
+        elif t is float:
+            add(float)
+        elif t is bool or a is None:
+            add((t, a))
         else:
             return None  # a descriptor, a tuple, a dtype...: Triton's JIT decides
     for name, value in kwargs.items():
-        if type(value) not in (int, bool, float, str, type(None)) and not isinstance(value, tl.dtype):
+        t = type(value)
+        if t is not int and t is not bool and t is not float and t is not str and value is not None \
+                and not isinstance(value, tl.dtype):
             return None
-        key.append((name, type(value), value))
+        add((name, t, value.hex() if t is float else value))  # floats by their bits: 0.0 and -0.0 differ
     return tuple(key)
 
 
