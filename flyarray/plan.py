@@ -102,9 +102,24 @@ def _params_key(node):
         params = node.params
         key = params.get("frozen")
         if key is None:
-            key = params["frozen"] = (len(params["outputs"]), freeze(params["kwargs"]))
+            key = params["frozen"] = (len(params["outputs"]), _freeze_kwargs(params["kwargs"]))
         return key
     return freeze(node.params)  # iota
+
+
+def _freeze_kwargs(kwargs: dict) -> tuple:
+    """``freeze`` of a library op's keyword arguments, in the order the call gave them (a call site
+    gives them alike each time), Python scalars without recursion: the record hot path."""
+    out = []
+    for name, value in kwargs.items():
+        kind = type(value)
+        if kind is float:
+            out.append((name, float, value.hex() if value == value else "nan"))
+        elif kind is bool or kind is int or kind is str or value is None:
+            out.append((name, kind, value))
+        else:
+            out.append((name, freeze(value)))
+    return tuple(out)
 
 
 def freeze(value):
