@@ -17,6 +17,9 @@ t = torch.randn(2048, device=device)
 w = torch.randn(64, device=device)
 x2 = torch.randn(8, 64, device=device)
 xb = torch.randn(64, 64, device=device, dtype=torch.bfloat16)
+xd = torch.randn(16, 4096, device=device, dtype=torch.bfloat16)
+wd = torch.randn(4096, 14336, device=device, dtype=torch.bfloat16) if device == "cuda" else torch.randn(64, 32)
+xd = xd if device == "cuda" else torch.randn(16, 64)
 xk = torch.randn(64, 131072, device=device) if device == "cuda" else torch.randn(4, 4096)
 chain = fa.jit(lambda a: fa.sin(a) * 2.0 + 1.0)
 cases = {
@@ -25,6 +28,8 @@ cases = {
     "user rms_norm": lambda: torch.from_dlpack(fa.nn.rms_norm(fa.asarray(x2), fa.asarray(w), 1e-6)),
     "user row sum f32 acc": lambda: torch.from_dlpack(fa.sum(fa.asarray(xb), axis=-1, dtype=fa.float32)),
     "user top_k k=50": lambda: [torch.from_dlpack(a) for a in fa.top_k(fa.asarray(xk), 50)],
+    "user matmul decode": lambda: torch.from_dlpack(fa.matmul(fa.asarray(xd), fa.asarray(wd))),
+    "torch matmul decode": lambda: torch.matmul(xd, wd),
     "jit replay .torch()": lambda: chain(t).torch(),
     "torch exp+1": lambda: torch.exp(t) + 1,
     "torch.from_dlpack(tensor)": lambda: torch.from_dlpack(t),
@@ -42,7 +47,7 @@ for name, fn in cases.items():
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"{name:28} {(time.perf_counter() - t0) / n * 1e6:8.1f} us/call", file=out)
-for name in ("user exp+1 .torch()", "user row sum f32 acc", "user rms_norm", "user top_k k=50", "jit replay .torch()"):
+for name in ("user exp+1 .torch()", "user row sum f32 acc", "user rms_norm", "user top_k k=50", "user matmul decode", "jit replay .torch()"):
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(2000):

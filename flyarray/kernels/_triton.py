@@ -228,6 +228,34 @@ class DirectLaunch:
         return tuple(kwargs[name] if name in kwargs else self.defaults[name] for name in self.params[n_args:])
 
 
+class FixedLaunch:
+    """A launch whose specialization the caller keeps fixed (a planned GEMM: its key holds every shape,
+    stride, dtype and alignment Triton specializes on, and its other buffers are fresh allocations):
+    the first call goes through ``runner``, later calls straight to the compiled kernel's launcher,
+    with no per-call specialization key. Under the interpreter, or with a launch hook set, every call
+    takes the runner's path."""
+
+    def __init__(self, kernel, device: torch.device, grid: tuple, kwargs: dict):
+        self.launch = runner(kernel, device)[grid]
+        self.kernel, self.kwargs = kernel, kwargs
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.compiled = None
+
+    def __call__(self, *args):
+        compiled = self.compiled
+        if compiled is None or _launch_hooks_set():
+            compiled = self.launch(*args, **self.kwargs)
+            if self.compiled is None and hasattr(compiled, "packed_metadata"):
+                direct = _DIRECT[id(self.kernel)]
+                self.tail = direct.tail(len(args), self.kwargs)
+                self.device_index = args[_first_tensor(args)].get_device()
+                self.compiled = compiled
+            return
+        g0, g1, g2 = self.grid
+        compiled.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device_index), compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *self.tail)
+
+
 def _first_tensor(args):
     return next((i for i, a in enumerate(args) if type(a) is torch.Tensor), None)
 

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import current_arch, runner
+from flyarray.kernels._triton import FixedLaunch, current_arch, runner
 from flyarray.targets import KernelSpec
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
@@ -616,6 +616,28 @@ class _PreparedGemm:
             self.reduce_ints = (M, N, B1, batch, *out.stride(), *bias_st, *res_st)
             self.reduce_kwargs = dict(BLOCK_M=rbm, BLOCK_N=rbn, SPLIT_K=split_k, num_warps=4,
                                       INDEX_64=index_64, **epilogue)
+        self.fixed = None  # the launches of a cached plan (matmul's _plans): see fixed_launches
+
+    def fixed_launches(self):
+        """This plan's launches with their specialization fixed: matmul caches a plan under a key of
+        every operand's shape, strides, dtype and alignment, and allocates out/ws fresh (aligned), so a
+        hit launches exactly what the first call compiled (no per-call specialization key)."""
+        if self.fixed is None:
+            gemm = FixedLaunch(_gemm_kernel, self.device, self.grid, self.kwargs)
+            reduce = None if self.ws_shape is None else \
+                FixedLaunch(_splitk_reduce_kernel, self.device, self.reduce_grid, self.reduce_kwargs)
+            self.fixed = (gemm, reduce)
+        return self.fixed
+
+    def run_fixed(self, a, b, out, bias, res, a_scale, b_scale):
+        """``__call__`` through fixed_launches (a cached plan's steady state)."""
+        gemm, reduce = self.fixed_launches()
+        pick = lambda t: out if t is None else t  # noqa: E731
+        ws = out if self.ws_shape is None else torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
+        pointers = (pick(bias), pick(res), pick(a_scale), pick(b_scale))
+        gemm(a, b, out, *pointers, ws, *self.ints)
+        if reduce is not None:
+            reduce(ws, out, *pointers, *self.reduce_ints)
 
     def __call__(self, a, b, out, bias, res, a_scale, b_scale):
         """Launch on tensors whose data pointers are those of the planned step
@@ -677,7 +699,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
     if key in _plans:  # the steady state: no planning
         out_shape, prepared = _plans[key]
         out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
-        prepared(a, b, out, bias, residual, a_scale, b_scale)
+        prepared.run_fixed(a, b, out, bias, residual, a_scale, b_scale)
         return out
     M, N = a.shape[-2], b.shape[-1]
     batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])

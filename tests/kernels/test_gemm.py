@@ -235,6 +235,23 @@ def test_gpu_bf16(shape, act):
 
 
 @cuda
+@pytest.mark.parametrize("shape", [(16, 1024, 4096), (512, 384, 256)])
+def test_gpu_cached_plan_launches_directly_with_new_data(shape):
+    """From the second call on, a cached plan launches through FixedLaunch (no specialization key):
+    every call gets fresh operands, and each result is checked."""
+    M, N, K = shape
+    gemm._plans.clear()
+    for _ in range(3):
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        check(matmul(a, b, bias=bias, activation="silu"), reference_matmul(a, b, bias=bias, activation="silu"),
+              torch.bfloat16)
+    (_, prepared), = gemm._plans.values()
+    assert prepared.fixed is not None and prepared.fixed[0].compiled is not None
+
+
+@cuda
 def test_gpu_batched_and_splitk():
     a = torch.randn(4, 2, 64, 256, device="cuda", dtype=torch.float16)
     b = torch.randn(2, 256, 96, device="cuda", dtype=torch.float16)
