@@ -59,9 +59,10 @@ def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None):
     if any(isinstance(op, (Const, Iota)) for op in kernel.ops):
         body.append("dev = inputs[0].device if inputs else None")
     skip = _scalars_only(kernel)  # read as Python scalars only: no tensor to make
+    reuse = _reusable_results(kernel)
     for i, op in enumerate(kernel.ops):
         if i not in skip:
-            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env)
+            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env, reuse.get(i))
     output_shapes = output_shapes or [st.view.shape for st in kernel.stores]
     stores = []
     for k, (st, buffer_shape) in enumerate(zip(kernel.stores, output_shapes)):
@@ -101,8 +102,45 @@ _KEEPS_FLOAT_DTYPE = frozenset(("add", "subtract", "multiply", "divide", "negati
 _COMMUTES = {"add", "multiply"}
 
 
-def _emit_op(i, op, shapes, axes, input_views, ops, env) -> list:
-    """Source lines computing ``v{i}``; the objects they name go into ``env``."""
+def _reusable_results(kernel) -> dict:
+    """op index -> the earlier result it may overwrite (torch's ``out=``): a kernel's intermediates are
+    its own, so a float op whose argument is read for the last time writes into that argument's
+    tensor instead of allocating (on small CPU tensors the allocation is a third of an op's cost).
+
+    Only results that ``_emit_op`` makes with a fresh allocation qualify -- a simple or scalar-operand
+    torch call of one float dtype, or one that itself wrote into such a result -- and only when every
+    op reading them is such a call too (any other reader, ``astype``'s ``.to`` or a reduction, might
+    hand the same tensor on): never an input buffer, a view of one, an expanded constant, or a value
+    a store still needs; and only within one domain (same shape)."""
+    ops = kernel.ops
+    allocating = {}  # op -> the tensor arguments of a call that returns a fresh tensor of its own
+    for i, op in enumerate(ops):
+        if isinstance(op, Elementwise) and op.dtype.kind == "f" and not unsigned.is_wide(op.in_dtype.torch):
+            found = _scalar_operand(op, ops)
+            if found is not None:
+                allocating[i] = (found[1],)
+            elif op.prim in _KEEPS_FLOAT_DTYPE and all(ops[a].dtype is op.dtype for a in op.args):
+                allocating[i] = op.args
+    last_use, shared = {}, {st.op for st in kernel.stores}
+    for i, op in enumerate(ops):
+        reads = op.args if isinstance(op, Elementwise) else (op.arg,) if isinstance(op, Reduce) else ()
+        for a in reads:
+            last_use[a] = i
+            if i not in allocating:
+                shared.add(a)  # read by something that may pass the tensor itself on
+    reuse = {}
+    for i, tensors in allocating.items():
+        for a in tensors:
+            if a in allocating and a not in shared and last_use[a] == i and ops[a].domain == ops[i].domain:
+                reuse[i] = a
+                break
+    return reuse
+
+
+def _emit_op(i, op, shapes, axes, input_views, ops, env, into=None) -> list:
+    """Source lines computing ``v{i}``; the objects they name go into ``env``. ``into``: an earlier
+    result this one may be written into (``_reusable_results``)."""
+    out = f", out=v{into}" if into is not None else ""
     if isinstance(op, Load):
         if input_views[op.input] == op.view:  # reads the buffer exactly as it lies: the tensor itself
             return [f"v{i} = inputs[{op.input}]"]
@@ -129,11 +167,11 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env) -> list:
     found = _scalar_operand(op, ops)
     if found is not None:  # ``x + 0.5``: torch takes the Python scalar (same result dtype, no tensor made)
         env[f"fn{i}"], a, b = found
-        return [f"v{i} = fn{i}(v{a}, scalars[{ops[b].slot}])"]
+        return [f"v{i} = fn{i}(v{a}, scalars[{ops[b].slot}]{out})"]
     env[f"fn{i}"] = ELEMENTWISE[op.prim].reference_for(op.in_dtype)
     args = ", ".join(f"v{a}" for a in op.args)
     if op.prim in _KEEPS_FLOAT_DTYPE and op.dtype.kind == "f" and all(ops[a].dtype is op.dtype for a in op.args):
-        return [f"v{i} = fn{i}({args})"]  # torch gives floats of one dtype back in that dtype: nothing to check
+        return [f"v{i} = fn{i}({args}{out})"]  # torch gives floats of one dtype back in that dtype: nothing to check
     return [f"v{i} = fn{i}({args})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
 
 

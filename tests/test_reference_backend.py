@@ -1,0 +1,49 @@
+"""The reference backend writes a float op into an argument it reads for the last time (torch's
+``out=``), never into an input buffer or a value something else may still hold."""
+import torch
+
+import flyarray as fa
+from flyarray import dtypes
+from flyarray.backends.reference import _reusable_results
+from flyarray.kernel_ir import Elementwise, Kernel, Load, Store
+from flyarray.views import View
+
+F32 = dtypes.float32
+
+
+def _ew(prim, *args):
+    return Elementwise(prim, args, "full", F32, F32)
+
+
+def test_only_dead_fresh_results_are_overwritten():
+    view = View((4,), (1,), 0)
+    ops = [Load(0, view, "full", F32),     # 0: the input buffer itself
+           _ew("sin", 0),                  # 1: fresh, but its argument is the input
+           _ew("exp", 1),                  # 2: may write into 1 (read last here)
+           _ew("astype", 2),               # 3: .to() may return 2 itself
+           _ew("multiply", 2, 3),          # 4: 2 is shared with astype, 3 is not fresh
+           _ew("add", 4, 4)]               # 5: may write into 4
+    kernel = Kernel((4,), (), ops, [Store(5, F32, view, "full")], 1, [])
+    assert _reusable_results(kernel) == {2: 1, 5: 4}
+
+
+def test_stored_values_are_not_overwritten():
+    view = View((4,), (1,), 0)
+    ops = [Load(0, view, "full", F32), _ew("sin", 0), _ew("exp", 1)]
+    kernel = Kernel((4,), (), ops, [Store(1, F32, view, "full"), Store(2, F32, view, "full")], 1, [])
+    assert _reusable_results(kernel) == {}
+
+
+def test_reuse_keeps_inputs_and_aliases_intact(backend):
+    x = torch.randn(64, 33)
+    before = x.clone()
+    a = fa.sin(fa.asarray(x))
+    b = a.astype(fa.float32, copy=True)  # the reference's .to() hands back the same tensor
+    c = (a * 2.0 + 1.0) * fa.asarray(x)
+    d = fa.exp(c * 0.1) - b
+    got = d.torch()
+    xd = x.double()
+    want = torch.exp((torch.sin(xd) * 2 + 1) * xd * 0.1) - torch.sin(xd)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(x, before)
+    torch.testing.assert_close(b.torch().double(), torch.sin(xd), rtol=1e-6, atol=1e-6)
