@@ -305,13 +305,25 @@ def _binary(name, reflected=False):
     def method(self, other):
         nonlocal fn
         if fn is None:
-            fn = getattr(_ops(), name)
+            fn = _recorder(name)
         kind = type(other)
         if kind is not Array and kind is not float and kind is not int and not _operand_ok(other):
             return NotImplemented
         return fn(other, self) if reflected else fn(self, other)
     method.__name__ = name
     return method
+
+
+def _recorder(name):
+    """What ``fa.<name>(a, b)`` calls: for an elementwise primitive, ``binary`` bound to it (a C-level
+    partial: one Python frame less per recorded op), else the fa function itself."""
+    fn = getattr(_ops(), name)
+    prim = getattr(fn, "primitive", None)
+    if prim is None:
+        return fn
+    import functools
+    from .ops.core import binary
+    return functools.partial(binary, prim)
 
 
 def _operand_ok(x) -> bool:

@@ -71,6 +71,8 @@ def _make(name, arity):
             return elementwise(name, *args)
     fn.__name__ = name
     fn.__doc__ = _doc(name, ELEMENTWISE[name])
+    if arity == 2:
+        fn.primitive = prim  # Array's operators record through core.binary directly (_array._recorder)
     return fn
 
 
