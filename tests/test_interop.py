@@ -76,6 +76,18 @@ def test_computed_array_exports_the_same_buffer_twice(backend):
     assert x.__dlpack_device__() == t1.__dlpack_device__()
 
 
+def test_dlpack_device_does_not_evaluate_and_from_dlpack_evaluates_once(backend):
+    t = torch.randn(6, 7)
+    x = fa.exp(fa.asarray(t))
+    row_sums = fa.sum(x * 2.0, axis=-1)  # a view (squeeze) of a reduction: the result is not a plain buffer
+    fa.reset_stats()
+    assert row_sums.__dlpack_device__() == t.__dlpack_device__()
+    assert fa.stats()["evaluations"] == 0
+    out = torch.from_dlpack(row_sums)
+    assert fa.stats()["evaluations"] == 1
+    torch.testing.assert_close(out, (torch.exp(t) * 2).sum(-1))
+
+
 @pytest.mark.parametrize("key", [
     (slice(1, None), slice(None, None, 2)), (1,), (slice(None), 2), (None, Ellipsis, 1), (slice(0, 3, 2), None),
     (Ellipsis,), (slice(2, 2),),
