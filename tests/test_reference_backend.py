@@ -5,7 +5,7 @@ import torch
 import flyarray as fa
 from flyarray import dtypes
 from flyarray.backends.reference import _reusable_results
-from flyarray.kernel_ir import Elementwise, Kernel, Load, Store
+from flyarray.kernel_ir import Elementwise, Kernel, Load, Reduce, Store
 from flyarray.views import View
 
 F32 = dtypes.float32
@@ -32,6 +32,26 @@ def test_stored_values_are_not_overwritten():
     ops = [Load(0, view, "full", F32), _ew("sin", 0), _ew("exp", 1)]
     kernel = Kernel((4,), (), ops, [Store(1, F32, view, "full"), Store(2, F32, view, "full")], 1, [])
     assert _reusable_results(kernel) == {}
+
+
+def test_a_row_value_is_not_overwritten_by_a_full_result():
+    """An elementwise op over row values (a reduction's) is a row value whatever its domain label: a
+    full-shaped result must not be written into it."""
+    full = View((5, 4), (4, 1), 0)
+    ops = [Load(0, full, "full", F32),
+           Reduce("max", 0, F32),          # 1: [5, 1]
+           _ew("negative", 1),             # 2: [5, 1], labelled "full"
+           _ew("multiply", 2, 0),          # 3: [5, 4]: not into 2
+           _ew("exp", 3)]                  # 4: [5, 4]: into 3
+    kernel = Kernel((5, 4), (1,), ops, [Store(4, F32, full, "full")], 1, [])
+    assert _reusable_results(kernel) == {4: 3}
+
+
+def test_reuse_with_row_values_matches_torch(backend):
+    t = torch.randn(5, 4)
+    x = fa.asarray(t)
+    got = fa.exp(x * -(fa.max(x, axis=1, keepdims=True) * 2.0)).torch()
+    torch.testing.assert_close(got, torch.exp(t * -(t.amax(1, keepdim=True) * 2.0)))
 
 
 def test_reuse_keeps_inputs_and_aliases_intact(backend):

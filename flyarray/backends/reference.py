@@ -111,7 +111,7 @@ def _reusable_results(kernel) -> dict:
     torch call of one float dtype, or one that itself wrote into such a result -- and only when every
     op reading them is such a call too (any other reader, ``astype``'s ``.to`` or a reduction, might
     hand the same tensor on): never an input buffer, a view of one, an expanded constant, or a value
-    a store still needs; and only within one domain (same shape)."""
+    a store still needs; and only into a tensor of the result's own shape."""
     ops = kernel.ops
     allocating = {}  # op -> the tensor arguments of a call that returns a fresh tensor of its own
     for i, op in enumerate(ops):
@@ -128,13 +128,33 @@ def _reusable_results(kernel) -> dict:
             last_use[a] = i
             if i not in allocating:
                 shared.add(a)  # read by something that may pass the tensor itself on
+    shape = _value_shapes(kernel)
     reuse = {}
     for i, tensors in allocating.items():
         for a in tensors:
-            if a in allocating and a not in shared and last_use[a] == i and ops[a].domain == ops[i].domain:
+            if a in allocating and a not in shared and last_use[a] == i and shape[a] == shape[i]:
                 reuse[i] = a
                 break
     return reuse
+
+
+def _value_shapes(kernel) -> list:
+    """The shape of each op's tensor as ``_emit_op`` makes it (a domain label does not say it: an
+    elementwise op over two row values is a row value, whatever its domain)."""
+    ops, keep = kernel.ops, kernel.keep_shape
+    shapes = []
+    for i, op in enumerate(ops):
+        if isinstance(op, (Load, Iota)):
+            shapes.append(tuple(op.view.shape))
+        elif isinstance(op, Const):
+            shapes.append(kernel.full_shape if op.domain == "full" else keep)
+        elif isinstance(op, Reduce):
+            shapes.append(keep)
+        else:
+            found = _scalar_operand(op, ops)
+            args = (found[1],) if found is not None else op.args  # a Python scalar operand adds no shape
+            shapes.append(tuple(torch.broadcast_shapes(*[shapes[a] for a in args])))
+    return shapes
 
 
 def _emit_op(i, op, shapes, axes, input_views, ops, env, into=None) -> list:
