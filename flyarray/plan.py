@@ -4,10 +4,10 @@ Every evaluation (a trigger, ``fa.eval``, a ``fa.jit`` trace) goes through ``rea
 
   1. **walk** the graph under the requested arrays once, iteratively (depth-first pre-order), into
      a structural key: each node's (primitive, static params, shape, dtype) and the positions of its
-     inputs (so sharing is part of the key), and for each realized leaf exactly what Triton specializes on (dtype,
-     shape, strides, storage offset, 16-byte alignment, device). Leaf buffers and the values of
-     Python scalars (constant nodes) are collected beside the key, in walk order: they are
-     *bound* into the plan, never part of it.
+     inputs (so sharing is part of the key), and for each realized leaf exactly what Triton
+     specializes on (dtype, shape, strides, storage offset, 16-byte alignment, device). Leaf buffers
+     and the values of Python scalars (constant nodes) are collected beside the key, in walk order:
+     they are *bound* into the plan, never part of it.
   2. **look up** the key in the plan cache (LRU, ``PLAN_CACHE_SIZE`` entries). On a miss, and only
      then, schedule (schedule.py), generate (codegen.py) and compile (runtime.py), and turn the
      steps into a ``Plan``: slots for buffers, and per step the slots it reads and writes.

@@ -73,7 +73,8 @@ def _choose_backend(device: torch.device) -> str:
     name = backend_name()
     if device.type == "cpu":
         if name == "gpu":
-            raise RuntimeError("FLYARRAY_BACKEND=gpu, but the data lives on the CPU; move it with fa.asarray(x, device='cuda')")
+            raise RuntimeError("FLYARRAY_BACKEND=gpu, but the data lives on the CPU; move it with "
+                               "fa.asarray(x, device='cuda')")
         return name or "reference"
     if name == "interpret":
         raise RuntimeError(f"FLYARRAY_BACKEND=interpret runs on the CPU, but the data lives on {device}")
