@@ -63,12 +63,14 @@ written out inline.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import FixedLaunch, current_arch, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
 
@@ -422,6 +424,45 @@ def _config_and_plan(device: torch.device, N: int, k: int, overrides: dict | Non
     return found
 
 
+def _jit_launcher(device: torch.device):
+    """``launch(kernel, grid, **keywords)`` -> a callable of the positional arguments, through runner."""
+    def launch(kernel, grid, **kwargs):
+        return functools.partial(runner(kernel, device)[grid], **kwargs)
+    return launch
+
+
+class _FixedLaunches:
+    """The launches of one top_k signature (device, dtype, shape, row stride, alignment, k): every
+    grid, keyword and integer argument follows from it, and the other buffers are fresh allocations,
+    so each kernel launches through a FixedLaunch (no per-call specialization key) after its first."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.made = device, {}
+
+    def __call__(self, kernel, grid, **kwargs):
+        launch = self.made.get(id(kernel))  # by identity: hashing a JITFunction walks its dependencies
+        if launch is None:
+            launch = self.made[id(kernel)] = FixedLaunch(kernel, self.device, grid, kwargs)
+        return launch
+
+
+_LAUNCHES: dict = {}  # top_k signature -> _FixedLaunches
+
+
+def _launcher(x2: torch.Tensor, k: int, overrides, mode):
+    """Fixed launches for this signature and ``mode`` (top_k, or the router's softmax flags) when
+    nothing is overridden (a config override changes the sizes: those calls go through runner)."""
+    if overrides or x2.device.type == "cpu":
+        return _jit_launcher(x2.device)
+    key = (x2.device, x2.dtype, tuple(x2.shape), x2.stride(0), x2.data_ptr() % 16 == 0, k, mode)
+    found = _LAUNCHES.get(key)
+    if found is None:
+        if len(_LAUNCHES) >= 4096:
+            _LAUNCHES.clear()
+        found = _LAUNCHES[key] = _FixedLaunches(x2.device)
+    return found
+
+
 def _rows_of(x: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
     """x as a [rows, N] view with unit column stride; checks k and the dtype."""
     if x.dim() == 0:
@@ -443,17 +484,16 @@ def _outputs(x: torch.Tensor, k: int, dtype: torch.dtype):
             torch.empty(shape, dtype=torch.int32, device=x.device))
 
 
-def _launch_rows(x2, vals, idx, k, cfg, softmax: bool, renorm: bool) -> None:
+def _launch_rows(x2, vals, idx, k, cfg, softmax: bool, renorm: bool, launch=None) -> None:
     rows, N = x2.shape
     block_n = next_pow2(N)
     per_program = max(1, min(cfg["narrow_tile"] // block_n, next_pow2(rows)))
     grid = (triton.cdiv(rows, per_program),)
-    runner(_rows_topk_kernel, x2.device)[grid](
-        x2, vals, idx, rows, N, x2.stride(0),
-        ROWS=per_program, BLOCK_N=block_n, K=k, KPAD=next_pow2(k),
-        IS_FLOAT=x2.dtype.is_floating_point, SOFTMAX=softmax, RENORM=renorm,
-        num_warps=cfg["narrow_warps"],
-    )
+    launch = launch or _jit_launcher(x2.device)
+    launch(_rows_topk_kernel, grid,
+           ROWS=per_program, BLOCK_N=block_n, K=k, KPAD=next_pow2(k),
+           IS_FLOAT=x2.dtype.is_floating_point, SOFTMAX=softmax, RENORM=renorm,
+           num_warps=cfg["narrow_warps"])(x2, vals, idx, rows, N, x2.stride(0))
 
 
 def wide_plan(N: int, k: int, cfg: dict) -> dict:
@@ -493,22 +533,22 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
             "digit": cfg["digit_bits"], "search_bits": min(32, max(cfg["digit_bits"], cfg["search_bits"]))}
 
 
-def _launch_wide(x2, vals, idx, plan) -> None:
+def _launch_wide(x2, vals, idx, plan, launch) -> None:
     rows, N = x2.shape
     k = vals.shape[-1]
     m, kpad = plan["m"], plan["kpad"]
-    final = runner(_final_kernel, x2.device)
     sizes = dict(M=m, LOGM=m.bit_length() - 1, KPAD=kpad, LOGK=kpad.bit_length() - 1,
                  TILE=plan["fallback_tile"], DIGIT=plan["exact_digit"], IS_FLOAT=x2.dtype.is_floating_point,
                  num_warps=plan["final_warps"])
     if plan["direct"]:
-        final[(rows,)](x2, idx, idx, vals, idx, N, x2.stride(0), k, 0, DIRECT=True, **sizes)
+        launch(_final_kernel, (rows,), DIRECT=True, **sizes)(x2, idx, idx, vals, idx, N, x2.stride(0), k, 0)
         return
-    state, words = _threshold_passes(x2, k, plan)
-    final[(rows,)](x2, state, words, vals, idx, N, x2.stride(0), k, state.stride(0), DIRECT=False, **sizes)
+    state, words = _threshold_passes(x2, k, plan, launch)
+    launch(_final_kernel, (rows,), DIRECT=False, **sizes)(x2, state, words, vals, idx, N, x2.stride(0), k,
+                                                          state.stride(0))
 
 
-def _threshold_passes(x2, k, plan):
+def _threshold_passes(x2, k, plan, launch):
     """Group maxima, threshold, compaction: (state [rows, 4 + groups] int32: t, candidates, above t,
     -, the group maxima; words [rows, m] int64: the candidates, when they fit)."""
     rows, N = x2.shape
@@ -517,20 +557,15 @@ def _threshold_passes(x2, k, plan):
     state = torch.empty((rows, 4 + groups), dtype=torch.int32, device=x2.device)
     words = torch.empty((rows, m), dtype=torch.int64, device=x2.device)
     gm = state[:, 4:]
-    runner(_group_max_kernel, x2.device)[(rows, plan["programs"])](
-        x2, gm, N, x2.stride(0), plan["n_slabs"], state.stride(0),
-        GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float,
-        num_warps=plan["group_warps"],
-    )
-    runner(_threshold_kernel, x2.device)[(rows,)](
-        gm, state, k, state.stride(0),
-        GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
-        num_warps=plan["select_warps"],
-    )
-    runner(_compact_kernel, x2.device)[(rows, plan["n_chunks"])](
-        x2, state, words, N, x2.stride(0), state.stride(0),
-        CHUNK=plan["chunk"], CAP=m, IS_FLOAT=is_float, num_warps=plan["chunk_warps"],
-    )
+    launch(_group_max_kernel, (rows, plan["programs"]),
+           GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float,
+           num_warps=plan["group_warps"])(x2, gm, N, x2.stride(0), plan["n_slabs"], state.stride(0))
+    launch(_threshold_kernel, (rows,),
+           GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
+           num_warps=plan["select_warps"])(gm, state, k, state.stride(0))
+    launch(_compact_kernel, (rows, plan["n_chunks"]),
+           CHUNK=plan["chunk"], CAP=m, IS_FLOAT=is_float,
+           num_warps=plan["chunk_warps"])(x2, state, words, N, x2.stride(0), state.stride(0))
     return state, words
 
 
@@ -542,7 +577,7 @@ def wide_threshold_state(x: torch.Tensor, k: int, *, config: dict | None = None)
     x2, N = _rows_of(x, k)
     plan = wide_plan(N, k, _config(x.device, config))
     assert not plan["direct"], "rows this short skip the threshold passes"
-    state, _ = _threshold_passes(x2, k, plan)
+    state, _ = _threshold_passes(x2, k, plan, _jit_launcher(x2.device))
     state = state[:, :3].cpu().to(torch.int64)
     return {"t": state[:, 0] & 0xFFFFFFFF, "candidates": state[:, 1], "above": state[:, 2], "m": plan["m"]}
 
@@ -576,10 +611,11 @@ def top_k(x: torch.Tensor, k: int, *, config: dict | None = None):
     if x2.shape[0] == 0:
         return vals, idx
     cfg, plan = _config_and_plan(x.device, N, k, config)
+    launch = _launcher(x2, k, config, "top_k")
     if N <= cfg["narrow_max_n"] and k <= cfg["narrow_max_k"] and x.dtype != torch.int32:
-        _launch_rows(x2, vals, idx, k, cfg, softmax=False, renorm=False)
+        _launch_rows(x2, vals, idx, k, cfg, softmax=False, renorm=False, launch=launch)
     elif k <= cfg["max_k"]:
-        _launch_wide(x2, vals, idx, plan)
+        _launch_wide(x2, vals, idx, plan, launch)
     else:
         _launch_packed_words(x2, vals, idx, k)
     return vals, idx
@@ -600,7 +636,8 @@ def softmax_top_k(logits: torch.Tensor, k: int, renormalize: bool = False, *, co
                          f"{cfg['narrow_max_k']} (got N={N}, k={k}); use softmax then top_k")
     probs, idx = _outputs(logits, k, logits.dtype)
     if x2.shape[0]:
-        _launch_rows(x2, probs, idx, k, cfg, softmax=True, renorm=bool(renormalize))
+        _launch_rows(x2, probs, idx, k, cfg, softmax=True, renorm=bool(renormalize),
+                     launch=_launcher(x2, k, config, ("softmax", bool(renormalize))))
     return probs, idx
 
 

@@ -356,6 +356,26 @@ def test_softmax_top_k_gpu(dtype, renormalize):
     torch.testing.assert_close(probs.double(), ref_probs, rtol=tol, atol=tol)
 
 
+@gpu
+@pytest.mark.parametrize("shape,k", [((64, 131072), 50), ((8, 4096), 1024), ((300, 257), 7), ((16, 5000), 3)])
+def test_gpu_repeated_signatures_launch_directly_with_new_data(shape, k):
+    """From the second call of a signature on, every kernel launches through FixedLaunch: each call
+    gets new values (and one a row-strided view), each result is checked."""
+    from flyarray.kernels import top_k as module
+    module._LAUNCHES.clear()
+    for _ in range(3):
+        x = torch.randn(shape, device="cuda")
+        assert_same(x, k, top_k(x, k))
+    wide = torch.randn(shape[0], shape[1] + 3, device="cuda")[:, 3:]  # another row stride and alignment
+    assert_same(wide, k, top_k(wide, k))
+    launches = [launch for fixed in module._LAUNCHES.values() for launch in fixed.made.values()]
+    assert launches and all(launch.compiled is not None for launch in launches)
+    logits = torch.randn(4096, 64, device="cuda")
+    for _ in range(2):
+        probs, indices = softmax_top_k(logits, 4, True)
+        assert torch.equal(indices, reference_softmax_top_k(logits, 4, True)[1])
+
+
 # ----------------------------------------------------------------------------- cross-compile
 
 # each spec compiled for the arch its plan is for (every kernel of the wide path, k=50 and k=1024)
