@@ -67,12 +67,16 @@ def eval(*arrays):
 
 
 def clear_caches():
-    """Empty the in-memory caches (plans, generated sources, loaded kernels) and re-read the
-    FLYARRAY_* switches that evaluations consult. The disk cache stays."""
+    """Empty the in-memory caches (plans, generated sources, loaded kernels, the hand-written kernels'
+    launch plans) and re-read the FLYARRAY_* switches that evaluations consult. The disk cache stays."""
+    import sys
     from . import codegen, plan, runtime
     plan.clear()
     codegen._SOURCES.clear()
     runtime._memory.clear()
+    launching = sys.modules.get(__name__ + ".kernels._triton")
+    if launching is not None:  # imported by the first hand-written kernel: nothing to empty before
+        launching.clear_launch_caches()
     plan.refresh_settings()
     runtime.refresh_settings()
 

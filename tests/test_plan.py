@@ -215,6 +215,14 @@ def test_clear_caches_empties_the_plan_cache(backend):
     assert not plan._plans
 
 
+def test_clear_caches_empties_the_hand_written_kernels_launch_plans():
+    from flyarray.kernels import gemm
+    gemm.matmul(torch.randn(4, 8), torch.randn(8, 5))
+    assert gemm._plans
+    fa.clear_caches()
+    assert not gemm._plans
+
+
 def test_an_error_leaves_every_array_as_it_was():
     """Integer division by zero fails on the reference backend: no node keeps a half-made buffer."""
     fa.set_backend("reference")

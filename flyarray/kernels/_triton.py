@@ -175,6 +175,19 @@ def runner(kernel, device: torch.device):
 
 
 _DIRECT: dict = {}
+_LAUNCH_CACHES: list = [_DIRECT]  # per-signature launch caches of the kernel modules (fa.clear_caches empties them)
+
+
+def launch_cache() -> dict:
+    """A dict a kernel module keeps launch plans in, emptied by ``fa.clear_caches()``."""
+    cache: dict = {}
+    _LAUNCH_CACHES.append(cache)
+    return cache
+
+
+def clear_launch_caches():
+    for cache in _LAUNCH_CACHES:
+        cache.clear()
 
 
 class DirectLaunch:
@@ -236,8 +249,9 @@ class FixedLaunch:
     takes the runner's path."""
 
     def __init__(self, kernel, device: torch.device, grid: tuple, kwargs: dict):
-        self.launch = runner(kernel, device)[grid]
-        self.kernel, self.kwargs = kernel, kwargs
+        self.runner = runner(kernel, device)
+        self.launch = self.runner[grid]
+        self.kwargs = kwargs
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.compiled = None
 
@@ -246,8 +260,7 @@ class FixedLaunch:
         if compiled is None or _launch_hooks_set():
             compiled = self.launch(*args, **self.kwargs)
             if self.compiled is None and hasattr(compiled, "packed_metadata"):
-                direct = _DIRECT[id(self.kernel)]
-                self.tail = direct.tail(len(args), self.kwargs)
+                self.tail = self.runner.tail(len(args), self.kwargs)
                 self.device_index = args[_first_tensor(args)].get_device()
                 self.compiled = compiled
             return

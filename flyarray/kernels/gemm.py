@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import FixedLaunch, current_arch, runner
+from flyarray.kernels._triton import FixedLaunch, current_arch, launch_cache, runner
 from flyarray.targets import KernelSpec
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
@@ -660,7 +660,7 @@ def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
     prepared(*step, a_scale, b_scale)
 
 
-_plans: dict = {}  # call signature -> (out shape, _PreparedGemm) for single-step problems
+_plans: dict = launch_cache()  # call signature -> (out shape, _PreparedGemm) for single-step problems
 
 
 def _signature(a, b, bias, residual, a_scale, b_scale, activation, out_dtype, allow_tf32, tune):

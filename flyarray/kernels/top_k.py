@@ -70,7 +70,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import FixedLaunch, current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import FixedLaunch, current_arch, launch_cache, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
 
@@ -407,7 +407,7 @@ def _config(device: torch.device, overrides: dict | None) -> dict:
     return cfg
 
 
-_PLANS: dict = {}  # (arch, N, k) -> (config, wide_plan), for calls without overrides: the per-call host cost
+_PLANS: dict = launch_cache()  # (arch, N, k) -> (config, wide_plan), for calls without overrides
 
 
 def _config_and_plan(device: torch.device, N: int, k: int, overrides: dict | None):
@@ -446,7 +446,7 @@ class _FixedLaunches:
         return launch
 
 
-_LAUNCHES: dict = {}  # top_k signature -> _FixedLaunches
+_LAUNCHES: dict = launch_cache()  # top_k signature -> _FixedLaunches
 
 
 def _launcher(x2: torch.Tensor, k: int, overrides, mode):
