@@ -95,10 +95,13 @@ def _store(dest_of, shape, buffer_shape, dtype, fresh):
 
 
 _SCALAR_OPERAND = {"add": torch.add, "multiply": torch.mul, "subtract": torch.sub, "divide": torch.div}
-# torch functions that return their (same-dtype) float arguments' dtype (the check after them is skipped;
-# tests/test_reliability.py checks the list against torch)
+# torch functions that return their (same-dtype) float arguments' dtype (the check after them is skipped)
+# and take ``out=`` (_reusable_results writes into a dead argument); tests/test_reliability.py checks both
 _KEEPS_FLOAT_DTYPE = frozenset(("add", "subtract", "multiply", "divide", "negative", "exp", "log", "sin", "cos", "tan",
-                                "tanh", "sqrt", "abs", "maximum", "minimum", "expm1", "log1p"))
+                                "tanh", "sqrt", "abs", "maximum", "minimum", "expm1", "log1p", "rsqrt", "sigmoid",
+                                "square", "reciprocal", "erf", "sinh", "cosh", "exp2", "log2", "log10", "atan", "asin",
+                                "acos", "asinh", "atanh", "atan2", "hypot", "copysign", "logaddexp", "floor", "ceil",
+                                "trunc", "round"))
 _COMMUTES = {"add", "multiply"}
 
 
