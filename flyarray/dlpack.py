@@ -20,11 +20,7 @@ _DEVICES: dict = {}  # torch.device -> torch's (DLDeviceType, index)
 
 def dlpack_device(tensor: torch.Tensor):
     """``tensor.__dlpack_device__()``, computed once per device."""
-    device = tensor.device
-    found = _DEVICES.get(device)
-    if found is None:
-        found = _DEVICES[device] = tensor.__dlpack_device__()
-    return found
+    return device_of(tensor.device)
 
 
 def device_of(device: torch.device):

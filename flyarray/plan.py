@@ -109,17 +109,8 @@ def _params_key(node):
 
 def _freeze_kwargs(kwargs: dict) -> tuple:
     """``freeze`` of a library op's keyword arguments, in the order the call gave them (a call site
-    gives them alike each time), Python scalars without recursion: the record hot path."""
-    out = []
-    for name, value in kwargs.items():
-        kind = type(value)
-        if kind is float:
-            out.append((name, float, value.hex() if value == value else "nan"))
-        elif kind is bool or kind is int or kind is str or value is None:
-            out.append((name, kind, value))
-        else:
-            out.append((name, freeze(value)))
-    return tuple(out)
+    gives them alike each time, so no sort: the record hot path)."""
+    return tuple([(name, freeze(value)) for name, value in kwargs.items()])
 
 
 def freeze(value):
@@ -127,8 +118,6 @@ def freeze(value):
     kind = type(value)
     if kind is bool or kind is int or kind is str or value is None:  # exact types first: the hot path
         return (kind, value)
-    if kind is dict:
-        return (dict, tuple(sorted([(k, freeze(v)) for k, v in value.items()])))
     if isinstance(value, float):
         return (float, value.hex() if value == value else "nan")
     if isinstance(value, (bool, int, str, type(None))):

@@ -632,9 +632,7 @@ class _PreparedGemm:
     def run_fixed(self, a, b, out, bias, res, a_scale, b_scale):
         """``__call__`` through fixed_launches (a cached plan's steady state)."""
         gemm, reduce = self.fixed_launches()
-        pick = lambda t: out if t is None else t  # noqa: E731
-        ws = out if self.ws_shape is None else torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
-        pointers = (pick(bias), pick(res), pick(a_scale), pick(b_scale))
+        ws, pointers = self._workspace_and_pointers(out, bias, res, a_scale, b_scale)
         gemm(a, b, out, *pointers, ws, *self.ints)
         if reduce is not None:
             reduce(ws, out, *pointers, *self.reduce_ints)
@@ -642,13 +640,17 @@ class _PreparedGemm:
     def __call__(self, a, b, out, bias, res, a_scale, b_scale):
         """Launch on tensors whose data pointers are those of the planned step
         (the planner's as_strided views keep their base's storage offset)."""
-        pick = lambda t: out if t is None else t  # unused pointers: the constexpr flags skip them
-        ws = out if self.ws_shape is None else torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
-        pointers = (pick(bias), pick(res), pick(a_scale), pick(b_scale))
+        ws, pointers = self._workspace_and_pointers(out, bias, res, a_scale, b_scale)
         launch(_gemm_kernel, self.device, self.grid, a, b, out, *pointers, ws, *self.ints, **self.kwargs)
         if self.ws_shape is not None:
             launch(_splitk_reduce_kernel, self.device, self.reduce_grid, ws, out, *pointers,
                    *self.reduce_ints, **self.reduce_kwargs)
+
+    def _workspace_and_pointers(self, out, bias, res, a_scale, b_scale):
+        """The split-K workspace (``out`` itself without split-K) and the optional operands' pointers,
+        ``out`` standing in for the unused ones (the constexpr flags skip them)."""
+        ws = out if self.ws_shape is None else torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
+        return ws, tuple(out if t is None else t for t in (bias, res, a_scale, b_scale))
 
 
 def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):

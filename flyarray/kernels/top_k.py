@@ -484,12 +484,11 @@ def _outputs(x: torch.Tensor, k: int, dtype: torch.dtype):
             torch.empty(shape, dtype=torch.int32, device=x.device))
 
 
-def _launch_rows(x2, vals, idx, k, cfg, softmax: bool, renorm: bool, launch=None) -> None:
+def _launch_rows(x2, vals, idx, k, cfg, softmax: bool, renorm: bool, launch) -> None:
     rows, N = x2.shape
     block_n = next_pow2(N)
     per_program = max(1, min(cfg["narrow_tile"] // block_n, next_pow2(rows)))
     grid = (triton.cdiv(rows, per_program),)
-    launch = launch or _jit_launcher(x2.device)
     launch(_rows_topk_kernel, grid,
            ROWS=per_program, BLOCK_N=block_n, K=k, KPAD=next_pow2(k),
            IS_FLOAT=x2.dtype.is_floating_point, SOFTMAX=softmax, RENORM=renorm,

@@ -70,7 +70,7 @@ def _make(name, arity):
         def fn(*args):
             return elementwise(name, *args)
     fn.__name__ = name
-    fn.__doc__ = _doc(name, ELEMENTWISE[name])
+    fn.__doc__ = _doc(name, prim)
     if arity == 2:
         fn.primitive = prim  # Array's operators record through core.binary directly (_array._recorder)
     return fn
