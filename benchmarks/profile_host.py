@@ -22,6 +22,13 @@ wd = torch.randn(4096, 14336, device=device, dtype=torch.bfloat16) if device == 
 xd = xd if device == "cuda" else torch.randn(16, 64)
 xk = torch.randn(64, 131072, device=device) if device == "cuda" else torch.randn(4, 4096)
 chain = fa.jit(lambda a: fa.sin(a) * 2.0 + 1.0)
+if device == "cuda":  # MXFP4 weight-only decode, called at the kernel level as the mx suite does
+    from flyarray.kernels.mx import mx_quantize
+    from flyarray.kernels.scaled_matmul import scaled_matmul
+    wq, ws = mx_quantize(torch.randn(14336, 4096, device=device), "e2m1")
+    mx_decode = lambda: scaled_matmul(xd, wq, None, ws, preferred_element_type=torch.bfloat16)  # noqa: E731
+else:
+    mx_decode = lambda: None  # noqa: E731 - the interpreter's time says nothing of the host path
 cases = {
     "user exp+1": lambda: torch.from_dlpack(fa.exp(fa.asarray(t)) + 1),
     "user exp+1 .torch()": lambda: (fa.exp(fa.asarray(t)) + 1).torch(),
@@ -30,6 +37,7 @@ cases = {
     "user top_k k=50": lambda: [torch.from_dlpack(a) for a in fa.top_k(fa.asarray(xk), 50)],
     "user matmul decode": lambda: torch.from_dlpack(fa.matmul(fa.asarray(xd), fa.asarray(wd))),
     "torch matmul decode": lambda: torch.matmul(xd, wd),
+    "kernel mx decode fp4": mx_decode,
     "jit replay .torch()": lambda: chain(t).torch(),
     "torch exp+1": lambda: torch.exp(t) + 1,
     "torch.from_dlpack(tensor)": lambda: torch.from_dlpack(t),
@@ -47,7 +55,8 @@ for name, fn in cases.items():
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"{name:28} {(time.perf_counter() - t0) / n * 1e6:8.1f} us/call", file=out)
-for name in ("user exp+1 .torch()", "user row sum f32 acc", "user rms_norm", "user top_k k=50", "user matmul decode", "jit replay .torch()"):
+for name in ("user exp+1 .torch()", "user row sum f32 acc", "user rms_norm", "user top_k k=50", "user matmul decode", "kernel mx decode fp4",
+             "jit replay .torch()"):
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(2000):

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -664,7 +664,7 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
     extras = bias is not None or mask is not None
     cfg = config or _config(q.device, "fwd_causal" if is_causal else "fwd", BLOCK_D, q.dtype, extras)
     bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
-    grid = (triton.cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
+    grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
     _launch(_attn_fwd_kernel, grid, q.device,
         q, k, v, out, lse, bias_t, mask_t,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *bias_s, *mask_s,
@@ -697,13 +697,13 @@ def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
     cfg = _config(q.device, "decode", BLOCK_D, q.dtype)
     cfg.pop("BLOCK_M", None)
     BLOCK_R = min(64, max(16, next_pow2(G * Sq)))
-    row_blocks = triton.cdiv(G * Sq, BLOCK_R)
-    key_blocks = triton.cdiv(max(Sk, 1), cfg["BLOCK_N"])
+    row_blocks = cdiv(G * Sq, BLOCK_R)
+    key_blocks = cdiv(max(Sk, 1), cfg["BLOCK_N"])
     if num_splits is None:
-        num_splits = triton.cdiv(_num_programs_target(q.device, table), B * Hkv * row_blocks)
+        num_splits = cdiv(_num_programs_target(q.device, table), B * Hkv * row_blocks)
     num_splits = max(1, min(int(num_splits), key_blocks))
-    keys_per_split = triton.cdiv(key_blocks, num_splits) * cfg["BLOCK_N"]
-    num_splits = triton.cdiv(max(Sk, 1), keys_per_split)  # every slice holds >= 1 key
+    keys_per_split = cdiv(key_blocks, num_splits) * cfg["BLOCK_N"]
+    num_splits = cdiv(max(Sk, 1), keys_per_split)  # every slice holds >= 1 key
     o_part = torch.empty((B * Hq * Sq, num_splits, D), device=q.device, dtype=torch.float32)
     lse_part = torch.empty((B * Hq * Sq, num_splits), device=q.device, dtype=torch.float32)
     _launch(_attn_decode_split_kernel, (num_splits, B * Hkv, row_blocks), q.device,
@@ -733,7 +733,7 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     delta = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
     pre = table["bwd_pre"]
-    _launch(_attn_bwd_pre_kernel, (triton.cdiv(Sq, pre["BLOCK_M"]), B * Hq), q.device,
+    _launch(_attn_bwd_pre_kernel, (cdiv(Sq, pre["BLOCK_M"]), B * Hq), q.device,
         out, do, lse, delta, lse2, *out.stride(), *do.stride(), Hq, Sq,
         HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=pre["BLOCK_M"], num_warps=pre["num_warps"],
     )
@@ -744,13 +744,13 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
                   HEAD_DIM=D, BLOCK_D=BLOCK_D, DOT_PREC=_dot_precision(q.dtype))
     extras = bias is not None or mask is not None
     c = _config(q.device, "bwd_dkdv", BLOCK_D, q.dtype, extras)
-    _launch(_attn_bwd_dkdv_kernel, (triton.cdiv(Sk, c["BLOCK_N"]), B * Hkv), q.device,
+    _launch(_attn_bwd_dkdv_kernel, (cdiv(Sk, c["BLOCK_N"]), B * Hkv), q.device,
         q, k, v, do, lse2, delta, dk, dv, bias_t, mask_t,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *bias_s, *mask_s,
         Hq, Hkv, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
     )
     c = _config(q.device, "bwd_dq", BLOCK_D, q.dtype, extras)
-    _launch(_attn_bwd_dq_kernel, (triton.cdiv(Sq, c["BLOCK_M"]), B * Hq), q.device,
+    _launch(_attn_bwd_dq_kernel, (cdiv(Sq, c["BLOCK_M"]), B * Hq), q.device,
         q, k, v, do, lse2, delta, dq, bias_t, mask_t,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *bias_s, *mask_s,
         Hq, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import FixedLaunch, current_arch, launch_cache, runner
+from flyarray.kernels._triton import FixedLaunch, cdiv, current_arch, launch_cache, next_pow2, runner
 from flyarray.targets import KernelSpec
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
@@ -578,7 +578,7 @@ class _PreparedGemm:
         self.device = a.device
         if "EPILOGUE" in cfg and (activation is not None or res is not None):
             cfg = cfg["EPILOGUE"]  # a heavier epilogue needs a smaller accumulator (see CONFIGS)
-        split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), triton.cdiv(K, cfg["BLOCK_K"])))
+        split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"])))
         if M * N >= 2**31:
             split_k = 1  # the workspace is indexed with int32 offsets per batch
         use_tma, a_kmajor, b_kmajor = False, True, False
@@ -592,7 +592,7 @@ class _PreparedGemm:
         acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
         self.ws_shape = (split_k, batch, M, N) if split_k > 1 else None
         self.ws_dtype = torch.float64 if acc_fp64 else torch.float32
-        tiles = batch * triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+        tiles = batch * cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
         programs = max(1, min(tiles * split_k, _num_programs(self.device, arch, cfg)))
         self.grid = (programs,)
         bias_st = bias.stride() if bias is not None else (0, 0, 0, 0)
@@ -611,8 +611,8 @@ class _PreparedGemm:
             B_KMAJOR=b_kmajor, ACC_FP64=acc_fp64, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **hip_extra, **epilogue)
         if split_k > 1:
-            rbm, rbn = min(64, triton.next_power_of_2(M)), 64
-            self.reduce_grid = (batch * triton.cdiv(M, rbm) * triton.cdiv(N, rbn),)
+            rbm, rbn = min(64, next_pow2(M)), 64
+            self.reduce_grid = (batch * cdiv(M, rbm) * cdiv(N, rbn),)
             self.reduce_ints = (M, N, B1, batch, *out.stride(), *bias_st, *res_st)
             self.reduce_kwargs = dict(BLOCK_M=rbm, BLOCK_N=rbn, SPLIT_K=split_k, num_warps=4,
                                       INDEX_64=index_64, **epilogue)

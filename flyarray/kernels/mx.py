@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from flyarray.kernels._triton import current_arch, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, pick_config, runner
 
 BLOCK_SIZE = 32
 E8M0_BIAS = 127
@@ -310,7 +310,7 @@ def mx_quantize(x: torch.Tensor, fmt: str, axis: int = -1, block_size: int = 32)
     scales = torch.empty(moved.shape[:-1] + (length // BLOCK_SIZE,), dtype=torch.uint8, device=x.device)
     if n_blocks:
         cfg = pick_config(CONFIGS, current_arch(x.device))
-        grid = (triton.cdiv(n_blocks, cfg["blocks_per_program"]),)
+        grid = (cdiv(n_blocks, cfg["blocks_per_program"]),)
         launch(_mx_quantize_kernel, x.device, grid,
             moved, data, scales, n_blocks, EMIN=1 - f.bias, EMAX_ELEM=f.emax, MAX_CODE=f.max_code,
             PACK_FP4=f.name == "e2m1", BLOCKS_PER_PROGRAM=cfg["blocks_per_program"],
@@ -372,7 +372,7 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
     if n_blocks:
         nan_code, inf_code = _special_codes(f)
         cfg = pick_config(CONFIGS, current_arch(codes.device))
-        grid = (triton.cdiv(n_blocks, cfg["blocks_per_program"]),)
+        grid = (cdiv(n_blocks, cfg["blocks_per_program"]),)
         launch(_mx_dequantize_kernel, codes.device, grid,
             moved, moved_scales, out, n_blocks, BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code,
             PACK_FP4=f.name == "e2m1", BLOCKS_PER_PROGRAM=cfg["blocks_per_program"],

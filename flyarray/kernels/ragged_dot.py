@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import current_arch, pick_config
+from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config
 from flyarray.kernels.gemm import (FP8_DTYPES, HAS_TENSOR_DESCRIPTORS, _TRITON_TYPES, _cfg, strides_of,
                                    _ensure_tma_allocator, launch)
 from flyarray.targets import KernelSpec
@@ -160,14 +160,14 @@ def launch_ragged_dot(lhs, rhs, group_sizes, out, cfg, arch):
     if use_tma:
         _ensure_tma_allocator()
     # Upper bound on tiles: every group's partial tile, plus the tail group.
-    max_tiles = (triton.cdiv(M, cfg["BLOCK_M"]) + G + 1) * triton.cdiv(N, cfg["BLOCK_N"])
+    max_tiles = (cdiv(M, cfg["BLOCK_M"]) + G + 1) * cdiv(N, cfg["BLOCK_N"])
     programs = max(1, min(max_tiles, _programs(lhs.device, cfg)))
     precision = "ieee"
     launch(_ragged_dot_kernel, lhs.device, (programs,),
            lhs, rhs, group_sizes, out, M, N, K, G,
            *lhs.stride(), *rhs.stride(), *out.stride(), programs,
            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-           G_POW2=triton.next_power_of_2(G + 1), EVEN_N=(N % cfg["BLOCK_N"] == 0),
+           G_POW2=next_pow2(G + 1), EVEN_N=(N % cfg["BLOCK_N"] == 0),
            EVEN_K=(K % cfg["BLOCK_K"] == 0), USE_TMA=use_tma, DOT_PRECISION=precision,
            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
 # tile_elems: elements per program in the one-pass kernels (several short rows share a program).
@@ -310,7 +310,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
             runner(_rms_norm_fwd_looped_kernel, x.device)[(M,)](
                 *args, **flags, BLOCK_N=plan["BLOCK_N"], num_warps=plan["num_warps"])
         else:
-            runner(_rms_norm_fwd_rows_kernel, x.device)[(triton.cdiv(M, plan["BLOCK_M"]),)](
+            runner(_rms_norm_fwd_rows_kernel, x.device)[(cdiv(M, plan["BLOCK_M"]),)](
                 *args, **flags, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], num_warps=plan["num_warps"])
     out_h = h.reshape(x.shape) if h is not None else None
     return y.reshape(x.shape), out_h, rstd.reshape(x.shape[:-1])
@@ -334,9 +334,9 @@ def rms_norm_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None,
     plan = _plan(M, N, current_arch(h.device), block_n, backward=True)
     cfg = pick_config(CONFIGS, current_arch(h.device))
     programs = num_programs or _sm_count(h.device) * cfg["bwd_programs_per_sm"]
-    programs = max(1, min(programs, triton.cdiv(M, plan["BLOCK_M"])))
-    rows_per_program = triton.cdiv(M, programs)
-    programs = triton.cdiv(M, rows_per_program)
+    programs = max(1, min(programs, cdiv(M, plan["BLOCK_M"])))
+    rows_per_program = cdiv(M, programs)
+    programs = cdiv(M, rows_per_program)
     # looped programs add into their partial row, so it must start at zero
     make = torch.zeros if plan["looped"] else torch.empty
     partial = make((programs, N), dtype=torch.float32, device=h.device) if weight is not None else dx
@@ -352,7 +352,7 @@ def rms_norm_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None,
     dw = None
     if weight is not None:
         dw = torch.empty_like(weight)
-        runner(_sum_partials_kernel, h.device)[(triton.cdiv(N, 64),)](
+        runner(_sum_partials_kernel, h.device)[(cdiv(N, 64),)](
             partial, dw, programs, N, BLOCK_P=32, BLOCK_N=64, num_warps=4)
     return dx.reshape(h.shape), dw
 

@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import current_arch, next_pow2, pick_config
+from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config
 from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_format, scales_as_uint8
 from flyarray.targets import AMD_OPTIONS, amd_launch_options
 
@@ -595,7 +595,7 @@ def _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile=None):
     tile = tile or _dot_scaled_tile(cfg, a_fmt, b_fmt)
     a_op, b_op = _as_triton_operand(a, a_fmt), _as_triton_operand(b, b_fmt)
     sa_op = sa if sa is not None else sb  # a placeholder pointer when lhs is unscaled
-    grid = (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]),)
+    grid = (cdiv(m, tile["BLOCK_M"]) * cdiv(n, tile["BLOCK_N"]),)
     launch(_dot_scaled_kernel, a.device, grid,
            a_op, b_op, sa_op, sb, out, m, n, k,
            a_op.stride(0), a_op.stride(1), b_op.stride(0), b_op.stride(1),
@@ -636,7 +636,7 @@ def _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg, mixed=True):
 
 def _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile):
     m, n, k = a_op.shape[0], b_op.shape[0], a_op.shape[1]
-    grid = (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]),)
+    grid = (cdiv(m, tile["BLOCK_M"]) * cdiv(n, tile["BLOCK_N"]),)
     launch(_fp8_blocks_kernel, a_op.device, grid,
            a_op, b_op, sa, sb, out, m, n, k,
            a_op.stride(0), b_op.stride(0), sa.stride(0), sb.stride(0), out.stride(0), out.stride(1),
@@ -722,11 +722,11 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
     m, k = x.shape
     n = w.shape[0]
     block_k = c["BLOCK_K"]
-    split_k = max(1, min(c["SPLIT_K"], triton.cdiv(k, block_k)))
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)
+    split_k = max(1, min(c["SPLIT_K"], cdiv(k, block_k)))
+    k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
+    split_k = cdiv(k, k_per_split)
     target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, _DECODE_BLOCK_M), triton.cdiv(n, c["BLOCK_N"]), split_k)
+    grid = (cdiv(m, _DECODE_BLOCK_M), cdiv(n, c["BLOCK_N"]), split_k)
     # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
     native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)
     asm = native and c.get("ASM_DECODE", True) and _has_bf16x2_ptx(x.device)
@@ -739,7 +739,7 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
            num_stages=c["num_stages"])
     if split_k > 1:
         numel = m * n
-        launch(_sum_splits_kernel, x.device, (triton.cdiv(numel, 1024),), target, out, numel,
+        launch(_sum_splits_kernel, x.device, (cdiv(numel, 1024),), target, out, numel,
                SPLIT_K=split_k, BLOCK=1024, num_warps=4)
     return out
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
 # tile_elems / elems_per_thread / warp_size: as in rms_norm (num_warps = tile / (elems_per_thread * warp_size)).
@@ -244,10 +244,10 @@ def _segments(M: int, N: int, chunk: int, arch: str, device: torch.device, num_s
         cfg = pick_config(CONFIGS, arch)
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
         few_rows = M < cfg["programs_per_sm"] * sms
-        num_segments = triton.cdiv(N, max(chunk, cfg["segment_elems"])) if few_rows else 1
-    num_segments = max(1, min(num_segments, triton.cdiv(N, chunk)))
-    seg_len = triton.cdiv(triton.cdiv(N, num_segments), chunk) * chunk
-    return triton.cdiv(N, seg_len), seg_len
+        num_segments = cdiv(N, max(chunk, cfg["segment_elems"])) if few_rows else 1
+    num_segments = max(1, min(num_segments, cdiv(N, chunk)))
+    seg_len = cdiv(cdiv(N, num_segments), chunk) * chunk
+    return cdiv(N, seg_len), seg_len
 
 
 def _last_axis_rows(x: torch.Tensor, axis: int):
@@ -290,7 +290,7 @@ def softmax(x: torch.Tensor, axis: int = -1, log: bool = False, *, block_n: int 
     arch = current_arch(x.device)
     plan = {**_plan(M, N, arch, block_n), **(config or {})}
     if not plan["looped"]:
-        runner(_softmax_rows_kernel, x.device)[(triton.cdiv(M, plan["BLOCK_M"]),)](
+        runner(_softmax_rows_kernel, x.device)[(cdiv(M, plan["BLOCK_M"]),)](
             x2, y, M, N, x2.stride(0), y.stride(0),
             LOG=log, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], num_warps=plan["num_warps"])
         return restore(y)
@@ -324,7 +324,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, log: bool = False, axis: int 
         runner(_softmax_bwd_looped_kernel, y.device)[(M,)](
             *args, LOG=log, BLOCK_N=plan["BLOCK_N"], num_warps=plan["num_warps"])
     else:
-        runner(_softmax_bwd_rows_kernel, y.device)[(triton.cdiv(M, plan["BLOCK_M"]),)](
+        runner(_softmax_bwd_rows_kernel, y.device)[(cdiv(M, plan["BLOCK_M"]),)](
             *args, LOG=log, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], num_warps=plan["num_warps"])
     return restore(dx)
 

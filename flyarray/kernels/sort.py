@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from flyarray import unsigned as _u
-from flyarray.kernels._triton import current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
 from flyarray.kernels.top_k import order_key
 from flyarray.targets import KernelSpec
 
@@ -156,7 +156,7 @@ def searchsorted(seq: torch.Tensor, v: torch.Tensor, right: bool = False, *, con
         s2, v2 = s2.view(torch.uint8), v2.view(torch.uint8)
     cfg = _config(v.device, config)
     block = min(cfg["search_block"], next_pow2(M))
-    runner(_searchsorted_kernel, v.device)[(v2.shape[0], triton.cdiv(M, block))](
+    runner(_searchsorted_kernel, v.device)[(v2.shape[0], cdiv(M, block))](
         s2, v2, out, N, M, s2.stride(0) if N else 0, v2.stride(0), int(N).bit_length(),
         BLOCK=block, RIGHT=bool(right), IS_FLOAT=s2.dtype.is_floating_point, num_warps=cfg["search_warps"])
     return out
