@@ -234,22 +234,12 @@ class _Builder:
         self.allocated.update(slot for _, slot in fresh)
         outs = [self.slot[n.id] for n in step.outputs]
         sc = [self.scalar_slot(n) for n in step.scalars]
-        launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
-                                         [n.shape for n in step.outputs])
-        if backend == "reference":  # the reference launch makes its fresh outputs (often with no copy)
-            made = {slot for _, slot in fresh}
-            if all(o in made for o in outs) and len(outs) == 1:  # the common case: one output, made here
-                out, nothing = outs[0], [None]
-
-                def run_kernel(slots, scalars):
-                    slots[out] = launch([slots[i] for i in ins], nothing, [scalars[j] for j in sc])[0]
-            else:
-                def run_kernel(slots, scalars):
-                    results = launch([slots[i] for i in ins], [None if o in made else slots[o] for o in outs],
-                                     [scalars[j] for j in sc])
-                    for o, value in zip(outs, results):
-                        slots[o] = value
+        if backend == "reference":  # the step makes its fresh outputs (often with no copy): backends/reference.py
+            run_kernel = runtime.reference_step(kernel, self.input_views(step), [n.shape for n in step.outputs],
+                                                ins, outs, {slot for _, slot in fresh}, sc)
         else:
+            launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
+                                             [n.shape for n in step.outputs])
             allocations = [(slot, n.shape, _empty_like_of(n.dtype.torch, self.device)) for n, slot in fresh]
 
             def run_kernel(slots, scalars):
