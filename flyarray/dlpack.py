@@ -54,7 +54,7 @@ def _direct(buffer, stream) -> bool:
     if buffer.requires_grad or buffer.is_conj() or buffer.is_neg() or buffer.layout is not torch.strided:
         return False
     if not buffer.is_cuda:
-        return buffer.device.type == "cpu" and (stream is None or stream == -1)
+        return buffer.is_cpu and (stream is None or stream == -1)  # .device.type would cost 0.3 us per export
     if type(stream) is not int and stream is not None:
         return False
     index = buffer.device.index

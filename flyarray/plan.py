@@ -35,9 +35,19 @@ from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
 PLAN_CACHE_SIZE = 4096
 _plans: collections.OrderedDict = collections.OrderedDict()
+_newest = None  # the plan last used or added: already at the LRU end of _plans when it is hit again
 _lock = threading.RLock()  # one evaluation at a time: buffers are bound only when all its launches are issued
 _companions: dict = {}  # node id -> weak refs of nodes evaluated together with it (rms_norm's residual sum)
-_trace = threading.local()  # fa.jit sets .sources (ids of traced source nodes) while it traces
+
+
+class _TraceState(threading.local):
+    """Per thread, what fa.jit traces: ``sources``, the ids of traced source nodes, None while nothing
+    traces. A class default rather than a missing attribute: ``getattr(local, name, None)`` on a
+    missing one raises and catches AttributeError inside (half a microsecond of every evaluation)."""
+    sources = None
+
+
+_trace = _TraceState()
 
 
 class ConcretizationError(RuntimeError):
@@ -81,9 +91,18 @@ class Walk:
                 scalars.append(node.params)
                 scalar_nodes.append(node)
                 add_entry((constant, node.shape, node.dtype, node.device))
+                continue
+            params = node.params if prim.kind in plain else _params_key(node)
+            inputs = node.inputs
+            # the entry is the same tuple whatever the arity; one and two inputs are spelled out because
+            # star-unpacking a map builds a list first (a fifth of the walk's time on an elementwise chain)
+            if len(inputs) == 2:
+                a, b = inputs
+                add_entry((prim, params, node.shape, node.dtype, where(a), where(b)))
+            elif len(inputs) == 1:
+                add_entry((prim, params, node.shape, node.dtype, where(inputs[0])))
             else:
-                params = node.params if prim.kind in plain else _params_key(node)
-                add_entry((prim, params, node.shape, node.dtype, *map(where, node.inputs)))
+                add_entry((prim, params, node.shape, node.dtype, *map(where, inputs)))
         self.nodes, self.position = nodes, position
         self.leaves, self.leaf_nodes = leaves, leaf_nodes
         self.scalars, self.scalar_nodes = scalars, scalar_nodes
@@ -225,22 +244,12 @@ class _Builder:
         self.allocated.update(slot for _, slot in fresh)
         outs = [self.slot[n.id] for n in step.outputs]
         sc = [self.scalar_slot(n) for n in step.scalars]
-        launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
-                                         [n.shape for n in step.outputs])
-        if backend == "reference":  # the reference launch makes its fresh outputs (often with no copy)
-            made = {slot for _, slot in fresh}
-            if all(o in made for o in outs) and len(outs) == 1:  # the common case: one output, made here
-                out, nothing = outs[0], [None]
-
-                def run_kernel(slots, scalars):
-                    slots[out] = launch([slots[i] for i in ins], nothing, [scalars[j] for j in sc])[0]
-            else:
-                def run_kernel(slots, scalars):
-                    results = launch([slots[i] for i in ins], [None if o in made else slots[o] for o in outs],
-                                     [scalars[j] for j in sc])
-                    for o, value in zip(outs, results):
-                        slots[o] = value
+        if backend == "reference":  # the step makes its fresh outputs (often with no copy): backends/reference.py
+            run_kernel = runtime.reference_step(kernel, self.input_views(step), [n.shape for n in step.outputs],
+                                                ins, outs, {slot for _, slot in fresh}, sc)
         else:
+            launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
+                                             [n.shape for n in step.outputs])
             allocations = [(slot, n.shape, _empty_like_of(n.dtype.torch, self.device)) for n, slot in fresh]
 
             def run_kernel(slots, scalars):
@@ -326,11 +335,13 @@ def _kernel_key(kernel: Kernel):
 
 
 def _plan_for(walk: Walk, roots: list, backend: str) -> Plan:
+    global _newest
     key = walk.key
     plan = _plans.get(key)
     if plan is not None:
         runtime._stats["plan_hits"] += 1
         _plans.move_to_end(key)
+        _newest = plan
         if _plan_check:
             _check_plan(plan, walk, roots, backend)
         return plan
@@ -339,6 +350,7 @@ def _plan_for(walk: Walk, roots: list, backend: str) -> Plan:
         runtime._log(1, f"plan miss: {_miss_reason(key)}")
     plan = _Builder(walk, roots, backend).build()
     _plans[key] = plan
+    _newest = plan
     if len(_plans) > PLAN_CACHE_SIZE:
         _plans.popitem(last=False)
     return plan
@@ -381,8 +393,10 @@ def _short(entry) -> str:
 
 
 def clear():
+    global _newest
     with _lock:
         _plans.clear()
+        _newest = None
 
 
 # ---- 3/4. realize ---------------------------------------------------------------------------------
@@ -406,6 +420,7 @@ def realize(arrays):
 def evaluate(roots: list) -> tuple:
     """Walk, plan, run and bind ``roots`` (unrealized nodes; a view node asks for that view only, which
     the scheduler may compute alone: schedule.py); returns (walk, plan, slots)."""
+    global _newest
     backend = runtime.backend_for(roots[0].device)
     stats = runtime._stats
     stats["evaluations"] += 1
@@ -418,7 +433,9 @@ def evaluate(roots: list) -> tuple:
         plan = _plan_for(walk, roots, backend)
     else:  # the hit, inline: the hot path of every evaluation
         stats["plan_hits"] += 1
-        _plans.move_to_end(key)
+        if plan is not _newest:  # moving costs a second hash and compare of the whole key (3 us for 40 nodes)
+            _plans.move_to_end(key)
+            _newest = plan
     slots = plan.run(walk.leaves, walk.scalars)
     plan.bind(walk, slots)
     return walk, plan, slots

@@ -139,6 +139,13 @@ def kernel_launcher(kernel: Kernel, spec: codegen.LaunchSpec, backend: str, devi
     return launch_interpreted
 
 
+def reference_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, scalar_slots):
+    """A reference-backend kernel as a plan step ``step(slots, scalars)`` that reads and fills the plan's
+    slots itself (backends/reference.py, ``compile_step``); counts its launches as ``kernel_launcher``'s."""
+    from .backends.reference import compile_step
+    return compile_step(kernel, input_views, output_shapes, ins, outs, made, scalar_slots, _stats)
+
+
 def _scalar_args(kernel, scalars) -> list:
     return [codegen.scalar_arg(v, d) for v, d in zip(scalars, kernel.scalar_dtypes)]
 

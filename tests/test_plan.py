@@ -215,6 +215,31 @@ def test_clear_caches_empties_the_plan_cache(backend):
     assert not plan._plans
 
 
+def test_the_plan_cache_evicts_the_least_recently_used_plan(backend, monkeypatch):
+    """A hit on the newest plan skips moving it (it is already last); any other hit moves it, so the
+    eviction order stays exactly least recently used."""
+    fa.clear_caches()
+    monkeypatch.setattr(plan, "PLAN_CACHE_SIZE", 2)
+    x = torch.randn(6)
+    programs = {"a": lambda: fa.exp(fa.asarray(x)), "b": lambda: fa.sin(fa.asarray(x)),
+                "c": lambda: fa.cos(fa.asarray(x))}
+
+    def hit(name):
+        before = fa.stats()["plan_hits"]
+        fa.eval(programs[name]())
+        return fa.stats()["plan_hits"] > before
+    try:
+        assert [hit(n) for n in "aab"] == [False, True, False]
+        assert hit("a")        # a is used last now: c evicts b
+        assert not hit("c")
+        assert [hit(n) for n in "ac"] == [True, True]
+        assert not hit("b")    # b evicts a, the least recently used
+        assert [hit(n) for n in "cb"] == [True, True]
+        assert not hit("a")
+    finally:
+        fa.clear_caches()
+
+
 def test_clear_caches_empties_the_hand_written_kernels_launch_plans():
     from flyarray.kernels import gemm
     gemm.matmul(torch.randn(4, 8), torch.randn(8, 5))

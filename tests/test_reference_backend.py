@@ -67,3 +67,28 @@ def test_reuse_keeps_inputs_and_aliases_intact(backend):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     assert torch.equal(x, before)
     torch.testing.assert_close(b.torch().double(), torch.sin(xd), rtol=1e-6, atol=1e-6)
+
+
+def test_a_plan_step_equals_the_kernel_function_it_replaces():
+    """``compile_step`` (a plan step reading and filling slots) computes what ``compile_kernel`` does for
+    the same kernel, with inputs, outputs and scalars at arbitrary slots, an output written into a
+    buffer already there, and counts one launch per call."""
+    from flyarray import runtime
+    from flyarray.backends.reference import compile_kernel, compile_step
+    from flyarray.kernel_ir import Const
+    view = View((2, 3), (3, 1), 0)
+    ops = [Load(0, view, "full", F32), Load(1, View((2, 3), (0, 1), 0), "full", F32), Const(0, "full", F32),
+           _ew("multiply", 0, 2), _ew("add", 3, 1), Const(1, "full", F32), _ew("subtract", 4, 5), _ew("sin", 6)]
+    kernel = Kernel((2, 3), (), ops, [Store(6, F32, view, "full"), Store(7, F32, view, "full")], 2, [F32, F32])
+    a, b, into = torch.randn(2, 3), torch.randn(3), torch.full((2, 3), 7.0)
+    want = compile_kernel(kernel, [view, None])([a, b], [None, torch.empty(2, 3)], [0.5, -2.0])
+    step = compile_step(kernel, [view, None], [(2, 3), (2, 3)], ins=[3, 0], outs=[1, 4], made={1},
+                        scalar_slots=[2, 0], stats=runtime._stats)
+    slots = [b, None, None, a, into]
+    before = runtime._stats["kernels_launched"]
+    step(slots, [-2.0, 99.0, 0.5])
+    assert runtime._stats["kernels_launched"] == before + 1
+    torch.testing.assert_close(slots[1], want[0])
+    torch.testing.assert_close(slots[4], want[1])
+    assert slots[4] is into  # written into the buffer that was there
+    assert slots[0] is b and slots[3] is a
