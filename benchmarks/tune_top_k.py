@@ -4,7 +4,8 @@ per kernel (group maxima, threshold, compaction, final sort).
 
     PYTHONPATH=$PWD python benchmarks/tune_top_k.py        # writes $OUT/tune_top_k.json (OUT: /tmp)
 
-Rows: x of 64 x 131072 (fp32 randn, bf16 randn, fp32 uniform [0, 1)), k in (50, 1024). Columns:
+Rows: x of 64 x 131072 (fp32 randn, bf16 randn, fp32 uniform [0, 1), sorted randn, four values: floods of
+ties), k in (50, 1024). Columns:
 ``ms`` is triton.testing.do_bench (warmup 25, rep 100, median) of the call as a user makes it (host
 launches included; do_bench clears L2 between calls, so the first read comes from HBM); ``graph_ms``
 the same for a CUDA-graph replay of it (device time, no host cost). The check: values equal to
@@ -21,14 +22,12 @@ import triton.testing
 from flyarray.kernels import top_k as tk
 
 ROWS, N = 64, 131072
-# (name, overrides) tried on fp32 randn; bf16 and uniform rows time the default only
+# (name, overrides) tried on fp32 randn; the other rows time the default (and k=50's first variant)
 VARIANTS = {
-    50: [("chunk8192", {"chunk": 8192}), ("chunk2048", {"chunk": 2048}),  # programs of the two data passes
-         ("search16", {"search_bits": 16}), ("digit6", {"digit_bits": 6}),  # threshold: 5 rounds of 6 bits (30), not 8 of 4
-         ("select4w", {"select_warps": 4}), ("groups2048", {"min_groups": 2048}),
-         ("final4w", {"final_min_warps": 4})],  # the 128-word sort on 4 warps, not 2
-    1024: [("groups4", {"groups_per_kpad": 4}), ("search16", {"search_bits": 16}), ("digit6", {"digit_bits": 6}),
-           ("final16w", {"final_warps": 16, "final_words_per_warp": 128})],  # the 2048-word sort on 16 warps
+    50: [("unfused", {"fuse_max_elems": 0}),  # threshold, then a compaction pass over the live pieces
+         ("search16", {"search_bits": 16}), ("select4w", {"select_warps": 4}),
+         ("chunk2048", {"chunk": 2048}), ("groups2048", {"min_groups": 2048})],
+    1024: [("search16", {"search_bits": 16}), ("final16w", {"final_warps": 16, "final_words_per_warp": 128})],
 }
 
 
@@ -85,13 +84,16 @@ def main(device="cuda", rows=ROWS, n=N):
     g = torch.Generator(device=device).manual_seed(0)
     randn = torch.randn(rows, n, device=device, generator=g)
     datasets = {"fp32 randn": randn, "bf16 randn": randn.to(torch.bfloat16),
-                "fp32 uniform": torch.rand(rows, n, device=device, generator=g)}
+                "fp32 uniform": torch.rand(rows, n, device=device, generator=g),
+                "fp32 sorted": randn.sort(-1).values,  # the top k side by side
+                "fp32 4 values": torch.randint(0, 4, (rows, n), device=device, generator=g).float()}  # tie floods
     rows, profiles = [], {}
     print(f"{'data':14s} {'k':>5s} {'variant':12s} {'ms':>8s} {'graph_ms':>9s} {'vs torch':>8s}  check")
     for name, x in datasets.items():
         for k in (50, 1024):
             torch_ms = bench(lambda: torch.topk(x, k, dim=-1))
-            variants = [("default", None)] + (VARIANTS[k] if name == "fp32 randn" else [])
+            # every variant on fp32 randn; the other rows: the default, and k=50 unfused beside it
+            variants = [("default", None)] + (VARIANTS[k] if name == "fp32 randn" else VARIANTS[k][:1] if k == 50 else [])
             for tag, cfg in variants:
                 fn = lambda: tk.top_k(x, k, config=cfg)  # noqa: E731
                 try:

@@ -30,19 +30,26 @@ value and, between equal values, the lower column. Two regimes:
 * narrow rows (N <= ~1024, k <= 16: MoE routers): one kernel, several rows per
   program; k rounds of "row max of the keys, lowest column holding it, knock it out".
 * wide rows (vocabularies, and everything else): a threshold, then one compaction.
-  Four kernels, no host synchronization (64x131072: 64 rows x 32 programs for the two
-  passes over the data):
+  Three or four kernels, no host synchronization, the row read once (64x131072: 64 rows x
+  32 programs for the pass over the data):
 
   1. group maxima: the row is cut into ``groups`` strided groups (column % groups, so
      the k largest of a sorted or clustered row still fall in k different groups); each
-     program reads a band of contiguous columns of every slab and writes their maxima.
+     program reads a band of contiguous columns of every slab and writes their maxima,
+     and the maximum of each band piece (``seg`` contiguous columns) it read.
   2. threshold, one program a row: t = the largest key with at least k group maxima
      >= t, a bitwise search DIGIT bits a round (a 2^(DIGIT+1)-bin histogram per round).
      k distinct elements reach t, so the row's top k are all >= t; with ~8 groups per
      top-k slot about k + k^2/(2*groups) elements do (1087 for k=1024 of randn rows).
-  3. compaction (second read of the row, mostly from L2): every element >= t goes, as a
-     packed word, to the row's m = max(2*kpad, min_cap) slots (atomic slot counter);
-     counts of >= t and > t are kept.
+  3. compaction: every element >= t goes, as a packed word, to the row's
+     m = max(2*kpad, min_cap) slots; counts of >= t and > t are kept. Only the pieces
+     whose maximum reaches t are read (for k=50 of a random row, about 50 of 4096
+     pieces of 32 columns). For small k (m * seg <= fuse_max_elems) the threshold
+     program does it: it lists the live pieces (each holds an element >= t, so more
+     than m of them is the overflow below) and compacts their m * seg elements at
+     once; otherwise a pass of (row, chunk) programs with an atomic slot counter.
+     (A pass of its own took 22 us at k=50 even when it read only the live pieces:
+     2048 short programs of dependent loads and an atomic, in waves.)
   4. final, one program a row: a bitonic top-k network over the m words, then the
      values are gathered. If more than m were >= t (floods of ties, or a threshold left
      loose by adversarial data) the program finds a superset itself, exactly, scanning
@@ -70,7 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import FixedLaunch, current_arch, launch_cache, next_pow2, pick_config, runner
+from flyarray.kernels._triton import FixedLaunch, cdiv, current_arch, launch_cache, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
 
@@ -103,6 +110,9 @@ def order_key(x, IS_FLOAT: tl.constexpr):
 # select_tile / select_warps: group maxima the threshold program holds at once (all of them, up to
 #   this many: one load for every round), its warps.
 # min_cap: fewest candidate slots a row gets (the final sort takes max(2*kpad, min_cap) words).
+# fuse_max_elems: when the m candidate slots times the piece length (seg) are at most this, the
+#   threshold program does the compaction (reads the live pieces, m of them at most), no third pass;
+#   piece_tile: piece maxima it scans at once.
 # final_warps / final_min_warps / final_words_per_warp: the final kernel's warps (one program a row,
 #   a warp per final_words_per_warp words within these bounds); fallback_elems_per_thread: elements
 #   a thread reads per step when a row's candidates overflow (the exact scan).
@@ -116,7 +126,8 @@ _WIDE = {
     "chunk": 4096, "chunk_elems_per_thread": 16, "groups_per_kpad": 8, "min_groups": 1024,
     "max_groups": 16384, "min_segment": 32, "digit_bits": 4, "search_bits": 32, "select_tile": 8192,
     "select_warps": 8, "min_cap": 128, "final_warps": 8, "final_min_warps": 2, "final_words_per_warp": 256,
-    "fallback_elems_per_thread": 8, "direct_max_n": 2048, "max_k": 2048,
+    "fallback_elems_per_thread": 8, "direct_max_n": 2048, "max_k": 2048, "fuse_max_elems": 4096,
+    "piece_tile": 4096,
 }
 _NARROW = {"narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1}
 CONFIGS = {
@@ -216,39 +227,39 @@ def _settle_digit(hist, t, shift, k, DIGIT: tl.constexpr):
 
 @triton.jit
 def _group_max_kernel(
-    x_ptr, gm_ptr, N, stride_row, n_slabs, gm_stride,
+    x_ptr, gm_ptr, pieces_ptr, N, stride_row, n_slabs, gm_stride,
     GROUPS: tl.constexpr, SEG: tl.constexpr, SLABS: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
-    """Program (row, c): maxima (unsigned keys) of the row's groups c*SEG .. c*SEG + SEG - 1.
+    """Program (row, c): maxima (unsigned keys) of the row's groups c*SEG .. c*SEG + SEG - 1, and of
+    the pieces it reads.
 
     The row is read as slabs of GROUPS columns; group g holds the columns g, g + GROUPS, g + 2*GROUPS,
     ... (strided over the whole row, so the k largest of a sorted or clustered row still land in
     k different groups). A program reads SEG contiguous columns of every slab, SLABS slabs a step.
+    Those SEG columns are piece col // SEG of the row: its maximum goes to pieces[row, piece], so the
+    compaction reads only the pieces that reach the threshold.
     """
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * SEG + tl.arange(0, SEG)
     acc = tl.zeros([SEG], tl.uint32)  # below every valid key but INT32_MIN's (harmless: see _threshold)
     for j0 in range(0, n_slabs, SLABS):
-        col = (j0 + tl.arange(0, SLABS))[:, None] * GROUPS + g[None, :]
+        slab = j0 + tl.arange(0, SLABS)
+        col = slab[:, None] * GROUPS + g[None, :]
         ok = col < N
-        # evict_last: the compaction pass reads the row again, from L2 if it stayed there
         x = tl.load(x_ptr + row * stride_row + col, mask=ok, other=0, eviction_policy="evict_last")
         u = tl.where(ok, _unsigned_key(x, IS_FLOAT), 0)
         acc = tl.maximum(acc, tl.reduce(u, 0, _MAX))
+        piece = slab * (GROUPS // SEG) + tl.program_id(1)
+        tl.store(pieces_ptr + row * gm_stride + piece, tl.reduce(u, 1, _MAX).to(tl.int32, bitcast=True),
+                 mask=slab < n_slabs)
     tl.store(gm_ptr + row * gm_stride + g, acc.to(tl.int32, bitcast=True))
 
 
 @triton.jit
-def _threshold_kernel(
-    gm_ptr, state_ptr, k, state_stride,
-    GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
-):
-    """Program = row: t = the largest key with k group maxima >= t (searched over the top SEARCH_BITS
-    bits, DIGIT a round; the bits below stay 0, so t is a lower bound of the k-th largest maximum).
-    k distinct elements reach t, so the row's top k are all >= t. state[row] = (t, 0, 0): the counters
-    the compaction adds to start at 0."""
-    row = tl.program_id(0).to(tl.int64)
-    gm = gm_ptr + row * state_stride
+def _search_threshold(gm, k, GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
+                      SEARCH_BITS: tl.constexpr):
+    """The largest key t with k group maxima >= t (searched over the top SEARCH_BITS bits, DIGIT a
+    round; the bits below stay 0, so t is a lower bound of the k-th largest maximum)."""
     if TILE == GROUPS:  # every maximum held in registers across the rounds
         u_all = tl.load(gm + tl.arange(0, GROUPS)).to(tl.uint32, bitcast=True)
     t = tl.full([], 0, tl.uint32)
@@ -262,26 +273,87 @@ def _threshold_kernel(
                 u = tl.load(gm + g0 + tl.arange(0, TILE)).to(tl.uint32, bitcast=True)
                 hist += _digit_histogram(u, u == u, t, shift, DIGIT)
         t = _settle_digit(hist, t, shift, k, DIGIT)
+    return t
+
+
+@triton.jit
+def _threshold_kernel(
+    gm_ptr, state_ptr, k, state_stride,
+    GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+):
+    """Program = row: t (``_search_threshold``). k distinct elements reach t, so the row's top k are
+    all >= t. state[row] = (t, 0, 0): the counters the compaction adds to start at 0."""
+    row = tl.program_id(0).to(tl.int64)
+    t = _search_threshold(gm_ptr + row * state_stride, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
     s = tl.arange(0, 4)
     tl.store(state_ptr + row * state_stride + s, tl.where(s == 0, t.to(tl.int32, bitcast=True), 0))
 
 
 @triton.jit
+def _threshold_compact_kernel(
+    x_ptr, state_ptr, pieces_ptr, listed_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
+    GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+    CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
+):
+    """Program = row: t (``_search_threshold``), then the compaction itself, for small k: the pieces
+    of SEG columns whose maximum reaches t are listed (each holds an element >= t, so more than CAP
+    of them means more than CAP candidates: the overflow the final kernel scans the row for), and
+    their elements >= t written as packed words to the row's CAP slots. state[row] = (t, candidates,
+    above t), or (t, CAP + 1, -1) on overflow (above t not counted)."""
+    row = tl.program_id(0).to(tl.int64)
+    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
+    pieces = pieces_ptr + row * state_stride
+    listed = listed_ptr + row * state_stride
+    n_live = tl.full([], 0, tl.int32)
+    for p0 in range(0, n_pieces, PIECE_TILE):
+        p = p0 + tl.arange(0, PIECE_TILE)
+        peak = tl.load(pieces + p, mask=p < n_pieces, other=0).to(tl.uint32, bitcast=True)
+        live = ((p < n_pieces) & (peak >= t)).to(tl.int32)
+        pos = n_live + tl.associative_scan(live, 0, _ADD) - live
+        tl.store(listed + pos, p, mask=(live != 0) & (pos < CAP))
+        n_live += tl.reduce(live, 0, _ADD)
+    tl.debug_barrier()  # the list was written by other threads of this program
+    n_cand = tl.full([], CAP + 1, tl.int32)
+    n_above = tl.full([], -1, tl.int32)
+    if n_live <= CAP:
+        e = tl.arange(0, CAP * SEG)
+        piece = tl.load(listed + e // SEG, mask=e // SEG < n_live, other=0)
+        col = piece * SEG + e % SEG
+        valid = (e // SEG < n_live) & (col < N)
+        x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0)
+        key = order_key(x, IS_FLOAT)
+        u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+        take = (valid & (u >= t)).to(tl.int32)
+        slot = tl.associative_scan(take, 0, _ADD) - take
+        half = words_ptr.to(tl.pointer_type(tl.int32)) + 2 * (row * CAP + slot)
+        keep = (take != 0) & (slot < CAP)
+        tl.store(half, col ^ -1, mask=keep)
+        tl.store(half + 1, key, mask=keep)
+        n_cand = tl.reduce(take, 0, _ADD)
+        n_above = tl.reduce((valid & (u > t)).to(tl.int32), 0, _ADD)
+    s = tl.arange(0, 4)
+    head = tl.where(s == 0, t.to(tl.int32, bitcast=True), tl.where(s == 1, n_cand, tl.where(s == 2, n_above, 0)))
+    tl.store(state_ptr + row * state_stride + s, head)
+
+
+@triton.jit
 def _compact_kernel(
-    x_ptr, state_ptr, words_ptr, N, stride_row, state_stride,
-    CHUNK: tl.constexpr, CAP: tl.constexpr, IS_FLOAT: tl.constexpr,
+    x_ptr, state_ptr, pieces_ptr, words_ptr, N, stride_row, state_stride,
+    CHUNK: tl.constexpr, CAP: tl.constexpr, SEG: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
     """Program (row, chunk): append the chunk's elements >= t (packed words) to the row's CAP slots.
 
     state[row, 1] counts every element >= t (the slot counter; words past CAP are dropped and the
-    final kernel then takes the exact path), state[row, 2] those > t."""
+    final kernel then takes the exact path), state[row, 2] those > t. Only the pieces of SEG columns
+    whose maximum reaches t are read (on a random row, about k pieces of the whole row)."""
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
-    valid = col < N
+    t = tl.load(state_ptr + row * state_stride).to(tl.uint32, bitcast=True)
+    piece_max = tl.load(pieces_ptr + row * state_stride + col // SEG, mask=col < N, other=0)
+    valid = (col < N) & (piece_max.to(tl.uint32, bitcast=True) >= t)
     x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0, eviction_policy="evict_first")
     key = order_key(x, IS_FLOAT)
     u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
-    t = tl.load(state_ptr + row * state_stride).to(tl.uint32, bitcast=True)
     take = valid & (u >= t)
     n_take = tl.reduce(take.to(tl.int32), 0, _ADD)
     if n_take > 0:
@@ -327,7 +399,14 @@ def _final_kernel(
         n_cand = tl.load(state_ptr + row * state_stride + 1)
         if n_cand > M:
             t = tl.load(state_ptr + row * state_stride).to(tl.uint32, bitcast=True)
-            if tl.load(state_ptr + row * state_stride + 2) >= k:  # t is below the k-th largest: search it
+            n_above = tl.load(state_ptr + row * state_stride + 2)
+            if n_above < 0:  # not counted (the fused compaction's overflow): count the row
+                n_above = tl.full([], 0, tl.int32)
+                for c0 in range(0, N, TILE):
+                    col = c0 + tl.arange(0, TILE)
+                    x = tl.load(x_ptr + row * stride_row + col, mask=col < N, other=0)
+                    n_above += tl.reduce(((col < N) & (_unsigned_key(x, IS_FLOAT) > t)).to(tl.int32), 0, _ADD)
+            if n_above >= k:  # t is below the k-th largest: search it
                 t = tl.full([], 0, tl.uint32)
                 for rnd in range(32 // DIGIT):
                     shift = 32 - DIGIT * (rnd + 1)
@@ -488,7 +567,7 @@ def _launch_rows(x2, vals, idx, k, cfg, softmax: bool, renorm: bool, launch) -> 
     rows, N = x2.shape
     block_n = next_pow2(N)
     per_program = max(1, min(cfg["narrow_tile"] // block_n, next_pow2(rows)))
-    grid = (triton.cdiv(rows, per_program),)
+    grid = (cdiv(rows, per_program),)
     launch(_rows_topk_kernel, grid,
            ROWS=per_program, BLOCK_N=block_n, K=k, KPAD=next_pow2(k),
            IS_FLOAT=x2.dtype.is_floating_point, SOFTMAX=softmax, RENORM=renorm,
@@ -516,15 +595,19 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
         final_warps = max(1, min(cfg["final_warps"], m // cfg["final_words_per_warp"]))
         return {**plan, "direct": True, "m": m, "final_warps": final_warps}
     chunk = min(cfg["chunk"], next_pow2(N))
-    want = next_pow2(triton.cdiv(N, chunk))  # programs a row
+    want = next_pow2(cdiv(N, chunk))  # programs a row
     groups = max(cfg["groups_per_kpad"] * kpad, cfg["min_groups"], want * cfg["min_segment"])
     groups = min(groups, max(cfg["max_groups"], cfg["groups_per_kpad"] * kpad), next_pow2(N))
     programs = max(1, min(want, groups // cfg["min_segment"]))
     seg = groups // programs
-    n_slabs = triton.cdiv(N, groups)
+    n_slabs = cdiv(N, groups)
     slabs = max(1, min(next_pow2(n_slabs), chunk // seg))
     threads = lambda elems: min(512, max(warp, elems // cfg["chunk_elems_per_thread"]))  # noqa: E731
-    return {**plan, "direct": False, "chunk": chunk, "n_chunks": triton.cdiv(N, chunk),
+    # small k: the threshold program compacts the live pieces itself (no compaction pass)
+    fuse = m * seg <= cfg["fuse_max_elems"]
+    plan.update(fuse=fuse, n_pieces=n_slabs * programs, piece_tile=min(next_pow2(n_slabs * programs),
+                                                                         cfg["piece_tile"]))
+    return {**plan, "direct": False, "chunk": chunk, "n_chunks": cdiv(N, chunk),
             "chunk_warps": threads(chunk) // warp,
             "groups": groups, "programs": programs, "seg": seg, "n_slabs": n_slabs, "slabs": slabs,
             "group_warps": threads(seg * slabs) // warp,
@@ -552,19 +635,27 @@ def _threshold_passes(x2, k, plan, launch):
     -, the group maxima; words [rows, m] int64: the candidates, when they fit)."""
     rows, N = x2.shape
     is_float = x2.dtype.is_floating_point
-    groups, m = plan["groups"], plan["m"]
-    state = torch.empty((rows, 4 + groups), dtype=torch.int32, device=x2.device)
+    groups, m, n_pieces = plan["groups"], plan["m"], plan["n_pieces"]
+    listed = m if plan["fuse"] else 0
+    state = torch.empty((rows, 4 + groups + n_pieces + listed), dtype=torch.int32, device=x2.device)
     words = torch.empty((rows, m), dtype=torch.int64, device=x2.device)
-    gm = state[:, 4:]
+    gm, pieces = state[:, 4:], state[:, 4 + groups:]
     launch(_group_max_kernel, (rows, plan["programs"]),
            GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float,
-           num_warps=plan["group_warps"])(x2, gm, N, x2.stride(0), plan["n_slabs"], state.stride(0))
+           num_warps=plan["group_warps"])(x2, gm, pieces, N, x2.stride(0), plan["n_slabs"], state.stride(0))
+    if plan["fuse"]:
+        launch(_threshold_compact_kernel, (rows,),
+               GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
+               CAP=m, SEG=plan["seg"], PIECE_TILE=plan["piece_tile"], IS_FLOAT=is_float,
+               num_warps=plan["select_warps"])(x2, state, pieces, state[:, 4 + groups + n_pieces:], words, N,
+                                               x2.stride(0), k, state.stride(0), n_pieces)
+        return state, words
     launch(_threshold_kernel, (rows,),
            GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
            num_warps=plan["select_warps"])(gm, state, k, state.stride(0))
     launch(_compact_kernel, (rows, plan["n_chunks"]),
-           CHUNK=plan["chunk"], CAP=m, IS_FLOAT=is_float,
-           num_warps=plan["chunk_warps"])(x2, state, words, N, x2.stride(0), state.stride(0))
+           CHUNK=plan["chunk"], CAP=m, SEG=plan["seg"], IS_FLOAT=is_float,
+           num_warps=plan["chunk_warps"])(x2, state, pieces, words, N, x2.stride(0), state.stride(0))
     return state, words
 
 
@@ -572,7 +663,8 @@ def wide_threshold_state(x: torch.Tensor, k: int, *, config: dict | None = None)
     """What the wide path's first three kernels leave for each row (tests use it to see which branch
     of the final kernel a row takes): the threshold t (its unsigned key), how many elements are >= t
     (the candidates; more than ``m`` overflow: the exact scan) and how many > t (fewer than k: the
-    k-th largest is t itself, no search)."""
+    k-th largest is t itself, no search; -1 where the fused compaction overflowed without counting:
+    the final kernel counts)."""
     x2, N = _rows_of(x, k)
     plan = wide_plan(N, k, _config(x.device, config))
     assert not plan["direct"], "rows this short skip the threshold passes"
@@ -693,44 +785,56 @@ def compile_specs() -> list:
 
 
 def wide_specs(N: int, k: int, arch: str, dtype: str = "fp32") -> list:
-    """The four kernels of the wide path for rows of N and this k, as ``arch``'s plan launches them."""
+    """The kernels of the wide path for rows of N and this k, as ``arch``'s plan launches them: group
+    maxima, threshold (with the compaction fused in for small k, else a compaction pass), final."""
     cfg = CONFIGS[arch]
     plan = wide_plan(N, k, cfg)
     assert not plan["direct"]
     m, kpad = plan["m"], plan["kpad"]
     tag = f"{dtype}_n{N}_k{k}_{arch}"
-    return [
-        KernelSpec(
-            f"top_k_group_max_{tag}", _group_max_kernel,
-            {"x_ptr": f"*{dtype}", "gm_ptr": "*i32", "N": "i32", "stride_row": "i32", "n_slabs": "i32",
-             "gm_stride": "i32", "GROUPS": "constexpr", "SEG": "constexpr", "SLABS": "constexpr",
-             "IS_FLOAT": "constexpr"},
-            {"GROUPS": plan["groups"], "SEG": plan["seg"], "SLABS": plan["slabs"], "IS_FLOAT": True},
-            num_warps=plan["group_warps"], divisible=("N", "stride_row"),
-        ),
-        KernelSpec(
+    search = {"GROUPS": plan["groups"], "TILE": plan["select_tile"], "DIGIT": plan["digit"],
+              "SEARCH_BITS": plan["search_bits"]}
+    search_types = {name: "constexpr" for name in search}
+    specs = [KernelSpec(
+        f"top_k_group_max_{tag}", _group_max_kernel,
+        {"x_ptr": f"*{dtype}", "gm_ptr": "*i32", "pieces_ptr": "*i32", "N": "i32", "stride_row": "i32",
+         "n_slabs": "i32", "gm_stride": "i32", "GROUPS": "constexpr", "SEG": "constexpr", "SLABS": "constexpr",
+         "IS_FLOAT": "constexpr"},
+        {"GROUPS": plan["groups"], "SEG": plan["seg"], "SLABS": plan["slabs"], "IS_FLOAT": True},
+        num_warps=plan["group_warps"], divisible=("N", "stride_row"),
+    )]
+    if plan["fuse"]:
+        specs.append(KernelSpec(
+            f"top_k_threshold_compact_{tag}", _threshold_compact_kernel,
+            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "pieces_ptr": "*i32", "listed_ptr": "*i32",
+             "words_ptr": "*i64", "N": "i32", "stride_row": "i32", "k": "i32", "state_stride": "i32",
+             "n_pieces": "i32", **search_types, "CAP": "constexpr", "SEG": "constexpr",
+             "PIECE_TILE": "constexpr", "IS_FLOAT": "constexpr"},
+            {**search, "CAP": m, "SEG": plan["seg"], "PIECE_TILE": plan["piece_tile"], "IS_FLOAT": True},
+            num_warps=plan["select_warps"], divisible=("N", "stride_row", "state_stride"),
+        ))
+    else:
+        specs.append(KernelSpec(
             f"top_k_threshold_{tag}", _threshold_kernel,
-            {"gm_ptr": "*i32", "state_ptr": "*i32", "k": "i32", "state_stride": "i32",
-             "GROUPS": "constexpr", "TILE": "constexpr", "DIGIT": "constexpr", "SEARCH_BITS": "constexpr"},
-            {"GROUPS": plan["groups"], "TILE": plan["select_tile"], "DIGIT": plan["digit"],
-             "SEARCH_BITS": plan["search_bits"]},
-            num_warps=plan["select_warps"], divisible=("state_stride",),
-        ),
-        KernelSpec(
+            {"gm_ptr": "*i32", "state_ptr": "*i32", "k": "i32", "state_stride": "i32", **search_types},
+            search, num_warps=plan["select_warps"], divisible=("state_stride",),
+        ))
+        specs.append(KernelSpec(
             f"top_k_compact_{tag}", _compact_kernel,
-            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "N": "i32", "stride_row": "i32",
-             "state_stride": "i32", "CHUNK": "constexpr", "CAP": "constexpr", "IS_FLOAT": "constexpr"},
-            {"CHUNK": plan["chunk"], "CAP": m, "IS_FLOAT": True},
+            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "pieces_ptr": "*i32", "words_ptr": "*i64", "N": "i32",
+             "stride_row": "i32", "state_stride": "i32", "CHUNK": "constexpr", "CAP": "constexpr",
+             "SEG": "constexpr", "IS_FLOAT": "constexpr"},
+            {"CHUNK": plan["chunk"], "CAP": m, "SEG": plan["seg"], "IS_FLOAT": True},
             num_warps=plan["chunk_warps"], divisible=("N", "stride_row", "state_stride"),
-        ),
-        KernelSpec(
-            f"top_k_final_{tag}", _final_kernel,
-            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "vals_ptr": f"*{dtype}",
-             "idx_ptr": "*i32", "N": "i32", "stride_row": "i32", "k": "i32", "state_stride": "i32",
-             "M": "constexpr", "LOGM": "constexpr", "KPAD": "constexpr", "LOGK": "constexpr",
-             "DIRECT": "constexpr", "TILE": "constexpr", "DIGIT": "constexpr", "IS_FLOAT": "constexpr"},
-            {"M": m, "LOGM": m.bit_length() - 1, "KPAD": kpad, "LOGK": kpad.bit_length() - 1,
-             "DIRECT": False, "TILE": plan["fallback_tile"], "DIGIT": plan["exact_digit"], "IS_FLOAT": True},
-            num_warps=plan["final_warps"], divisible=("N", "stride_row", "state_stride"),
-        ),
-    ]
+        ))
+    specs.append(KernelSpec(
+        f"top_k_final_{tag}", _final_kernel,
+        {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "vals_ptr": f"*{dtype}",
+         "idx_ptr": "*i32", "N": "i32", "stride_row": "i32", "k": "i32", "state_stride": "i32",
+         "M": "constexpr", "LOGM": "constexpr", "KPAD": "constexpr", "LOGK": "constexpr",
+         "DIRECT": "constexpr", "TILE": "constexpr", "DIGIT": "constexpr", "IS_FLOAT": "constexpr"},
+        {"M": m, "LOGM": m.bit_length() - 1, "KPAD": kpad, "LOGK": kpad.bit_length() - 1,
+         "DIRECT": False, "TILE": plan["fallback_tile"], "DIGIT": plan["exact_digit"], "IS_FLOAT": True},
+        num_warps=plan["final_warps"], divisible=("N", "stride_row", "state_stride"),
+    ))
+    return specs

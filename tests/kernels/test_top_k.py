@@ -20,10 +20,14 @@ from flyarray.kernels.top_k import (
 # tiny sizes: a 100-long row is several chunks and group-max programs, and 8 candidate slots
 # overflow at the first flood of ties
 WIDE_SMALL = {"narrow_max_n": 0, "direct_max_n": 0, "chunk": 64, "min_groups": 16, "groups_per_kpad": 4,
-              "min_segment": 4, "min_cap": 8, "select_tile": 16, "fallback_elems_per_thread": 1}
+              "min_segment": 4, "min_cap": 8, "select_tile": 16, "fallback_elems_per_thread": 1,
+              "fuse_max_elems": 0}
+# the same with the compaction fused into the threshold program (small k: the default); piece
+# maxima scanned 16 at a time
+FUSED_SMALL = {**WIDE_SMALL, "fuse_max_elems": 1 << 20, "piece_tile": 16}
 DIRECT = {"narrow_max_n": 0}  # the final kernel alone (rows up to direct_max_n)
 NARROW = {}
-PATHS = {"narrow": NARROW, "wide": WIDE_SMALL, "direct": DIRECT}
+PATHS = {"narrow": NARROW, "wide": WIDE_SMALL, "fused": FUSED_SMALL, "direct": DIRECT}
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -96,9 +100,10 @@ def test_integers(dtype):
 
 def wide_branch(x, k, config=WIDE_SMALL):
     """Which branch of the final kernel each row takes: 'fits' (the compacted candidates), 'ties'
-    (they overflow; fewer than k above the threshold, so it is the k-th largest) or 'search'."""
+    (they overflow; fewer than k above the threshold, so it is the k-th largest) or 'search';
+    'overflow' where the fused compaction found too many live pieces (the final kernel counts)."""
     state = wide_threshold_state(x, k, config=config)
-    return ["fits" if c <= state["m"] else "ties" if a < k else "search"
+    return ["fits" if c <= state["m"] else "overflow" if a < 0 else "ties" if a < k else "search"
             for c, a in zip(state["candidates"].tolist(), state["above"].tolist())]
 
 
@@ -118,26 +123,32 @@ def test_wide_plan_sizes():
         assert p["m"] >= 2 * p["kpad"] and p["n_chunks"] * p["chunk"] >= n
 
 
+@pytest.mark.parametrize("path", ["wide", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_wide_fits_random_and_sorted(dtype):
+def test_wide_fits_random_and_sorted(dtype, path):
+    cfg = PATHS[path]
     # random rows: about k candidates, no overflow; several rows, k not a power of two
     x = torch.randn(3, 300).to(dtype)
     for k in (1, 3, 6):
-        assert wide_branch(x, k) == ["fits"] * 3
-        assert_same(x, k, top_k(x, k, config=WIDE_SMALL))
+        assert wide_branch(x, k, cfg) == ["fits"] * 3
+        assert_same(x, k, top_k(x, k, config=cfg))
     # sorted and reversed rows: the groups stride over the whole row, so the k largest (side by
     # side) are k group maxima and the threshold is exact
     s = torch.stack([torch.arange(300.0), -torch.arange(300.0), torch.arange(300.0).flip(0)]).to(dtype)
-    assert wide_branch(s, 4) == ["fits"] * 3
-    assert_same(s, 4, top_k(s, 4, config=WIDE_SMALL))
+    assert wide_branch(s, 4, cfg) == ["fits"] * 3
+    assert_same(s, 4, top_k(s, 4, config=cfg))
+    if path == "wide":
+        return
     # the default sizes on a full-length row (the interpreter runs it in about a second)
     x = torch.randn(1, 131072).to(dtype)
     assert_same(x, 50, top_k(x, 50))
 
 
-def test_wide_tie_floods():
+@pytest.mark.parametrize("path", ["wide", "fused"])
+def test_wide_tie_floods(path):
     """Overflowing candidates where the threshold is the k-th largest: all equal, few distinct
     values, NaN rows, signed zeros, -inf masks; ties go to the lowest columns across chunks."""
+    cfg = PATHS[path]
     x = torch.zeros(6, 300)
     x[1] = torch.randint(0, 3, (300,)).float()
     x[2] = float("nan")
@@ -147,18 +158,19 @@ def test_wide_tie_floods():
     x[4, [7, 250]] = 1.0  # a masked row: two real values, k past them takes -inf ties
     x[5] = 1.0
     x[5, [3, 140, 299]] = torch.tensor([5.0, 4.0, 3.0])  # a few above, then a flood at the k-th value
-    assert wide_branch(x, 5) == ["ties"] * 6
+    assert wide_branch(x, 5, cfg) == ["ties" if path == "wide" else "overflow"] * 6
     for k in (1, 5, 64):
-        assert_same(x, k, top_k(x, k, config=WIDE_SMALL))
-    assert top_k(x, 5, config=WIDE_SMALL)[1][5].tolist() == [3, 140, 299, 0, 1]
+        assert_same(x, k, top_k(x, k, config=cfg))
+    assert top_k(x, 5, config=cfg)[1][5].tolist() == [3, 140, 299, 0, 1]
     for dtype in (torch.float16, torch.bfloat16):
-        assert_same(x.to(dtype), 7, top_k(x.to(dtype), 7, config=WIDE_SMALL))
+        assert_same(x.to(dtype), 7, top_k(x.to(dtype), 7, config=cfg))
 
 
-def test_wide_search_branch():
+@pytest.mark.parametrize("path", ["wide", "fused"])
+def test_wide_search_branch(path):
     """Overflow with k or more above the threshold (the big values share one strided group, so the
     group maxima bound is loose): the final kernel searches the k-th largest over the row."""
-    cfg = {**WIDE_SMALL, "chunk": 128, "groups_per_kpad": 2}  # 16 groups of 19 elements
+    cfg = {**PATHS[path], "chunk": 128, "groups_per_kpad": 2}  # 16 groups of 19 elements
     x = -torch.rand(3, 300)
     groups = wide_plan(300, 4, {**CONFIGS["default"], **cfg})["groups"]
     x[0, ::groups] = 100 + torch.arange(len(range(0, 300, groups)), dtype=torch.float32)  # distinct
@@ -166,14 +178,14 @@ def test_wide_search_branch():
     x[1, 5] = 200.0
     x[2, 1::groups] = 7.0
     x[2, 2::groups] = 7.0
-    assert wide_branch(x, 4, cfg) == ["search"] * 3
+    assert wide_branch(x, 4, cfg) == ["search" if path == "wide" else "overflow"] * 3
     for k in (4, 11):
         assert_same(x, k, top_k(x, k, config=cfg))
     assert top_k(x, 4, config=cfg)[1][1].tolist() == [5, 0, groups, 2 * groups]
     # a threshold of the top 4 bits only: loose on random data, every row searches
-    coarse = {**WIDE_SMALL, "search_bits": 4}
+    coarse = {**PATHS[path], "search_bits": 4}
     y = torch.randn(2, 200)
-    assert wide_branch(y, 20, coarse) == ["search"] * 2
+    assert wide_branch(y, 20, coarse) == ["search"] * 2  # fused: few enough live pieces to count them
     assert_same(y, 20, top_k(y, 20, config=coarse))
 
 
@@ -187,6 +199,7 @@ def test_wide_integers(dtype):
     x = x.to(dtype)
     for k in (3, 40):
         assert_same(x, k, top_k(x, k, config=WIDE_SMALL))
+        assert_same(x, k, top_k(x, k, config=FUSED_SMALL))
 
 
 def test_wide_sizes_and_large_k():
@@ -234,6 +247,8 @@ WIDE_CONFIGS = {
     "small": WIDE_SMALL,
     "coarse": {**WIDE_SMALL, "search_bits": 8, "digit_bits": 2},  # loose thresholds, 2-bit rounds
     "roomy": {**WIDE_SMALL, "min_cap": 64, "chunk": 64, "min_groups": 64},
+    "fused": FUSED_SMALL,
+    "fused_coarse": {**FUSED_SMALL, "search_bits": 8, "digit_bits": 2, "piece_tile": 4},
 }
 
 
