@@ -227,7 +227,7 @@ def _settle_digit(hist, t, shift, k, DIGIT: tl.constexpr):
 
 @triton.jit
 def _group_max_kernel(
-    x_ptr, gm_ptr, pieces_ptr, N, stride_row, n_slabs, gm_stride,
+    x_ptr, state_ptr, N, stride_row, n_slabs, state_stride,
     GROUPS: tl.constexpr, SEG: tl.constexpr, SLABS: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
     """Program (row, c): maxima (unsigned keys) of the row's groups c*SEG .. c*SEG + SEG - 1, and of
@@ -237,9 +237,12 @@ def _group_max_kernel(
     ... (strided over the whole row, so the k largest of a sorted or clustered row still land in
     k different groups). A program reads SEG contiguous columns of every slab, SLABS slabs a step.
     Those SEG columns are piece col // SEG of the row: its maximum goes to pieces[row, piece], so the
-    compaction reads only the pieces that reach the threshold.
+    compaction reads only the pieces that reach the threshold. (Each row of ``state``: t, candidates,
+    above t, -, the GROUPS group maxima, the piece maxima, the fused compaction's list of pieces.)
     """
     row = tl.program_id(0).to(tl.int64)
+    gm = state_ptr + row * state_stride + 4
+    pieces = gm + GROUPS
     g = tl.program_id(1) * SEG + tl.arange(0, SEG)
     acc = tl.zeros([SEG], tl.uint32)  # below every valid key but INT32_MIN's (harmless: see _threshold)
     for j0 in range(0, n_slabs, SLABS):
@@ -250,9 +253,9 @@ def _group_max_kernel(
         u = tl.where(ok, _unsigned_key(x, IS_FLOAT), 0)
         acc = tl.maximum(acc, tl.reduce(u, 0, _MAX))
         piece = slab * (GROUPS // SEG) + tl.program_id(1)
-        tl.store(pieces_ptr + row * gm_stride + piece, tl.reduce(u, 1, _MAX).to(tl.int32, bitcast=True),
+        tl.store(pieces + piece, tl.reduce(u, 1, _MAX).to(tl.int32, bitcast=True),
                  mask=slab < n_slabs)
-    tl.store(gm_ptr + row * gm_stride + g, acc.to(tl.int32, bitcast=True))
+    tl.store(gm + g, acc.to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -278,20 +281,20 @@ def _search_threshold(gm, k, GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl
 
 @triton.jit
 def _threshold_kernel(
-    gm_ptr, state_ptr, k, state_stride,
+    state_ptr, k, state_stride,
     GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
 ):
     """Program = row: t (``_search_threshold``). k distinct elements reach t, so the row's top k are
     all >= t. state[row] = (t, 0, 0): the counters the compaction adds to start at 0."""
     row = tl.program_id(0).to(tl.int64)
-    t = _search_threshold(gm_ptr + row * state_stride, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
+    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
     s = tl.arange(0, 4)
     tl.store(state_ptr + row * state_stride + s, tl.where(s == 0, t.to(tl.int32, bitcast=True), 0))
 
 
 @triton.jit
 def _threshold_compact_kernel(
-    x_ptr, state_ptr, pieces_ptr, listed_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
+    x_ptr, state_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
     GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
     CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
@@ -302,8 +305,8 @@ def _threshold_compact_kernel(
     above t), or (t, CAP + 1, -1) on overflow (above t not counted)."""
     row = tl.program_id(0).to(tl.int64)
     t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
-    pieces = pieces_ptr + row * state_stride
-    listed = listed_ptr + row * state_stride
+    pieces = state_ptr + row * state_stride + 4 + GROUPS
+    listed = pieces + n_pieces
     n_live = tl.full([], 0, tl.int32)
     for p0 in range(0, n_pieces, PIECE_TILE):
         p = p0 + tl.arange(0, PIECE_TILE)
@@ -338,8 +341,8 @@ def _threshold_compact_kernel(
 
 @triton.jit
 def _compact_kernel(
-    x_ptr, state_ptr, pieces_ptr, words_ptr, N, stride_row, state_stride,
-    CHUNK: tl.constexpr, CAP: tl.constexpr, SEG: tl.constexpr, IS_FLOAT: tl.constexpr,
+    x_ptr, state_ptr, words_ptr, N, stride_row, state_stride,
+    CHUNK: tl.constexpr, CAP: tl.constexpr, GROUPS: tl.constexpr, SEG: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
     """Program (row, chunk): append the chunk's elements >= t (packed words) to the row's CAP slots.
 
@@ -349,7 +352,7 @@ def _compact_kernel(
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     t = tl.load(state_ptr + row * state_stride).to(tl.uint32, bitcast=True)
-    piece_max = tl.load(pieces_ptr + row * state_stride + col // SEG, mask=col < N, other=0)
+    piece_max = tl.load(state_ptr + row * state_stride + 4 + GROUPS + col // SEG, mask=col < N, other=0)
     valid = (col < N) & (piece_max.to(tl.uint32, bitcast=True) >= t)
     x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0, eviction_policy="evict_first")
     key = order_key(x, IS_FLOAT)
@@ -559,8 +562,7 @@ def _rows_of(x: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
 
 def _outputs(x: torch.Tensor, k: int, dtype: torch.dtype):
     shape = tuple(x.shape[:-1]) + (k,)
-    return (torch.empty(shape, dtype=dtype, device=x.device),
-            torch.empty(shape, dtype=torch.int32, device=x.device))
+    return x.new_empty(shape, dtype=dtype), x.new_empty(shape, dtype=torch.int32)
 
 
 def _launch_rows(x2, vals, idx, k, cfg, softmax: bool, renorm: bool, launch) -> None:
@@ -637,25 +639,25 @@ def _threshold_passes(x2, k, plan, launch):
     is_float = x2.dtype.is_floating_point
     groups, m, n_pieces = plan["groups"], plan["m"], plan["n_pieces"]
     listed = m if plan["fuse"] else 0
-    state = torch.empty((rows, 4 + groups + n_pieces + listed), dtype=torch.int32, device=x2.device)
-    words = torch.empty((rows, m), dtype=torch.int64, device=x2.device)
-    gm, pieces = state[:, 4:], state[:, 4 + groups:]
+    # kernels address the parts of a state row by offsets (slicing views would cost ~2 us each a call)
+    # rows padded to 16 ints: Triton then knows every row's parts are 16-byte aligned (vector loads)
+    state = x2.new_empty((rows, cdiv(4 + groups + n_pieces + listed, 16) * 16), dtype=torch.int32)
+    words = x2.new_empty((rows, m), dtype=torch.int64)
     launch(_group_max_kernel, (rows, plan["programs"]),
            GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float,
-           num_warps=plan["group_warps"])(x2, gm, pieces, N, x2.stride(0), plan["n_slabs"], state.stride(0))
+           num_warps=plan["group_warps"])(x2, state, N, x2.stride(0), plan["n_slabs"], state.stride(0))
     if plan["fuse"]:
         launch(_threshold_compact_kernel, (rows,),
                GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
                CAP=m, SEG=plan["seg"], PIECE_TILE=plan["piece_tile"], IS_FLOAT=is_float,
-               num_warps=plan["select_warps"])(x2, state, pieces, state[:, 4 + groups + n_pieces:], words, N,
-                                               x2.stride(0), k, state.stride(0), n_pieces)
+               num_warps=plan["select_warps"])(x2, state, words, N, x2.stride(0), k, state.stride(0), n_pieces)
         return state, words
     launch(_threshold_kernel, (rows,),
            GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
-           num_warps=plan["select_warps"])(gm, state, k, state.stride(0))
+           num_warps=plan["select_warps"])(state, k, state.stride(0))
     launch(_compact_kernel, (rows, plan["n_chunks"]),
-           CHUNK=plan["chunk"], CAP=m, SEG=plan["seg"], IS_FLOAT=is_float,
-           num_warps=plan["chunk_warps"])(x2, state, pieces, words, N, x2.stride(0), state.stride(0))
+           CHUNK=plan["chunk"], CAP=m, GROUPS=groups, SEG=plan["seg"], IS_FLOAT=is_float,
+           num_warps=plan["chunk_warps"])(x2, state, words, N, x2.stride(0), state.stride(0))
     return state, words
 
 
@@ -797,16 +799,16 @@ def wide_specs(N: int, k: int, arch: str, dtype: str = "fp32") -> list:
     search_types = {name: "constexpr" for name in search}
     specs = [KernelSpec(
         f"top_k_group_max_{tag}", _group_max_kernel,
-        {"x_ptr": f"*{dtype}", "gm_ptr": "*i32", "pieces_ptr": "*i32", "N": "i32", "stride_row": "i32",
-         "n_slabs": "i32", "gm_stride": "i32", "GROUPS": "constexpr", "SEG": "constexpr", "SLABS": "constexpr",
+        {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "N": "i32", "stride_row": "i32",
+         "n_slabs": "i32", "state_stride": "i32", "GROUPS": "constexpr", "SEG": "constexpr", "SLABS": "constexpr",
          "IS_FLOAT": "constexpr"},
         {"GROUPS": plan["groups"], "SEG": plan["seg"], "SLABS": plan["slabs"], "IS_FLOAT": True},
-        num_warps=plan["group_warps"], divisible=("N", "stride_row"),
+        num_warps=plan["group_warps"], divisible=("N", "stride_row", "state_stride"),
     )]
     if plan["fuse"]:
         specs.append(KernelSpec(
             f"top_k_threshold_compact_{tag}", _threshold_compact_kernel,
-            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "pieces_ptr": "*i32", "listed_ptr": "*i32",
+            {"x_ptr": f"*{dtype}", "state_ptr": "*i32",
              "words_ptr": "*i64", "N": "i32", "stride_row": "i32", "k": "i32", "state_stride": "i32",
              "n_pieces": "i32", **search_types, "CAP": "constexpr", "SEG": "constexpr",
              "PIECE_TILE": "constexpr", "IS_FLOAT": "constexpr"},
@@ -816,15 +818,15 @@ def wide_specs(N: int, k: int, arch: str, dtype: str = "fp32") -> list:
     else:
         specs.append(KernelSpec(
             f"top_k_threshold_{tag}", _threshold_kernel,
-            {"gm_ptr": "*i32", "state_ptr": "*i32", "k": "i32", "state_stride": "i32", **search_types},
+            {"state_ptr": "*i32", "k": "i32", "state_stride": "i32", **search_types},
             search, num_warps=plan["select_warps"], divisible=("state_stride",),
         ))
         specs.append(KernelSpec(
             f"top_k_compact_{tag}", _compact_kernel,
-            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "pieces_ptr": "*i32", "words_ptr": "*i64", "N": "i32",
+            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "N": "i32",
              "stride_row": "i32", "state_stride": "i32", "CHUNK": "constexpr", "CAP": "constexpr",
-             "SEG": "constexpr", "IS_FLOAT": "constexpr"},
-            {"CHUNK": plan["chunk"], "CAP": m, "SEG": plan["seg"], "IS_FLOAT": True},
+             "GROUPS": "constexpr", "SEG": "constexpr", "IS_FLOAT": "constexpr"},
+            {"CHUNK": plan["chunk"], "CAP": m, "GROUPS": plan["groups"], "SEG": plan["seg"], "IS_FLOAT": True},
             num_warps=plan["chunk_warps"], divisible=("N", "stride_row", "state_stride"),
         ))
     specs.append(KernelSpec(
