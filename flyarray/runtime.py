@@ -16,10 +16,10 @@ import os
 import sys
 
 import torch
-import triton
 
 from . import codegen, config, diskcache, ir, unsigned
 from .kernel_ir import Kernel
+from .kernels._triton import launch_hooks_set
 
 BACKENDS = ("gpu", "interpret", "reference")
 _stats = collections.Counter()
@@ -175,7 +175,7 @@ class _DirectLaunch:
                 tail = _scalar_args(self.kernel, scalars)
                 self.last = (tuple(scalars), tail)
         compiled = self.compiled
-        if compiled is None or _launch_hooks_set():
+        if compiled is None or launch_hooks_set():
             with diskcache.triton_cache_scope():  # the JIT may compile: its binaries go to our private cache
                 compiled = self.jit(*inputs, *outputs, *spec.args, *tail, num_warps=spec.num_warps,
                                     **spec.constexprs)
@@ -188,12 +188,6 @@ class _DirectLaunch:
                          None, None, None, *inputs, *outputs, *spec.args, *tail, *self.constexpr_values)
         if _check:
             _check_against_reference(self.kernel, inputs, outputs, scalars)
-
-
-def _launch_hooks_set() -> bool:
-    """A launch hook (a profiler such as proton) wants Triton's own launch path, which calls it."""
-    hook = getattr(triton.knobs.runtime, "launch_enter_hook", None)
-    return bool(getattr(hook, "calls", hook))
 
 
 def _raw_stream(device_index: int) -> int:

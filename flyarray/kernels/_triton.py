@@ -222,7 +222,7 @@ class DirectLaunch:
         def launch(*args, **kwargs):
             key = _specialization(args, kwargs)
             found = self.compiled.get(key) if key is not None else None
-            if found is None or _launch_hooks_set():
+            if found is None or launch_hooks_set():
                 compiled = self.scoped[grid](*args, **kwargs)
                 if key is not None and hasattr(compiled, "packed_metadata"):
                     compiled.run  # noqa: B018  (load the binary and its launcher now)
@@ -257,7 +257,7 @@ class FixedLaunch:
 
     def __call__(self, *args):
         compiled = self.compiled
-        if compiled is None or _launch_hooks_set():
+        if compiled is None or launch_hooks_set():
             compiled = self.launch(*args, **self.kwargs)
             if self.compiled is None and hasattr(compiled, "packed_metadata"):
                 self.tail = self.runner.tail(len(args), self.kwargs)
@@ -300,7 +300,9 @@ def _specialization(args, kwargs):
     return tuple(key)
 
 
-def _launch_hooks_set() -> bool:
+def launch_hooks_set() -> bool:
+    """A launch hook (a profiler such as proton) wants Triton's own launch path, which calls it: the
+    direct launches here and in runtime.py step aside while one is set."""
     hook = getattr(getattr(triton, "knobs", None) and triton.knobs.runtime, "launch_enter_hook", None)
     return bool(getattr(hook, "calls", hook))
 
