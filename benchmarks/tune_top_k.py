@@ -29,6 +29,9 @@ VARIANTS = {
          ("chunk2048", {"chunk": 2048}), ("groups2048", {"min_groups": 2048})],
     1024: [("search16", {"search_bits": 16}), ("final16w", {"final_warps": 16, "final_words_per_warp": 128})],
 }
+# the final kernel's whole-row scan (floods of ties: 0.46 ms at k=50 against torch's 0.20) in bigger
+# tiles: 2048 elements a step instead of 512; timed on the flood rows and on randn (the normal path's cost)
+SCAN_VARIANTS = [("scan32", {"fallback_elems_per_thread": 32}), ("final8w", {"final_min_warps": 8})]
 
 
 def bench(fn) -> float:
@@ -94,6 +97,8 @@ def main(device="cuda", rows=ROWS, n=N):
             torch_ms = bench(lambda: torch.topk(x, k, dim=-1))
             # every variant on fp32 randn; the other rows: the default, and k=50 unfused beside it
             variants = [("default", None)] + (VARIANTS[k] if name == "fp32 randn" else VARIANTS[k][:1] if k == 50 else [])
+            if k == 50 and name in ("fp32 randn", "fp32 4 values"):
+                variants += SCAN_VARIANTS
             for tag, cfg in variants:
                 fn = lambda: tk.top_k(x, k, config=cfg)  # noqa: E731
                 try:
