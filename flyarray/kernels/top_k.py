@@ -249,6 +249,7 @@ def _group_max_kernel(
         slab = j0 + tl.arange(0, SLABS)
         col = slab[:, None] * GROUPS + g[None, :]
         ok = col < N
+        # evict_last: the compaction reads the live pieces again, from L2 if they stayed there
         x = tl.load(x_ptr + row * stride_row + col, mask=ok, other=0, eviction_policy="evict_last")
         u = tl.where(ok, _unsigned_key(x, IS_FLOAT), 0)
         acc = tl.maximum(acc, tl.reduce(u, 0, _MAX))
@@ -605,11 +606,11 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
     n_slabs = cdiv(N, groups)
     slabs = max(1, min(next_pow2(n_slabs), chunk // seg))
     threads = lambda elems: min(512, max(warp, elems // cfg["chunk_elems_per_thread"]))  # noqa: E731
-    # small k: the threshold program compacts the live pieces itself (no compaction pass)
-    fuse = m * seg <= cfg["fuse_max_elems"]
-    plan.update(fuse=fuse, n_pieces=n_slabs * programs, piece_tile=min(next_pow2(n_slabs * programs),
-                                                                         cfg["piece_tile"]))
+    n_pieces = n_slabs * programs
     return {**plan, "direct": False, "chunk": chunk, "n_chunks": cdiv(N, chunk),
+            # small k: the threshold program compacts the live pieces itself (no compaction pass)
+            "fuse": m * seg <= cfg["fuse_max_elems"], "n_pieces": n_pieces,
+            "piece_tile": min(next_pow2(n_pieces), cfg["piece_tile"]),
             "chunk_warps": threads(chunk) // warp,
             "groups": groups, "programs": programs, "seg": seg, "n_slabs": n_slabs, "slabs": slabs,
             "group_warps": threads(seg * slabs) // warp,
@@ -632,14 +633,22 @@ def _launch_wide(x2, vals, idx, plan, launch) -> None:
                                                           state.stride(0))
 
 
+def _search_sizes(plan: dict) -> dict:
+    """The threshold search's constexprs (``_search_threshold``), the same in both threshold kernels."""
+    return dict(GROUPS=plan["groups"], TILE=plan["select_tile"], DIGIT=plan["digit"],
+                SEARCH_BITS=plan["search_bits"])
+
+
 def _threshold_passes(x2, k, plan, launch):
-    """Group maxima, threshold, compaction: (state [rows, 4 + groups] int32: t, candidates, above t,
-    -, the group maxima; words [rows, m] int64: the candidates, when they fit)."""
+    """Group maxima, threshold, compaction (fused into the threshold program for small k): (state
+    [rows, width] int32, each row t, candidates, above t, -, the group maxima, the piece maxima, the
+    fused compaction's list of live pieces, padding to 16 ints; words [rows, m] int64: the candidates,
+    when they fit)."""
     rows, N = x2.shape
     is_float = x2.dtype.is_floating_point
     groups, m, n_pieces = plan["groups"], plan["m"], plan["n_pieces"]
     listed = m if plan["fuse"] else 0
-    # kernels address the parts of a state row by offsets (slicing views would cost ~2 us each a call)
+    # kernels address the parts of a state row by offsets (a slicing view costs ~1.5 us a call on the CPU)
     # rows padded to 16 ints: Triton then knows every row's parts are 16-byte aligned (vector loads)
     state = x2.new_empty((rows, cdiv(4 + groups + n_pieces + listed, 16) * 16), dtype=torch.int32)
     words = x2.new_empty((rows, m), dtype=torch.int64)
@@ -647,13 +656,11 @@ def _threshold_passes(x2, k, plan, launch):
            GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float,
            num_warps=plan["group_warps"])(x2, state, N, x2.stride(0), plan["n_slabs"], state.stride(0))
     if plan["fuse"]:
-        launch(_threshold_compact_kernel, (rows,),
-               GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
+        launch(_threshold_compact_kernel, (rows,), **_search_sizes(plan),
                CAP=m, SEG=plan["seg"], PIECE_TILE=plan["piece_tile"], IS_FLOAT=is_float,
                num_warps=plan["select_warps"])(x2, state, words, N, x2.stride(0), k, state.stride(0), n_pieces)
         return state, words
-    launch(_threshold_kernel, (rows,),
-           GROUPS=groups, TILE=plan["select_tile"], DIGIT=plan["digit"], SEARCH_BITS=plan["search_bits"],
+    launch(_threshold_kernel, (rows,), **_search_sizes(plan),
            num_warps=plan["select_warps"])(state, k, state.stride(0))
     launch(_compact_kernel, (rows, plan["n_chunks"]),
            CHUNK=plan["chunk"], CAP=m, GROUPS=groups, SEG=plan["seg"], IS_FLOAT=is_float,
@@ -662,7 +669,7 @@ def _threshold_passes(x2, k, plan, launch):
 
 
 def wide_threshold_state(x: torch.Tensor, k: int, *, config: dict | None = None) -> dict:
-    """What the wide path's first three kernels leave for each row (tests use it to see which branch
+    """What the wide path's threshold passes leave for each row (tests use it to see which branch
     of the final kernel a row takes): the threshold t (its unsigned key), how many elements are >= t
     (the candidates; more than ``m`` overflow: the exact scan) and how many > t (fewer than k: the
     k-th largest is t itself, no search; -1 where the fused compaction overflowed without counting:
@@ -794,8 +801,7 @@ def wide_specs(N: int, k: int, arch: str, dtype: str = "fp32") -> list:
     assert not plan["direct"]
     m, kpad = plan["m"], plan["kpad"]
     tag = f"{dtype}_n{N}_k{k}_{arch}"
-    search = {"GROUPS": plan["groups"], "TILE": plan["select_tile"], "DIGIT": plan["digit"],
-              "SEARCH_BITS": plan["search_bits"]}
+    search = _search_sizes(plan)
     search_types = {name: "constexpr" for name in search}
     specs = [KernelSpec(
         f"top_k_group_max_{tag}", _group_max_kernel,
