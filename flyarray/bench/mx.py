@@ -80,6 +80,14 @@ def _gemm_cases(device, small) -> list:
              ours=lambda: scaled_matmul(a, b, sa, sb, preferred_element_type=act, method="dot_scaled"),
              eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference),
              goal="reference point: Triton's upcasting path on Hopper"),
+        Case(name=f"mxfp8 x mxfp8 {shape} fp8_blocks",
+             ours=lambda: scaled_matmul(a, b, sa, sb, preferred_element_type=act, method="fp8_blocks"),
+             eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference),
+             goal="reference point: fp8 tensor cores, per-block fp32 rescale"),
+        Case(name=f"mxfp8 x mxfp8 {shape} upcast",
+             ours=lambda: scaled_matmul(a, b, sa, sb, preferred_element_type=act, method="upcast"),
+             eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference),
+             goal="reference point: decode to bf16, then the bf16 GEMM"),
     ]
     if device.type == "cuda":
         cases.append(_scaled_mm_case(a, b, sa, sb, a_f32, b_f32, reference, shape, flops))

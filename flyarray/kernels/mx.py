@@ -222,25 +222,25 @@ def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
                           MANT: tl.constexpr, BIAS: tl.constexpr, SIGN_SHIFT: tl.constexpr,
                           NAN_CODE: tl.constexpr, INF_CODE: tl.constexpr, PACK_FP4: tl.constexpr,
                           BLOCKS_PER_PROGRAM: tl.constexpr):
+    """BLOCKS_PER_PROGRAM consecutive blocks as one [blocks, 32] tile: contiguous loads and stores
+    (fp4: the two nibbles of a byte decode side by side and interleave with a join)."""
     pid = tl.program_id(0)
     blk = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
     live = blk < n_blocks
-    half = tl.arange(0, 16)
-    mask = live[:, None]
-    even_offs = blk.to(tl.int64)[:, None] * 32 + 2 * half[None, :]
-    if PACK_FP4:
-        packed = tl.load(data_ptr + blk.to(tl.int64)[:, None] * 16 + half[None, :], mask=mask, other=0)
-        packed = packed.to(tl.int32)
-        even_code = packed & 0xF
-        odd_code = (packed >> 4) & 0xF
-    else:
-        even_code = tl.load(data_ptr + even_offs, mask=mask, other=0).to(tl.int32)
-        odd_code = tl.load(data_ptr + even_offs + 1, mask=mask, other=0).to(tl.int32)
+    row = blk.to(tl.int64)[:, None]
     scale = tl.load(scale_ptr + blk, mask=live, other=127).to(tl.int32)[:, None]
-    even = _apply_e8m0(_decode_elements(even_code, MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE), scale)
-    odd = _apply_e8m0(_decode_elements(odd_code, MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE), scale)
-    tl.store(out_ptr + even_offs, even.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_ptr + even_offs + 1, odd.to(out_ptr.dtype.element_ty), mask=mask)
+    if PACK_FP4:
+        half = tl.arange(0, 16)
+        packed = tl.load(data_ptr + row * 16 + half[None, :], mask=live[:, None], other=0).to(tl.int32)
+        even = _decode_elements(packed & 0xF, MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE)
+        odd = _decode_elements((packed >> 4) & 0xF, MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE)
+        values = tl.reshape(tl.join(even, odd), (BLOCKS_PER_PROGRAM, 32))
+    else:
+        codes = tl.load(data_ptr + row * 32 + tl.arange(0, 32)[None, :], mask=live[:, None], other=0)
+        values = _decode_elements(codes.to(tl.int32), MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE)
+    out = _apply_e8m0(values, scale)
+    tl.store(out_ptr + row * 32 + tl.arange(0, 32)[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=live[:, None])
 
 
 # ----------------------------------------------------------------------------
@@ -249,11 +249,14 @@ def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
 
 # Blocks of 32 per program. Memory-bound and tiny per block: enough blocks per
 # program to issue wide loads, few enough for many programs.
+# dequant_*: the dequantize kernel's [blocks, 32] tile: a few thousand elements a program, 16 (8 on
+# wave64) a thread, so loads and stores are 16-byte vectors (0.78 ms for 8192x8192 e4m3 -> bf16 with
+# 32 blocks and byte-wise strided access on an H200).
 CONFIGS = {
-    "sm_90": {"blocks_per_program": 32, "num_warps": 4},
-    "gfx950": {"blocks_per_program": 64, "num_warps": 4},
-    "cpu": {"blocks_per_program": 16, "num_warps": 1},
-    "default": {"blocks_per_program": 32, "num_warps": 4},
+    "sm_90": {"blocks_per_program": 32, "num_warps": 4, "dequant_blocks": 128, "dequant_warps": 8},
+    "gfx950": {"blocks_per_program": 64, "num_warps": 4, "dequant_blocks": 128, "dequant_warps": 8},
+    "cpu": {"blocks_per_program": 16, "num_warps": 1, "dequant_blocks": 16, "dequant_warps": 1},
+    "default": {"blocks_per_program": 32, "num_warps": 4, "dequant_blocks": 128, "dequant_warps": 8},
 }
 
 _FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
@@ -372,11 +375,11 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
     if n_blocks:
         nan_code, inf_code = _special_codes(f)
         cfg = pick_config(CONFIGS, current_arch(codes.device))
-        grid = (cdiv(n_blocks, cfg["blocks_per_program"]),)
+        grid = (cdiv(n_blocks, cfg["dequant_blocks"]),)
         launch(_mx_dequantize_kernel, codes.device, grid,
             moved, moved_scales, out, n_blocks, BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code,
-            PACK_FP4=f.name == "e2m1", BLOCKS_PER_PROGRAM=cfg["blocks_per_program"],
-            num_warps=cfg["num_warps"], **_element_constants(f))
+            PACK_FP4=f.name == "e2m1", BLOCKS_PER_PROGRAM=cfg["dequant_blocks"],
+            num_warps=cfg["dequant_warps"], **_element_constants(f))
     return _move_back(out, axis)
 
 
@@ -407,7 +410,9 @@ def compile_specs() -> list:
             {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "n_blocks": "i32",
              **{k: "constexpr" for k in ("MANT", "BIAS", "SIGN_SHIFT", "NAN_CODE", "INF_CODE",
                                            "PACK_FP4", "BLOCKS_PER_PROGRAM")}},
-            dict(BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code, **common)))
+            dict(BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code,
+                 **dict(common, BLOCKS_PER_PROGRAM=CONFIGS["default"]["dequant_blocks"])),
+            num_warps=CONFIGS["default"]["dequant_warps"]))
     return specs
 
 

@@ -30,9 +30,18 @@ Three kernels, picked per arch and shape (``method=None``) or by name:
   directly, one K=32 MMA per scale block (wgmma's fp8 K is 32), and applies
   the two E8M0 scales to each block's fp32 partial product:
   ``acc += (dot(a_blk, b_blk) * sa[:, None]) * sb[None, :]``.
+* ``"upcast"`` (any MX operands, or bf16 activations with M > 64): decodes
+  each MX operand to bf16 in memory (``mx_dequantize``: exact, an MX value
+  times its power of two fits bf16), then flyarray's bf16 GEMM. On Hopper this
+  beats both kernels above at large shapes: the per-block fp32 rescale of
+  "fp8_blocks" costs two CUDA-core operations per output element per 32 K,
+  which at 8192^3 alone fills the FP32 units for about 1 ms, and
+  "dot_scaled" converts every operand tile again for each output tile. It
+  needs (M + N) * K * 2 bytes of scratch for the decoded operands.
 
-On a GPU, "decode" and "fp8_blocks" time their candidate configs once per
-shape on first use and keep the fastest (``tuning_choices()`` lists them).
+On a GPU, "decode", "fp8_blocks" and the sm_90 MX GEMMs time their candidate
+configs (and "upcast") once per shape on first use and keep the fastest
+(``tuning_choices()`` lists them).
 
 Numerics: MX products are exact and accumulate in fp32. "decode" rounds the
 decoded weights to the activations' dtype, which is exact for E2M1/E4M3
@@ -53,7 +62,7 @@ import triton
 import triton.language as tl
 
 from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config
-from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_format, scales_as_uint8
+from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_dequantize, mx_format, scales_as_uint8
 from flyarray.targets import AMD_OPTIONS, amd_launch_options
 
 _MX_FORMATS = ("e4m3", "e5m2", "e2m1")
@@ -94,8 +103,14 @@ CONFIGS = {
             # Triton's own path (bf16 upcast), so the auto choice is never slower than it
             dict(kernel="dot_scaled", BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8,
                  num_stages=3),
+            dict(kernel="upcast"),
         ],
         "mxfp8_method": "fp8_blocks",
+        # MX GEMMs with an e2m1 operand, and bf16 x MX past the decode sizes: timed once per shape
+        "mx_candidates": [
+            dict(kernel="dot_scaled"),   # the table's dot_scaled tile for the formats
+            dict(kernel="upcast"),
+        ],
         # timed once per shape on first use (the first is used where timing is impossible); "decode"
         # entries run the transposed decode kernel (sm_90: the PTX word decodes), "dot_scaled"
         # ones the tl.dot_scaled kernel with a small-M tile. benchmarks/tune_mx_decode.py (H200,
@@ -507,7 +522,7 @@ def scaled_matmul(lhs: torch.Tensor, rhs: torch.Tensor, lhs_scales, rhs_scales,
     (or float8_e8m0fnu) [M, K/32] and [N, K/32]. A leading batch dim on both is allowed.
     Formats default from the dtypes (uint8 means e2m1). Returns [M, N] (or [B, M, N])
     in ``preferred_element_type``. ``method``: None (per arch and shape), 'dot_scaled',
-    'decode' or 'fp8_blocks'.
+    'decode', 'fp8_blocks' or 'upcast'.
     """
     if block_size != BLOCK_SIZE:
         raise ValueError(f"block_size: OCP MX v1.0 blocks are {BLOCK_SIZE} elements; got {block_size}")
@@ -553,8 +568,11 @@ def _pick_method(m: int, a_fmt: str, b_fmt: str, cfg: dict) -> str:
 def _scaled_matmul_2d(a, b, sa, sb, a_fmt, b_fmt, out_dtype, method):
     m, n = a.shape[0], b.shape[0]
     cfg = pick_config(CONFIGS, current_arch(a.device))
-    mixed = method is None  # auto: the tuners may also pick dot_scaled configs
+    mixed = method is None  # auto: the tuners may also pick other kernels' configs
     method = method or _pick_method(m, a_fmt, b_fmt, cfg)
+    if method == "upcast" and a_fmt == "fp16":
+        raise ValueError("method: 'upcast' decodes the operands to bf16; it needs an MX or bf16 lhs "
+                         "(fp16 lhs: use 'decode' or 'dot_scaled')")
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
@@ -568,8 +586,12 @@ def _scaled_matmul_2d(a, b, sa, sb, a_fmt, b_fmt, out_dtype, method):
         if a_fmt not in ("e4m3", "e5m2") or b_fmt not in ("e4m3", "e5m2"):
             raise ValueError("method: 'fp8_blocks' needs MXFP8 (e4m3/e5m2) lhs and rhs")
         return _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg, mixed)
+    if method == "upcast":
+        return _upcast(a, b, sa, sb, a_fmt, b_fmt, out)
     if method != "dot_scaled":
-        raise ValueError(f"method: unknown {method!r}; use None, 'dot_scaled', 'decode' or 'fp8_blocks'")
+        raise ValueError(f"method: unknown {method!r}; use None, 'dot_scaled', 'decode', 'fp8_blocks' or 'upcast'")
+    if mixed and a_fmt != "fp16" and len(cfg.get("mx_candidates", ())) > 1 and a.device.type == "cuda":
+        return _timed_mx(a, b, sa, sb, a_fmt, b_fmt, out, cfg)
     return _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg)
 
 
@@ -608,10 +630,22 @@ def _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile=None):
 
 
 _FP8_BLOCKS_CHOICE: dict = {}
+_MX_CHOICE: dict = {}
 
 
 def _own_kernel_only(candidates: list, kernel: str) -> list:
     return [c for c in candidates if c.get("kernel", kernel) == kernel]
+
+
+def _timed_choice(table: dict, key, candidates: list, run):
+    """The fastest of ``candidates`` for ``key``, timed on the device the first time only."""
+    if key not in table:
+        table[key] = _fastest(candidates, run)
+    return table[key]
+
+
+def _shape_key(a, b, a_fmt, b_fmt, out, mixed=True) -> tuple:
+    return (current_arch(a.device), a.shape[0], b.shape[0], a.shape[1], a_fmt, b_fmt, out.dtype, mixed)
 
 
 def _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg, mixed=True):
@@ -622,16 +656,41 @@ def _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg, mixed=True):
     def run(tile):
         if tile.get("kernel") == "dot_scaled":
             return _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, tile)
+        if tile.get("kernel") == "upcast":
+            return _upcast(a, b, sa, sb, a_fmt, b_fmt, out)
         return _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile)
     candidates = cfg.get("fp8_blocks_candidates", [])
     if not mixed:
         candidates = _own_kernel_only(candidates, "fp8_blocks")
     if a.device.type == "cuda" and len(candidates) > 1:
-        key = (current_arch(a.device), a.shape[0], b.shape[0], a.shape[1], a_fmt, b_fmt, out.dtype, mixed)
-        if key not in _FP8_BLOCKS_CHOICE:
-            _FP8_BLOCKS_CHOICE[key] = _fastest(candidates, run)
-        return run(_FP8_BLOCKS_CHOICE[key])
+        key = _shape_key(a, b, a_fmt, b_fmt, out, mixed)
+        return run(_timed_choice(_FP8_BLOCKS_CHOICE, key, candidates, run))
     return run(candidates[0] if candidates else cfg["fp8_blocks"])
+
+
+def _timed_mx(a, b, sa, sb, a_fmt, b_fmt, out, cfg):
+    """dot_scaled (the table's tile) or upcast, whichever ran faster for this shape."""
+    def run(c):
+        if c["kernel"] == "upcast":
+            return _upcast(a, b, sa, sb, a_fmt, b_fmt, out)
+        return _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg, c.get("tile"))
+    key = _shape_key(a, b, a_fmt, b_fmt, out)
+    return run(_timed_choice(_MX_CHOICE, key, cfg["mx_candidates"], run))
+
+
+def _upcast(a, b, sa, sb, a_fmt, b_fmt, out):
+    """Each MX operand decoded to bf16 in memory, then flyarray's bf16 GEMM (rhs read K-major).
+
+    Exact up to the GEMM's fp32 accumulation: an MX element times its E8M0 power of two has at
+    most 4 significant bits and stays in bf16's (float32's) exponent range, except results under
+    2^-126, which round to bf16 subnormals. Returns a new tensor (``out`` only gives the dtype).
+    On the CPU the decoded operands are float32: Triton's interpreter has no bf16 arithmetic.
+    """
+    from flyarray.kernels import gemm
+    wide = torch.float32 if a.device.type == "cpu" else torch.bfloat16
+    a_wide = a.to(wide) if a_fmt in _PLAIN_FORMATS else mx_dequantize(a, sa, a_fmt, dtype=wide)
+    b_wide = mx_dequantize(b, sb, b_fmt, dtype=wide)
+    return gemm.matmul(a_wide, b_wide.t(), out_dtype=out.dtype)
 
 
 def _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile):
@@ -676,7 +735,7 @@ def _decode_candidate(x, w, sw, x_fmt, w_fmt, out, cfg, c):
 
 def tuning_choices() -> dict:
     """Configs chosen so far by on-device timing, keyed by 'kernel shape...': for reports and logs."""
-    named = [("decode", _DECODE_CHOICE), ("fp8_blocks", _FP8_BLOCKS_CHOICE)]
+    named = [("decode", _DECODE_CHOICE), ("fp8_blocks", _FP8_BLOCKS_CHOICE), ("mx", _MX_CHOICE)]
     return {f"{name} {' '.join(map(str, key))}": dict(choice) for name, table in named for key, choice in table.items()}
 
 

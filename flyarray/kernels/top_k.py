@@ -131,7 +131,10 @@ _WIDE = {
 }
 _NARROW = {"narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1}
 CONFIGS = {
-    "sm_90": {**_WIDE, **_NARROW, "warp_size": 32},  # 132 SMs: 8 warps x 16 elements a thread
+    # 132 SMs: 8 warps x 16 elements a thread. The final kernel always takes 8 warps: a row whose
+    # candidates overflow (floods of ties) scans the whole row there, 0.46 -> 0.19 ms at 64x131072
+    # (benchmarks/tune_top_k.py "final8w", H200; randn rows unchanged within noise, 36.1 vs 37.2 us)
+    "sm_90": {**_WIDE, **_NARROW, "warp_size": 32, "final_min_warps": 8},
     "gfx950": {**_WIDE, **_NARROW, "warp_size": 64},  # wave64: 4 waves = 256 lanes over a 4096 chunk
     "default": {**_WIDE, **_NARROW, "warp_size": 32},
 }

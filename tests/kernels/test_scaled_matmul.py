@@ -24,7 +24,7 @@ def _operands(m, n, k, a_fmt, b_fmt, seed=0, device="cpu"):
 
 
 @pytest.mark.parametrize("a_fmt,b_fmt", MX_PAIRS)
-@pytest.mark.parametrize("method", ["dot_scaled", "fp8_blocks"])
+@pytest.mark.parametrize("method", ["dot_scaled", "fp8_blocks", "upcast"])
 def test_mx_times_mx_matches_dequantized_matmul(a_fmt, b_fmt, method):
     if method == "fp8_blocks" and "e2m1" in (a_fmt, b_fmt):
         pytest.skip("fp8_blocks is MXFP8 x MXFP8 only")
@@ -57,6 +57,16 @@ def test_shapes(m, n, kb, pair):
     ref = sm.reference_scaled_matmul(a, b, sa, sb)
     assert out.dtype == torch.float16 and out.shape == (m, n)
     assert _rel_err(out, ref) < 2e-3
+
+
+def test_upcast_takes_bf16_activations_and_refuses_fp16():
+    a, b, _, sb = _operands(70, 24, 96, "fp16", "e2m1", seed=3)   # M=70: past the decode sizes
+    out = sm.scaled_matmul(a.bfloat16(), b, None, sb, preferred_element_type=torch.float32, method="upcast")
+    # the activations rounded to bf16 are the operand; the weights decode exactly
+    ref = sm.reference_scaled_matmul(a.bfloat16(), b, None, sb)
+    assert _rel_err(out, ref) < 1e-6
+    with pytest.raises(ValueError, match="'upcast'.*bf16"):
+        sm.scaled_matmul(a, b, None, sb, method="upcast")
 
 
 def test_batched_and_defaults():
@@ -165,7 +175,8 @@ def test_gpu_matches_dequantized_matmul(a_fmt, b_fmt, m):
     # H200, 2026-11-29), a property of the hardware path, not of the scaling.
     fp8_tensor_cores = a_fmt in ("e4m3", "e5m2") and b_fmt in ("e4m3", "e5m2") and torch.cuda.get_device_capability()[0] == 9
     assert _rel_err(out, ref.double()) < (1e-4 if fp8_tensor_cores else 1e-5)
-    for method in (["fp8_blocks", "dot_scaled"] if "e2m1" not in (a_fmt, b_fmt) and a_fmt != "bf16" else []):
+    methods = ["fp8_blocks", "dot_scaled"] if "e2m1" not in (a_fmt, b_fmt) and a_fmt != "bf16" else []
+    for method in methods + ["upcast"]:
         out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.bfloat16, method=method)
         assert _rel_err(out, ref.double()) < 1e-2, method
 
