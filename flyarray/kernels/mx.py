@@ -221,9 +221,11 @@ def _apply_e8m0(value, scale):
 def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
                           MANT: tl.constexpr, BIAS: tl.constexpr, SIGN_SHIFT: tl.constexpr,
                           NAN_CODE: tl.constexpr, INF_CODE: tl.constexpr, PACK_FP4: tl.constexpr,
-                          BLOCKS_PER_PROGRAM: tl.constexpr):
+                          BLOCKS_PER_PROGRAM: tl.constexpr, NATIVE_FP8: tl.constexpr = 0):
     """BLOCKS_PER_PROGRAM consecutive blocks as one [blocks, 32] tile: contiguous loads and stores
-    (fp4: the two nibbles of a byte decode side by side and interleave with a join)."""
+    (fp4: the two nibbles of a byte decode side by side and interleave with a join). NATIVE_FP8:
+    fp8 codes convert with the target's own instruction (exact,
+    specials included) instead of the integer decode: 1 for e4m3, 2 for e5m2, 0 off."""
     pid = tl.program_id(0)
     blk = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
     live = blk < n_blocks
@@ -237,7 +239,12 @@ def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
         values = tl.reshape(tl.join(even, odd), (BLOCKS_PER_PROGRAM, 32))
     else:
         codes = tl.load(data_ptr + row * 32 + tl.arange(0, 32)[None, :], mask=live[:, None], other=0)
-        values = _decode_elements(codes.to(tl.int32), MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE)
+        if NATIVE_FP8 == 1:
+            values = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        elif NATIVE_FP8 == 2:
+            values = codes.to(tl.float8e5, bitcast=True).to(tl.float32)
+        else:
+            values = _decode_elements(codes.to(tl.int32), MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE)
     out = _apply_e8m0(values, scale)
     tl.store(out_ptr + row * 32 + tl.arange(0, 32)[None, :], out.to(out_ptr.dtype.element_ty),
              mask=live[:, None])
@@ -253,11 +260,17 @@ def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
 # wave64) a thread, so loads and stores are 16-byte vectors (0.78 ms for 8192x8192 e4m3 -> bf16 with
 # 32 blocks and byte-wise strided access on an H200).
 CONFIGS = {
-    "sm_90": {"blocks_per_program": 32, "num_warps": 4, "dequant_blocks": 128, "dequant_warps": 8},
+    # dequant_native_fp8 (off until timed: no GPU was lent after it was written): fp8 codes through
+    # the hardware conversion; tests/kernels/test_mx.py::test_gpu_dequantize_every_code_matches_reference
+    # checks both decodes on a GPU, benchmarks/tune_mx_upcast.py times them.
+    "sm_90": {"blocks_per_program": 32, "num_warps": 4, "dequant_blocks": 128, "dequant_warps": 8,
+              "dequant_native_fp8": False},
     "gfx950": {"blocks_per_program": 64, "num_warps": 4, "dequant_blocks": 128, "dequant_warps": 8},
     "cpu": {"blocks_per_program": 16, "num_warps": 1, "dequant_blocks": 16, "dequant_warps": 1},
     "default": {"blocks_per_program": 32, "num_warps": 4, "dequant_blocks": 128, "dequant_warps": 8},
 }
+
+_NATIVE_FP8 = {"e4m3": 1, "e5m2": 2}  # the dequantize kernel's NATIVE_FP8 codes
 
 _FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -379,6 +392,7 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
         launch(_mx_dequantize_kernel, codes.device, grid,
             moved, moved_scales, out, n_blocks, BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code,
             PACK_FP4=f.name == "e2m1", BLOCKS_PER_PROGRAM=cfg["dequant_blocks"],
+            NATIVE_FP8=_NATIVE_FP8.get(f.name, 0) if cfg.get("dequant_native_fp8") else 0,
             num_warps=cfg["dequant_warps"], **_element_constants(f))
     return _move_back(out, axis)
 
@@ -409,10 +423,13 @@ def compile_specs() -> list:
             f"mx_dequantize_{f.name}", _mx_dequantize_kernel,
             {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "n_blocks": "i32",
              **{k: "constexpr" for k in ("MANT", "BIAS", "SIGN_SHIFT", "NAN_CODE", "INF_CODE",
-                                           "PACK_FP4", "BLOCKS_PER_PROGRAM")}},
-            dict(BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code,
+                                           "PACK_FP4", "BLOCKS_PER_PROGRAM", "NATIVE_FP8")}},
+            dict(BIAS=f.bias, NAN_CODE=nan_code, INF_CODE=inf_code, NATIVE_FP8=0,
                  **dict(common, BLOCKS_PER_PROGRAM=CONFIGS["default"]["dequant_blocks"])),
             num_warps=CONFIGS["default"]["dequant_warps"]))
+        if f.name in _NATIVE_FP8:
+            native = dict(specs[-1].constexprs, NATIVE_FP8=_NATIVE_FP8[f.name])
+            specs.append(dataclasses.replace(specs[-1], name=f"mx_dequantize_native_{f.name}", constexprs=native))
     return specs
 
 

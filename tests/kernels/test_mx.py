@@ -98,18 +98,33 @@ def test_documented_block_rules(fmt):
     assert (out[0] == 0).all()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_dequantize_every_code_matches_reference(fmt):
+def _check_every_code(fmt, device):
     per_byte = 2 if fmt == "e2m1" else 1
     codes = torch.arange(256, dtype=torch.uint8).reshape(-1, 32 // per_byte)
     if fmt != "e2m1":
         codes = codes.view(mx.FORMATS[fmt].torch_dtype)
     scales = torch.tensor([0, 1, 127, 254, 255, 100, 200, 3] * 2, dtype=torch.uint8)[: codes.shape[0], None]
     with np.errstate(over="ignore", invalid="ignore"):
-        out = mx.mx_dequantize(codes, scales, fmt)
+        out = mx.mx_dequantize(codes.to(device), scales.to(device), fmt)
         ref = mx_reference.dequantize(_codes(codes), scales.numpy(), fmt).astype(np.float32)
-    np.testing.assert_array_equal(out.numpy(), ref)       # NaNs in the same places
+    np.testing.assert_array_equal(out.cpu().numpy(), ref)       # NaNs in the same places
     assert out.shape == (codes.shape[0], 32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_every_code_matches_reference(fmt):
+    _check_every_code(fmt, "cpu")
+
+
+@NEEDS_GPU
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("native_fp8", [False, True])
+def test_gpu_dequantize_every_code_matches_reference(fmt, native_fp8, monkeypatch):
+    """Both fp8 decodes (the target's conversion instruction, the integer decode) on the GPU."""
+    from flyarray.kernels._triton import current_arch, pick_config
+    cfg = pick_config(mx.CONFIGS, current_arch(torch.device("cuda")))
+    monkeypatch.setitem(cfg, "dequant_native_fp8", native_fp8)
+    _check_every_code(fmt, "cuda")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -175,7 +190,7 @@ def test_format_table():
 def test_kernels_compile_without_spills(target):
     from flyarray.targets import compile_for
     for spec in mx.compile_specs():
-        if spec.name.endswith("e2m1") or spec.name.endswith("e4m3"):
+        if spec.name.endswith("e2m1") or spec.name.endswith("e4m3") or spec.name.endswith("e5m2"):
             report = compile_for(spec, target)
             assert report.spills == 0, (spec.name, target)
 
