@@ -10,23 +10,11 @@ spills are scratch bytes plus VGPR spills (AMD), or stack beyond the PTX's own l
 """
 import argparse
 import collections
-import importlib
-import inspect
 import sys
 import time
 
-from flyarray.inspection import _LIBRARY_MODULES
+from flyarray.inspection import KERNEL_MODULES as MODULES, module_specs
 from flyarray.targets import TARGETS, compile_for
-
-MODULES = sorted(set(_LIBRARY_MODULES.values()))
-
-
-def module_specs(module: str, target: str) -> list:
-    mod = importlib.import_module(f"flyarray.kernels.{module}")
-    params = list(inspect.signature(mod.compile_specs).parameters)
-    specs = mod.compile_specs(target) if params and params[0] in ("target", "arch") else mod.compile_specs()
-    others = [t for t in TARGETS if t != target]
-    return [s for s in specs if not any(s.name.endswith(f"_{t}") for t in others)]
 
 
 def main(argv=None) -> int:

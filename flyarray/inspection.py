@@ -133,16 +133,31 @@ def library_specs(name: str, target: str | None = None) -> list:
     module = _LIBRARY_MODULES.get(name)
     if module is None:
         return []
+    specs = module_specs(module, target)
+    own = [s for s in specs if s.name.startswith(name + "_")]  # a module of several ops (sort, searchsorted)
+    return own or specs
+
+
+def module_specs(module: str, target: str | None = None) -> list:
+    """Every representative specialization of kernel module ``module`` (flyarray.kernels.<module>), with
+    ``target``'s configs where the module takes a target, minus the ones named for another target."""
     mod = importlib.import_module(f"flyarray.kernels.{module}")
     if not hasattr(mod, "compile_specs"):
         return []
     params = list(pyinspect.signature(mod.compile_specs).parameters)
     takes_target = bool(params) and params[0] in ("target", "arch")
     specs = list(mod.compile_specs(target) if takes_target and target else mod.compile_specs())
-    own = [s for s in specs if s.name.startswith(name + "_")]  # a module of several ops (sort, searchsorted)
-    specs = own or specs
     others = [t for t in TARGETS if t != target] if target else []
-    return [s for s in specs if not any(s.name.endswith(f"_{t}") for t in others)]  # another arch's tiles
+    own = [s for s in specs if not any(s.name.endswith(f"_{t}") for t in others)]  # another arch's tiles
+    if own or not target:
+        return own
+    # none named for this target: the specs of the arch whose configs it runs (pick_config's family rule:
+    # gfx942 takes the gfx950 tables where a module has no gfx942 entry)
+    family = [t for t in others if t[:4] == target[:4]]
+    return [s for s in specs if any(s.name.endswith(f"_{t}") for t in family[:1])]
+
+
+KERNEL_MODULES = tuple(sorted(set(_LIBRARY_MODULES.values())))
 
 
 def matching_specs(node, target: str | None = None) -> list:

@@ -90,9 +90,25 @@ CONFIGS = {
             dict(kernel="dot_scaled", BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
         ],
     },
+    # gfx942 (MI300) has no scaled MFMA: every MX operand is upcast to bf16 in registers (the bf16
+    # MFMA), so the fp4 K step is 64 too (e4m3 x e2m1 at gfx950's BLOCK_K=128 spilled 109 B there).
+    "gfx942": {
+        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
+        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
+        "mxfp8_method": "dot_scaled",
+        "dot_scaled_wonly": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
+        "decode_candidates": [
+            dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
+            dict(kernel="dot_scaled", BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
+        ],
+    },
+    # sm_90: Triton upcasts MX operands to bf16 in registers before wgmma; the 128x128x128 tiles spilled
+    # 446-1564 B (Triton 3.6 and 3.9), 128x128x64 still 124-193 B for e4m3 x e4m3. These compile clean
+    # in both (tests/test_cross_compile.py); "upcast" is the fast path here anyway (docs/kernels.md).
     "sm_90": {
-        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
-        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+        "dot_scaled_wonly": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3),
         "fp8_blocks": dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=5),
         # timed once per shape on first use, like the decode candidates
         "fp8_blocks_candidates": [
@@ -101,7 +117,7 @@ CONFIGS = {
             dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=5),
             dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=5),
             # Triton's own path (bf16 upcast), so the auto choice is never slower than it
-            dict(kernel="dot_scaled", BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8,
+            dict(kernel="dot_scaled", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=8,
                  num_stages=3),
             dict(kernel="upcast"),
         ],
@@ -116,13 +132,13 @@ CONFIGS = {
         # ones the tl.dot_scaled kernel with a small-M tile. benchmarks/tune_mx_decode.py (H200,
         # 16x14336x4096, best of 3 rounds): MXFP4 32/256 2 warps 30.3 us; MXFP8 64/256 4 warps 39.1 us
         # (not kept: it spills 259 B cross-compiled by Triton 3.9; 8 warps does not), 64/128 split 2
-        # 47.1; dot_scaled 64/512 47.5 (MXFP4). Every "decode" entry compiles for sm_90 without spills.
+        # 47.1; dot_scaled 64/512 47.5 (MXFP4; dropped: it spills 2.3 KB under Triton 3.6 and 3.9).
+        # Every entry compiles for sm_90 without spills.
         "decode_candidates": [
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3),
             dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8, num_stages=3),
             dict(kernel="decode", BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
             dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
-            dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=512, GROUP_M=1, num_warps=4, num_stages=3),
         ],
     },
     "cpu": {
@@ -864,20 +880,18 @@ def _fp8_blocks_spec(arch: str):
 def compile_specs(arch: str | None = None) -> list:
     """Representative specializations: every MX combination through dot_scaled with ``arch``'s
     tiles (both gfx950 and sm_90 when None), plus the Hopper decode and fp8_blocks kernels.
-    On gfx950 that is every config the table holds: each dot_scaled tile with each format pair
-    that uses it, and each dot_scaled decode candidate at BLOCK_M 16 and 64 (its extremes)."""
+    On gfx950 and gfx942 that is every config the table holds: each dot_scaled tile with each format
+    pair that uses it, and each dot_scaled decode candidate at BLOCK_M 16 and 64 (its extremes)."""
     archs = [arch] if arch else ["gfx950", "sm_90"]
     combos = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("bf16", "e2m1")]
     specs = [_dot_scaled_spec(a, fa, fb) for a in archs for fa, fb in combos]
-    if "gfx950" in archs:
-        specs.append(_dot_scaled_spec("gfx950", "bf16", "e4m3"))
-        for i, c in enumerate(c for c in CONFIGS["gfx950"]["decode_candidates"] if c["kernel"] == "dot_scaled"):
-            specs += [_dot_scaled_spec("gfx950", "bf16", fb, dict(c, BLOCK_M=m), f"_decode{i}_m{m}")
+    for amd in [a for a in archs if a in ("gfx950", "gfx942")]:
+        specs.append(_dot_scaled_spec(amd, "bf16", "e4m3"))
+        for i, c in enumerate(c for c in CONFIGS[amd]["decode_candidates"] if c["kernel"] == "dot_scaled"):
+            specs += [_dot_scaled_spec(amd, "bf16", fb, dict(c, BLOCK_M=m), f"_decode{i}_m{m}")
                       for m in (16, DECODE_MAX_M) for fb in ("e2m1", "e4m3")]
     if "sm_90" in archs:
-        small_m = next(c for c in CONFIGS["sm_90"]["decode_candidates"] if c["kernel"] == "dot_scaled")
         decodes = [c for c in CONFIGS["sm_90"]["decode_candidates"] if c["kernel"] == "decode"]
         specs += [_decode_spec("sm_90", fmt, c, f"{i}") for i, c in enumerate(decodes) for fmt in ("e2m1", "e4m3")]
-        specs += [_fp8_blocks_spec("sm_90"),
-                  _dot_scaled_spec("sm_90", "bf16", "e2m1", dict(small_m, BLOCK_M=16), "_decode")]
+        specs += [_fp8_blocks_spec("sm_90"), _dot_scaled_spec("sm_90", "bf16", "e4m3")]
     return specs
