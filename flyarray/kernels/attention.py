@@ -26,6 +26,13 @@ one multiply of the q.k tile so each probability is a single ``exp2``.
 Causal work skips the key blocks no query of the tile can see and applies the
 mask only on the blocks that straddle the diagonal (and a ragged tail block):
 every kernel loops over an unmasked range and up to two masked ranges.
+
+On sm_90 the forward of fp16/bf16 inputs without bias/mask at head_dim 64/128
+runs ``_attn_fwd_tma_kernel`` where TMA can address the tensors (unit head-dim
+stride, 16-byte aligned base pointers and strides): q/k/v/out move through
+tensor descriptors built on the device, one 2-D descriptor per (batch, head)
+slice, optionally with Triton's warp specialization (a TMA producer warpgroup
+feeding two consumer warpgroups). ``_SM90["fwd_tma_enabled"]`` turns it off.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ import triton
 import triton.language as tl
 
 from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
+from flyarray.kernels.gemm import HAS_TENSOR_DESCRIPTORS, _ensure_tma_allocator
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -82,6 +90,16 @@ _SM90 = {
                128: dict(BLOCK_N=64, num_warps=4, num_stages=3),
                256: dict(BLOCK_N=32, num_warps=4, num_stages=2)},
     "decode_programs_per_sm": 4,
+    # The TMA forward (_attn_fwd_tma_kernel): fp16/bf16, no bias/mask, head_dim 64/128, operands
+    # TMA can address. fwd_tma_enabled False sends everything to _attn_fwd_kernel. WARP_SPEC needs
+    # num_warps 4 (Triton 3.6 leaves a loop with 8 warps unspecialized): a producer warpgroup
+    # plus two consumer warpgroups of 64 rows each at BLOCK_M 128. Not yet timed on the H200:
+    # benchmarks/tune_attention_fwd.py sweeps these.
+    "fwd_tma_enabled": True,
+    "fwd_tma": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, WARP_SPEC=False),
+                128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, WARP_SPEC=False)},
+    "fwd_tma_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, WARP_SPEC=False),
+                       128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, WARP_SPEC=False)},
 }
 
 _GFX950 = {
@@ -112,6 +130,11 @@ _CPU = {
     "bwd_pre": dict(BLOCK_M=16, num_warps=1),
     "decode": {d: dict(BLOCK_N=16, num_warps=1, num_stages=1) for d in (64, 128, 256)},
     "decode_programs_per_sm": 1,
+    # Never chosen by default off sm_90; tests force the TMA kernel through the interpreter.
+    "fwd_tma_enabled": False,
+    "fwd_tma": {d: dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1, WARP_SPEC=False) for d in (64, 128)},
+    "fwd_tma_causal": {d: dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1, WARP_SPEC=False)
+                       for d in (64, 128)},
 }
 
 CONFIGS = {"sm_90": _SM90, "gfx950": _GFX950, "cpu": _CPU, "default": _SM90}
@@ -305,6 +328,109 @@ def _attn_fwd_kernel(
     tl.store(Lse + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)
     o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+# ---------------------------------------------------------------------------
+# Forward, Hopper (sm_90): TMA tensor descriptors
+# ---------------------------------------------------------------------------
+@triton.jit
+def _fwd_tma_step(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, Sk, causal_offset, qk_scale_log2,
+                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """_fwd_step with the key/value tiles fetched by TMA (rows past Sk come back zero).
+
+    No bias/mask and scale > 0 (FUSE_SCALE): scores stay unscaled, the row max
+    scales once. Only MASKED steps can see -inf scores, so only they guard m.
+    """
+    k = k_desc.load([start_n, 0])
+    s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        cols = start_n + offs_n
+        keep = cols[None, :] < Sk
+        if IS_CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.math.exp2(s * qk_scale_log2 - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = v_desc.load([start_n, 0])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_fwd_tma_kernel(
+    Q, K, V, Out, Lse,
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+    Hq, Sq, Sk, kv_group, qk_scale_log2,
+    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr, WARP_SPEC: tl.constexpr,
+):
+    """_attn_fwd_kernel for sm_90 without bias/mask, head_dim 64/128, scale > 0: q/k/v/out
+    through TMA descriptors built on the device, one 2-D [S, D] descriptor per (batch, head)
+    slice (its base is the slice's first row), so the rows past Sq/Sk of a tile are zero-filled
+    (and not stored) per slice whatever the strides. The host checks TMA's rules: unit head-dim
+    stride, 16-byte aligned base pointers and other strides."""
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:  # the heaviest query blocks of a head first: a shorter tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = pid_bh % Hq
+    hk = (h // kv_group).to(tl.int64)
+    h = h.to(tl.int64)
+
+    q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Sq, HEAD_DIM], strides=[sqs, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K + b * skb + hk * skh, shape=[Sk, HEAD_DIM], strides=[sks, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b * svb + hk * svh, shape=[Sk, HEAD_DIM], strides=[svs, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(Out + b * sob + h * soh, shape=[Sq, HEAD_DIM], strides=[sos, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = q_desc.load([m0, 0])
+
+    # Key range: [0, full_hi) needs no bounds/causal mask, [full_hi, hi) does.
+    causal_offset = Sk - Sq
+    hi = Sk
+    full_hi = (Sk // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = tl.maximum(tl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
+        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
+        full_hi = tl.minimum(full_hi, hi)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if WARP_SPEC:
+        # Triton 3.6's Hopper warp specialization takes a kernel with one loop and nothing else
+        # around it that loads or multiplies (a second loop crashes the pass, a branch inside or a
+        # step after it silently turns it off): one loop, every step masked unless none needs it.
+        for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
+            acc, l_i, m_i = _fwd_tma_step(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, Sk,
+                                          causal_offset, qk_scale_log2, IS_CAUSAL or not EVEN_N, IS_CAUSAL)
+    else:
+        for start_n in range(0, full_hi, BLOCK_N):
+            acc, l_i, m_i = _fwd_tma_step(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, Sk,
+                                          causal_offset, qk_scale_log2, False, IS_CAUSAL)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _fwd_tma_step(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, Sk,
+                                          causal_offset, qk_scale_log2, True, IS_CAUSAL)
+
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    tl.store(Lse + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
+    o_desc.store([m0, 0], out.to(Out.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------
@@ -652,7 +778,9 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); any strides. With at most
     DECODE_MAX_QUERIES queries and no bias/mask this takes the split-K decode path.
-    ``config`` overrides the arch's tile config (for benchmarking).
+    ``config`` overrides the arch's tile config (for benchmarking): with ``TMA=True`` (and
+    optionally ``WARP_SPEC``) it forces the TMA kernel (ValueError where the inputs cannot take
+    it; on the CPU it runs in the interpreter), without it the pointer-load kernel.
     """
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     if Sq <= DECODE_MAX_QUERIES and bias is None and mask is None and config is None:
@@ -662,6 +790,16 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
     if B * Hq * Sq == 0:
         return out, lse
     extras = bias is not None or mask is not None
+    if config is not None and config.get("TMA"):
+        if not _tma_fwd_ok(q, k, v, out, D, extras, scale):
+            raise ValueError("attention_fwd: config asks for the TMA kernel, which these inputs cannot take "
+                             "(fp16/bf16, head_dim 64/128, no bias/mask, scale > 0, unit head-dim strides, "
+                             "16-byte aligned pointers and strides)")
+        return _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, config)
+    if config is None and _tma_fwd_default(q) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
+        table = _table(q.device)
+        return _attention_fwd_tma(q, k, v, out, lse, scale, is_causal,
+                                  table["fwd_tma_causal" if is_causal else "fwd_tma"][D])
     cfg = config or _config(q.device, "fwd_causal" if is_causal else "fwd", BLOCK_D, q.dtype, extras)
     bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
     grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
@@ -672,6 +810,46 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
         IS_CAUSAL=bool(is_causal), HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
         HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         DOT_PREC=_dot_precision(q.dtype), FUSE_SCALE=bias is None and scale > 0,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out, lse
+
+
+def _tma_fwd_default(q) -> bool:
+    """Whether q's device takes the TMA forward by default: sm_90 with the table's flag on."""
+    if not q.is_cuda or not HAS_TENSOR_DESCRIPTORS or _facts(q.device)[0] != "sm_90":
+        return False
+    return bool(_table(q.device).get("fwd_tma_enabled", False))
+
+
+def _tma_fwd_ok(q, k, v, out, D, extras, scale) -> bool:
+    """The TMA kernel's preconditions: fp16/bf16, head_dim 64/128, no bias/mask, scale > 0 (the fused
+    scaling), and TMA's rules for each of q/k/v/out: unit head-dim stride, base pointer and the
+    other strides 16-byte aligned (each (batch, head) slice becomes one 2-D descriptor)."""
+    if q.dtype not in (torch.float16, torch.bfloat16) or D not in (64, 128) or extras or not scale > 0:
+        return False
+    for t in (q, k, v, out):
+        if t.dtype != q.dtype or t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((st * t.element_size()) % 16 for st in t.stride()[:3]):
+            return False
+    return True
+
+
+def _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, cfg):
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    warp_spec = bool(cfg.get("WARP_SPEC", False))
+    if q.is_cuda:
+        _ensure_tma_allocator()
+    grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
+    sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
+    _launch(_attn_fwd_tma_kernel, grid, q.device,
+        q, k, v, out, lse,
+        sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
+        Hq, Sq, Sk, Hq // Hkv, scale * LOG2E,
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        EVEN_N=(Sk % cfg["BLOCK_N"] == 0) if warp_spec else True, WARP_SPEC=warp_spec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
@@ -888,6 +1066,19 @@ def _spec(name, kernel, dtype: str, constexprs: dict, cfg: dict):
                       strides)
 
 
+# Besides each table entry, its warp-specialized twin (a producer warpgroup feeding two consumer
+# warpgroups; Triton 3.6 specializes only at 4 warps), so that the flag can be flipped safely.
+_TMA_WS_TWIN = dict(BLOCK_M=128, num_warps=4, WARP_SPEC=True)
+
+
+def _tma_variants(cfg: dict) -> list:
+    """(name suffix, config) of the TMA forward's specs for one table entry: the entry itself, and its
+    warp-specialized twin unless the entry is one."""
+    if cfg.get("WARP_SPEC"):
+        return [("_ws", cfg)]
+    return [("", cfg), ("_ws", dict(cfg, **_TMA_WS_TWIN, num_stages=2 if cfg["BLOCK_N"] >= 128 else 3))]
+
+
 def _specs_for_arch(arch: str) -> list:
     table = CONFIGS[arch]
     specs = []
@@ -899,6 +1090,12 @@ def _specs_for_arch(arch: str) -> list:
                          DOT_PREC=None, FUSE_SCALE=True, **tiles(cfg))
             specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
                                _attn_fwd_kernel, dtype, const, cfg))
+            if "fwd_tma" in table and HAS_TENSOR_DESCRIPTORS:  # sm_90: the TMA forward as well
+                for variant, cfg in _tma_variants(table["fwd_tma_causal" if causal else "fwd_tma"][D]):
+                    const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                                 EVEN_N=True, WARP_SPEC=bool(cfg.get("WARP_SPEC", False)))
+                    specs.append(_spec(f"attn_fwd_tma{variant}_{dtype}_d{D}{'_causal' if causal else ''}",
+                                       _attn_fwd_tma_kernel, dtype, const, cfg))
     # Backward in bf16 (the training dtype), hd64 and hd128; decode at hd128.
     for D in (64, 128):
         for kind, kernel in (("bwd_dkdv", _attn_bwd_dkdv_kernel), ("bwd_dq", _attn_bwd_dq_kernel)):
