@@ -348,3 +348,20 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     n = max(int(n), 1)
     return 1 << (n - 1).bit_length()
+
+
+# Device-side TMA descriptors (tl.make_tensor_descriptor; gemm, ragged_dot, attention on sm_90).
+HAS_TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+
+
+def ensure_tma_allocator():
+    """Device-side descriptors need a little global scratch; Triton asks for it here. Triton keeps
+    its allocator in a ContextVar, which is per thread: checked on every call, because a kernel may
+    run on a thread that has none yet (autograd's backward runs on its own device thread)."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_tma_scratch)
+
+
+def _tma_scratch(size, align, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")

@@ -32,7 +32,8 @@ runs ``_attn_fwd_tma_kernel`` where TMA can address the tensors (unit head-dim
 stride, 16-byte aligned base pointers and strides): q/k/v/out move through
 tensor descriptors built on the device, one 2-D descriptor per (batch, head)
 slice, optionally with Triton's warp specialization (a TMA producer warpgroup
-feeding two consumer warpgroups). ``_SM90["fwd_tma_enabled"]`` turns it off.
+feeding two consumer warpgroups), when ``_SM90["fwd_tma_enabled"]`` is on (off
+until its tiles are timed on an H200; ``config=dict(TMA=True, ...)`` forces it).
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
-from flyarray.kernels.gemm import HAS_TENSOR_DESCRIPTORS, _ensure_tma_allocator
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, cdiv, current_arch, ensure_tma_allocator, next_pow2,
+                                     pick_config, runner)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -93,9 +94,11 @@ _SM90 = {
     # The TMA forward (_attn_fwd_tma_kernel): fp16/bf16, no bias/mask, head_dim 64/128, operands
     # TMA can address. fwd_tma_enabled False sends everything to _attn_fwd_kernel. WARP_SPEC needs
     # num_warps 4 (Triton 3.6 leaves a loop with 8 warps unspecialized): a producer warpgroup
-    # plus two consumer warpgroups of 64 rows each at BLOCK_M 128. Not yet timed on the H200:
-    # benchmarks/tune_attention_fwd.py sweeps these.
-    "fwd_tma_enabled": True,
+    # plus two consumer warpgroups of 64 rows each at BLOCK_M 128. Off until timed: it was written
+    # in a session that got no GPU after it (checked in the interpreter and cross-compiled only);
+    # benchmarks/tune_attention_fwd.py sweeps these tiles against SDPA and the pointer kernel, and
+    # config=dict(TMA=True, ...) runs it meanwhile.
+    "fwd_tma_enabled": False,
     "fwd_tma": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, WARP_SPEC=False),
                 128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, WARP_SPEC=False)},
     "fwd_tma_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, WARP_SPEC=False),
@@ -841,7 +844,7 @@ def _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, cfg):
     Sk, Hkv = k.shape[1], k.shape[2]
     warp_spec = bool(cfg.get("WARP_SPEC", False))
     if q.is_cuda:
-        _ensure_tma_allocator()
+        ensure_tma_allocator()
     grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
     sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
     _launch(_attn_fwd_tma_kernel, grid, q.device,

@@ -37,12 +37,12 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import FixedLaunch, cdiv, current_arch, launch_cache, next_pow2, runner
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, FixedLaunch, cdiv, current_arch,
+                                     ensure_tma_allocator, launch_cache, next_pow2, runner)
 from flyarray.targets import KernelSpec
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-HAS_TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
 # Scale modes (constexpr): no scale, one scalar, one value per row (a) / column (b).
 SCALE_NONE, SCALE_TENSOR, SCALE_VECTOR = 0, 1, 2
 
@@ -523,19 +523,6 @@ def _tma_layout(t: torch.Tensor, k_dim: int) -> Optional[bool]:
     return None
 
 
-def _ensure_tma_allocator():
-    """Device-side descriptors need a little global scratch; Triton asks for it here. Triton keeps
-    its allocator in a ContextVar, which is per thread: checked on every call, because a GEMM may
-    run on a thread that has none yet (autograd's backward runs on its own device thread)."""
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
-
-
-def _scratch(size, align, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def _num_programs(device: torch.device, arch: str, cfg: dict) -> int:
     if device.type == "cpu":
         return 3
@@ -586,7 +573,7 @@ class _PreparedGemm:
             a_layout, b_layout = _tma_layout(a, 1), _tma_layout(b, 0)
             if a_layout is not None and b_layout is not None:
                 use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
-                _ensure_tma_allocator()
+                ensure_tma_allocator()
         if not use_tma and "FALLBACK" in cfg:
             cfg = cfg["FALLBACK"]
         acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64

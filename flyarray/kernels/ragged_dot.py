@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config
-from flyarray.kernels.gemm import (FP8_DTYPES, HAS_TENSOR_DESCRIPTORS, _TRITON_TYPES, _cfg, strides_of,
-                                   _ensure_tma_allocator, launch)
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, cdiv, current_arch, ensure_tma_allocator, next_pow2,
+                                     pick_config)
+from flyarray.kernels.gemm import FP8_DTYPES, _TRITON_TYPES, _cfg, launch, strides_of
 from flyarray.targets import KernelSpec
 
 
@@ -158,7 +158,7 @@ def launch_ragged_dot(lhs, rhs, group_sizes, out, cfg, arch):
     G, _, N = rhs.shape
     use_tma = bool(cfg.get("TMA", True) and arch == "sm_90" and HAS_TENSOR_DESCRIPTORS and _tma_ok(lhs, rhs))
     if use_tma:
-        _ensure_tma_allocator()
+        ensure_tma_allocator()
     # Upper bound on tiles: every group's partial tile, plus the tail group.
     max_tiles = (cdiv(M, cfg["BLOCK_M"]) + G + 1) * cdiv(N, cfg["BLOCK_N"])
     programs = max(1, min(max_tiles, _programs(lhs.device, cfg)))
