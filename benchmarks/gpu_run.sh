@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # One call on the GPU machine. MODE=tests: the test suite on the gpu backend (+ overheads, launch-shape
 # exploration); MODE=bench: python -m flyarray bench; MODE=host: benchmarks/host_path.sh (the tests, then
-# the user-path benchmark: overhead, elementwise, norms, topk, gemm). Results under $OUT; a short table last.
+# the user-path benchmark: overhead, elementwise, norms, topk, gemm); MODE=pending: what a session without
+# a GPU left untimed (the MX upcast path's parts and the hardware fp8 decode, their GPU tests, the TMA
+# attention forward's tests; benchmarks/tune_attention_fwd.py needs a call of its own, ~6 min).
+# Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
+if [ "${MODE:-tests}" = pending ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_mx.py \
+    tests/kernels/test_scaled_matmul.py tests/kernels/test_attention.py tests/kernels/test_top_k.py \
+    > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
+  timeout 240 python3 benchmarks/tune_mx_upcast.py > "$OUT/tune_mx_upcast.log" 2>&1
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -20; tail -60 "$OUT/tune_mx_upcast.log"
+  exit 0
+fi
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLYARRAY_CACHE_DIR=/tmp/flyarray-cache OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
