@@ -139,6 +139,11 @@ CONFIGS = {
             dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8, num_stages=3),
             dict(kernel="decode", BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
             dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
+            # the fastest tile with more loads in flight: deeper pipeline, or K split in two (twice the
+            # programs: 448 programs of 2 warps leave an SM ~7 warps at 16x14336x4096). Added untimed
+            # (no GPU after they were written); BLOCK_N 16 and BLOCK_K 512 spilled 158-2501 B.
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=5),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3),
         ],
     },
     "cpu": {
