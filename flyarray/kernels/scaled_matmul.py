@@ -12,7 +12,7 @@ A leading batch dimension (B, M, K) x (B, N, K) -> (B, M, N) is accepted too.
 A bf16/fp16 ``lhs`` with ``lhs_scales=None`` is the weight-only case
 (activations times MX weights). Accumulation is float32.
 
-Three kernels, picked per arch and shape (``method=None``) or by name:
+Four ways, picked per arch and shape (``method=None``) or by name:
 
 * ``"dot_scaled"``: a tiled GEMM on ``tl.dot_scaled``. On gfx950 (MI350) it
   lowers to the native scaled MFMA ``v_mfma_scale_f32_{16x16x128,32x32x64}_f8f6f4``;
