@@ -231,6 +231,44 @@ def _score_extras(s, rows, cols, Sq, Sk, causal_offset, bias_base, sbm, sbn, mas
 # Forward
 # ---------------------------------------------------------------------------
 @triton.jit
+def _query_block_program(Hq, kv_group, IS_CAUSAL: tl.constexpr):
+    """(query block, batch*head, batch, head, kv head) of a program over one query block (the
+    forwards, dq); causal runs the heaviest query blocks of a head first (a shorter tail)."""
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = pid_bh % Hq
+    hk = (h // kv_group).to(tl.int64)
+    return pid_m, pid_bh, b, h.to(tl.int64), hk
+
+
+@triton.jit
+def _key_range(m0, Sq, Sk, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(full_hi, hi, causal_offset) for the query rows [m0, m0 + BLOCK_M): keys [0, full_hi) need no
+    bounds/causal mask, [full_hi, hi) do; causal aligns bottom-right (query i sees keys <= i + Sk - Sq)."""
+    causal_offset = Sk - Sq
+    hi = Sk
+    full_hi = (Sk // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        hi = tl.maximum(tl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
+        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
+        full_hi = tl.minimum(full_hi, hi)
+    return full_hi, hi, causal_offset
+
+
+@triton.jit
+def _finish_rows(acc, l_i, m_i):
+    """(out, lse) from the online softmax's state; a row that saw no key gets 0 and -inf."""
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    return out, lse
+
+
+@triton.jit
 def _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
               sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
               bias_base, sbm, sbn, mask_base, smm, smn,
@@ -279,14 +317,7 @@ def _attn_fwd_kernel(
     DOT_PREC: tl.constexpr, FUSE_SCALE: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:  # the heaviest query blocks of a head first: a shorter tail
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // Hq).to(tl.int64)
-    h = pid_bh % Hq
-    hk = (h // kv_group).to(tl.int64)
-    h = h.to(tl.int64)
+    pid_m, pid_bh, b, h, hk = _query_block_program(Hq, kv_group, IS_CAUSAL)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -299,15 +330,7 @@ def _attn_fwd_kernel(
     bias_base = Bias + b * sbb + h * sbh
     mask_base = Mask + b * smb + h * smh
 
-    # Key range: [0, full_hi) needs no bounds/causal mask, [full_hi, hi) does.
-    causal_offset = Sk - Sq
-    m0 = pid_m * BLOCK_M
-    hi = Sk
-    full_hi = (Sk // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        hi = tl.maximum(tl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
-        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
-        full_hi = tl.minimum(full_hi, hi)
+    full_hi, hi, causal_offset = _key_range(pid_m * BLOCK_M, Sq, Sk, IS_CAUSAL, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -323,10 +346,7 @@ def _attn_fwd_kernel(
                                   bias_base, sbm, sbn, mask_base, smm, smn,
                                   True, IS_CAUSAL, HAS_BIAS, HAS_MASK, EVEN_D, DOT_PREC, FUSE_SCALE)
 
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    out, lse = _finish_rows(acc, l_i, m_i)
     row_ok = offs_m < Sq
     tl.store(Lse + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)
     o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod
@@ -378,14 +398,7 @@ def _attn_fwd_tma_kernel(
     slice (its base is the slice's first row), so the rows past Sq/Sk of a tile are zero-filled
     (and not stored) per slice whatever the strides. The host checks TMA's rules: unit head-dim
     stride, 16-byte aligned base pointers and other strides."""
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:  # the heaviest query blocks of a head first: a shorter tail
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // Hq).to(tl.int64)
-    h = pid_bh % Hq
-    hk = (h // kv_group).to(tl.int64)
-    h = h.to(tl.int64)
+    pid_m, pid_bh, b, h, hk = _query_block_program(Hq, kv_group, IS_CAUSAL)
 
     q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Sq, HEAD_DIM], strides=[sqs, 1],
                                        block_shape=[BLOCK_M, HEAD_DIM])
@@ -401,14 +414,7 @@ def _attn_fwd_tma_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     q = q_desc.load([m0, 0])
 
-    # Key range: [0, full_hi) needs no bounds/causal mask, [full_hi, hi) does.
-    causal_offset = Sk - Sq
-    hi = Sk
-    full_hi = (Sk // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        hi = tl.maximum(tl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
-        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
-        full_hi = tl.minimum(full_hi, hi)
+    full_hi, hi, causal_offset = _key_range(m0, Sq, Sk, IS_CAUSAL, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -428,10 +434,7 @@ def _attn_fwd_tma_kernel(
             acc, l_i, m_i = _fwd_tma_step(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, Sk,
                                           causal_offset, qk_scale_log2, True, IS_CAUSAL)
 
-    seen = l_i > 0.0
-    l_safe = tl.where(seen, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    out, lse = _finish_rows(acc, l_i, m_i)
     tl.store(Lse + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
     o_desc.store([m0, 0], out.to(Out.dtype.element_ty))
 
@@ -597,14 +600,7 @@ def _attn_bwd_dq_kernel(
     DOT_PREC: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // Hq).to(tl.int64)
-    h = pid_bh % Hq
-    hk = (h // kv_group).to(tl.int64)
-    h = h.to(tl.int64)
+    pid_m, pid_bh, b, h, hk = _query_block_program(Hq, kv_group, IS_CAUSAL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -622,14 +618,7 @@ def _attn_bwd_dq_kernel(
     bias_base = Bias + b * sbb + h * sbh
     mask_base = Mask + b * smb + h * smh
 
-    causal_offset = Sk - Sq
-    m0 = pid_m * BLOCK_M
-    hi = Sk
-    full_hi = (Sk // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        hi = tl.maximum(tl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
-        full_hi = tl.minimum(full_hi, (tl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N) * BLOCK_N)
-        full_hi = tl.minimum(full_hi, hi)
+    full_hi, hi, causal_offset = _key_range(pid_m * BLOCK_M, Sq, Sk, IS_CAUSAL, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, full_hi, BLOCK_N):
