@@ -269,6 +269,30 @@ def _finish_rows(acc, l_i, m_i):
 
 
 @triton.jit
+def _softmax_block(s, m_i, l_i, qk_scale_log2, FUSE_SCALE: tl.constexpr, GUARD: tl.constexpr):
+    """The online softmax's step over one [rows, keys] score tile (log2 domain): (p, alpha, l, m).
+
+    FUSE_SCALE: ``s`` is unscaled; the row max scales once and each probability is exp2 of one FMA.
+    GUARD: a row may have seen only masked keys (m = -inf): subtract 0 instead, so exp2 gives 0,
+    not NaN (callers whose tile cannot hold -inf scores skip it).
+    """
+    if FUSE_SCALE:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    if GUARD:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    if FUSE_SCALE:
+        p = tl.math.exp2(s * qk_scale_log2 - m_use[:, None])
+    else:
+        p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
 def _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, d_ok,
               sks, skd, svs, svd, Sq, Sk, causal_offset, qk_scale_log2,
               bias_base, sbm, sbn, mask_base, smm, smn,
@@ -288,19 +312,7 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
         s = s * qk_scale_log2
     s = _score_extras(s, offs_m, cols, Sq, Sk, causal_offset, bias_base, sbm, sbn, mask_base, smm, smn,
                       MASKED, IS_CAUSAL, HAS_BIAS, HAS_MASK)
-    if FUSE_SCALE:
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row that has seen only masked keys keeps m = -inf; subtract 0 instead so
-    # exp2 gives 0, not NaN.
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    if FUSE_SCALE:
-        p = tl.math.exp2(s * qk_scale_log2 - m_use[:, None])
-    else:
-        p = tl.math.exp2(s - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, l_i, m_new = _softmax_block(s, m_i, l_i, qk_scale_log2, FUSE_SCALE, True)
     v = _load_tile(v_base + cols[:, None] * svs + offs_d[None, :] * svd, cols, Sk, d_ok, MASKED, not EVEN_D)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
     return acc, l_i, m_new
@@ -372,14 +384,7 @@ def _fwd_tma_step(acc, l_i, m_i, q, k_desc, v_desc, start_n, offs_m, offs_n, Sk,
         if IS_CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + causal_offset)
         s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
-    if MASKED:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_use = m_new
-    p = tl.math.exp2(s * qk_scale_log2 - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, l_i, m_new = _softmax_block(s, m_i, l_i, qk_scale_log2, True, MASKED)
     v = v_desc.load([start_n, 0])
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, l_i, m_new
@@ -680,11 +685,7 @@ def _attn_decode_split_kernel(
         if IS_CAUSAL:
             keep = keep & (cols[None, :] <= qi[:, None] + causal_offset)
         s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_new = _softmax_block(s, m_i, l_i, qk_scale_log2, False, True)
         v = _load_tile(v_base + cols[:, None] * svs + offs_d[None, :] * svd, cols, hi, d_ok, True, not EVEN_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
