@@ -200,7 +200,13 @@ def _rows_topk_kernel(
 @triton.jit
 def _unsigned_key(x, IS_FLOAT: tl.constexpr):
     """order_key as an unsigned number (top bit flipped): a bitwise search builds it from the top bit."""
-    return order_key(x, IS_FLOAT).to(tl.uint32, bitcast=True) ^ 0x80000000
+    return _as_unsigned(order_key(x, IS_FLOAT))
+
+
+@triton.jit
+def _as_unsigned(key):
+    """An order_key (int32) as the unsigned number ``_unsigned_key`` gives: top bit flipped."""
+    return key.to(tl.uint32, bitcast=True) ^ 0x80000000
 
 
 @triton.jit
@@ -329,7 +335,7 @@ def _threshold_compact_kernel(
         valid = (e // SEG < n_live) & (col < N)
         x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0)
         key = order_key(x, IS_FLOAT)
-        u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+        u = _as_unsigned(key)
         take = (valid & (u >= t)).to(tl.int32)
         slot = tl.associative_scan(take, 0, _ADD) - take
         half = words_ptr.to(tl.pointer_type(tl.int32)) + 2 * (row * CAP + slot)
@@ -360,7 +366,7 @@ def _compact_kernel(
     valid = (col < N) & (piece_max.to(tl.uint32, bitcast=True) >= t)
     x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0, eviction_policy="evict_first")
     key = order_key(x, IS_FLOAT)
-    u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+    u = _as_unsigned(key)
     take = valid & (u >= t)
     n_take = tl.reduce(take.to(tl.int32), 0, _ADD)
     if n_take > 0:
@@ -432,7 +438,7 @@ def _final_kernel(
                 valid = col < N
                 x = tl.load(x_ptr + row * stride_row + col, mask=valid, other=0)
                 key = order_key(x, IS_FLOAT)
-                u = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+                u = _as_unsigned(key)
                 above = (valid & (u > t)).to(tl.int32)
                 tie = (valid & (u == t)).to(tl.int32)
                 # slots: above t from 0, ties from KPAD; each word stored as its two 32-bit halves
