@@ -90,18 +90,6 @@ CONFIGS = {
             dict(kernel="dot_scaled", BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
         ],
     },
-    # gfx942 (MI300) has no scaled MFMA: every MX operand is upcast to bf16 in registers (the bf16
-    # MFMA), so the fp4 K step is 64 too (e4m3 x e2m1 at gfx950's BLOCK_K=128 spilled 109 B there).
-    "gfx942": {
-        "dot_scaled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
-        "dot_scaled_fp4": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
-        "mxfp8_method": "dot_scaled",
-        "dot_scaled_wonly": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
-        "decode_candidates": [
-            dict(kernel="dot_scaled", BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
-            dict(kernel="dot_scaled", BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2),
-        ],
-    },
     # sm_90: Triton upcasts MX operands to bf16 in registers before wgmma; the 128x128x128 tiles spilled
     # 446-1564 B (Triton 3.6 and 3.9), 128x128x64 still 124-193 B for e4m3 x e4m3. These compile clean
     # in both (tests/test_cross_compile.py); "upcast" is the fast path here anyway (docs/kernels.md).
@@ -161,6 +149,9 @@ CONFIGS = {
         "decode_candidates": [dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=3)],
     },
 }
+# gfx942 (MI300) has no scaled MFMA: every MX operand is upcast to bf16 in registers (the bf16 MFMA), so
+# gfx950's tiles with the fp4 K step of 64 too (e4m3 x e2m1 at gfx950's BLOCK_K=128 spilled 109 B there).
+CONFIGS["gfx942"] = {**CONFIGS["gfx950"], "dot_scaled_fp4": dict(CONFIGS["gfx950"]["dot_scaled_fp4"], BLOCK_K=64)}
 DECODE_MAX_M = 64
 
 
