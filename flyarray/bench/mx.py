@@ -71,24 +71,16 @@ def _gemm_cases(device, small) -> list:
     a_bf16, b_bf16 = a_f32.to(act), b_f32.to(act)      # exact: e4m3 values times powers of two
     shape = f"{m}x{n}x{k}"
     flops = 2 * m * n * k
+    # (label, method, goal): the automatic choice, then each way scaled_matmul has, named
+    variants = [("vs bf16 matmul", None, ">= 1.0x bf16 torch.matmul"),
+                ("tl.dot_scaled", "dot_scaled", "reference point: Triton's upcasting path on Hopper"),
+                ("fp8_blocks", "fp8_blocks", "reference point: fp8 tensor cores, per-block fp32 rescale"),
+                ("upcast", "upcast", "reference point: decode to bf16, then the bf16 GEMM")]
     cases = [
-        Case(name=f"mxfp8 x mxfp8 {shape} vs bf16 matmul",
-             ours=lambda: scaled_matmul(a, b, sa, sb, preferred_element_type=act),
-             eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference),
-             goal=">= 1.0x bf16 torch.matmul"),
-        Case(name=f"mxfp8 x mxfp8 {shape} tl.dot_scaled",
-             ours=lambda: scaled_matmul(a, b, sa, sb, preferred_element_type=act, method="dot_scaled"),
-             eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference),
-             goal="reference point: Triton's upcasting path on Hopper"),
-        Case(name=f"mxfp8 x mxfp8 {shape} fp8_blocks",
-             ours=lambda: scaled_matmul(a, b, sa, sb, preferred_element_type=act, method="fp8_blocks"),
-             eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference),
-             goal="reference point: fp8 tensor cores, per-block fp32 rescale"),
-        Case(name=f"mxfp8 x mxfp8 {shape} upcast",
-             ours=lambda: scaled_matmul(a, b, sa, sb, preferred_element_type=act, method="upcast"),
-             eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference),
-             goal="reference point: decode to bf16, then the bf16 GEMM"),
-    ]
+        Case(name=f"mxfp8 x mxfp8 {shape} {label}",
+             ours=lambda method=method: scaled_matmul(a, b, sa, sb, preferred_element_type=act, method=method),
+             eager=lambda: a_bf16 @ b_bf16.t(), flops=flops, tol=1e-2, check=_against(reference), goal=goal)
+        for label, method, goal in variants]
     if device.type == "cuda":
         cases.append(_scaled_mm_case(a, b, sa, sb, a_f32, b_f32, reference, shape, flops))
     (m4, n4, k4), a4, sa4, b4, sb4 = _gemm_inputs(device, small, "e2m1", "e2m1")

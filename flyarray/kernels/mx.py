@@ -224,8 +224,8 @@ def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
                           BLOCKS_PER_PROGRAM: tl.constexpr, NATIVE_FP8: tl.constexpr = 0):
     """BLOCKS_PER_PROGRAM consecutive blocks as one [blocks, 32] tile: contiguous loads and stores
     (fp4: the two nibbles of a byte decode side by side and interleave with a join). NATIVE_FP8:
-    fp8 codes convert with the target's own instruction (exact,
-    specials included) instead of the integer decode: 1 for e4m3, 2 for e5m2, 0 off."""
+    fp8 codes convert with the target's own instruction (exact, specials included) instead of the
+    integer decode: 1 for e4m3, 2 for e5m2, 0 off."""
     pid = tl.program_id(0)
     blk = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
     live = blk < n_blocks
