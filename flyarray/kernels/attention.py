@@ -31,9 +31,9 @@ On sm_90 the forward of fp16/bf16 inputs without bias/mask at head_dim 64/128
 runs ``_attn_fwd_tma_kernel`` where TMA can address the tensors (unit head-dim
 stride, 16-byte aligned base pointers and strides): q/k/v/out move through
 tensor descriptors built on the device, one 2-D descriptor per (batch, head)
-slice, optionally with Triton's warp specialization (a TMA producer warpgroup
-feeding two consumer warpgroups), when ``_SM90["fwd_tma_enabled"]`` is on (off
-until its tiles are timed on an H200; ``config=dict(TMA=True, ...)`` forces it).
+slice, when ``_SM90["fwd_tma_enabled"]`` is on (off: on the H200 it never beat
+the pointer kernel; ``config=dict(TMA=True, ...)`` forces it). Its warp-specialized
+variant (``WARP_SPEC``) returned NaN rows there under Triton 3.6 and is refused on a GPU.
 """
 from __future__ import annotations
 
@@ -94,15 +94,16 @@ _SM90 = {
     # The TMA forward (_attn_fwd_tma_kernel): fp16/bf16, no bias/mask, head_dim 64/128, operands
     # TMA can address. fwd_tma_enabled False sends everything to _attn_fwd_kernel. WARP_SPEC needs
     # num_warps 4 (Triton 3.6 leaves a loop with 8 warps unspecialized): a producer warpgroup
-    # plus two consumer warpgroups of 64 rows each at BLOCK_M 128. Off until timed: it was written
-    # in a session that got no GPU after it (checked in the interpreter and cross-compiled only);
-    # benchmarks/tune_attention_fwd.py sweeps these tiles against SDPA and the pointer kernel, and
-    # config=dict(TMA=True, ...) runs it meanwhile.
+    # plus two consumer warpgroups of 64 rows each at BLOCK_M 128 -- but on the H200 (Triton 3.6) it
+    # returned NaN rows on every shape tested, so a GPU call refuses it (the interpreter, which
+    # ignores warp_specialize, and the cross-compiles still cover it). Off: timed on the H200
+    # (benchmarks/tune_attention_fwd.py, 9 tiles x 4 shapes, 2026-12-01) its best tile, below, was
+    # 0.99-1.11x the pointer kernel's time, never faster (docs/kernels.md).
     "fwd_tma_enabled": False,
-    "fwd_tma": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, WARP_SPEC=False),
-                128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, WARP_SPEC=False)},
-    "fwd_tma_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, WARP_SPEC=False),
-                       128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, WARP_SPEC=False)},
+    "fwd_tma": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, WARP_SPEC=False),
+                128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, WARP_SPEC=False)},
+    "fwd_tma_causal": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, WARP_SPEC=False),
+                       128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, WARP_SPEC=False)},
 }
 
 _GFX950 = {
@@ -788,6 +789,10 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
             raise ValueError("attention_fwd: config asks for the TMA kernel, which these inputs cannot take "
                              "(fp16/bf16, head_dim 64/128, no bias/mask, scale > 0, unit head-dim strides, "
                              "16-byte aligned pointers and strides)")
+        if config.get("WARP_SPEC") and q.is_cuda:
+            raise ValueError("attention_fwd: WARP_SPEC=True is refused on a GPU: under Triton 3.6 on an H200 "
+                             "the warp-specialized TMA forward returned NaN rows for every shape tested "
+                             "(tests/kernels/test_attention.py, 2026-12-01); use WARP_SPEC=False")
         return _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, config)
     if config is None and _tma_fwd_default(q) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
         table = _table(q.device)

@@ -149,9 +149,13 @@ CONFIGS = {
         "decode_candidates": [dict(kernel="decode", BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=3)],
     },
 }
-# gfx942 (MI300) has no scaled MFMA: every MX operand is upcast to bf16 in registers (the bf16 MFMA), so
-# gfx950's tiles with the fp4 K step of 64 too (e4m3 x e2m1 at gfx950's BLOCK_K=128 spilled 109 B there).
-CONFIGS["gfx942"] = {**CONFIGS["gfx950"], "dot_scaled_fp4": dict(CONFIGS["gfx950"]["dot_scaled_fp4"], BLOCK_K=64)}
+# gfx942 (MI300) has no scaled MFMA. An MX x MX product goes through "upcast" (both operands decoded
+# to bf16, then the bf16 GEMM, as on Hopper): Triton 3.6 cannot lower an MX x MX tl.dot_scaled for
+# gfx942 at all ("Unsupported DotScaleOp", measured with the H200 host's 3.6; 3.9 can). bf16 x MX
+# keeps dot_scaled (its rhs is upcast in registers to the bf16 MFMA) with gfx950's tiles and the fp4
+# K step of 64 (e4m3 x e2m1 at gfx950's BLOCK_K=128 spilled 109 B there under 3.9).
+CONFIGS["gfx942"] = {**CONFIGS["gfx950"], "dot_scaled_fp4": dict(CONFIGS["gfx950"]["dot_scaled_fp4"], BLOCK_K=64),
+                     "mxfp8_method": "upcast", "mx_pair_method": "upcast"}
 DECODE_MAX_M = 64
 
 
@@ -574,6 +578,8 @@ def _pick_method(m: int, a_fmt: str, b_fmt: str, cfg: dict) -> str:
         return "decode"
     if a_fmt in ("e4m3", "e5m2") and b_fmt in ("e4m3", "e5m2"):
         return cfg["mxfp8_method"]
+    if a_fmt not in _PLAIN_FORMATS:
+        return cfg.get("mx_pair_method", "dot_scaled")
     return "dot_scaled"
 
 
@@ -875,12 +881,14 @@ def _fp8_blocks_spec(arch: str):
 
 def compile_specs(arch: str | None = None) -> list:
     """Representative specializations: every MX combination through dot_scaled with ``arch``'s
-    tiles (both gfx950 and sm_90 when None), plus the Hopper decode and fp8_blocks kernels.
+    tiles (both gfx950 and sm_90 when None; gfx942 sends MX x MX to upcast, so bf16 x MX only),
+    plus the Hopper decode and fp8_blocks kernels.
     On gfx950 and gfx942 that is every config the table holds: each dot_scaled tile with each format
     pair that uses it, and each dot_scaled decode candidate at BLOCK_M 16 and 64 (its extremes)."""
     archs = [arch] if arch else ["gfx950", "sm_90"]
     combos = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("bf16", "e2m1")]
-    specs = [_dot_scaled_spec(a, fa, fb) for a in archs for fa, fb in combos]
+    specs = [_dot_scaled_spec(a, fa, fb) for a in archs for fa, fb in combos
+             if fa in _PLAIN_FORMATS or pick_config(CONFIGS, a).get("mx_pair_method", "dot_scaled") == "dot_scaled"]
     for amd in [a for a in archs if a in ("gfx950", "gfx942")]:
         specs.append(_dot_scaled_spec(amd, "bf16", "e4m3"))
         for i, c in enumerate(c for c in CONFIGS[amd]["decode_candidates"] if c["kernel"] == "dot_scaled"):

@@ -123,7 +123,8 @@ def test_amd_every_config_compiles_without_spills(arch):
     format pair that uses it, each decode candidate at BLOCK_M 16 and 64): 0 scratch, LDS within the
     CU's (160 KiB on MI350, 64 KiB on MI300), on gfx950 the native scaled MFMA for MX x MX, elsewhere
     an MFMA. The 128x128 tiles with num_warps=8 and BLOCK_K=256 (fp4) or 2 stages (fp8 x fp8) spilled
-    hundreds of bytes on gfx950 (issue 15); e4m3 x e2m1 at BLOCK_K=128 spilled 109 B on gfx942."""
+    hundreds of bytes on gfx950 (issue 15); e4m3 x e2m1 at BLOCK_K=128 spilled 109 B on gfx942, where
+    MX x MX now goes through upcast (Triton 3.6 cannot lower it for gfx942)."""
     from flyarray.targets import compile_for
     specs = sm.compile_specs(arch)
     names = [s.name for s in specs]
@@ -261,3 +262,12 @@ def test_tuner_warms_every_candidate_before_timing_and_skips_failures(monkeypatc
     assert sum(kind == "time" for kind, _ in events) == 6
     with pytest.raises(RuntimeError, match="no candidate"):
         sm._fastest(["bad"], run)
+
+
+def test_gfx942_sends_mx_pairs_to_upcast():
+    """MI300 has no scaled MFMA and Triton 3.6 cannot lower an MX x MX dot_scaled for it: upcast."""
+    cfg = sm.CONFIGS["gfx942"]
+    for pair in [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1")]:
+        assert sm._pick_method(256, *pair, cfg) == "upcast", pair
+    assert sm._pick_method(256, "bf16", "e2m1", cfg) == "dot_scaled"
+    assert sm._pick_method(256, "e2m1", "e2m1", sm.CONFIGS["gfx950"]) == "dot_scaled"
