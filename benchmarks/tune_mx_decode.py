@@ -7,6 +7,7 @@ torch.matmul. Not part of the suite; prints a table and writes JSON.
 """
 import itertools
 import json
+import os
 import sys
 
 import torch
@@ -18,7 +19,7 @@ from flyarray.kernels import mx, scaled_matmul as sm
 
 M, N, K = 16, 14336, 4096
 ROUNDS = 3
-FORMATS = ("e2m1", "e4m3", "e5m2")
+FORMATS = tuple(os.environ.get("FORMATS", "e2m1,e4m3,e5m2").split(","))  # FORMATS=e2m1: MXFP4 only
 
 
 @triton.jit
@@ -61,6 +62,13 @@ def candidates(w_fmt):
         if warps * 16 > bn or bn * bk > 128 * 128 and warps == 2:
             continue
         c = dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps)
+        if c not in found:
+            found.append(c)
+    # more loads in flight: K split 4 or 8 ways (1792-3584 programs at 16x14336x4096) and deeper pipelines
+    for bn, bk, warps, split, stages in itertools.product((32, 64), (128, 256), (2, 4), (4, 8), (3, 5)):
+        if warps * 16 > bn or bn * bk > 64 * 128 and warps == 2:
+            continue
+        c = dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages)
         if c not in found:
             found.append(c)
     return found

@@ -13,7 +13,7 @@ import torch
 
 from . import dlpack as _dlpack
 from . import dtypes as _dt
-from .ir import Node
+from .ir import VIEW as _VIEW, Node
 
 
 class Array:
@@ -92,7 +92,11 @@ class Array:
         buffer = node.buffer
         if buffer is not None:  # realized and not a view: the common case after evaluation
             return buffer
-        _plan().realize([self])
+        plan = _plan()
+        if node.prim is not _VIEW:
+            plan.realize_node(node)
+        else:
+            plan.realize([self])
         buffer = node.buffer
         return buffer if buffer is not None else _plan().runtime.tensor_of(node)
 

@@ -92,7 +92,9 @@ class Walk:
                 scalar_nodes.append(node)
                 add_entry((constant, node.shape, node.dtype, node.device))
                 continue
-            params = node.params if prim.kind in plain else _params_key(node)
+            params = node.params
+            if params is not None and prim.kind not in plain:  # most nodes have none: no kind lookup
+                params = _params_key(node)
             inputs = node.inputs
             # the entry is the same tuple whatever the arity; one and two inputs are spelled out because
             # star-unpacking a map builds a list first (a fifth of the walk's time on an elementwise chain)
@@ -413,6 +415,18 @@ def realize(arrays):
         if _companions:
             roots = _with_companions(roots)
         if getattr(_trace, "sources", None):
+            _refuse_traced(roots)
+        evaluate(roots)
+
+
+def realize_node(node):
+    """``realize`` of one array whose node is not a view: the way out of ``Array.torch()`` and
+    ``__dlpack__``, without building the request list (a view goes through ``realize``)."""
+    with _lock:
+        if node.buffer is not None:  # another thread computed it meanwhile
+            return
+        roots = _with_companions([node]) if _companions else [node]
+        if _trace.sources:
             _refuse_traced(roots)
         evaluate(roots)
 
