@@ -7,6 +7,8 @@ it), so an evaluation does only the torch calls.
 """
 from __future__ import annotations
 
+from math import copysign
+
 import torch
 
 from .. import unsigned
@@ -217,12 +219,55 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env, into=None) -> list:
     found = _scalar_operand(op, ops)
     if found is not None:  # ``x + 0.5``: torch takes the Python scalar (same result dtype, no tensor made)
         env[f"fn{i}"], a, b = found
-        return [f"v{i} = fn{i}(v{a}, scalars[{ops[b].slot}]{out})"]
+        scalar = f"scalars[{ops[b].slot}]"
+        if op.dtype.torch in _SCALAR_TENSOR_DTYPES:  # torch wraps a Python float per call: hand it a ready one
+            env[f"scalar{i}"] = _scalar_tensor(op.dtype.torch)
+            scalar = f"scalar{i}({scalar})"
+        return [f"v{i} = fn{i}(v{a}, {scalar}{out})"]
     env[f"fn{i}"] = ELEMENTWISE[op.prim].reference_for(op.in_dtype)
     args = ", ".join(f"v{a}" for a in op.args)
     if op.prim in _KEEPS_FLOAT_DTYPE and op.dtype.kind == "f" and all(ops[a].dtype is op.dtype for a in op.args):
         return [f"v{i} = fn{i}({args}{out})"]  # torch gives floats of one dtype back in that dtype: nothing to check
     return [f"v{i} = fn{i}({args})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
+
+
+# Where a 0-d tensor of the op's dtype gives the Python scalar's bits: torch wraps a Python float as a
+# double tensor and converts it to the op's dtype (one rounding, as torch.tensor(v, dtype) does). Not
+# float16/bfloat16: there torch computes with the scalar at higher precision than a tensor of that dtype.
+_SCALAR_TENSOR_DTYPES = (torch.float32, torch.float64)
+
+
+def _scalar_tensor(dtype):
+    """v -> a 0-d CPU tensor of ``dtype`` holding the Python float ``v``, for a scalar-operand op.
+
+    Wrapping a Python float costs torch more than the op itself on a small tensor (2.5 against 1.2
+    us), and the same value comes back on every plan hit (a literal, a static scalar), so the last
+    (value, tensor) pair is kept and reused when the value has the same bits (compared as floats:
+    ``==`` holds for 0.0 and -0.0, never for NaN).
+
+    The tensor lives on the CPU whatever the operand's device (FLYARRAY_BACKEND=reference and check
+    mode run this backend on a GPU too): torch's CUDA kernels take a 0-d CPU tensor as they take a
+    Python scalar, as a kernel argument (``is_cpu_scalar``, e.g. div's multiply by the reciprocal),
+    where a 0-d CUDA tensor would be a tensor operand of another kernel.
+    """
+    # One tuple, replaced whole: fa.jit replays run a plan outside plan._lock, so two threads may
+    # call this at once; each reads the old pair or the new one, never a value with another's tensor.
+    last = (None, None)
+
+    def as_tensor(v):
+        nonlocal last
+        held, t = last
+        if v is held:
+            return t
+        if type(v) is not float:  # plans bind floats for float constants (ops/core.py): just in case
+            return v
+        if v == held and copysign(1.0, v) == copysign(1.0, held):
+            return t
+        with torch.inference_mode(False):  # a normal tensor: autograd may have to save it later
+            t = torch.tensor(v, dtype=dtype, device="cpu")
+        last = (v, t)
+        return t
+    return as_tensor
 
 
 def _scalars_only(kernel) -> set:
