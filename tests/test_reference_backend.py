@@ -159,3 +159,25 @@ def test_the_scalar_tensor_is_reused_only_for_the_same_bits():
     assert as_tensor(nan) is as_tensor(nan)  # the same object
     assert torch.isnan(as_tensor(float("nan")))
     assert as_tensor(0.7).item() == torch.tensor(0.7, dtype=torch.float32).item()
+
+
+# ---- plan steps hand a fresh result over as the output buffer ----------------------------------------
+def test_only_fresh_contiguous_results_of_the_buffer_shape_are_handed_over():
+    from flyarray.backends.reference import _handed_over
+    view = View((2, 3), (3, 1), 0)
+    ops = [Load(0, view, "full", F32), _ew("exp", 0), _ew("astype", 1)]
+    stores = [Store(1, F32, view, "full"),                          # 0: a fresh exp: handed over
+              Store(0, F32, view, "full"),                          # 1: the input itself
+              Store(2, F32, view, "full"),                          # 2: .to() may return its argument
+              Store(1, F32, View((2, 3), (1, 2), 0), "full"),       # 3: stored transposed
+              Store(1, dtypes.float64, view, "full"),               # 4: another dtype
+              Store(1, F32, view, "full")]                          # 5: into a (6,) buffer
+    kernel = Kernel((2, 3), (), ops, stores, 1, [])
+    assert _handed_over(kernel, [(2, 3)] * 5 + [(6,)]) == {0}
+
+
+def test_a_result_laid_out_like_a_transposed_input_is_copied_contiguous(reference):
+    t = torch.randn(5, 3).T
+    got = (fa.exp(fa.asarray(t)) * 2.0).torch()
+    assert got.is_contiguous()
+    assert torch.equal(got, torch.exp(t) * 2.0)

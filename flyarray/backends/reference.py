@@ -76,9 +76,13 @@ def compile_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, sc
     env, body = _kernel_body(kernel, input_views, names)
     env["stats"] = stats
     body.insert(0, 'stats["kernels_launched"] += 1')
-    for k, (o, shape) in enumerate(zip(outs, output_shapes)):
+    handed_over = _handed_over(kernel, output_shapes)
+    for k, (st, o, shape) in enumerate(zip(kernel.stores, outs, output_shapes)):
         if o not in made:  # written into the buffer already there (the inputs are not consulted)
             body.append(f"slots[{o}] = {_store_call(env, kernel, k, shape, f'slots[{o}]', '()')}")
+        elif k in handed_over:  # the fresh result becomes the buffer; copied only if torch strided it
+            copy = _store_call(env, kernel, k, shape, "None", "()")
+            body.append(f"slots[{o}] = v{st.op} if v{st.op}.is_contiguous() else {copy}")
         else:  # the store decides, and must know the inputs (one passed through is copied)
             inputs = f"({''.join(f'{name}, ' for name in names.inputs)})"
             body.append(f"slots[{o}] = {_store_call(env, kernel, k, shape, 'None', inputs)}")
@@ -116,6 +120,20 @@ def _store_call(env, kernel: Kernel, k: int, buffer_shape, out: str, inputs: str
     env[f"store{k}"] = _store(_strided_reader(st.view), tuple(st.view.shape), tuple(buffer_shape),
                               st.dtype.torch, fresh)
     return f"store{k}(v{st.op}, {out}, {inputs})"
+
+
+def _handed_over(kernel: Kernel, output_shapes) -> set:
+    """Stores whose value can become the output buffer itself, checked here once: a tensor its torch
+    call just allocated (``_allocating``: never an input, a view or an expanded constant), of the
+    store's dtype and the buffer's shape, stored contiguously. Only whether torch laid it out
+    contiguously is left to the run (an op over a transposed input gives a transposed result)."""
+    allocating, shapes = _allocating(kernel), _value_shapes(kernel)
+    found = set()
+    for k, (st, buffer_shape) in enumerate(zip(kernel.stores, output_shapes)):
+        if st.op in allocating and kernel.ops[st.op].dtype is st.dtype and st.view.is_contiguous() \
+                and shapes[st.op] == tuple(st.view.shape) == tuple(buffer_shape):
+            found.add(k)
+    return found
 
 
 def _define(signature: str, body: list, env: dict, kernel: Kernel):
@@ -164,14 +182,7 @@ def _reusable_results(kernel) -> dict:
     hand the same tensor on): never an input buffer, a view of one, an expanded constant, or a value
     a store still needs; and only into a tensor of the result's own shape."""
     ops = kernel.ops
-    allocating = {}  # op -> the tensor arguments of a call that returns a fresh tensor of its own
-    for i, op in enumerate(ops):
-        if isinstance(op, Elementwise) and op.dtype.kind == "f" and not unsigned.is_wide(op.in_dtype.torch):
-            found = _scalar_operand(op, ops)
-            if found is not None:
-                allocating[i] = (found[1],)
-            elif op.prim in _KEEPS_FLOAT_DTYPE and all(ops[a].dtype is op.dtype for a in op.args):
-                allocating[i] = op.args
+    allocating = _allocating(kernel)
     last_use, shared = {}, {st.op for st in kernel.stores}
     for i, op in enumerate(ops):
         reads = op.args if isinstance(op, Elementwise) else (op.arg,) if isinstance(op, Reduce) else ()
@@ -187,6 +198,20 @@ def _reusable_results(kernel) -> dict:
                 reuse[i] = a
                 break
     return reuse
+
+
+def _allocating(kernel) -> dict:
+    """op -> its tensor arguments, for the ops whose torch call returns a fresh tensor of the op's own
+    (float) dtype: a scalar-operand call or one of ``_KEEPS_FLOAT_DTYPE`` over arguments of that dtype."""
+    ops = kernel.ops
+    allocating = {}
+    for i, op in enumerate(ops):
+        if isinstance(op, Elementwise) and op.dtype.kind == "f" and not unsigned.is_wide(op.in_dtype.torch):
+            found = _scalar_operand(op, ops)
+            args = (found[1],) if found is not None else op.args if op.prim in _KEEPS_FLOAT_DTYPE else ()
+            if args and all(ops[a].dtype is op.dtype for a in args):
+                allocating[i] = args
+    return allocating
 
 
 def _value_shapes(kernel) -> list:
