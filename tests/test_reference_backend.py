@@ -1,5 +1,6 @@
 """The reference backend writes a float op into an argument it reads for the last time (torch's
 ``out=``), never into an input buffer or a value something else may still hold."""
+import pytest
 import torch
 
 import flyarray as fa
@@ -92,3 +93,91 @@ def test_a_plan_step_equals_the_kernel_function_it_replaces():
     torch.testing.assert_close(slots[4], want[1])
     assert slots[4] is into  # written into the buffer that was there
     assert slots[0] is b and slots[3] is a
+
+
+# ---- scalar operands: a cached 0-d tensor gives the Python scalar's bits -----------------------------
+_SPECIAL = [0.0, -0.0, 1.0, -1.5, 0.1, 1 / 3, 3.0, 1e30, -1e-30, 1e300, 1e-40, -1e-310, 5e-324,
+            float("inf"), float("-inf"), float("nan")]
+
+
+@pytest.fixture
+def reference():
+    fa.set_backend("reference")
+    yield
+    fa.set_backend(None)
+
+
+def _bits(t):
+    return t.view({torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype])
+
+
+def _assert_bits(got, want):
+    assert got.dtype is want.dtype and torch.equal(_bits(got), _bits(want)), (got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scalar_operands_give_eager_bits(reference, dtype):
+    """add/subtract/multiply/divide by a Python float (the reference passes a 0-d tensor of the op's
+    dtype) equal torch eager with the Python scalar bit for bit: signed zeros, infinities, NaN,
+    subnormals; every call after the first is a plan hit with another value (or another object of an
+    equal value), in both operand orders and through an ``out=`` chain."""
+    t = torch.tensor(_SPECIAL, dtype=torch.float64).to(dtype)
+    x = fa.asarray(t)
+    fa.reset_stats()
+    for s in _SPECIAL + [float(repr(v)) for v in _SPECIAL]:  # the second round: equal values, new objects
+        _assert_bits((x + s).torch(), t + s)
+        _assert_bits((s + x).torch(), s + t)
+        _assert_bits((x - s).torch(), t - s)
+        _assert_bits((x * s).torch(), t * s)
+        _assert_bits((s * x).torch(), s * t)
+        _assert_bits((x / s).torch(), t / s)
+        _assert_bits(((fa.exp(x) + s) * s - 0.5).torch(), (torch.exp(t) + s) * s - 0.5)
+    assert fa.stats()["plan_misses"] <= 7 and fa.stats()["plan_hits"] >= 7 * (2 * len(_SPECIAL) - 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("first,second", [(0.5, 0.7), (0.0, -0.0), (-0.0, 0.0), (float("nan"), 1.0),
+                                          (1.0, float("inf"))])
+def test_a_plan_hit_with_a_new_scalar_uses_it(reference, dtype, first, second):
+    t = torch.tensor([-0.0, 0.0, 1.25, -3.0], dtype=dtype)
+    x = fa.asarray(t)
+    for s in (first, second, first):
+        _assert_bits((x * s + s).torch(), t * s + s)
+        _assert_bits((x / s).torch(), t / s)
+
+
+def test_the_scalar_tensor_is_reused_only_for_the_same_bits():
+    from flyarray.backends.reference import _scalar_tensor
+    as_tensor = _scalar_tensor(torch.float32)
+    half = as_tensor(0.5)
+    assert half.dtype is torch.float32 and half.dim() == 0 and half.device.type == "cpu"
+    assert as_tensor(float("0.5")) is half  # an equal value, another object
+    zero = as_tensor(0.0)
+    negative_zero = as_tensor(-0.0)
+    assert negative_zero is not zero and str(negative_zero) == "tensor(-0.)"
+    nan = float("nan")
+    assert as_tensor(nan) is as_tensor(nan)  # the same object
+    assert torch.isnan(as_tensor(float("nan")))
+    assert as_tensor(0.7).item() == torch.tensor(0.7, dtype=torch.float32).item()
+
+
+# ---- plan steps hand a fresh result over as the output buffer ----------------------------------------
+def test_only_fresh_contiguous_results_of_the_buffer_shape_are_handed_over():
+    from flyarray.backends.reference import _handed_over
+    view = View((2, 3), (3, 1), 0)
+    ops = [Load(0, view, "full", F32), _ew("exp", 0), _ew("astype", 1)]
+    stores = [Store(1, F32, view, "full"),                          # 0: a fresh exp: handed over
+              Store(0, F32, view, "full"),                          # 1: the input itself
+              Store(2, F32, view, "full"),                          # 2: .to() may return its argument
+              Store(1, F32, View((2, 3), (1, 2), 0), "full"),       # 3: stored transposed
+              Store(1, dtypes.float64, view, "full"),               # 4: another dtype
+              Store(1, F32, view, "full")]                          # 5: into a (6,) buffer
+    kernel = Kernel((2, 3), (), ops, stores, 1, [])
+    assert _handed_over(kernel, [(2, 3)] * 5 + [(6,)]) == {0}
+
+
+def test_a_result_laid_out_like_a_transposed_input_is_copied_contiguous(reference):
+    t = torch.randn(5, 3).T
+    got = (fa.exp(fa.asarray(t)) * 2.0).torch()
+    assert got.is_contiguous()
+    assert torch.equal(got, torch.exp(t) * 2.0)

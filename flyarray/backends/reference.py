@@ -7,6 +7,9 @@ it), so an evaluation does only the torch calls.
 """
 from __future__ import annotations
 
+from math import copysign
+from typing import NamedTuple
+
 import torch
 
 from .. import unsigned
@@ -52,7 +55,11 @@ def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None):
     The kernel becomes one straight-line Python function (generated here from the kernel's own
     structure, never read from disk), so an evaluation pays for the torch calls and little else.
     """
-    env, body, stores = _kernel_body(kernel, input_views, output_shapes)
+    names = _Names([f"inputs[{i}]" for i in range(kernel.n_inputs)],
+                   [f"scalars[{j}]" for j in range(len(kernel.scalar_dtypes))])
+    env, body = _kernel_body(kernel, input_views, names)
+    output_shapes = output_shapes or [st.view.shape for st in kernel.stores]
+    stores = [_store_call(env, kernel, k, shape, f"outputs[{k}]", "inputs") for k, shape in enumerate(output_shapes)]
     body.append(f"return [{', '.join(stores)}]")
     return _define("run(inputs, outputs, scalars)", body, env, kernel)
 
@@ -60,41 +67,73 @@ def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None):
 def compile_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, scalar_slots, stats):
     """``compile_kernel`` as a plan step ``step(slots, scalars)``: input i is ``slots[ins[i]]``, scalar j
     is ``scalars[scalar_slots[j]]``, output k goes to ``slots[outs[k]]`` (produced when its slot is in
-    ``made``, else written into the buffer already there); counts the launch in ``stats``. The same
-    function as a plan's closure around ``compile_kernel``'s, without two calls and three lists per
-    evaluation (a tenth of a small kernel's time on the CPU)."""
-    env, body, stores = _kernel_body(kernel, input_views, output_shapes)
+    ``made``, else written into the buffer already there); counts the launch in ``stats``.
+
+    The code reads the plan's slots and scalars where they are and writes its outputs there: no lists
+    to build and no function to call per evaluation beyond the torch calls (on the CPU the Python
+    around a small kernel's calls is a good part of its time)."""
+    names = _Names([f"slots[{i}]" for i in ins], [f"scalars[{j}]" for j in scalar_slots])
+    env, body = _kernel_body(kernel, input_views, names)
     env["stats"] = stats
-    head = ['stats["kernels_launched"] += 1', f"inputs = [{''.join(f'slots[{i}], ' for i in ins)}]",
-            f"outputs = [{''.join('None, ' if o in made else f'slots[{o}], ' for o in outs)}]"]
-    if list(scalar_slots) != list(range(len(scalar_slots))):  # else the plan's scalars are the kernel's
-        head.append(f"scalars = [{''.join(f'scalars[{j}], ' for j in scalar_slots)}]")
-    body = head + body + [f"slots[{o}] = {store}" for o, store in zip(outs, stores)]
+    body.insert(0, 'stats["kernels_launched"] += 1')
+    handed_over = _handed_over(kernel, output_shapes)
+    for k, (st, o, shape) in enumerate(zip(kernel.stores, outs, output_shapes)):
+        if o not in made:  # written into the buffer already there (the inputs are not consulted)
+            body.append(f"slots[{o}] = {_store_call(env, kernel, k, shape, f'slots[{o}]', '()')}")
+        elif k in handed_over:  # the fresh result becomes the buffer; copied only if torch strided it
+            copy = _store_call(env, kernel, k, shape, "None", "()")
+            body.append(f"slots[{o}] = v{st.op} if v{st.op}.is_contiguous() else {copy}")
+        else:  # the store decides, and must know the inputs (one passed through is copied)
+            inputs = f"({''.join(f'{name}, ' for name in names.inputs)})"
+            body.append(f"slots[{o}] = {_store_call(env, kernel, k, shape, 'None', inputs)}")
     return _define("run(slots, scalars)", body, env, kernel)
 
 
-def _kernel_body(kernel: Kernel, input_views, output_shapes):
-    """(env, lines, store expressions) of the function evaluating ``kernel``: the lines read ``inputs``,
-    ``outputs`` and ``scalars`` and compute each op's ``v{i}``; store k's expression is output k."""
+class _Names(NamedTuple):
+    """How the generated code names input i and scalar j: ``compile_kernel``'s arguments, or the
+    plan's slots and scalars that a step reads in place."""
+    inputs: list
+    scalars: list
+
+
+def _kernel_body(kernel: Kernel, input_views, names: _Names):
+    """(env, lines) of the code computing each op's ``v{i}``; the objects the lines name go into env."""
     shapes = {"full": kernel.full_shape, "outer": kernel.keep_shape}
     input_views = input_views or [None] * kernel.n_inputs
     env = {"torch": torch}
     body = []
-    if any(isinstance(op, (Const, Iota)) for op in kernel.ops):
-        body.append("dev = inputs[0].device if inputs else None")
     skip = _scalars_only(kernel)  # read as Python scalars only: no tensor to make
+    if any(isinstance(op, (Const, Iota)) for i, op in enumerate(kernel.ops) if i not in skip):
+        body.append(f"dev = {names.inputs[0]}.device" if names.inputs else "dev = None")
     reuse = _reusable_results(kernel)
     for i, op in enumerate(kernel.ops):
         if i not in skip:
-            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env, reuse.get(i))
-    output_shapes = output_shapes or [st.view.shape for st in kernel.stores]
-    stores = []
+            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env, names, reuse.get(i))
+    return env, body
+
+
+def _store_call(env, kernel: Kernel, k: int, buffer_shape, out: str, inputs: str) -> str:
+    """The call writing store k's value into ``out`` (None: a buffer it makes, or the value itself:
+    ``_store``); the function goes into env."""
+    st = kernel.stores[k]
+    fresh = st.view.is_contiguous() and isinstance(kernel.ops[st.op], (Elementwise, Reduce))
+    env[f"store{k}"] = _store(_strided_reader(st.view), tuple(st.view.shape), tuple(buffer_shape),
+                              st.dtype.torch, fresh)
+    return f"store{k}(v{st.op}, {out}, {inputs})"
+
+
+def _handed_over(kernel: Kernel, output_shapes) -> set:
+    """Stores whose value can become the output buffer itself, checked here once: a tensor its torch
+    call just allocated (``_allocating``: never an input, a view or an expanded constant), of the
+    store's dtype and the buffer's shape, stored contiguously. Only whether torch laid it out
+    contiguously is left to the run (an op over a transposed input gives a transposed result)."""
+    allocating, shapes = _allocating(kernel), _value_shapes(kernel)
+    found = set()
     for k, (st, buffer_shape) in enumerate(zip(kernel.stores, output_shapes)):
-        fresh = st.view.is_contiguous() and isinstance(kernel.ops[st.op], (Elementwise, Reduce))
-        env[f"store{k}"] = _store(_strided_reader(st.view), tuple(st.view.shape), tuple(buffer_shape),
-                                  st.dtype.torch, fresh)
-        stores.append(f"store{k}(v{st.op}, outputs[{k}], inputs)")
-    return env, body, stores
+        if st.op in allocating and kernel.ops[st.op].dtype is st.dtype and st.view.is_contiguous() \
+                and shapes[st.op] == tuple(st.view.shape) == tuple(buffer_shape):
+            found.add(k)
+    return found
 
 
 def _define(signature: str, body: list, env: dict, kernel: Kernel):
@@ -143,14 +182,7 @@ def _reusable_results(kernel) -> dict:
     hand the same tensor on): never an input buffer, a view of one, an expanded constant, or a value
     a store still needs; and only into a tensor of the result's own shape."""
     ops = kernel.ops
-    allocating = {}  # op -> the tensor arguments of a call that returns a fresh tensor of its own
-    for i, op in enumerate(ops):
-        if isinstance(op, Elementwise) and op.dtype.kind == "f" and not unsigned.is_wide(op.in_dtype.torch):
-            found = _scalar_operand(op, ops)
-            if found is not None:
-                allocating[i] = (found[1],)
-            elif op.prim in _KEEPS_FLOAT_DTYPE and all(ops[a].dtype is op.dtype for a in op.args):
-                allocating[i] = op.args
+    allocating = _allocating(kernel)
     last_use, shared = {}, {st.op for st in kernel.stores}
     for i, op in enumerate(ops):
         reads = op.args if isinstance(op, Elementwise) else (op.arg,) if isinstance(op, Reduce) else ()
@@ -166,6 +198,20 @@ def _reusable_results(kernel) -> dict:
                 reuse[i] = a
                 break
     return reuse
+
+
+def _allocating(kernel) -> dict:
+    """op -> its tensor arguments, for the ops whose torch call returns a fresh tensor of the op's own
+    (float) dtype: a scalar-operand call or one of ``_KEEPS_FLOAT_DTYPE`` over arguments of that dtype."""
+    ops = kernel.ops
+    allocating = {}
+    for i, op in enumerate(ops):
+        if isinstance(op, Elementwise) and op.dtype.kind == "f" and not unsigned.is_wide(op.in_dtype.torch):
+            found = _scalar_operand(op, ops)
+            args = (found[1],) if found is not None else op.args if op.prim in _KEEPS_FLOAT_DTYPE else ()
+            if args and all(ops[a].dtype is op.dtype for a in args):
+                allocating[i] = args
+    return allocating
 
 
 def _value_shapes(kernel) -> list:
@@ -187,22 +233,24 @@ def _value_shapes(kernel) -> list:
     return shapes
 
 
-def _emit_op(i, op, shapes, axes, input_views, ops, env, into=None) -> list:
-    """Source lines computing ``v{i}``; the objects they name go into ``env``. ``into``: an earlier
-    result this one may be written into (``_reusable_results``)."""
+def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None) -> list:
+    """Source lines computing ``v{i}``; the objects they name go into ``env``; ``names`` says how they
+    read inputs and scalars. ``into``: an earlier result this one may be written into
+    (``_reusable_results``)."""
     out = f", out=v{into}" if into is not None else ""
     if isinstance(op, Load):
         if input_views[op.input] == op.view:  # reads the buffer exactly as it lies: the tensor itself
-            return [f"v{i} = inputs[{op.input}]"]
+            return [f"v{i} = {names.inputs[op.input]}"]
         env[f"read{i}"] = _strided_reader(op.view)
-        return [f"v{i} = read{i}(inputs[{op.input}])"]
+        return [f"v{i} = read{i}({names.inputs[op.input]})"]
     if isinstance(op, Const):
         env[f"shape{i}"], env[f"dtype{i}"] = shapes[op.domain], op.dtype.torch
+        scalar = names.scalars[op.slot]
         if op.dtype.torch == torch.uint64:  # its int64 bits, viewed: older torch refuses values >= 2^63 here
             env[f"bits{i}"] = lambda v: v - 2 ** 64 if v >= 2 ** 63 else v
-            return [(f"v{i} = torch.full((), bits{i}(scalars[{op.slot}]), dtype=torch.int64, device=dev)"
+            return [(f"v{i} = torch.full((), bits{i}({scalar}), dtype=torch.int64, device=dev)"
                      f".view(dtype{i}).expand(shape{i})")]
-        return [f"v{i} = torch.full((), scalars[{op.slot}], dtype=dtype{i}, device=dev).expand(shape{i})"]
+        return [f"v{i} = torch.full((), {scalar}, dtype=dtype{i}, device=dev).expand(shape{i})"]
     if isinstance(op, Iota):
         env[f"iota{i}"] = lambda device, op=op: _iota(op, device)
         return [f"v{i} = iota{i}(dev)"]
@@ -217,12 +265,55 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env, into=None) -> list:
     found = _scalar_operand(op, ops)
     if found is not None:  # ``x + 0.5``: torch takes the Python scalar (same result dtype, no tensor made)
         env[f"fn{i}"], a, b = found
-        return [f"v{i} = fn{i}(v{a}, scalars[{ops[b].slot}]{out})"]
+        scalar = names.scalars[ops[b].slot]
+        if op.dtype.torch in _SCALAR_TENSOR_DTYPES:  # torch wraps a Python float per call: hand it a ready one
+            env[f"scalar{i}"] = _scalar_tensor(op.dtype.torch)
+            scalar = f"scalar{i}({scalar})"
+        return [f"v{i} = fn{i}(v{a}, {scalar}{out})"]
     env[f"fn{i}"] = ELEMENTWISE[op.prim].reference_for(op.in_dtype)
     args = ", ".join(f"v{a}" for a in op.args)
     if op.prim in _KEEPS_FLOAT_DTYPE and op.dtype.kind == "f" and all(ops[a].dtype is op.dtype for a in op.args):
         return [f"v{i} = fn{i}({args}{out})"]  # torch gives floats of one dtype back in that dtype: nothing to check
     return [f"v{i} = fn{i}({args})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
+
+
+# Where a 0-d tensor of the op's dtype gives the Python scalar's bits: torch wraps a Python float as a
+# double tensor and converts it to the op's dtype (one rounding, as torch.tensor(v, dtype) does). Not
+# float16/bfloat16: there torch computes with the scalar at higher precision than a tensor of that dtype.
+_SCALAR_TENSOR_DTYPES = (torch.float32, torch.float64)
+
+
+def _scalar_tensor(dtype):
+    """v -> a 0-d CPU tensor of ``dtype`` holding the Python float ``v``, for a scalar-operand op.
+
+    Wrapping a Python float costs torch more than the op itself on a small tensor (2.5 against 1.2
+    us), and the same value comes back on every plan hit (a literal, a static scalar), so the last
+    (value, tensor) pair is kept and reused when the value has the same bits (compared as floats:
+    ``==`` holds for 0.0 and -0.0, never for NaN).
+
+    The tensor lives on the CPU whatever the operand's device (FLYARRAY_BACKEND=reference and check
+    mode run this backend on a GPU too): torch's CUDA kernels take a 0-d CPU tensor as they take a
+    Python scalar, as a kernel argument (``is_cpu_scalar``, e.g. div's multiply by the reciprocal),
+    where a 0-d CUDA tensor would be a tensor operand of another kernel.
+    """
+    # One tuple, replaced whole: fa.jit replays run a plan outside plan._lock, so two threads may
+    # call this at once; each reads the old pair or the new one, never a value with another's tensor.
+    last = (None, None)
+
+    def as_tensor(v):
+        nonlocal last
+        held, t = last
+        if v is held:
+            return t
+        if type(v) is not float:  # plans bind floats for float constants (ops/core.py): just in case
+            return v
+        if v == held and copysign(1.0, v) == copysign(1.0, held):
+            return t
+        with torch.inference_mode(False):  # a normal tensor: autograd may have to save it later
+            t = torch.tensor(v, dtype=dtype, device="cpu")
+        last = (v, t)
+        return t
+    return as_tensor
 
 
 def _scalars_only(kernel) -> set:
