@@ -393,6 +393,19 @@ def test_jit_static_arguments_and_keywords(backend):
         fa.jit(f, static_argnames="scale")
 
 
+def test_jit_takes_tensors_that_require_grad_detached(backend):
+    """As fa.asarray does: a tensor with requires_grad (a parameter) is read, never differentiated
+    through, and replays work (the reference backend's out= calls refused autograd inputs)."""
+    f = fa.jit(lambda a, tree: fa.sin(a) * 2.0 + tree["b"])
+    a, b = torch.randn(6, requires_grad=True), torch.randn(6, requires_grad=True)
+    want = (torch.sin(a) * 2.0 + b).detach()
+    for _ in range(3):
+        got = f(a, {"b": b}).torch()
+        torch.testing.assert_close(got, want)
+        assert not got.requires_grad
+    assert a.grad is None and b.grad is None
+
+
 def test_jit_static_values_are_keyed_with_their_type(backend):
     g = fa.jit(lambda x, s: x * s)
     xi = torch.arange(4, dtype=torch.int32)

@@ -116,6 +116,8 @@ def _flatten(value, tensors, where):
     if type(value) is Array:  # the common cases first: one array, no tree to walk
         value = value._tensor()
     if type(value) is torch.Tensor:
+        if value.requires_grad:  # taken detached, as fa.asarray does (arrays carry no autograd)
+            value = value.detach()
         tensors.append(value)
         return _leaf_key(value)
     leaves, treedef = tree_util.tree_flatten(value)
@@ -124,6 +126,7 @@ def _flatten(value, tensors, where):
         if isinstance(leaf, Array):
             leaf = leaf._tensor()
         if isinstance(leaf, torch.Tensor):
+            leaf = leaf.detach() if leaf.requires_grad else leaf
             tensors.append(leaf)
             keys.append(_leaf_key(leaf))
         else:
