@@ -350,6 +350,19 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+_EMPTY_TEMPLATES: dict = {}
+
+
+def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.empty(shape, dtype=, device=)`` for a launch's steady state: ``new_empty`` of a
+    kept zero-size tensor, which parses no dtype or device (3.5 against 5 us a call on the H200
+    host, profiled; the allocation itself is the rest)."""
+    template = _EMPTY_TEMPLATES.get((dtype, device))
+    if template is None:
+        template = _EMPTY_TEMPLATES[(dtype, device)] = torch.empty(0, dtype=dtype, device=device)
+    return template.new_empty(shape)
+
+
 # Device-side TMA descriptors (tl.make_tensor_descriptor; gemm, ragged_dot, attention on sm_90).
 HAS_TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
 

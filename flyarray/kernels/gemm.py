@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, FixedLaunch, cdiv, current_arch,
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, FixedLaunch, cdiv, current_arch, empty,
                                      ensure_tma_allocator, launch_cache, next_pow2, runner)
 from flyarray.targets import KernelSpec
 
@@ -636,7 +636,7 @@ class _PreparedGemm:
     def _workspace_and_pointers(self, out, bias, res, a_scale, b_scale):
         """The split-K workspace (``out`` itself without split-K) and the optional operands' pointers,
         ``out`` standing in for the unused ones (the constexpr flags skip them)."""
-        ws = out if self.ws_shape is None else torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
+        ws = out if self.ws_shape is None else empty(self.ws_shape, self.ws_dtype, self.device)
         return ws, tuple(out if t is None else t for t in (bias, res, a_scale, b_scale))
 
 
@@ -687,7 +687,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
                                                       out_dtype, allow_tf32, tune)
     if key in _plans:  # the steady state: no planning
         out_shape, prepared = _plans[key]
-        out = torch.empty(out_shape, dtype=out_dtype, device=a.device)
+        out = empty(out_shape, out_dtype, a.device)
         prepared.run_fixed(a, b, out, bias, residual, a_scale, b_scale)
         return out
     M, N = a.shape[-2], b.shape[-1]
