@@ -359,7 +359,10 @@ def empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     host, profiled; the allocation itself is the rest)."""
     template = _EMPTY_TEMPLATES.get((dtype, device))
     if template is None:
-        template = _EMPTY_TEMPLATES[(dtype, device)] = torch.empty(0, dtype=dtype, device=device)
+        template = torch.empty(0, dtype=dtype, device=device)
+        if type(template) is not torch.Tensor or template.is_inference():
+            return torch.empty(shape, dtype=dtype, device=device)  # a fake/inference tensor is not kept
+        _EMPTY_TEMPLATES[(dtype, device)] = template
     return template.new_empty(shape)
 
 

@@ -45,8 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, cdiv, current_arch, ensure_tma_allocator, next_pow2,
-                                     pick_config, runner)
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, cdiv, current_arch, empty, ensure_tma_allocator,
+                                     next_pow2, pick_config, runner)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -780,7 +780,7 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
     if Sq <= DECODE_MAX_QUERIES and bias is None and mask is None and config is None:
         return attention_decode(q, k, v, scale=scale, is_causal=is_causal)
     out = torch.empty_like(q)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    lse = empty((B, Hq, Sq), torch.float32, q.device)
     if B * Hq * Sq == 0:
         return out, lse
     extras = bias is not None or mask is not None
@@ -866,7 +866,7 @@ def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     G = Hq // Hkv
     out = torch.empty_like(q)
-    lse = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    lse = empty((B, Hq, Sq), torch.float32, q.device)
     if B * Hq * Sq == 0:
         return out, lse
     table = _table(q.device)
@@ -880,8 +880,8 @@ def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
     num_splits = max(1, min(int(num_splits), key_blocks))
     keys_per_split = cdiv(key_blocks, num_splits) * cfg["BLOCK_N"]
     num_splits = cdiv(max(Sk, 1), keys_per_split)  # every slice holds >= 1 key
-    o_part = torch.empty((B * Hq * Sq, num_splits, D), device=q.device, dtype=torch.float32)
-    lse_part = torch.empty((B * Hq * Sq, num_splits), device=q.device, dtype=torch.float32)
+    o_part = empty((B * Hq * Sq, num_splits, D), torch.float32, q.device)
+    lse_part = empty((B * Hq * Sq, num_splits), torch.float32, q.device)
     _launch(_attn_decode_split_kernel, (num_splits, B * Hkv, row_blocks), q.device,
         q, k, v, o_part, lse_part, *q.stride(), *k.stride(), *v.stride(),
         Hq, Hkv, Sq, Sk, G, keys_per_split, num_splits, scale * LOG2E,
@@ -906,7 +906,7 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     if B * Hq * Sq == 0 or Sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     table = _table(q.device)
-    delta = torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    delta = empty((B, Hq, Sq), torch.float32, q.device)
     lse2 = torch.empty_like(delta)
     pre = table["bwd_pre"]
     _launch(_attn_bwd_pre_kernel, (cdiv(Sq, pre["BLOCK_M"]), B * Hq), q.device,

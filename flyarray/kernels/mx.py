@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from flyarray.kernels._triton import cdiv, current_arch, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, empty, pick_config, runner
 
 BLOCK_SIZE = 32
 E8M0_BIAS = 127
@@ -324,8 +324,8 @@ def mx_quantize(x: torch.Tensor, fmt: str, axis: int = -1, block_size: int = 32)
     moved = x.movedim(axis, -1).contiguous()
     n_blocks = moved.numel() // BLOCK_SIZE
     packed_len = length // 2 if f.name == "e2m1" else length
-    data = torch.empty(moved.shape[:-1] + (packed_len,), dtype=torch.uint8, device=x.device)
-    scales = torch.empty(moved.shape[:-1] + (length // BLOCK_SIZE,), dtype=torch.uint8, device=x.device)
+    data = empty(moved.shape[:-1] + (packed_len,), torch.uint8, x.device)
+    scales = empty(moved.shape[:-1] + (length // BLOCK_SIZE,), torch.uint8, x.device)
     if n_blocks:
         cfg = pick_config(CONFIGS, current_arch(x.device))
         grid = (cdiv(n_blocks, cfg["blocks_per_program"]),)
@@ -385,7 +385,7 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
         raise ValueError(f"scales: on {scale_codes.device}, data on {codes.device}")
     moved = codes.movedim(axis, -1).contiguous()
     moved_scales = scale_codes.movedim(axis, -1).contiguous()
-    out = torch.empty(moved.shape[:-1] + (length,), dtype=dtype, device=codes.device)
+    out = empty(moved.shape[:-1] + (length,), dtype, codes.device)
     n_blocks = out.numel() // BLOCK_SIZE
     if n_blocks:
         nan_code, inf_code = _special_codes(f)

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, cdiv, current_arch, ensure_tma_allocator, next_pow2,
-                                     pick_config)
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, cdiv, current_arch, empty, ensure_tma_allocator,
+                                     next_pow2, pick_config)
 from flyarray.kernels.gemm import FP8_DTYPES, _TRITON_TYPES, _cfg, launch, strides_of
 from flyarray.targets import KernelSpec
 
@@ -183,7 +183,7 @@ def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, 
         out_dtype = torch.bfloat16 if lhs.dtype in FP8_DTYPES else lhs.dtype
     M, K = lhs.shape
     G, _, N = rhs.shape
-    out = torch.empty((M, N), dtype=out_dtype, device=lhs.device)
+    out = empty((M, N), out_dtype, lhs.device)
     if M == 0 or N == 0:
         return out
     if G == 0:

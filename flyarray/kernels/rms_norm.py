@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, empty, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
 # tile_elems: elements per program in the one-pass kernels (several short rows share a program).
@@ -297,9 +297,9 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
     x2 = _rows_view(x, N)
     M = x2.shape[0]
     weight = weight.contiguous() if weight is not None else None  # the kernels read it with unit stride
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
-    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
+    y = empty((M, N), x.dtype, x.device)
+    rstd = empty((M,), torch.float32, x.device)
+    h = empty((M, N), x.dtype, x.device) if residual is not None else None
     if M > 0:
         r2 = _rows_view(residual, N) if residual is not None else x2
         plan = {**_plan(M, N, current_arch(x.device), block_n), **(config or {})}
@@ -326,7 +326,7 @@ def rms_norm_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor | None,
     dy2, h2 = _rows_view(dy, N), _rows_view(h, N)
     weight = weight.contiguous() if weight is not None else None
     M = h2.shape[0]
-    dx = torch.empty((M, N), dtype=h.dtype, device=h.device)
+    dx = empty((M, N), h.dtype, h.device)
     if M == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx.reshape(h.shape), dw

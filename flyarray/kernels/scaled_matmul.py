@@ -61,7 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config
+from flyarray.kernels._triton import cdiv, current_arch, empty, next_pow2, pick_config
 from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_dequantize, mx_format, scales_as_uint8
 from flyarray.targets import AMD_OPTIONS, amd_launch_options
 
@@ -591,7 +591,7 @@ def _scaled_matmul_2d(a, b, sa, sb, a_fmt, b_fmt, out_dtype, method):
     if method == "upcast" and a_fmt == "fp16":
         raise ValueError("method: 'upcast' decodes the operands to bf16; it needs an MX or bf16 lhs "
                          "(fp16 lhs: use 'decode' or 'dot_scaled')")
-    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    out = empty((m, n), out_dtype, a.device)
     if m == 0 or n == 0:
         return out
     if a.shape[1] == 0:
@@ -802,7 +802,7 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
     split_k = max(1, min(c["SPLIT_K"], cdiv(k, block_k)))
     k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
     split_k = cdiv(k, k_per_split)
-    target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    target = out if split_k == 1 else empty((split_k, m, n), torch.float32, x.device)
     grid = (cdiv(m, _DECODE_BLOCK_M), cdiv(n, c["BLOCK_N"]), split_k)
     # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
     native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)

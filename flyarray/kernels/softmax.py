@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, empty, next_pow2, pick_config, runner
 from flyarray.targets import KernelSpec
 
 # tile_elems / elems_per_thread / warp_size: as in rms_norm (num_warps = tile / (elems_per_thread * warp_size)).
@@ -284,7 +284,7 @@ def softmax(x: torch.Tensor, axis: int = -1, log: bool = False, *, block_n: int 
     and segmented kernels with tiny rows, the benchmark to compare configs."""
     x2, restore = _last_axis_rows(x, axis)
     M, N = x2.shape
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = empty((M, N), x.dtype, x.device)
     if M == 0 or N == 0:
         return restore(y)
     arch = current_arch(x.device)
@@ -296,8 +296,8 @@ def softmax(x: torch.Tensor, axis: int = -1, log: bool = False, *, block_n: int 
         return restore(y)
     num_seg, seg_len = _segments(M, N, plan["BLOCK_N"], arch, x.device, num_segments)
     total = M * num_seg
-    m_part = torch.empty((total,), dtype=torch.float32, device=x.device)
-    s_part = torch.empty((total,), dtype=torch.float32, device=x.device)
+    m_part = empty((total,), torch.float32, x.device)
+    s_part = empty((total,), torch.float32, x.device)
     runner(_softmax_online_kernel, x.device)[(total,)](
         x2, y, m_part, s_part, N, x2.stride(0), y.stride(0), seg_len, num_seg,
         LOG=log, WRITE=num_seg == 1, BLOCK_N=plan["BLOCK_N"], num_warps=plan["num_warps"])
@@ -315,7 +315,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, log: bool = False, axis: int 
     y2, restore = _last_axis_rows(y, axis)
     dy2, _ = _last_axis_rows(dy, axis)
     M, N = y2.shape
-    dx = torch.empty((M, N), dtype=y.dtype, device=y.device)
+    dx = empty((M, N), y.dtype, y.device)
     if M == 0 or N == 0:
         return restore(dx)
     plan = _plan(M, N, current_arch(y.device), block_n)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from flyarray import unsigned as _u
-from flyarray.kernels._triton import cdiv, current_arch, next_pow2, pick_config, runner
+from flyarray.kernels._triton import cdiv, current_arch, empty, next_pow2, pick_config, runner
 from flyarray.kernels.top_k import order_key
 from flyarray.targets import KernelSpec
 
@@ -124,7 +124,7 @@ def sort(x: torch.Tensor, descending: bool = False, *, config: dict | None = Non
         values, indices = torch.sort(x, dim=-1, descending=descending, stable=True)
         return values, indices
     values = torch.empty_like(x, memory_format=torch.contiguous_format)
-    indices = torch.empty(x.shape, dtype=torch.int64, device=x.device)
+    indices = empty(x.shape, torch.int64, x.device)
     if x.numel() == 0:
         return values, indices
     x2 = x.reshape(-1, N)
@@ -143,7 +143,7 @@ def sort(x: torch.Tensor, descending: bool = False, *, config: dict | None = Non
 def searchsorted(seq: torch.Tensor, v: torch.Tensor, right: bool = False, *, config: dict | None = None):
     """Insertion points (int64) of ``v[..., j]`` in the sorted rows ``seq[...]`` (same leading dims)."""
     N, M = seq.shape[-1], v.shape[-1]
-    out = torch.empty(v.shape, dtype=torch.int64, device=v.device)
+    out = empty(v.shape, torch.int64, v.device)
     if out.numel() == 0:
         return out
     rows = v.numel() // M
