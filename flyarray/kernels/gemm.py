@@ -665,7 +665,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
            activation: Optional[str] = None, residual: Optional[torch.Tensor] = None,
            out_dtype: Optional[torch.dtype] = None, a_scale: Optional[torch.Tensor] = None,
            b_scale: Optional[torch.Tensor] = None, allow_tf32: bool = False,
-           tune: Optional[bool] = None, config: Optional[dict] = None) -> torch.Tensor:
+           tune: Optional[bool] = None, config: Optional[dict] = None,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``activation(a @ b * a_scale * b_scale + bias) + residual`` in one kernel.
 
     a [..., M, K], b [..., K, N] (batch dims broadcast; both at least 2-D: the
@@ -673,26 +674,32 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
     [..., M, N]. a_scale: scalar or [M]; b_scale: scalar or [N] (fp32).
     out_dtype defaults to the input dtype, bf16 for fp8 inputs. ``tune``
     (default: env FLYARRAY_AUTOTUNE=1) times candidate configs on the device
-    once per shape bucket; ``config`` forces one (tests, tuning).
+    once per shape bucket; ``config`` forces one (tests, tuning). ``out``: the
+    tensor to write and return instead of a new one: contiguous, of the result's
+    shape and dtype, on a's device, 16-byte aligned (as a fresh allocation is).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; expected one of {list(ACTIVATIONS)}")
     if a.dim() < 2 or b.dim() < 2:
         raise ValueError("matmul takes operands of rank >= 2; unsqueeze 1-D operands first")
     if out_dtype is None:
-        out_dtype = torch.bfloat16 if a.dtype in FP8_DTYPES else a.dtype
+        out_dtype = out.dtype if out is not None else torch.bfloat16 if a.dtype in FP8_DTYPES else a.dtype
+    if out is not None:
+        _check_out(out, a, b, out_dtype)
     a_scale = a_scale.reshape(-1) if a_scale is not None else None
     b_scale = b_scale.reshape(-1) if b_scale is not None else None
     key = None if config is not None else _signature(a, b, bias, residual, a_scale, b_scale, activation,
                                                       out_dtype, allow_tf32, tune)
     if key in _plans:  # the steady state: no planning
         out_shape, prepared = _plans[key]
-        out = empty(out_shape, out_dtype, a.device)
+        if out is None:
+            out = empty(out_shape, out_dtype, a.device)
         prepared.run_fixed(a, b, out, bias, residual, a_scale, b_scale)
         return out
     M, N = a.shape[-2], b.shape[-1]
     batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    out = torch.empty(*batch_shape, M, N, dtype=out_dtype, device=a.device)
+    if out is None:
+        out = torch.empty(*batch_shape, M, N, dtype=out_dtype, device=a.device)
     if out.numel() == 0:
         return out
     a_mode, b_mode = _scale_mode(a_scale, M), _scale_mode(b_scale, N)
@@ -706,6 +713,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
     if key is not None and len(steps) == 1 and len(_plans) < 4096:
         _plans[key] = (out.shape, prepared)
     return out
+
+
+def _check_out(out, a, b, out_dtype):
+    """``out`` must be what matmul would allocate: a plan cached for these operands assumes a fresh
+    buffer's layout (contiguous, 16-byte aligned), whoever provides it."""
+    shape = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1])
+    if tuple(out.shape) != shape or out.dtype != out_dtype or out.device != a.device:
+        raise ValueError(f"out: expected a {shape} {out_dtype} tensor on {a.device}, got {tuple(out.shape)} "
+                         f"{out.dtype} on {out.device}")
+    if not out.is_contiguous() or out.data_ptr() % 16:
+        raise ValueError("out: must be contiguous with a 16-byte aligned data pointer (as torch.empty gives)")
 
 
 def _choose_config(arch, step, a_scale, b_scale, activation, allow_tf32, tune) -> dict:

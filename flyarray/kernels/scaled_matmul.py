@@ -701,14 +701,14 @@ def _upcast(a, b, sa, sb, a_fmt, b_fmt, out):
 
     Exact up to the GEMM's fp32 accumulation: an MX element times its E8M0 power of two has at
     most 4 significant bits and stays in bf16's (float32's) exponent range, except results under
-    2^-126, which round to bf16 subnormals. Returns a new tensor (``out`` only gives the dtype).
+    2^-126, which round to bf16 subnormals. The GEMM writes ``out``.
     On the CPU the decoded operands are float32: Triton's interpreter has no bf16 arithmetic.
     """
     from flyarray.kernels import gemm
     wide = torch.float32 if a.device.type == "cpu" else torch.bfloat16
     a_wide = a.to(wide) if a_fmt in _PLAIN_FORMATS else mx_dequantize(a, sa, a_fmt, dtype=wide)
     b_wide = mx_dequantize(b, sb, b_fmt, dtype=wide)
-    return gemm.matmul(a_wide, b_wide.t(), out_dtype=out.dtype)
+    return gemm.matmul(a_wide, b_wide.t(), out=out)
 
 
 def _fp8_blocks_launch(a_op, b_op, sa, sb, out, tile):

@@ -100,6 +100,31 @@ def test_cached_plan_serves_new_tensors_of_the_same_signature():
     assert len(gemm._plans) == 1
 
 
+def test_out_is_written_and_returned_on_both_paths():
+    """out=: the first call (planning) and the cached plan's call write the given buffer and return it."""
+    a, b = torch.randn(2, 9, 13), torch.randn(13, 6)
+    want = reference_matmul(a, b)
+    for _ in range(2):
+        out = torch.empty(2, 9, 6)
+        got = matmul(a, b, out=out)
+        assert got is out
+        check(got, want.to(torch.float32), torch.float32)
+
+
+@pytest.mark.parametrize("bad, why", [
+    (lambda: torch.empty(9, 7), "expected a \\(9, 6\\)"),
+    (lambda: torch.empty(9, 6, dtype=torch.float16), "float16"),
+    (lambda: torch.empty(6, 9).t(), "contiguous"),
+    (lambda: torch.empty(9 * 6 + 1)[1:].view(9, 6), "16-byte"),
+])
+def test_bad_out_is_refused_before_any_work(bad, why):
+    a, b = torch.randn(9, 13), torch.randn(13, 6)
+    out = bad().fill_(7.0)
+    with pytest.raises(ValueError, match=why):
+        matmul(a, b, out=out, out_dtype=torch.float32)
+    assert (out == 7.0).all()
+
+
 def test_split_k_matches():
     cfg = dict(gemm.CONFIGS["cpu"]["decode"]["fp32"], SPLIT_K=3)
     a, b, bias = torch.randn(2, 5, 70), torch.randn(70, 33), torch.randn(5, 33)

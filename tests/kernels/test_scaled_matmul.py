@@ -69,6 +69,17 @@ def test_upcast_takes_bf16_activations_and_refuses_fp16():
         sm.scaled_matmul(a, b, None, sb, method="upcast")
 
 
+def test_upcast_writes_the_result_buffer_it_allocated(monkeypatch):
+    """"upcast" hands its M x N buffer to the GEMM (out=) instead of allocating a second one."""
+    made = []
+    real = sm.empty
+    monkeypatch.setattr(sm, "empty", lambda *args: made.append(real(*args)) or made[-1])
+    a, b, sa, sb = _operands(20, 24, 64, "e4m3", "e4m3")
+    out = sm.scaled_matmul(a, b, sa, sb, preferred_element_type=torch.float32, method="upcast")
+    assert len(made) == 1 and out.data_ptr() == made[0].data_ptr()
+    assert _rel_err(out, sm.reference_scaled_matmul(a, b, sa, sb)) < 1e-6
+
+
 def test_batched_and_defaults():
     a, b, sa, sb = _operands(8, 16, 64, "e4m3", "e2m1")
     out = sm.scaled_matmul(torch.stack([a, a]), torch.stack([b, b]), torch.stack([sa, sa]), torch.stack([sb, sb]))
