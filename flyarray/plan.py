@@ -30,6 +30,7 @@ import torch.autograd.profiler as _torch_profiler
 
 from . import codegen, config, ir, profiling, runtime
 from .kernel_ir import Kernel
+from .kernels._triton import empty_template
 from .expand import to_primitives
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
@@ -319,17 +320,11 @@ class _Builder:
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs)))
 
 
-_TEMPLATES: dict = {}
-
-
 def _empty_like_of(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An empty tensor whose ``new_empty`` allocates like ``torch.empty(dtype=, device=)`` without
     parsing the dtype and device on every call (holds no data: a plan may keep it)."""
-    key = (dtype, device)
-    template = _TEMPLATES.get(key)
-    if template is None:
-        template = _TEMPLATES[key] = torch.empty(0, dtype=dtype, device=device)
-    return template
+    template = empty_template(dtype, device)
+    return template if template is not None else torch.empty(0, dtype=dtype, device=device)
 
 
 def _kernel_key(kernel: Kernel):
@@ -412,23 +407,24 @@ def realize(arrays):
             roots = [r for r in roots if _pending(r)]
             if not roots:
                 return
-        if _companions:
-            roots = _with_companions(roots)
-        if getattr(_trace, "sources", None):
-            _refuse_traced(roots)
-        evaluate(roots)
+        _evaluate_requested(roots)
 
 
 def realize_node(node):
     """``realize`` of one array whose node is not a view: the way out of ``Array.torch()`` and
     ``__dlpack__``, without building the request list (a view goes through ``realize``)."""
     with _lock:
-        if node.buffer is not None:  # another thread computed it meanwhile
-            return
-        roots = _with_companions([node]) if _companions else [node]
-        if _trace.sources:
-            _refuse_traced(roots)
-        evaluate(roots)
+        if node.buffer is None:  # else another thread computed it meanwhile
+            _evaluate_requested([node])
+
+
+def _evaluate_requested(roots: list):
+    """Evaluate pending roots (under _lock) with their companions; refused while fa.jit traces them."""
+    if _companions:
+        roots = _with_companions(roots)
+    if _trace.sources:
+        _refuse_traced(roots)
+    evaluate(roots)
 
 
 def evaluate(roots: list) -> tuple:
