@@ -22,8 +22,9 @@ def test_edges():
 
 
 def test_empty_is_torch_empty_and_keeps_no_fake_or_inference_template():
-    """kernels._triton.empty: torch.empty's result for a launch, from a kept template; a template made
-    under FakeTensorMode or inference_mode would leak into later real calls, so none is kept then."""
+    """kernels._triton.empty: torch.empty's result for a launch, from a kept template. A template made
+    under FakeTensorMode would make later real calls fake; none made under inference_mode is kept
+    either (new_empty of one outside the mode gives a normal tensor, so this is caution, not a fix)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from flyarray.kernels import _triton
