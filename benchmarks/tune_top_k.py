@@ -11,7 +11,8 @@ launches included; do_bench clears L2 between calls, so the first read comes fro
 the same for a CUDA-graph replay of it (device time, no host cost). The check: values equal to
 torch.topk's bit for bit and indices equal to a stable descending sort's (ties: lower index first),
 so exact even where bf16 has ties. The chunk path this replaced measured 0.080 ms (k=50) and
-0.467 ms (k=1024) of device time for fp32 randn; torch.topk 0.175 / 0.192 ms.
+0.467 ms (k=1024) of device time for fp32 randn; torch.topk 0.175 / 0.192 ms. Last, every k=50
+variant's graph again, interleaved over ROUNDS rounds (us, median): the comparison to trust.
 """
 import json
 import os
@@ -23,15 +24,18 @@ from flyarray.kernels import top_k as tk
 
 ROWS, N = 64, 131072
 # (name, overrides) tried on fp32 randn; the other rows time the default (and k=50's first variant)
-VARIANTS = {
-    50: [("unfused", {"fuse_max_elems": 0}),  # threshold, then a compaction pass over the live pieces
-         ("search16", {"search_bits": 16}), ("select4w", {"select_warps": 4}),
-         ("chunk2048", {"chunk": 2048}), ("groups2048", {"min_groups": 2048})],
-    1024: [("search16", {"search_bits": 16}), ("final16w", {"final_warps": 16, "final_words_per_warp": 128})],
+VARIANTS = {  # sm_90's default: search16, fused scan 16 (the rest as _WIDE)
+    50: [("previous", {"fuse_final": False, "group_row_major": False, "search_bits": 32,
+                       "fused_fallback_elems_per_thread": 8}),  # the default before this session
+         ("search32", {"search_bits": 32}), ("separate_final", {"fuse_final": False}),
+         ("column_grid", {"group_row_major": False}), ("scan8", {"fused_fallback_elems_per_thread": 8}),
+         ("group4w", {"chunk_elems_per_thread": 32})],
+    1024: [("previous", {"fuse_final": False, "group_row_major": False, "search_bits": 32}),
+           ("search32", {"search_bits": 32})],
 }
-# the final kernel's whole-row scan (floods of ties: 0.46 ms at k=50 against torch's 0.20) in bigger
-# tiles: 2048 elements a step instead of 512; timed on the flood rows and on randn (the normal path's cost)
-SCAN_VARIANTS = [("scan32", {"fallback_elems_per_thread": 32}), ("final8w", {"final_min_warps": 8})]
+ROUNDS = 5  # fp32 randn, k=50: every variant's graph timed once a round, rounds interleaved (host drift)
+# the fused program's whole-row scan (floods of ties) in smaller and bigger tiles than the default 16 a thread
+SCAN_VARIANTS = [("scan8", {"fused_fallback_elems_per_thread": 8}), ("scan32", {"fused_fallback_elems_per_thread": 32})]
 
 
 def bench(fn) -> float:
@@ -49,6 +53,23 @@ def graph_ms(fn):
     except Exception as e:  # noqa: BLE001 - a timing column, not a check
         print(f"  (no graph: {type(e).__name__}: {e})")
         return None
+
+
+def interleaved_graph_ms(x, k, variants) -> dict:
+    """Median over ROUNDS of each variant's CUDA-graph time, the variants taking turns each round."""
+    graphs = {}
+    for tag, cfg in variants:
+        fn = lambda cfg=cfg: tk.top_k(x, k, config=cfg)  # noqa: E731
+        fn()
+        torch.cuda.synchronize()
+        graphs[tag] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[tag]):
+            fn()
+    times = {tag: [] for tag in graphs}
+    for _ in range(ROUNDS):
+        for tag, graph in graphs.items():
+            times[tag].append(bench(graph.replay) * 1000)
+    return {tag: round(sorted(t)[len(t) // 2], 2) for tag, t in times.items()}
 
 
 def check(x, k, out) -> str:
@@ -95,9 +116,9 @@ def main(device="cuda", rows=ROWS, n=N):
     for name, x in datasets.items():
         for k in (50, 1024):
             torch_ms = bench(lambda: torch.topk(x, k, dim=-1))
-            # every variant on fp32 randn; the other rows: the default, and k=50 unfused beside it
-            variants = [("default", None)] + (VARIANTS[k] if name == "fp32 randn" else VARIANTS[k][:1] if k == 50 else [])
-            if k == 50 and name in ("fp32 randn", "fp32 4 values"):
+            # every variant on fp32 randn; the other rows: the default, and the previous default beside it
+            variants = [("default", None)] + (VARIANTS[k] if name == "fp32 randn" else VARIANTS[k][:1])
+            if k == 50 and name == "fp32 4 values":  # the whole-row scan of tie floods
                 variants += SCAN_VARIANTS
             for tag, cfg in variants:
                 fn = lambda: tk.top_k(x, k, config=cfg)  # noqa: E731
@@ -115,10 +136,13 @@ def main(device="cuda", rows=ROWS, n=N):
             if name == "fp32 randn":
                 profiles[f"k={k}"] = prof = profile_default(x, k)
                 print("  per kernel, us/call (default path):", json.dumps(prof))
+    rounds = interleaved_graph_ms(randn, 50, [("default", None)] + VARIANTS[50])
+    print("fp32 randn k=50, graph ms, median of", ROUNDS, "interleaved rounds:", json.dumps(rounds))
     plans = {str(k): tk.wide_plan(n, k, tk._config(randn.device, None)) for k in (50, 1024)}
     path = os.path.join(out_dir, "tune_top_k.json")
     with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else device, "rows": rows, "profile": profiles, "plans": plans},
+        json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else device, "rows": rows, "profile": profiles,
+                   "interleaved_k50": rounds, "plans": plans},
                   f, indent=1)
     print("wrote", path)
 

@@ -52,6 +52,8 @@ class KernelSpec:
     # AMD backend compile options (waves_per_eu, matrix_instr_nonkdim, ...): passed to hip
     # targets only, as the launch paths pass them only on AMD GPUs (CUDA rejects them).
     amd_options: dict = dataclasses.field(default_factory=dict, hash=False)
+    # NVIDIA backend compile options (maxnreg): passed to cuda targets only, as launches pass them.
+    nv_options: dict = dataclasses.field(default_factory=dict, hash=False)
 
 
 # The AMD backend options a config table may carry beside num_warps/num_stages (Triton's
@@ -92,8 +94,7 @@ def compile_for(spec: KernelSpec, target: str) -> KernelReport:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
     src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=_launch_attrs(spec))
     opts = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    if TARGETS[target].backend == "hip":
-        opts.update(spec.amd_options)
+    opts.update(spec.amd_options if TARGETS[target].backend == "hip" else spec.nv_options)
     with triton_cache_scope():
         compiled = triton.compile(src, target=TARGETS[target], options=opts)
     if TARGETS[target].backend == "hip":

@@ -112,10 +112,14 @@ def order_key(x, IS_FLOAT: tl.constexpr):
 # min_cap: fewest candidate slots a row gets (the final sort takes max(2*kpad, min_cap) words).
 # fuse_max_elems: when the m candidate slots times the piece length (seg) are at most this, the
 #   threshold program does the compaction (reads the live pieces, m of them at most), no third pass;
-#   piece_tile: piece maxima it scans at once.
+#   piece_tile: piece maxima it scans at once. fuse_final: that program then also does the final
+#   sort (one kernel fewer a call; measured by benchmarks/tune_top_k.py "separate_final").
+# group_row_major: the group-max programs of one row run next to each other (a 1-D grid), so the
+#   programs in flight read neighbouring columns of a few rows (tune_top_k.py "column_grid").
 # final_warps / final_min_warps / final_words_per_warp: the final kernel's warps (one program a row,
 #   a warp per final_words_per_warp words within these bounds); fallback_elems_per_thread: elements
-#   a thread reads per step when a row's candidates overflow (the exact scan).
+#   a thread reads per step when a row's candidates overflow (the exact scan);
+#   fused_fallback_elems_per_thread: the same in the fused threshold+final program.
 # direct_max_n: rows up to this long go straight to the final kernel (it sorts the whole row).
 # max_k: largest k on the Triton path (the final sort holds 2*kpad words); above: torch.topk on
 #   the packed words.
@@ -127,14 +131,22 @@ _WIDE = {
     "max_groups": 16384, "min_segment": 32, "digit_bits": 4, "search_bits": 32, "select_tile": 8192,
     "select_warps": 8, "min_cap": 128, "final_warps": 8, "final_min_warps": 2, "final_words_per_warp": 256,
     "fallback_elems_per_thread": 8, "direct_max_n": 2048, "max_k": 2048, "fuse_max_elems": 4096,
-    "piece_tile": 4096,
+    "piece_tile": 4096, "fuse_final": True, "group_row_major": True, "fused_final_all_registers": False,
+    "fused_fallback_elems_per_thread": 8,
 }
 _NARROW = {"narrow_max_n": 1024, "narrow_max_k": 16, "narrow_tile": 1024, "narrow_warps": 1}
 CONFIGS = {
     # 132 SMs: 8 warps x 16 elements a thread. The final kernel always takes 8 warps: a row whose
     # candidates overflow (floods of ties) scans the whole row there, 0.46 -> 0.19 ms at 64x131072
     # (benchmarks/tune_top_k.py "final8w", H200; randn rows unchanged within noise, 36.1 vs 37.2 us)
-    "sm_90": {**_WIDE, **_NARROW, "warp_size": 32, "final_min_warps": 8},
+    # The fused threshold+compaction+final program: ptxas keeps it to 128 registers with 18 bytes of
+    # spills unless told it may take all a thread can have (.maxnreg; 148 then, no spills; one
+    # program a row, so occupancy does not matter). The threshold searches the top 16 bits (two
+    # rounds fewer: 32.0 -> 30.3 us at k=50, 64x131072 fp32; 100 -> 91 us at k=1024) and the fused
+    # whole-row scan of tie floods takes 16 elements a thread (0.216 -> 0.194 ms for four-valued
+    # rows); benchmarks/tune_top_k.py "search16", "fusedscan16", CUDA-graph time, interleaved rounds.
+    "sm_90": {**_WIDE, **_NARROW, "warp_size": 32, "final_min_warps": 8, "fused_final_all_registers": True,
+              "search_bits": 16, "fused_fallback_elems_per_thread": 16},
     "gfx950": {**_WIDE, **_NARROW, "warp_size": 64},  # wave64: 4 waves = 256 lanes over a 4096 chunk
     "default": {**_WIDE, **_NARROW, "warp_size": 32},
 }
@@ -238,9 +250,12 @@ def _settle_digit(hist, t, shift, k, DIGIT: tl.constexpr):
 def _group_max_kernel(
     x_ptr, state_ptr, N, stride_row, n_slabs, state_stride,
     GROUPS: tl.constexpr, SEG: tl.constexpr, SLABS: tl.constexpr, IS_FLOAT: tl.constexpr,
+    PROGRAMS: tl.constexpr, ROW_MAJOR: tl.constexpr,
 ):
     """Program (row, c): maxima (unsigned keys) of the row's groups c*SEG .. c*SEG + SEG - 1, and of
-    the pieces it reads.
+    the pieces it reads. ROW_MAJOR: a 1-D grid whose consecutive programs are the PROGRAMS of one row
+    (programs running at once read neighbouring columns); else a (rows, PROGRAMS) grid, whose
+    consecutive programs are the same c of consecutive rows.
 
     The row is read as slabs of GROUPS columns; group g holds the columns g, g + GROUPS, g + 2*GROUPS,
     ... (strided over the whole row, so the k largest of a sorted or clustered row still land in
@@ -249,10 +264,15 @@ def _group_max_kernel(
     compaction reads only the pieces that reach the threshold. (Each row of ``state``: t, candidates,
     above t, -, the GROUPS group maxima, the piece maxima, the fused compaction's list of pieces.)
     """
-    row = tl.program_id(0).to(tl.int64)
+    if ROW_MAJOR:
+        row = (tl.program_id(0) // PROGRAMS).to(tl.int64)
+        c = tl.program_id(0) % PROGRAMS
+    else:
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
     gm = state_ptr + row * state_stride + 4
     pieces = gm + GROUPS
-    g = tl.program_id(1) * SEG + tl.arange(0, SEG)
+    g = c * SEG + tl.arange(0, SEG)
     acc = tl.zeros([SEG], tl.uint32)  # below every valid key but INT32_MIN's (harmless: see _threshold)
     for j0 in range(0, n_slabs, SLABS):
         slab = j0 + tl.arange(0, SLABS)
@@ -262,7 +282,7 @@ def _group_max_kernel(
         x = tl.load(x_ptr + row * stride_row + col, mask=ok, other=0, eviction_policy="evict_last")
         u = tl.where(ok, _unsigned_key(x, IS_FLOAT), 0)
         acc = tl.maximum(acc, tl.reduce(u, 0, _MAX))
-        piece = slab * (GROUPS // SEG) + tl.program_id(1)
+        piece = slab * (GROUPS // SEG) + c
         tl.store(pieces + piece, tl.reduce(u, 1, _MAX).to(tl.int32, bitcast=True),
                  mask=slab < n_slabs)
     tl.store(gm + g, acc.to(tl.int32, bitcast=True))
@@ -308,23 +328,61 @@ def _threshold_compact_kernel(
     GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
     CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
-    """Program = row: t (``_search_threshold``), then the compaction itself, for small k: the pieces
+    """Program = row: ``_threshold_compact_row``; the final kernel sorts the candidates."""
+    _threshold_compact_row(tl.program_id(0).to(tl.int64), x_ptr, state_ptr, words_ptr, N, stride_row, k,
+                           state_stride, n_pieces, GROUPS, TILE, DIGIT, SEARCH_BITS, CAP, SEG, PIECE_TILE, IS_FLOAT)
+
+
+@triton.jit
+def _threshold_compact_final_kernel(
+    x_ptr, state_ptr, words_ptr, vals_ptr, idx_ptr, N, stride_row, k, state_stride, n_pieces,
+    GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+    CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
+    LOGM: tl.constexpr, KPAD: tl.constexpr, LOGK: tl.constexpr, FINAL_TILE: tl.constexpr,
+    FINAL_DIGIT: tl.constexpr,
+):
+    """Program = row: threshold, compaction and the final sort in one program (small k). The final
+    kernel's own launch was ~2 us of mostly latency for 128 words a row, and a kernel boundary."""
+    row = tl.program_id(0).to(tl.int64)
+    _threshold_compact_row(row, x_ptr, state_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
+                           GROUPS, TILE, DIGIT, SEARCH_BITS, CAP, SEG, PIECE_TILE, IS_FLOAT)
+    tl.debug_barrier()  # the state head and the words were written by other threads of this program
+    _final_row(row, x_ptr, state_ptr, words_ptr, vals_ptr, idx_ptr, N, stride_row, k, state_stride,
+               CAP, LOGM, KPAD, LOGK, False, FINAL_TILE, FINAL_DIGIT, IS_FLOAT)
+
+
+@triton.jit
+def _list_live_pieces(peak, p, n_pieces, t, listed, n_live, CAP: tl.constexpr):
+    """Append the pieces p whose maximum ``peak`` reaches t to ``listed`` (the first CAP of them);
+    returns the count so far."""
+    live = ((p < n_pieces) & (peak.to(tl.uint32, bitcast=True) >= t)).to(tl.int32)
+    pos = n_live + tl.associative_scan(live, 0, _ADD) - live
+    tl.store(listed + pos, p, mask=(live != 0) & (pos < CAP))
+    return n_live + tl.reduce(live, 0, _ADD)
+
+
+@triton.jit
+def _threshold_compact_row(
+    row, x_ptr, state_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
+    GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+    CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
+):
+    """One row: t (``_search_threshold``), then the compaction itself, for small k: the pieces
     of SEG columns whose maximum reaches t are listed (each holds an element >= t, so more than CAP
-    of them means more than CAP candidates: the overflow the final kernel scans the row for), and
+    of them means more than CAP candidates: the overflow the final sort scans the row for), and
     their elements >= t written as packed words to the row's CAP slots. state[row] = (t, candidates,
     above t), or (t, CAP + 1, -1) on overflow (above t not counted)."""
-    row = tl.program_id(0).to(tl.int64)
-    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
     pieces = state_ptr + row * state_stride + 4 + GROUPS
     listed = pieces + n_pieces
-    n_live = tl.full([], 0, tl.int32)
-    for p0 in range(0, n_pieces, PIECE_TILE):
+    # the first tile of piece maxima is loaded before the search needs t: its round trip overlaps the search
+    p = tl.arange(0, PIECE_TILE)
+    first = tl.load(pieces + p, mask=p < n_pieces, other=0)
+    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
+    n_live = _list_live_pieces(first, p, n_pieces, t, listed, tl.full([], 0, tl.int32), CAP)
+    for p0 in range(PIECE_TILE, n_pieces, PIECE_TILE):
         p = p0 + tl.arange(0, PIECE_TILE)
-        peak = tl.load(pieces + p, mask=p < n_pieces, other=0).to(tl.uint32, bitcast=True)
-        live = ((p < n_pieces) & (peak >= t)).to(tl.int32)
-        pos = n_live + tl.associative_scan(live, 0, _ADD) - live
-        tl.store(listed + pos, p, mask=(live != 0) & (pos < CAP))
-        n_live += tl.reduce(live, 0, _ADD)
+        n_live = _list_live_pieces(tl.load(pieces + p, mask=p < n_pieces, other=0), p, n_pieces, t, listed,
+                                   n_live, CAP)
     tl.debug_barrier()  # the list was written by other threads of this program
     n_cand = tl.full([], CAP + 1, tl.int32)
     n_above = tl.full([], -1, tl.int32)
@@ -388,7 +446,18 @@ def _final_kernel(
     M: tl.constexpr, LOGM: tl.constexpr, KPAD: tl.constexpr, LOGK: tl.constexpr,
     DIRECT: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
-    """Program = row: bitonic top-KPAD of at most M candidate words, then gather values and indices.
+    """Program = row: ``_final_row``."""
+    _final_row(tl.program_id(0).to(tl.int64), x_ptr, state_ptr, words_ptr, vals_ptr, idx_ptr, N, stride_row, k,
+               state_stride, M, LOGM, KPAD, LOGK, DIRECT, TILE, DIGIT, IS_FLOAT)
+
+
+@triton.jit
+def _final_row(
+    row, x_ptr, state_ptr, words_ptr, vals_ptr, idx_ptr, N, stride_row, k, state_stride,
+    M: tl.constexpr, LOGM: tl.constexpr, KPAD: tl.constexpr, LOGK: tl.constexpr,
+    DIRECT: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, IS_FLOAT: tl.constexpr,
+):
+    """One row: bitonic top-KPAD of at most M candidate words, then gather values and indices.
 
     DIRECT: the candidates are the whole row (N <= M). Otherwise they are the words the compaction
     wrote, when they all fit (count <= M). When they did not (floods of ties at t, or a loose t),
@@ -401,7 +470,6 @@ def _final_kernel(
     LOGM-1-d, so the partner at distance 2^d is the sum over that axis minus oneself
     (int64 addition wraps, the difference is exact), and one reduction does a pass.
     """
-    row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, M)
     if DIRECT:
         x = tl.load(x_ptr + row * stride_row + j, mask=j < N, other=0)
@@ -409,6 +477,9 @@ def _final_kernel(
         words = tl.where(j < N, words, -9223372036854775808)
     else:
         out = words_ptr + row * M
+        # the M slots are read whatever the count (the row owns them; slots past it are masked below),
+        # so this load and the count's share one round trip
+        words = tl.load(out + j)
         n_cand = tl.load(state_ptr + row * state_stride + 1)
         if n_cand > M:
             t = tl.load(state_ptr + row * state_stride).to(tl.uint32, bitcast=True)
@@ -451,9 +522,10 @@ def _final_kernel(
                 n_tie += tl.reduce(tie, 0, _ADD)
             tl.debug_barrier()  # the slots were written by other threads of this program
             ok = (j < n_above) | ((j >= KPAD) & (j - KPAD < n_tie))
+            words = tl.load(out + j)
         else:
             ok = j < n_cand
-        words = tl.load(out + j, mask=ok, other=-9223372036854775808)
+        words = tl.where(ok, words, -9223372036854775808)
     if LOGK == 0:
         top = tl.reduce(words, 0, _MAX, keep_dims=True)
     else:
@@ -617,8 +689,14 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
     threads = lambda elems: min(512, max(warp, elems // cfg["chunk_elems_per_thread"]))  # noqa: E731
     n_pieces = n_slabs * programs
     return {**plan, "direct": False, "chunk": chunk, "n_chunks": cdiv(N, chunk),
-            # small k: the threshold program compacts the live pieces itself (no compaction pass)
-            "fuse": m * seg <= cfg["fuse_max_elems"], "n_pieces": n_pieces,
+            # small k: the threshold program compacts the live pieces itself (no compaction pass), and
+            # with fuse_final sorts them too (the whole-row scan then steps by its own warps' tile)
+            "fuse": m * seg <= cfg["fuse_max_elems"], "n_pieces": n_pieces, "fuse_final": cfg["fuse_final"],
+            "fused_final_tile": cfg["select_warps"] * warp * cfg["fused_fallback_elems_per_thread"],
+            # .maxnreg: the 64K-register file over the program's threads, at most 255, a multiple of 8
+            "fused_final_nv": ({"maxnreg": min(255, 65536 // (cfg["select_warps"] * warp) // 8 * 8)}
+                               if cfg["fused_final_all_registers"] else {}),
+            "group_row_major": cfg["group_row_major"],
             "piece_tile": min(next_pow2(n_pieces), cfg["piece_tile"]),
             "chunk_warps": threads(chunk) // warp,
             "groups": groups, "programs": programs, "seg": seg, "n_slabs": n_slabs, "slabs": slabs,
@@ -637,9 +715,10 @@ def _launch_wide(x2, vals, idx, plan, launch) -> None:
     if plan["direct"]:
         launch(_final_kernel, (rows,), DIRECT=True, **sizes)(x2, idx, idx, vals, idx, N, x2.stride(0), k, 0)
         return
-    state, words = _threshold_passes(x2, k, plan, launch)
-    launch(_final_kernel, (rows,), DIRECT=False, **sizes)(x2, state, words, vals, idx, N, x2.stride(0), k,
-                                                          state.stride(0))
+    state, words = _threshold_passes(x2, k, plan, launch, vals, idx)
+    if not (plan["fuse"] and plan["fuse_final"]):
+        launch(_final_kernel, (rows,), DIRECT=False, **sizes)(x2, state, words, vals, idx, N, x2.stride(0), k,
+                                                              state.stride(0))
 
 
 def _search_sizes(plan: dict) -> dict:
@@ -648,10 +727,11 @@ def _search_sizes(plan: dict) -> dict:
                 SEARCH_BITS=plan["search_bits"])
 
 
-def _threshold_passes(x2, k, plan, launch):
-    """Group maxima, threshold, compaction (fused into the threshold program for small k): (state
-    [rows, width] int32, each row t, candidates, above t, -, the group maxima, the piece maxima, the
-    fused compaction's list of live pieces, padding to 16 ints; words [rows, m] int64: the candidates,
+def _threshold_passes(x2, k, plan, launch, vals=None, idx=None):
+    """Group maxima, threshold, compaction (fused into the threshold program for small k, and then
+    the final sort too when ``plan["fuse_final"]`` and vals/idx are given): (state [rows, width]
+    int32, each row t, candidates, above t, -, the group maxima, the piece maxima, the fused
+    compaction's list of live pieces, padding to 16 ints; words [rows, m] int64: the candidates,
     when they fit)."""
     rows, N = x2.shape
     is_float = x2.dtype.is_floating_point
@@ -661,13 +741,23 @@ def _threshold_passes(x2, k, plan, launch):
     # rows padded to 16 ints: Triton then knows every row's parts are 16-byte aligned (vector loads)
     state = x2.new_empty((rows, cdiv(4 + groups + n_pieces + listed, 16) * 16), dtype=torch.int32)
     words = x2.new_empty((rows, m), dtype=torch.int64)
-    launch(_group_max_kernel, (rows, plan["programs"]),
-           GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float,
+    programs, row_major = plan["programs"], plan["group_row_major"]
+    launch(_group_max_kernel, (rows * programs,) if row_major else (rows, programs),
+           GROUPS=groups, SEG=plan["seg"], SLABS=plan["slabs"], IS_FLOAT=is_float, PROGRAMS=programs,
+           ROW_MAJOR=row_major,
            num_warps=plan["group_warps"])(x2, state, N, x2.stride(0), plan["n_slabs"], state.stride(0))
     if plan["fuse"]:
-        launch(_threshold_compact_kernel, (rows,), **_search_sizes(plan),
-               CAP=m, SEG=plan["seg"], PIECE_TILE=plan["piece_tile"], IS_FLOAT=is_float,
-               num_warps=plan["select_warps"])(x2, state, words, N, x2.stride(0), k, state.stride(0), n_pieces)
+        sizes = dict(**_search_sizes(plan), CAP=m, SEG=plan["seg"], PIECE_TILE=plan["piece_tile"], IS_FLOAT=is_float,
+                     num_warps=plan["select_warps"])
+        if plan["fuse_final"] and vals is not None:
+            kpad = plan["kpad"]
+            launch(_threshold_compact_final_kernel, (rows,), **sizes, LOGM=m.bit_length() - 1, KPAD=kpad,
+                   LOGK=kpad.bit_length() - 1, FINAL_TILE=plan["fused_final_tile"], FINAL_DIGIT=plan["exact_digit"],
+                   **(plan["fused_final_nv"] if x2.device.type == "cuda" and not torch.version.hip else {}))(
+                x2, state, words, vals, idx, N, x2.stride(0), k, state.stride(0), n_pieces)
+        else:
+            launch(_threshold_compact_kernel, (rows,), **sizes)(
+                x2, state, words, N, x2.stride(0), k, state.stride(0), n_pieces)
         return state, words
     launch(_threshold_kernel, (rows,), **_search_sizes(plan),
            num_warps=plan["select_warps"])(state, k, state.stride(0))
@@ -798,7 +888,7 @@ def compile_specs() -> list:
         ))
         for k in (50, 1024):
             specs += wide_specs(131072, k, arch, "fp32")
-        specs += [s for s in wide_specs(131072, 50, arch, "bf16") if "_final_" not in s.name]
+        specs += [s for s in wide_specs(131072, 50, arch, "bf16") if not s.name.startswith("top_k_final_")]
     return specs
 
 
@@ -816,19 +906,32 @@ def wide_specs(N: int, k: int, arch: str, dtype: str = "fp32") -> list:
         f"top_k_group_max_{tag}", _group_max_kernel,
         {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "N": "i32", "stride_row": "i32",
          "n_slabs": "i32", "state_stride": "i32", "GROUPS": "constexpr", "SEG": "constexpr", "SLABS": "constexpr",
-         "IS_FLOAT": "constexpr"},
-        {"GROUPS": plan["groups"], "SEG": plan["seg"], "SLABS": plan["slabs"], "IS_FLOAT": True},
+         "IS_FLOAT": "constexpr", "PROGRAMS": "constexpr", "ROW_MAJOR": "constexpr"},
+        {"GROUPS": plan["groups"], "SEG": plan["seg"], "SLABS": plan["slabs"], "IS_FLOAT": True,
+         "PROGRAMS": plan["programs"], "ROW_MAJOR": plan["group_row_major"]},
         num_warps=plan["group_warps"], divisible=("N", "stride_row", "state_stride"),
     )]
+    compact_types = {"CAP": "constexpr", "SEG": "constexpr", "PIECE_TILE": "constexpr", "IS_FLOAT": "constexpr"}
+    compact = {**search, "CAP": m, "SEG": plan["seg"], "PIECE_TILE": plan["piece_tile"], "IS_FLOAT": True}
+    if plan["fuse"] and plan["fuse_final"]:  # threshold, compaction and the final sort: one kernel
+        return specs + [KernelSpec(
+            f"top_k_threshold_compact_final_{tag}", _threshold_compact_final_kernel,
+            {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "vals_ptr": f"*{dtype}",
+             "idx_ptr": "*i32", "N": "i32", "stride_row": "i32", "k": "i32", "state_stride": "i32",
+             "n_pieces": "i32", **search_types, **compact_types, "LOGM": "constexpr", "KPAD": "constexpr",
+             "LOGK": "constexpr", "FINAL_TILE": "constexpr", "FINAL_DIGIT": "constexpr"},
+            {**compact, "LOGM": m.bit_length() - 1, "KPAD": kpad, "LOGK": kpad.bit_length() - 1,
+             "FINAL_TILE": plan["fused_final_tile"], "FINAL_DIGIT": plan["exact_digit"]},
+            num_warps=plan["select_warps"], divisible=("N", "stride_row", "state_stride"),
+            nv_options=plan["fused_final_nv"],
+        )]
     if plan["fuse"]:
         specs.append(KernelSpec(
             f"top_k_threshold_compact_{tag}", _threshold_compact_kernel,
             {"x_ptr": f"*{dtype}", "state_ptr": "*i32",
              "words_ptr": "*i64", "N": "i32", "stride_row": "i32", "k": "i32", "state_stride": "i32",
-             "n_pieces": "i32", **search_types, "CAP": "constexpr", "SEG": "constexpr",
-             "PIECE_TILE": "constexpr", "IS_FLOAT": "constexpr"},
-            {**search, "CAP": m, "SEG": plan["seg"], "PIECE_TILE": plan["piece_tile"], "IS_FLOAT": True},
-            num_warps=plan["select_warps"], divisible=("N", "stride_row", "state_stride"),
+             "n_pieces": "i32", **search_types, **compact_types},
+            compact, num_warps=plan["select_warps"], divisible=("N", "stride_row", "state_stride"),
         ))
     else:
         specs.append(KernelSpec(

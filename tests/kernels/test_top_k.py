@@ -249,6 +249,8 @@ WIDE_CONFIGS = {
     "roomy": {**WIDE_SMALL, "min_cap": 64, "chunk": 64, "min_groups": 64},
     "fused": FUSED_SMALL,
     "fused_coarse": {**FUSED_SMALL, "search_bits": 8, "digit_bits": 2, "piece_tile": 4},
+    "fused_separate_final": {**FUSED_SMALL, "fuse_final": False},  # the final sort as a kernel of its own
+    "column_grid": {**WIDE_SMALL, "group_row_major": False},  # group-max grid (rows, programs)
 }
 
 
