@@ -1,4 +1,4 @@
-"""Sweep GEMM configs on the GPU (prints TFLOP/s per config; not part of the suite).
+"""Sweep GEMM configs on the GPU (prints TFLOP/s per config, CUDA-graph device time; not part of the suite).
 
     PYTHONPATH=$PWD python benchmarks/tune_gemm.py
 """
@@ -25,27 +25,52 @@ DECODE = [_cfg(16, 64, 128, 1, 4, 5), _cfg(16, 64, 256, 1, 4, 4), _cfg(16, 128, 
           _cfg(16, 32, 256, 1, 4, 4), _cfg(16, 64, 64, 1, 4, 6), _cfg(16, 64, 128, 1, 4, 5, tma=False),
           _cfg(16, 128, 64, 1, 4, 6, tma=False), _cfg(16, 256, 64, 1, 8, 4, tma=False)]
 
+# A wider decode sweep (SHAPES=decode): narrow and wide column tiles, deep K stages, 2-8 warps, split K
+DECODE_WIDE = DECODE + [
+    _cfg(16, bn, bk, 1, warps, stages, split_k=split)
+    for bn, bk, warps, stages, split in [
+        (32, 128, 2, 6, 1), (32, 256, 4, 5, 1), (32, 512, 4, 3, 1), (64, 256, 4, 5, 1), (64, 512, 4, 3, 1),
+        (64, 256, 8, 4, 1), (128, 64, 4, 8, 1), (128, 128, 8, 5, 1), (128, 256, 8, 3, 1), (16, 256, 2, 6, 1),
+        (16, 512, 4, 4, 1), (64, 128, 4, 5, 4), (32, 128, 4, 5, 2), (64, 256, 4, 4, 2), (128, 128, 4, 4, 8)]]
+
+
+def _graph_ms(fn) -> float:
+    """Device time: a CUDA-graph replay of fn (a call with config= takes the JIT's Python launch path,
+    slower than the kernel at decode shapes, so timing the call itself would time the host)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, return_mode="median")
+
 
 def main():
     print("HAS_TENSOR_DESCRIPTORS", gemm.HAS_TENSOR_DESCRIPTORS, flush=True)
     results = []
-    for (m, n, k), configs in [((8192, 8192, 8192), SQUARE), ((4096, 12288, 4096), SQUARE[:6]),
-                               ((16, 14336, 4096), DECODE)]:
+    shapes = [((8192, 8192, 8192), SQUARE), ((4096, 12288, 4096), SQUARE[:6]), ((16, 14336, 4096), DECODE)]
+    if os.environ.get("SHAPES") == "decode":  # x @ w.T as the bench's decode row (w: [N, K]), and x @ w
+        shapes = [((16, 14336, 4096), DECODE_WIDE), ((16, 14336, 4096, "w.T"), DECODE_WIDE)]
+    for shape, configs in shapes:
+        m, n, k = shape[:3]
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        if len(shape) > 3:
+            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).T
         ref = a @ b
-        torch_ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
-        print(f"{m}x{n}x{k} torch {torch_ms:.4f} ms {2 * m * n * k / torch_ms / 1e9:.1f} TF", flush=True)
+        torch_ms = _graph_ms(lambda: a @ b)
+        print(f"{shape} torch {torch_ms:.4f} ms {2 * m * n * k / torch_ms / 1e9:.1f} TF "
+              f"{2 * n * k / torch_ms / 1e9:.2f} TB/s of b", flush=True)
         for cfg in configs:
             try:
                 out = gemm.matmul(a, b, config=cfg)
                 err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-                ms = triton.testing.do_bench(lambda: gemm.matmul(a, b, config=cfg), return_mode="median")
+                ms = _graph_ms(lambda: gemm.matmul(a, b, config=cfg))
             except Exception as exc:
                 print(f"  {cfg} FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
                 continue
             tf = 2 * m * n * k / ms / 1e9
-            results.append({"shape": [m, n, k], "cfg": cfg, "ms": ms, "tflops": tf, "err": err,
+            results.append({"shape": list(shape), "cfg": cfg, "b_tbs": 2 * n * k / ms / 1e9, "ms": ms, "tflops": tf, "err": err,
                             "torch_ms": torch_ms})
             print(f"  {json.dumps(cfg)} {ms:.4f} ms {tf:.1f} TF err {err:.1e} ({torch_ms / ms:.2f}x torch)",
                   flush=True)
