@@ -106,7 +106,8 @@ def order_key(x, IS_FLOAT: tl.constexpr):
 #   columns a group-max program reads per slab (coalescing).
 # digit_bits / search_bits: bits a round of the threshold search settles (a 2^(digit+1)-bin
 #   histogram), and how many of the key's top bits are searched (search_bits // digit_bits rounds;
-#   fewer bits: cheaper, looser). The final kernel's exact search always takes 4 bits a round.
+#   fewer bits: cheaper, looser); search_min_bits: bits always searched before the search may stop
+#   early (_search_threshold). The final kernel's exact search always takes 4 bits a round.
 # select_tile / select_warps: group maxima the threshold program holds at once (all of them, up to
 #   this many: one load for every round), its warps.
 # min_cap: fewest candidate slots a row gets (the final sort takes max(2*kpad, min_cap) words).
@@ -128,7 +129,8 @@ def order_key(x, IS_FLOAT: tl.constexpr):
 #   program) and its warps; one warp keeps every row reduction a warp reduction (no barriers).
 _WIDE = {
     "chunk": 4096, "chunk_elems_per_thread": 16, "groups_per_kpad": 8, "min_groups": 1024,
-    "max_groups": 16384, "min_segment": 32, "digit_bits": 4, "search_bits": 32, "select_tile": 8192,
+    "max_groups": 16384, "min_segment": 32, "digit_bits": 4, "search_bits": 32, "search_min_bits": 16,
+    "select_tile": 8192,
     "select_warps": 8, "min_cap": 128, "final_warps": 8, "final_min_warps": 2, "final_words_per_warp": 256,
     "fallback_elems_per_thread": 8, "direct_max_n": 2048, "max_k": 2048, "fuse_max_elems": 4096,
     "piece_tile": 4096, "fuse_final": True, "group_row_major": True, "fused_final_all_registers": False,
@@ -141,12 +143,13 @@ CONFIGS = {
     # (benchmarks/tune_top_k.py "final8w", H200; randn rows unchanged within noise, 36.1 vs 37.2 us)
     # The fused threshold+compaction+final program: ptxas keeps it to 128 registers with 18 bytes of
     # spills unless told it may take all a thread can have (.maxnreg; 148 then, no spills; one
-    # program a row, so occupancy does not matter). The threshold searches the top 16 bits (two
-    # rounds fewer: 32.0 -> 30.3 us at k=50, 64x131072 fp32; 100 -> 91 us at k=1024) and the fused
-    # whole-row scan of tie floods takes 16 elements a thread (0.216 -> 0.194 ms for four-valued
-    # rows); benchmarks/tune_top_k.py "search16", "fusedscan16", CUDA-graph time, interleaved rounds.
+    # program a row, so occupancy does not matter). The fused whole-row scan of tie floods takes 16
+    # elements a thread (0.216 -> 0.19 ms for four-valued rows; benchmarks/tune_top_k.py, CUDA-graph
+    # time). A threshold of 16 bits alone (search_bits 16) was faster on randn rows (31.3 -> 29.6
+    # us) but 20x slower on uniform [0, 1) rows (0.75 ms: ~500 candidates overflow the 128 slots):
+    # the search stops early instead (search_min_bits, _search_threshold).
     "sm_90": {**_WIDE, **_NARROW, "warp_size": 32, "final_min_warps": 8, "fused_final_all_registers": True,
-              "search_bits": 16, "fused_fallback_elems_per_thread": 16},
+              "fused_fallback_elems_per_thread": 16},
     "gfx950": {**_WIDE, **_NARROW, "warp_size": 64},  # wave64: 4 waves = 256 lanes over a 4096 chunk
     "default": {**_WIDE, **_NARROW, "warp_size": 32},
 }
@@ -236,14 +239,16 @@ def _digit_histogram(u, ok, t, shift, DIGIT: tl.constexpr):
 
 @triton.jit
 def _settle_digit(hist, t, shift, k, DIGIT: tl.constexpr):
-    """t with its digit at ``shift`` set: the largest d with count(u >= t | d << shift) >= k."""
+    """(t with its digit at ``shift`` set: the largest d with count(u >= t | d << shift) >= k,
+    and that count)."""
     b = tl.arange(0, 2 << DIGIT)[None, :]
     d = tl.arange(0, 1 << DIGIT)[:, None]
     counts = tl.reduce(tl.where((b >= d) & (b <= (1 << DIGIT)), hist[None, :], 0), 1, _ADD)
     # counts fall as the trial digit grows (counts[0] >= k holds by induction): the digit is how
-    # many trials reach k, less one
-    digit = tl.reduce((counts >= k).to(tl.int32), 0, _ADD) - 1
-    return t | (digit.to(tl.uint32) << shift)
+    # many trials reach k, less one, and its count the smallest that reaches k
+    reach = counts >= k
+    digit = tl.reduce(reach.to(tl.int32), 0, _ADD) - 1
+    return t | (digit.to(tl.uint32) << shift), tl.reduce(tl.where(reach, counts, 2147483647), 0, _MIN)
 
 
 @triton.jit
@@ -290,22 +295,27 @@ def _group_max_kernel(
 
 @triton.jit
 def _search_threshold(gm, k, GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr,
-                      SEARCH_BITS: tl.constexpr):
+                      SEARCH_BITS: tl.constexpr, MIN_BITS: tl.constexpr):
     """The largest key t with k group maxima >= t (searched over the top SEARCH_BITS bits, DIGIT a
-    round; the bits below stay 0, so t is a lower bound of the k-th largest maximum)."""
+    round; the bits below stay 0, so t is a lower bound of the k-th largest maximum). Past the top
+    MIN_BITS, the search stops early once at most k + k/4 + 8 group maxima reach t: a finer t would
+    drop few candidates (each round is a histogram and a settle, ~0.4 us on an H200), while data
+    packed into one coarse bucket (uniform [0, 1) rows) still gets every round it needs."""
     if TILE == GROUPS:  # every maximum held in registers across the rounds
         u_all = tl.load(gm + tl.arange(0, GROUPS)).to(tl.uint32, bitcast=True)
     t = tl.full([], 0, tl.uint32)
+    reached = tl.full([], GROUPS, tl.int32)  # group maxima >= t
     for rnd in range(SEARCH_BITS // DIGIT):
-        shift = 32 - DIGIT * (rnd + 1)
-        if TILE == GROUPS:
-            hist = _digit_histogram(u_all, u_all == u_all, t, shift, DIGIT)
-        else:
-            hist = tl.zeros([2 << DIGIT], tl.int32)
-            for g0 in range(0, GROUPS, TILE):
-                u = tl.load(gm + g0 + tl.arange(0, TILE)).to(tl.uint32, bitcast=True)
-                hist += _digit_histogram(u, u == u, t, shift, DIGIT)
-        t = _settle_digit(hist, t, shift, k, DIGIT)
+        if (rnd < MIN_BITS // DIGIT) | (reached > k + k // 4 + 8):
+            shift = 32 - DIGIT * (rnd + 1)
+            if TILE == GROUPS:
+                hist = _digit_histogram(u_all, u_all == u_all, t, shift, DIGIT)
+            else:
+                hist = tl.zeros([2 << DIGIT], tl.int32)
+                for g0 in range(0, GROUPS, TILE):
+                    u = tl.load(gm + g0 + tl.arange(0, TILE)).to(tl.uint32, bitcast=True)
+                    hist += _digit_histogram(u, u == u, t, shift, DIGIT)
+            t, reached = _settle_digit(hist, t, shift, k, DIGIT)
     return t
 
 
@@ -313,11 +323,12 @@ def _search_threshold(gm, k, GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl
 def _threshold_kernel(
     state_ptr, k, state_stride,
     GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+    MIN_BITS: tl.constexpr,
 ):
     """Program = row: t (``_search_threshold``). k distinct elements reach t, so the row's top k are
     all >= t. state[row] = (t, 0, 0): the counters the compaction adds to start at 0."""
     row = tl.program_id(0).to(tl.int64)
-    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
+    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS, MIN_BITS)
     s = tl.arange(0, 4)
     tl.store(state_ptr + row * state_stride + s, tl.where(s == 0, t.to(tl.int32, bitcast=True), 0))
 
@@ -326,17 +337,20 @@ def _threshold_kernel(
 def _threshold_compact_kernel(
     x_ptr, state_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
     GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+    MIN_BITS: tl.constexpr,
     CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
     """Program = row: ``_threshold_compact_row``; the final kernel sorts the candidates."""
     _threshold_compact_row(tl.program_id(0).to(tl.int64), x_ptr, state_ptr, words_ptr, N, stride_row, k,
-                           state_stride, n_pieces, GROUPS, TILE, DIGIT, SEARCH_BITS, CAP, SEG, PIECE_TILE, IS_FLOAT)
+                           state_stride, n_pieces, GROUPS, TILE, DIGIT, SEARCH_BITS, MIN_BITS, CAP, SEG,
+                           PIECE_TILE, IS_FLOAT)
 
 
 @triton.jit
 def _threshold_compact_final_kernel(
     x_ptr, state_ptr, words_ptr, vals_ptr, idx_ptr, N, stride_row, k, state_stride, n_pieces,
     GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+    MIN_BITS: tl.constexpr,
     CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
     LOGM: tl.constexpr, KPAD: tl.constexpr, LOGK: tl.constexpr, FINAL_TILE: tl.constexpr,
     FINAL_DIGIT: tl.constexpr,
@@ -345,7 +359,7 @@ def _threshold_compact_final_kernel(
     kernel's own launch was ~2 us of mostly latency for 128 words a row, and a kernel boundary."""
     row = tl.program_id(0).to(tl.int64)
     _threshold_compact_row(row, x_ptr, state_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
-                           GROUPS, TILE, DIGIT, SEARCH_BITS, CAP, SEG, PIECE_TILE, IS_FLOAT)
+                           GROUPS, TILE, DIGIT, SEARCH_BITS, MIN_BITS, CAP, SEG, PIECE_TILE, IS_FLOAT)
     tl.debug_barrier()  # the state head and the words were written by other threads of this program
     _final_row(row, x_ptr, state_ptr, words_ptr, vals_ptr, idx_ptr, N, stride_row, k, state_stride,
                CAP, LOGM, KPAD, LOGK, False, FINAL_TILE, FINAL_DIGIT, IS_FLOAT)
@@ -365,6 +379,7 @@ def _list_live_pieces(peak, p, n_pieces, t, listed, n_live, CAP: tl.constexpr):
 def _threshold_compact_row(
     row, x_ptr, state_ptr, words_ptr, N, stride_row, k, state_stride, n_pieces,
     GROUPS: tl.constexpr, TILE: tl.constexpr, DIGIT: tl.constexpr, SEARCH_BITS: tl.constexpr,
+    MIN_BITS: tl.constexpr,
     CAP: tl.constexpr, SEG: tl.constexpr, PIECE_TILE: tl.constexpr, IS_FLOAT: tl.constexpr,
 ):
     """One row: t (``_search_threshold``), then the compaction itself, for small k: the pieces
@@ -377,7 +392,7 @@ def _threshold_compact_row(
     # the first tile of piece maxima is loaded before the search needs t: its round trip overlaps the search
     p = tl.arange(0, PIECE_TILE)
     first = tl.load(pieces + p, mask=p < n_pieces, other=0)
-    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS)
+    t = _search_threshold(state_ptr + row * state_stride + 4, k, GROUPS, TILE, DIGIT, SEARCH_BITS, MIN_BITS)
     n_live = _list_live_pieces(first, p, n_pieces, t, listed, tl.full([], 0, tl.int32), CAP)
     for p0 in range(PIECE_TILE, n_pieces, PIECE_TILE):
         p = p0 + tl.arange(0, PIECE_TILE)
@@ -499,7 +514,7 @@ def _final_row(
                         col = c0 + tl.arange(0, TILE)
                         x = tl.load(x_ptr + row * stride_row + col, mask=col < N, other=0)
                         hist += _digit_histogram(_unsigned_key(x, IS_FLOAT), col < N, t, shift, DIGIT)
-                    t = _settle_digit(hist, t, shift, k, DIGIT)
+                    t, _ = _settle_digit(hist, t, shift, k, DIGIT)
             # t is now the k-th largest key: fewer than k above it, then ties in column order
             half = words_ptr.to(tl.pointer_type(tl.int32)) + 2 * row * M
             n_above = tl.full([], 0, tl.int32)
@@ -702,7 +717,8 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
             "groups": groups, "programs": programs, "seg": seg, "n_slabs": n_slabs, "slabs": slabs,
             "group_warps": threads(seg * slabs) // warp,
             "select_tile": min(groups, cfg["select_tile"]), "select_warps": cfg["select_warps"],
-            "digit": cfg["digit_bits"], "search_bits": min(32, max(cfg["digit_bits"], cfg["search_bits"]))}
+            "digit": cfg["digit_bits"], "search_bits": min(32, max(cfg["digit_bits"], cfg["search_bits"])),
+            "search_min_bits": min(32, cfg["search_min_bits"])}
 
 
 def _launch_wide(x2, vals, idx, plan, launch) -> None:
@@ -724,7 +740,7 @@ def _launch_wide(x2, vals, idx, plan, launch) -> None:
 def _search_sizes(plan: dict) -> dict:
     """The threshold search's constexprs (``_search_threshold``), the same in both threshold kernels."""
     return dict(GROUPS=plan["groups"], TILE=plan["select_tile"], DIGIT=plan["digit"],
-                SEARCH_BITS=plan["search_bits"])
+                SEARCH_BITS=plan["search_bits"], MIN_BITS=plan["search_min_bits"])
 
 
 def _threshold_passes(x2, k, plan, launch, vals=None, idx=None):

@@ -189,6 +189,18 @@ def test_wide_search_branch(path):
     assert_same(y, 20, top_k(y, 20, config=coarse))
 
 
+@pytest.mark.parametrize("path", ["wide", "fused"])
+def test_threshold_search_stops_early_only_when_tight(path):
+    """Past search_min_bits the threshold search stops once few group maxima reach t. Rows packed
+    into one coarse bucket (uniform [0.5, 1): one exponent) keep refining, so their candidates fit
+    the slots; a search cut at those bits overflows."""
+    x = 0.5 + 0.5 * torch.rand(2, 2000, generator=torch.Generator().manual_seed(0))
+    early = {**PATHS[path], "search_min_bits": 8}
+    assert wide_branch(x, 8, early) == ["fits"] * 2
+    assert "fits" not in wide_branch(x, 8, {**PATHS[path], "search_bits": 8})
+    assert_same(x, 8, top_k(x, 8, config=early))
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32])
 def test_wide_integers(dtype):
     info = torch.iinfo(dtype)
@@ -251,6 +263,7 @@ WIDE_CONFIGS = {
     "fused_coarse": {**FUSED_SMALL, "search_bits": 8, "digit_bits": 2, "piece_tile": 4},
     "fused_separate_final": {**FUSED_SMALL, "fuse_final": False},  # the final sort as a kernel of its own
     "column_grid": {**WIDE_SMALL, "group_row_major": False},  # group-max grid (rows, programs)
+    "early": {**FUSED_SMALL, "search_min_bits": 4},  # the threshold search may stop after one round
 }
 
 
