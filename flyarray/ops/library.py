@@ -29,12 +29,20 @@ def composite(prim: Composite, inputs: list, avals: list, **params) -> list:
     """Record a composite op as one node; ``avals`` [(shape, dtype), ...] are its outputs, already
     checked by the caller. ``prim.expand`` builds the primitives on a plan miss (expand.py)."""
     device = common_device(inputs)
-    nodes = [node_of(a) for a in inputs]
-    node = ir.Node(prim, tuple(nodes), None, (), avals[0][1], device)
-    # Made last to first: the scheduler takes newer roots first, so output 0 (the op's result) is
-    # planned first and the values it reads (rms_norm's residual sum) ride along in its kernel.
-    outputs = [ir.Node(ir.OUTPUT, (node,), i, shape, d, device) for i, (shape, d) in reversed(list(enumerate(avals)))]
-    outputs.reverse()
+    return record_composite(prim, tuple([node_of(a) for a in inputs]), avals, device, params)
+
+
+def record_composite(prim: Composite, nodes: tuple, avals: list, device, params: dict) -> list:
+    """``composite`` over input nodes already known to be Arrays' nodes of one ``device`` (a caller's
+    fast path has checked them)."""
+    node = ir.Node(prim, nodes, None, (), avals[0][1], device)
+    if len(avals) == 1:
+        outputs = [ir.Node(ir.OUTPUT, (node,), 0, avals[0][0], avals[0][1], device)]
+    else:
+        # Made last to first: the scheduler takes newer roots first, so output 0 (the op's result) is
+        # planned first and the values it reads (rms_norm's residual sum) ride along in its kernel.
+        outputs = [ir.Node(ir.OUTPUT, (node,), i, shape, d, device) for i, (shape, d) in reversed(list(enumerate(avals)))]
+        outputs.reverse()
     node.params = {"outputs": outputs, "kwargs": params}
     return [Array(o) for o in outputs]
 

@@ -5,7 +5,8 @@ from .. import dtypes
 from . import checks
 from .core import elementwise
 from .creation import zeros
-from .library import Composite, composite, expansion
+from .._array import Array
+from .library import Composite, composite, expansion, record_composite
 from .elementwise import gelu, relu, silu  # noqa: F401
 from .reductions import max, mean, sum
 
@@ -71,6 +72,13 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
     Written on primitives: on the H200 the fused code beats our hand-written kernel
     (docs/benchmarks.md); backward lives in flyarray.interop.torch.rms_norm.
     """
+    if residual is None and type(x) is Array and type(weight) is Array and type(eps) is float:
+        # the common call, recorded without the general checks: the same conditions, tested directly
+        xn, wn = x._node, weight._node
+        if (xn.dtype in _NORM_FLOATS and wn.dtype in _NORM_FLOATS and xn.shape and wn.shape == xn.shape[-1:]
+                and eps >= 0 and xn.device == wn.device):
+            return record_composite(RMS_NORM, (xn, wn), [(xn.shape, xn.dtype)], xn.device,
+                                    {"eps": eps, "has_weight": True, "has_residual": False})[0]
     checks.check_norm("rms_norm", x, weight=weight, residual=residual, eps=eps)
     inputs = [x] + [a for a in (weight, residual) if a is not None]
     avals = [(x.shape, x.dtype)]
@@ -98,6 +106,7 @@ def _rms_norm(x, *rest, eps, has_weight, has_residual):
 
 
 RMS_NORM = Composite("rms_norm", expansion(_rms_norm))
+_NORM_FLOATS = frozenset(d for d in dtypes.ALL if d.kind == "f" and d not in dtypes.STORAGE_ONLY)  # check_float's
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
