@@ -30,16 +30,17 @@ value and, between equal values, the lower column. Two regimes:
 * narrow rows (N <= ~1024, k <= 16: MoE routers): one kernel, several rows per
   program; k rounds of "row max of the keys, lowest column holding it, knock it out".
 * wide rows (vocabularies, and everything else): a threshold, then one compaction.
-  Three or four kernels, no host synchronization, the row read once (64x131072: 64 rows x
-  32 programs for the pass over the data):
+  Two kernels for small k, three or four otherwise, no host synchronization, the row read
+  once (64x131072: 64 rows x 32 programs for the pass over the data):
 
   1. group maxima: the row is cut into ``groups`` strided groups (column % groups, so
      the k largest of a sorted or clustered row still fall in k different groups); each
      program reads a band of contiguous columns of every slab and writes their maxima,
      and the maximum of each band piece (``seg`` contiguous columns) it read.
   2. threshold, one program a row: t = the largest key with at least k group maxima
-     >= t, a bitwise search DIGIT bits a round (a 2^(DIGIT+1)-bin histogram per round).
-     k distinct elements reach t, so the row's top k are all >= t; with ~8 groups per
+     >= t, a bitwise search DIGIT bits a round (a 2^(DIGIT+1)-bin histogram per round),
+     which may stop past the top search_min_bits once few group maxima reach t (a looser
+     t, still a lower bound). k distinct elements reach t, so the row's top k are all >= t; with ~8 groups per
      top-k slot about k + k^2/(2*groups) elements do (1087 for k=1024 of randn rows).
   3. compaction: every element >= t goes, as a packed word, to the row's
      m = max(2*kpad, min_cap) slots; counts of >= t and > t are kept. Only the pieces
@@ -56,7 +57,8 @@ value and, between equal values, the lower column. Two regimes:
      the row: the k-th largest key T is t when fewer than k are above t (ties at the
      threshold: one scan), else a bitwise search over the row; then everything above T
      (fewer than k) and the first ties at T in column order (at most kpad), which fits
-     the m slots whatever the data.
+     the m slots whatever the data. With ``fuse_final`` (small k) the threshold program
+     does this too, after its compaction: two kernels in all.
 
   Rows up to ``direct_max_n`` skip 1-3 (the final kernel sorts the whole row), and k
   past ``max_k`` (whose network would not fit) is a library call: torch.topk on the
