@@ -88,10 +88,37 @@ class KernelReport:
         return d
 
 
+_REPORTS: dict = {}  # compile key -> KernelReport: a process compiles and disassembles a spec once per target
+
+
 def compile_for(spec: KernelSpec, target: str) -> KernelReport:
-    """Compile ``spec`` for ``target`` ('gfx950', 'gfx942' or 'sm_90') on any machine."""
+    """Compile ``spec`` for ``target`` ('gfx950', 'gfx942' or 'sm_90') on any machine. A spec compiled
+    before in this process (the same kernel source, signature, constexprs and options) is not compiled
+    again: Triton's cache would skip the compile, but not the disassembly the report reads."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
+    key = _report_key(spec, target)
+    report = _REPORTS.get(key) if key is not None else None
+    if report is None:
+        report = _compile_report(spec, target)
+        if key is not None:
+            _REPORTS[key] = report
+    return dataclasses.replace(report)  # a copy: a caller may change its report
+
+
+def _report_key(spec: KernelSpec, target: str):
+    """Everything that decides ``spec``'s compile for ``target``, or None where a value cannot be a key."""
+    try:
+        key = (target, spec.name, spec.fn.cache_key, tuple(spec.signature.items()),
+               tuple(sorted(spec.constexprs.items())), spec.num_warps, spec.num_stages, tuple(spec.divisible),
+               tuple(sorted(spec.amd_options.items())), tuple(sorted(spec.nv_options.items())))
+        hash(key)
+    except (TypeError, AttributeError):
+        return None
+    return key
+
+
+def _compile_report(spec: KernelSpec, target: str) -> KernelReport:
     src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=_launch_attrs(spec))
     opts = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     opts.update(spec.amd_options if TARGETS[target].backend == "hip" else spec.nv_options)
