@@ -15,6 +15,8 @@ from .. import dtypes as dt
 from .. import views
 
 KERNEL_FLOATS = (dt.float16, dt.bfloat16, dt.float32)  # what the hand-written kernels compute on
+# the dtypes check_float accepts: floating, not storage-only (fa.nn's fast paths test membership)
+COMPUTE_FLOATS = frozenset(d for d in dt.ALL if d.kind == "f" and d not in dt.STORAGE_ONLY)
 
 
 class Aval(NamedTuple):
@@ -45,7 +47,7 @@ def check_float(op: str, name: str, x, allowed=None):
     """x has a floating dtype that can be computed on (float8 is storage only), or one of ``allowed``."""
     if allowed is not None and x.dtype not in allowed:
         raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected one of {', '.join(map(str, allowed))}")
-    if x.dtype.kind != "f" or x.dtype in dt.STORAGE_ONLY:
+    if x.dtype not in COMPUTE_FLOATS:
         raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected a floating-point dtype "
                         "(float8 types are storage only: cast them with astype first)")
 

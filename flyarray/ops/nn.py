@@ -75,7 +75,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
     if residual is None and type(x) is Array and type(weight) is Array and type(eps) is float:
         # the common call, recorded without the general checks: the same conditions, tested directly
         xn, wn = x._node, weight._node
-        if (xn.dtype in _NORM_FLOATS and wn.dtype in _NORM_FLOATS and xn.shape and wn.shape == xn.shape[-1:]
+        floats = checks.COMPUTE_FLOATS
+        if (xn.dtype in floats and wn.dtype in floats and xn.shape and wn.shape == xn.shape[-1:]
                 and eps >= 0 and xn.device == wn.device):
             return record_composite(RMS_NORM, (xn, wn), [(xn.shape, xn.dtype)], xn.device,
                                     {"eps": eps, "has_weight": True, "has_residual": False})[0]
@@ -106,7 +107,6 @@ def _rms_norm(x, *rest, eps, has_weight, has_residual):
 
 
 RMS_NORM = Composite("rms_norm", expansion(_rms_norm))
-_NORM_FLOATS = frozenset(d for d in dtypes.ALL if d.kind == "f" and d not in dtypes.STORAGE_ONLY)  # check_float's
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
