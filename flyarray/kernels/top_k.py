@@ -705,10 +705,11 @@ def wide_plan(N: int, k: int, cfg: dict) -> dict:
     slabs = max(1, min(next_pow2(n_slabs), chunk // seg))
     threads = lambda elems: min(512, max(warp, elems // cfg["chunk_elems_per_thread"]))  # noqa: E731
     n_pieces = n_slabs * programs
+    fuse = m * seg <= cfg["fuse_max_elems"]
     return {**plan, "direct": False, "chunk": chunk, "n_chunks": cdiv(N, chunk),
             # small k: the threshold program compacts the live pieces itself (no compaction pass), and
             # with fuse_final sorts them too (the whole-row scan then steps by its own warps' tile)
-            "fuse": m * seg <= cfg["fuse_max_elems"], "n_pieces": n_pieces, "fuse_final": cfg["fuse_final"],
+            "fuse": fuse, "n_pieces": n_pieces, "fuse_final": fuse and cfg["fuse_final"],
             "fused_final_tile": cfg["select_warps"] * warp * cfg["fused_fallback_elems_per_thread"],
             # .maxnreg: the 64K-register file over the program's threads, at most 255, a multiple of 8
             "fused_final_nv": ({"maxnreg": min(255, 65536 // (cfg["select_warps"] * warp) // 8 * 8)}
@@ -734,7 +735,7 @@ def _launch_wide(x2, vals, idx, plan, launch) -> None:
         launch(_final_kernel, (rows,), DIRECT=True, **sizes)(x2, idx, idx, vals, idx, N, x2.stride(0), k, 0)
         return
     state, words = _threshold_passes(x2, k, plan, launch, vals, idx)
-    if not (plan["fuse"] and plan["fuse_final"]):
+    if not plan["fuse_final"]:
         launch(_final_kernel, (rows,), DIRECT=False, **sizes)(x2, state, words, vals, idx, N, x2.stride(0), k,
                                                               state.stride(0))
 
@@ -747,7 +748,8 @@ def _search_sizes(plan: dict) -> dict:
 
 def _threshold_passes(x2, k, plan, launch, vals=None, idx=None):
     """Group maxima, threshold, compaction (fused into the threshold program for small k, and then
-    the final sort too when ``plan["fuse_final"]`` and vals/idx are given): (state [rows, width]
+    the final sort too when ``plan["fuse_final"]`` and vals/idx are given: ``wide_threshold_state`` asks
+    for the state alone): (state [rows, width]
     int32, each row t, candidates, above t, -, the group maxima, the piece maxima, the fused
     compaction's list of live pieces, padding to 16 ints; words [rows, m] int64: the candidates,
     when they fit)."""
@@ -931,7 +933,7 @@ def wide_specs(N: int, k: int, arch: str, dtype: str = "fp32") -> list:
     )]
     compact_types = {"CAP": "constexpr", "SEG": "constexpr", "PIECE_TILE": "constexpr", "IS_FLOAT": "constexpr"}
     compact = {**search, "CAP": m, "SEG": plan["seg"], "PIECE_TILE": plan["piece_tile"], "IS_FLOAT": True}
-    if plan["fuse"] and plan["fuse_final"]:  # threshold, compaction and the final sort: one kernel
+    if plan["fuse_final"]:  # threshold, compaction and the final sort: one kernel
         return specs + [KernelSpec(
             f"top_k_threshold_compact_final_{tag}", _threshold_compact_final_kernel,
             {"x_ptr": f"*{dtype}", "state_ptr": "*i32", "words_ptr": "*i64", "vals_ptr": f"*{dtype}",
