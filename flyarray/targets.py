@@ -119,7 +119,8 @@ def _report_key(spec: KernelSpec, target: str):
 
 
 def _compile_report(spec: KernelSpec, target: str) -> KernelReport:
-    src = ASTSource(spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=_launch_attrs(spec))
+    src = _source_class(spec.fn)(spec.fn, signature=spec.signature, constexprs=spec.constexprs,
+                                 attrs=_launch_attrs(spec))
     opts = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     opts.update(spec.amd_options if TARGETS[target].backend == "hip" else spec.nv_options)
     with triton_cache_scope():
@@ -127,6 +128,14 @@ def _compile_report(spec: KernelSpec, target: str) -> KernelReport:
     if TARGETS[target].backend == "hip":
         return _amd_report(spec, target, compiled)
     return _nvidia_report(spec, target, compiled)
+
+
+def _source_class(fn):
+    """Triton's compile source for ``fn``: Gluon kernels (explicit layouts) have their own."""
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+        return GluonASTSource
+    return ASTSource
 
 
 def _launch_attrs(spec: KernelSpec) -> dict:

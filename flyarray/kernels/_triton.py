@@ -51,6 +51,7 @@ class _InterpretedLaunch:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             with _INTERPRETER_LOCK:
+                _import_gluon_unpatched()
                 snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
                 try:
                     _interpret_tensor_methods()
@@ -72,6 +73,18 @@ def _interpret_tensor_methods():
         if isinstance(value, triton.runtime.JITFunction):
             nested = _nested(value, _STDLIB_MEMO)
             setattr(tl.core.tensor, name, lambda self, *a, _f=nested, **k: _f(self, *a, **k))
+
+
+def _import_gluon_unpatched():
+    """Import Gluon now, while triton.language is whole. Triton 3.9's interpreter imports it lazily
+    in the middle of a launch (``mangle_type``), while tl.math is patched, and Gluon's math module
+    wraps tl.math's functions at import: every later Gluon compile in the process then calls the
+    interpreter's stand-ins and fails (attention_hopper's kernel, cross-compiled after any
+    interpreted launch)."""
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:  # a Triton without Gluon: nothing to protect
+        pass
 
 
 def _language_namespaces() -> list:

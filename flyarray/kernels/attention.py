@@ -34,6 +34,9 @@ tensor descriptors built on the device, one 2-D descriptor per (batch, head)
 slice, when ``_SM90["fwd_tma_enabled"]`` is on (off: on the H200 it never beat
 the pointer kernel; ``config=dict(TMA=True, ...)`` forces it). Its warp-specialized
 variant (``WARP_SPEC``) returned NaN rows there under Triton 3.6 and is refused on a GPU.
+``attention_hopper`` holds a third sm_90 forward, in Gluon, that overlaps each warpgroup's softmax
+with its next q.k^T (asynchronous wgmma); ``_SM90["fwd_gluon_enabled"]`` turns it on (off: not yet
+run on a GPU), ``config=dict(GLUON=True, ...)`` forces it.
 """
 from __future__ import annotations
 
@@ -104,6 +107,15 @@ _SM90 = {
                 128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, WARP_SPEC=False)},
     "fwd_tma_causal": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, WARP_SPEC=False),
                        128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, WARP_SPEC=False)},
+    # The Gluon forward (attention_hopper.py: asynchronous wgmma, the softmax of block j under the
+    # q.k^T of block j+1), on the TMA kernel's inputs. Off and untimed: written and cross-compiled
+    # (Triton 3.6 and 3.9, 0 spills) in a session without a GPU; benchmarks/tune_attention_gluon.py
+    # checks and times it. Two warpgroups of 64 rows share each key block (BLOCK_M 128); STAGES >= 3.
+    "fwd_gluon_enabled": False,
+    "fwd_gluon": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3),
+                  128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
+    "fwd_gluon_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3),
+                         128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
 }
 
 _GFX950 = {
@@ -774,7 +786,9 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
     DECODE_MAX_QUERIES queries and no bias/mask this takes the split-K decode path.
     ``config`` overrides the arch's tile config (for benchmarking): with ``TMA=True`` (and
     optionally ``WARP_SPEC``) it forces the TMA kernel (ValueError where the inputs cannot take
-    it; on the CPU it runs in the interpreter), without it the pointer-load kernel.
+    it; on the CPU it runs in the interpreter); with ``GLUON=True`` (and BLOCK_M, BLOCK_N,
+    num_warps, STAGES) the Gluon Hopper kernel (ValueError off sm_90 GPUs or where the inputs
+    cannot take it); without either the pointer-load kernel.
     """
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     if Sq <= DECODE_MAX_QUERIES and bias is None and mask is None and config is None:
@@ -794,6 +808,16 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
                              "the warp-specialized TMA forward returned NaN rows for every shape tested "
                              "(tests/kernels/test_attention.py, 2026-12-01); use WARP_SPEC=False")
         return _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, config)
+    if config is not None and config.get("GLUON"):
+        if not (q.is_cuda and _facts(q.device)[0] == "sm_90") or not _tma_fwd_ok(q, k, v, out, D, extras, scale):
+            raise ValueError("attention_fwd: config asks for the Gluon Hopper kernel, which runs on sm_90 GPUs "
+                             "with fp16/bf16, head_dim 64/128, no bias/mask, scale > 0, unit head-dim strides, "
+                             "16-byte aligned pointers and strides")
+        return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, config)
+    if config is None and _gluon_fwd_default(q) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
+        table = _table(q.device)
+        return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal,
+                                    table["fwd_gluon_causal" if is_causal else "fwd_gluon"][D])
     if config is None and _tma_fwd_default(q) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
         table = _table(q.device)
         return _attention_fwd_tma(q, k, v, out, lse, scale, is_causal,
@@ -818,6 +842,13 @@ def _tma_fwd_default(q) -> bool:
     if not q.is_cuda or not HAS_TENSOR_DESCRIPTORS or _facts(q.device)[0] != "sm_90":
         return False
     return bool(_table(q.device).get("fwd_tma_enabled", False))
+
+
+def _gluon_fwd_default(q) -> bool:
+    """Whether q's device takes the Gluon forward by default: sm_90 with the table's flag on."""
+    if not q.is_cuda or _facts(q.device)[0] != "sm_90":
+        return False
+    return bool(_table(q.device).get("fwd_gluon_enabled", False))
 
 
 def _tma_fwd_ok(q, k, v, out, D, extras, scale) -> bool:
@@ -849,6 +880,26 @@ def _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, cfg):
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         EVEN_N=(Sk % cfg["BLOCK_N"] == 0) if warp_spec else True, WARP_SPEC=warp_spec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out, lse
+
+
+def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
+    """The Hopper forward in Gluon (``attention_hopper``): the same descriptors and preconditions as
+    the TMA kernel (``_tma_fwd_ok``), asynchronous wgmma overlapping the softmax with the matmuls."""
+    from flyarray.kernels.attention_hopper import _attn_fwd_hopper_kernel
+
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    ensure_tma_allocator()
+    grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
+    sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
+    _launch(_attn_fwd_hopper_kernel, grid, q.device,
+        q, k, v, out, lse,
+        sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
+        Hq, Sq, Sk, Hq // Hkv, scale * LOG2E,
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        STAGES=cfg["STAGES"], num_warps=cfg["num_warps"],
     )
     return out, lse
 
@@ -1077,6 +1128,15 @@ def _tma_variants(cfg: dict) -> list:
     return [("", cfg), ("_ws", dict(cfg, **_TMA_WS_TWIN, num_stages=2 if cfg["BLOCK_N"] >= 128 else 3))]
 
 
+def _gluon_spec(dtype: str, D: int, causal: bool, cfg: dict):
+    from flyarray.kernels.attention_hopper import _attn_fwd_hopper_kernel
+
+    const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                 STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+    return _spec(f"attn_fwd_gluon_{dtype}_d{D}{'_causal' if causal else ''}", _attn_fwd_hopper_kernel, dtype,
+                 const, dict(num_warps=cfg["num_warps"], num_stages=1))
+
+
 def _specs_for_arch(arch: str) -> list:
     table = CONFIGS[arch]
     specs = []
@@ -1088,6 +1148,8 @@ def _specs_for_arch(arch: str) -> list:
                          DOT_PREC=None, FUSE_SCALE=True, **tiles(cfg))
             specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
                                _attn_fwd_kernel, dtype, const, cfg))
+            if "fwd_gluon" in table:  # sm_90: the Gluon forward as well
+                specs.append(_gluon_spec(dtype, D, causal, table["fwd_gluon_causal" if causal else "fwd_gluon"][D]))
             if "fwd_tma" in table and HAS_TENSOR_DESCRIPTORS:  # sm_90: the TMA forward as well
                 for variant, cfg in _tma_variants(table["fwd_tma_causal" if causal else "fwd_tma"][D]):
                     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],

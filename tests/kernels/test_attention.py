@@ -386,3 +386,94 @@ def test_cross_compile_tma_forward_warp_specialized():
                                options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
         assert "ttg.warp_specialize" in c.asm["ttgir"], spec.name
         assert "setmaxnreg" in c.asm["ptx"], spec.name
+
+
+# --------------------------------------------------------------------------- Gluon forward (sm_90)
+def _gluon_cfg(bm=128, bn=64, warps=8, stages=3):
+    return dict(GLUON=True, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, STAGES=stages)
+
+
+def test_gluon_forward_is_refused_off_hopper():
+    """Gluon does not run in Triton's interpreter: forcing the Hopper kernel elsewhere names the problem
+    before anything is launched."""
+    q, k, v = _qkv(1, 20, 24, 2, 1, 64, torch.float16, bhsd=True)
+    with pytest.raises(ValueError, match="sm_90"):
+        attention_fwd(q, k, v, config=_gluon_cfg())
+
+
+def test_gluon_forward_dispatch(monkeypatch):
+    """With the table's flag on (pretended sm_90), the default path takes the Gluon kernel exactly
+    where the TMA preconditions hold, the pointer kernel elsewhere; off, never."""
+    from flyarray.kernels import attention as attn
+
+    q, k, v = _qkv(1, 20, 24, 2, 1, 64, torch.float16, bhsd=True)
+    assert not attn._SM90["fwd_gluon_enabled"]   # untimed on a GPU: off until measured
+    assert not attn._gluon_fwd_default(q)        # a CPU tensor never takes it
+    odd = torch.randn(1, 20, 2, 66).half()[..., :64]   # 132-byte head stride: TMA cannot address it
+    taken = []
+    monkeypatch.setattr(attn, "_attention_fwd_gluon", lambda *a: taken.append("gluon") or (a[3], a[4]))
+    monkeypatch.setattr(attn, "_tma_fwd_default", lambda q: False)
+    monkeypatch.setattr(attn, "_gluon_fwd_default", lambda q: True)
+    sm90 = attn._SM90
+    monkeypatch.setattr(attn, "_table", lambda device: dict(attn._CPU, fwd_gluon=sm90["fwd_gluon"],
+                                                            fwd_gluon_causal=sm90["fwd_gluon_causal"]))
+    attention_fwd(q, k, v, is_causal=True)
+    _check_fwd(odd, k, v, torch.float16, is_causal=True)
+    _check_fwd(q, k, v, torch.float16, bias=torch.zeros(1, 2, 20, 24))
+    assert taken == ["gluon"]
+
+
+def test_cross_compile_gluon_forward_overlaps_the_softmax():
+    """The Gluon specs keep one wgmma group in flight across the softmax (wait_group 1, not 0 after each
+    q.k^T), load k/v by TMA into an mbarrier ring, and fit sm_90 without spills."""
+    from flyarray.targets import compile_for
+
+    specs = [s for s in compile_specs("sm_90") if s.name.startswith("attn_fwd_gluon")]
+    assert len(specs) == 6
+    for spec in specs[:2]:
+        rep = compile_for(spec, "sm_90")
+        assert rep.spills == 0 and rep.shared_bytes <= 227 * 1024, rep.summary()
+        assert "wgmma.wait_group.sync.aligned 1;" in rep.asm, spec.name
+        assert "cp.async.bulk.tensor.2d" in rep.asm and "mbarrier.try_wait" in rep.asm, spec.name
+
+
+def test_gluon_math_survives_an_interpreted_launch():
+    """Triton 3.9's interpreter imports Gluon mid-launch, while tl.math is patched; Gluon's math then
+    wraps the interpreter's stand-ins for good. flyarray imports Gluon before it patches anything."""
+    import subprocess
+    import sys
+    code = ("import torch\n"
+            "from flyarray.kernels.attention import attention_fwd\n"
+            "q = torch.randn(1, 20, 2, 64).half()\n"
+            "attention_fwd(q, q, q, config=dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1))\n"
+            "import triton.language as tl\n"
+            "from triton.experimental.gluon import language as gl\n"
+            "assert gl.exp2.__wrapped__ is tl.math.exp2, gl.exp2.__wrapped__\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
+@pytest.mark.parametrize("cfg", [_gluon_cfg(), _gluon_cfg(bn=128), _gluon_cfg(bm=64, warps=4), _gluon_cfg(stages=4)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (2, 513, 1031, 8, 2, 64), (1, 1031, 300, 8, 1, 128),
+                                   (1, 77, 77, 2, 2, 128)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_forward_vs_pointer_kernel(cfg, causal, shape, dtype):
+    """Against SDPA in fp32 and the pointer kernel's lse: ragged lengths, Sq > Sk (rows with no key:
+    out 0, lse -inf), Sq < Sk, GQA/MQA, head_dim 64/128, one key block only."""
+    torch.manual_seed(0)
+    B, Sq, Sk, Hq, Hkv, D = shape
+    q, k, v = _qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device="cuda", bhsd=True)
+    out, lse = attention_fwd(q, k, v, is_causal=causal, config=cfg)
+    assert out.stride() == q.stride()
+    assert _rel(out, _sdpa(q.float(), k.float(), v.float(), causal)) < 1e-2
+    ref_out, ref_lse = attention_fwd(q, k, v, is_causal=causal, config=dict(CONFIG_CPU_FWD, BLOCK_M=64, BLOCK_N=64,
+                                                                         num_warps=4))
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-2
+    assert torch.isfinite(out).all() and (out[:, :, :][~finite.transpose(1, 2)] == 0).all()

@@ -1,0 +1,177 @@
+"""The Gluon Hopper attention forward (kernels/attention_hopper.py) on an H200: checked, then timed.
+
+    PYTHONPATH=$PWD python benchmarks/tune_attention_gluon.py $OUT/gluon.json
+
+1. Every tile config against float32 math (torch, on the GPU) on edge cases: causal with Sq != Sk
+   (both ways, including rows that see no key), lengths that are not multiples of any tile, GQA,
+   head_dim 64 and 128, fp16 and bf16, inputs as torch users make them ((B, H, S, D) transposed).
+   A config that fails any case is not timed.
+2. The issue-15 shapes: torch SDPA, the pointer kernel (flyarray's default), each Gluon config,
+   as CUDA-graph replays of 20 calls (device time per call, median of 5 interleaved rounds).
+Rows are JSON lines on stdout and all of them go to argv[1] as they are made (a hang keeps the rest).
+"""
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from flyarray.kernels import attention
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else None
+ROWS = []
+
+CONFIGS = [
+    dict(GLUON=True, BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3),
+    dict(GLUON=True, BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=4),
+    dict(GLUON=True, BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3),
+    dict(GLUON=True, BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3),
+    dict(GLUON=True, BLOCK_M=64, BLOCK_N=128, num_warps=4, STAGES=3),
+]
+# (name, B, Hq, Hkv, Sq, Sk, D, causal)
+CHECKS = [
+    ("causal_square", 2, 4, 4, 384, 384, 128, True),
+    ("causal_ragged", 1, 4, 2, 333, 333, 128, True),
+    ("causal_sq_lt_sk", 1, 2, 2, 100, 515, 128, True),
+    ("causal_sq_gt_sk", 1, 2, 2, 300, 77, 128, True),      # the first 223 rows see no key
+    ("full_ragged", 2, 4, 1, 257, 1000, 128, False),
+    ("full_d64", 1, 4, 4, 512, 700, 64, False),
+    ("causal_d64", 1, 4, 4, 640, 640, 64, True),
+]
+SHAPES = [
+    ("B2_H32_S2048_D128_causal", 2, 32, 32, 2048, 2048, 128, True),
+    ("B1_H32_S8192_D128", 1, 32, 32, 8192, 8192, 128, False),
+    ("B8_H32_S4096_D128_causal", 8, 32, 32, 4096, 4096, 128, True),
+    ("B4_H32q8kv_S4096_D128_causal", 4, 32, 8, 4096, 4096, 128, True),
+]
+
+
+def emit(row):
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+    if OUT:
+        with open(OUT, "w") as f:
+            json.dump(ROWS, f, indent=1)
+
+
+def inputs(B, Hq, Hkv, Sq, Sk, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, Hq, Sq, D, device="cuda", generator=g).to(dtype)
+    k = torch.randn(B, Hkv, Sk, D, device="cuda", generator=g).to(dtype)
+    v = torch.randn(B, Hkv, Sk, D, device="cuda", generator=g).to(dtype)
+    return q, k, v
+
+
+def reference(q, k, v, causal):
+    """float32 attention in (B, H, S, D) with bottom-right causal alignment; rows seeing no key -> 0, lse -inf."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    kf = k.float().repeat_interleave(Hq // Hkv, 1)
+    vf = v.float().repeat_interleave(Hq // Hkv, 1)
+    s = q.float() @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        Sq, Sk = s.shape[-2:]
+        keep = torch.arange(Sk, device="cuda")[None, :] <= torch.arange(Sq, device="cuda")[:, None] + (Sk - Sq)
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.where(torch.isfinite(lse)[..., None], torch.exp(s - lse[..., None]), torch.zeros_like(s))
+    return p @ vf, lse
+
+
+def run(q, k, v, causal, config):
+    out, lse = attention.attention_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=causal, config=config)
+    return out.transpose(1, 2), lse
+
+
+def check(config):
+    worst = 0.0
+    for name, B, Hq, Hkv, Sq, Sk, D, causal in CHECKS:
+        for dtype in (torch.bfloat16, torch.float16):
+            q, k, v = inputs(B, Hq, Hkv, Sq, Sk, D, dtype)
+            ref, ref_lse = reference(q, k, v, causal)
+            out, lse = run(q, k, v, causal, config)
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            finite = torch.isfinite(ref_lse)
+            lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+            lse_ok = bool((lse[~finite] == float("-inf")).all()) and bool(torch.isfinite(out).all())
+            ok = err < 2e-2 and lse_err < 1e-2 and lse_ok
+            emit(dict(kind="check", config=config, case=name, dtype=str(dtype), rel_err=err, lse_err=lse_err,
+                      empty_rows_ok=lse_ok, ok=ok))
+            worst = max(worst, err if ok else float("inf"))
+    return worst
+
+
+def graph_time(fn, calls=20, rounds=5):
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def flops(B, Hq, Sq, Sk, D, causal):
+    f = 4.0 * B * Hq * Sq * Sk * D
+    return f / 2 if causal else f
+
+
+def main():
+    t0 = time.time()
+    good = []
+    for config in CONFIGS:
+        try:
+            worst = check(config)
+        except Exception as e:  # a config that does not compile or launch is recorded, not fatal
+            emit(dict(kind="check", config=config, error=repr(e)[:400]))
+            continue
+        if worst < float("inf"):
+            good.append(config)
+    emit(dict(kind="checked", good=good, seconds=time.time() - t0))
+    for name, B, Hq, Hkv, Sq, Sk, D, causal in SHAPES:
+        q, k, v = inputs(B, Hq, Hkv, Sq, Sk, D, torch.bfloat16)
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        cands = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv),
+                 "pointer": lambda: attention.attention_fwd(qt, kt, vt, is_causal=causal)}
+        for i, c in enumerate(good):
+            cands[f"gluon{i}"] = lambda c=c: attention.attention_fwd(qt, kt, vt, is_causal=causal, config=c)
+        ref = cands["sdpa"]().float()
+        times = {}
+        for label, fn in cands.items():
+            if label != "sdpa":
+                out = fn()[0].transpose(1, 2).float()
+                err = ((out - ref).norm() / ref.norm()).item()
+                if err > 2e-2:
+                    emit(dict(kind="time", shape=name, label=label, error=f"rel_err {err}"))
+                    continue
+            times[label] = []
+        for _ in range(3):   # interleaved rounds: a shared GPU drifts
+            for label in times:
+                times[label].append(graph_time(cands[label], calls=10, rounds=3))
+        for label, ts in times.items():
+            ms = sorted(ts)[len(ts) // 2]
+            emit(dict(kind="time", shape=name, label=label, ms=ms,
+                      tflops=flops(B, Hq, Sq, Sk, D, causal) / ms / 1e9,
+                      vs_sdpa=times and (sorted(times["sdpa"])[1] / ms),
+                      config=good[int(label[5:])] if label.startswith("gluon") else None))
+    emit(dict(kind="done", seconds=time.time() - t0))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The attention forward for Hopper (sm_90) in Gluon: asynchronous wgmma, software-pipelined.
+
+Triton's ``tl.dot`` on sm_90 waits for each q.k^T wgmma right after issuing it, so a warpgroup's
+tensor-core time and its softmax (exp2 on the CUDA cores) run one after the other (Triton 3.6's
+warp specialization, which would overlap them, gives wrong results on sm_90). Gluon exposes the
+wgmma's commit groups, so this kernel overlaps them inside one warpgroup (FlashAttention-3's
+"intra-warpgroup" pipelining). Key block j's step, with s_j (its scores) already in registers:
+
+    1. issue s_{j+1} = q . k_{j+1}^T              (async; in flight: pv_{j-1}, s_{j+1})
+    2. the online softmax of s_j -> p_j, alpha    (CUDA cores, while the tensor cores work)
+    3. wait for pv_{j-1}; acc *= alpha; the slot of block j-1 is free: TMA-load block j-1+STAGES
+    4. issue acc += p_j . v_j                     (async, p_j from registers)
+    5. wait for s_{j+1}                           (pv_j stays in flight)
+
+q, k and v move through TMA: one 2-D device-side descriptor per (batch, head) slice, so rows past
+Sq/Sk read as zero and the output's rows past Sq are not written, whatever the strides. Each slot
+of a STAGES-deep ring holds one key block's k and v under one mbarrier. Semantics are
+``attention._attn_fwd_kernel``'s (layout (B, S, H, D), GQA, bottom-right causal, empty rows 0 with
+lse -inf), restricted to fp16/bf16, head_dim 64/128, no bias/mask, scale > 0 (the host checks).
+
+Gluon is Triton's explicit-layout dialect; this module compiles on any machine (``compile_specs``
+cross-compiles it), but runs only on an sm_90 GPU: Triton's interpreter does not run Gluon.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
+
+# Names that moved between Triton 3.6 (the H200's) and 3.9 (CI's).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@gluon.constexpr_function
+def _mma_layout(num_warps, n):
+    """The wgmma accumulator layout of a [64 * num_warps / 4, n] tile: each warpgroup owns 64 rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _smem_layout(rows, cols, dtype):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+
+
+@gluon.jit
+def _slice_descriptor(base, rows, row_stride, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """A [rows, HEAD_DIM] descriptor of one (batch, head) slice, fetched in [BLOCK, HEAD_DIM] boxes."""
+    return tma.make_tensor_descriptor(base, shape=[rows, HEAD_DIM], strides=[row_stride, 1],
+                                      block_shape=[BLOCK, HEAD_DIM],
+                                      layout=_smem_layout(BLOCK, HEAD_DIM, base.dtype.element_ty))
+
+
+@gluon.jit
+def _load_block(k_desc, v_desc, k_smem, v_smem, ready, block, n_blocks, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr):
+    """TMA-load key block ``block``'s k and v into its ring slot (nothing past the last block)."""
+    slot = block % STAGES
+    pred = block < n_blocks
+    bar = ready.index(slot)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+    _tma_load(k_desc, [block * BLOCK_N, 0], bar, k_smem.index(slot), pred=pred)
+    _tma_load(v_desc, [block * BLOCK_N, 0], bar, v_smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _issue_scores(q_smem, k_smem, ready, block, n_blocks, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for key block ``block`` to land, then issue q . k^T for it (async). Past the last block
+    nothing is waited for and the slot's stale keys give scores nobody reads."""
+    slot = block % STAGES
+    mbarrier.wait(ready.index(slot), (block // STAGES) & 1, pred=block < n_blocks)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    return warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _attn_fwd_hopper_kernel(
+    Q, K, V, Out, Lse,
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+    Hq, Sq, Sk, kv_group, qk_scale_log2,
+    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    gl.static_assert(STAGES >= 3, "block j+1 is loaded while block j-1 is still read: 3 slots at least")
+    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = Q.dtype.element_ty
+
+    # program -> (query block, batch, head); causal runs the heaviest query blocks first
+    pid_m = gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = (pid_bh // Hq).to(gl.int64)
+    h = pid_bh % Hq
+    hk = (h // kv_group).to(gl.int64)
+    h = h.to(gl.int64)
+    m0 = pid_m * BLOCK_M
+
+    q_desc = _slice_descriptor(Q + b * sqb + h * sqh, Sq, sqs, BLOCK_M, HEAD_DIM)
+    k_desc = _slice_descriptor(K + b * skb + hk * skh, Sk, sks, BLOCK_N, HEAD_DIM)
+    v_desc = _slice_descriptor(V + b * svb + hk * svh, Sk, svs, BLOCK_N, HEAD_DIM)
+    o_desc = _slice_descriptor(Out + b * sob + h * soh, Sq, sos, BLOCK_M, HEAD_DIM)
+
+    # keys [0, hi): causal aligns bottom-right (query i sees keys <= i + Sk - Sq)
+    causal_offset = Sk - Sq
+    hi = Sk
+    if IS_CAUSAL:
+        hi = gl.maximum(gl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+    # blocks from here on need the bounds/causal mask
+    first_masked = Sk // BLOCK_N
+    if IS_CAUSAL:
+        first_masked = gl.minimum(first_masked, gl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    _tma_load(q_desc, [m0, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        _load_block(k_desc, v_desc, k_smem, v_smem, ready, i, n_blocks, BLOCK_N, STAGES)
+    mbarrier.wait(q_bar, 0)
+
+    rows = m0 + gl.arange(0, BLOCK_M, s_rows)
+    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
+    l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
+    # acc and p_op are carried as in-flight wgmma operands: p_op, read from registers by pv_j, stays
+    # alive (a dependency of the wait) until pv_j is known to be done
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
+    p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+
+    s = _issue_scores(q_smem, k_smem, ready, 0, n_blocks, s_layout, BLOCK_M, BLOCK_N, STAGES)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    for j in range(0, n_blocks):
+        s_next = _issue_scores(q_smem, k_smem, ready, j + 1, n_blocks, s_layout, BLOCK_M, BLOCK_N, STAGES)
+
+        if j >= first_masked:
+            cols = j * BLOCK_N + offs_n
+            keep = cols[None, :] < Sk
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None] + causal_offset)
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet: exp2 -> 0, not NaN
+        p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+
+        acc, p_op = warpgroup_mma_wait(1, deps=(acc, p_op))     # pv_{j-1} done; s_{j+1} may run on
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        if j >= 1:
+            _cta_barrier()    # every warpgroup is past pv_{j-1}: block j-1's slot can be refilled
+            _load_block(k_desc, v_desc, k_smem, v_smem, ready, j - 1 + STAGES, n_blocks, BLOCK_N, STAGES)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, v_smem.index(j % STAGES), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_next,))
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    mbarrier.invalidate(q_bar)
+
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+    out = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+    q_smem.store(out.to(dtype))    # q is no longer read: its buffer stages the output for TMA
+    fence_async_shared()
+    _tma_store(o_desc, [m0, 0], q_smem)
+    tma.store_wait(0)
