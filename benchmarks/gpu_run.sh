@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # One call on the GPU machine. MODE=tests: the test suite on the gpu backend (+ overheads, launch-shape
 # exploration); MODE=bench: python -m flyarray bench; MODE=host: benchmarks/host_path.sh (the tests, then
-# the user-path benchmark: overhead, elementwise, norms, topk, gemm); MODE=pending: what a session without
-# a GPU left untimed (the MX upcast path's parts and the hardware fp8 decode, their GPU tests, the TMA
-# attention forward's tests; benchmarks/tune_attention_fwd.py needs a call of its own, ~6 min).
+# the user-path benchmark: overhead, elementwise, norms, topk, gemm); MODE=pending: what the tenth session
+# (no GPU) left untimed: the GPU tests of the Gluon attention forward and the MX decode candidates, then
+# benchmarks/tune_attention_gluon.py (checks every Gluon tile, times the issue-15 shapes beside SDPA);
+# MODE=pending_mx: benchmarks/tune_mx_decode.py for MXFP4 (the new decode candidates beside the old).
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
 if [ "${MODE:-tests}" = pending ]; then
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
   mkdir -p "$OUT"
-  timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_mx.py \
-    tests/kernels/test_scaled_matmul.py tests/kernels/test_attention.py tests/kernels/test_top_k.py \
-    > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
-  timeout 240 python3 benchmarks/tune_mx_upcast.py > "$OUT/tune_mx_upcast.log" 2>&1
-  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -20; tail -60 "$OUT/tune_mx_upcast.log"
+  timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_attention.py \
+    tests/kernels/test_scaled_matmul.py > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -20
+  timeout 330 python3 benchmarks/tune_attention_gluon.py "$OUT/gluon.json" > "$OUT/gluon.log" 2>&1
+  grep -v '"kind": "check"' "$OUT/gluon.log" | tail -40; grep '"ok": false\|error' "$OUT/gluon.log" | head
+  exit 0
+fi
+if [ "${MODE:-tests}" = pending_mx ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  FORMATS=e2m1 timeout 500 python3 benchmarks/tune_mx_decode.py "$OUT/mx_decode.json" > "$OUT/mx_decode.log" 2>&1
+  tail -60 "$OUT/mx_decode.log"
   exit 0
 fi
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLYARRAY_CACHE_DIR=/tmp/flyarray-cache OUT=${OUT:-/tmp/out}
