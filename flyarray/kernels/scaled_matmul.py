@@ -314,27 +314,70 @@ _E5M2_TO_BF16X4_ASM = tl.constexpr(_fp8_to_bf16x4_asm("e5m2"))
 
 
 @triton.jit
-def _fp8_words_to_bf16(words, scale2, E5M2: tl.constexpr):
-    """[R, W] int32 words of 4 fp8 codes (lowest byte first) times their bf16x2 scales -> [R, 4W] bf16."""
+def _fp8_words_split(words, scale2, E5M2: tl.constexpr):
+    """[R, W] int32 words of 4 fp8 codes (lowest byte first) times their bf16x2 scales -> 4 [R, W] bf16,
+    output u holding code u of each word."""
     if E5M2:
-        e0, e1, e2, e3 = tl.inline_asm_elementwise(_E5M2_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
-                                                   dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+        outs = tl.inline_asm_elementwise(_E5M2_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
+                                         dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
     else:
-        e0, e1, e2, e3 = tl.inline_asm_elementwise(_E4M3_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
-                                                   dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
-    w = tl.join(tl.join(e0, e2), tl.join(e1, e3))   # element 2t + u at [t, u]
-    return tl.reshape(w, (words.shape[0], words.shape[1] * 4))
+        outs = tl.inline_asm_elementwise(_E4M3_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
+                                         dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+    return outs
 
 
 @triton.jit
-def _fp4_words_to_bf16(words, scale2):
-    """[R, W] int32 words of 8 E2M1 codes (low nibble first) times their bf16x2 scales -> [R, 8W] bf16."""
-    e0, e1, e2, e3, e4, e5, e6, e7 = tl.inline_asm_elementwise(
-        _FP4_TO_BF16X8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale2],
-        dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-    # join(a, b) adds a last axis [a, b]: nested so that element 4t + 2u + v lands at [t, u, v]
-    w = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
-    return tl.reshape(w, (words.shape[0], words.shape[1] * 8))
+def _fp4_words_split(words, scale2):
+    """[R, W] int32 words of 8 E2M1 codes (low nibble first) times their bf16x2 scales -> 8 [R, W] bf16,
+    output u holding code u of each word."""
+    return tl.inline_asm_elementwise(_FP4_TO_BF16X8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale2],
+                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _interleave(outs, FIRST: tl.constexpr, G: tl.constexpr):
+    """outs[FIRST..FIRST+G) ([R, W] each, G in 1, 2, 4, 8) -> [R, G*W], element G*t + c = outs[FIRST + c][:, t].
+
+    join(a, b) adds a last axis [a, b], so joining the even outputs' tensor with the odd ones' puts
+    output c at the flattened position c (recursively: 2 * (position among the halves) + parity)."""
+    if G == 1:
+        w = outs[FIRST]
+    elif G == 2:
+        w = tl.join(outs[FIRST], outs[FIRST + 1])
+    elif G == 4:
+        w = tl.join(tl.join(outs[FIRST], outs[FIRST + 2]), tl.join(outs[FIRST + 1], outs[FIRST + 3]))
+    else:
+        w = tl.join(tl.join(tl.join(outs[FIRST], outs[FIRST + 4]), tl.join(outs[FIRST + 2], outs[FIRST + 6])),
+                    tl.join(tl.join(outs[FIRST + 1], outs[FIRST + 5]), tl.join(outs[FIRST + 3], outs[FIRST + 7])))
+    return tl.reshape(w, (outs[FIRST].shape[0], outs[FIRST].shape[1] * G))
+
+
+@triton.jit
+def _xt(x_ptr, rm, m_ok, stride_xm, kk, k_end):
+    """x[rm, kk]^T ([len(kk), BLOCK_M]), zero past k_end and past M."""
+    return tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=(kk < k_end)[:, None] & m_ok, other=0.0)
+
+
+@triton.jit
+def _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT: tl.constexpr, DOTS: tl.constexpr):
+    """acc += the weights ``outs`` times x^T, in DOTS dots.
+
+    outs[u][:, t] is the weight at k = k0 + UNIT*t + u (UNIT outputs per decoded unit: a word, or a
+    byte's two nibbles). A dot does not care in which order it sums over K as long as x comes in the
+    same order, so each dot takes G = UNIT / DOTS consecutive outputs, interleaved (_interleave: with
+    DOTS == 1 back into k order, the plain tile) and x at the matching k: a stride-UNIT gather when
+    G == 1. Fewer joins and reshapes of the decoded weights, more (narrower) loads of x.
+    """
+    G: tl.constexpr = UNIT // DOTS
+    LEN: tl.constexpr = G * outs[0].shape[1]
+    j = tl.arange(0, LEN)
+    for v in tl.static_range(DOTS):
+        if DOTS == 1:
+            kk = k0 + j
+        else:
+            kk = k0 + UNIT * (j // G) + G * v + j % G
+        acc = tl.dot(_interleave(outs, v * G, G), _xt(x_ptr, rm, m_ok, stride_xm, kk, k_end), acc)
+    return acc
 
 
 @triton.jit
@@ -342,7 +385,7 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr = False,
-                      E5M2: tl.constexpr = False):
+                      E5M2: tl.constexpr = False, SPLIT_WORDS: tl.constexpr = 1):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
     Program (pid_m, pid_n, split) covers BLOCK_M rows of x, BLOCK_N rows of w and K range
@@ -356,6 +399,9 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     Triton's fp8 conversion. The E8M0 scale is applied in the activations' dtype when SCALE_NATIVE
     (bf16 has fp32's exponent range, so the product is exact), else through fp32 (fp16, whose range
     is too narrow for the scale).
+    SPLIT_WORDS: how many dots a step's decoded weights feed (_dot_outputs), at most the outputs of one
+    decoded unit (ASM: a word's 8 fp4 / 4 fp8 codes; else a byte's 2 fp4 nibbles, fp8 1): 1 is one
+    [BLOCK_N, BLOCK_K] dot in k order; more skip interleaving the decoded values back into k order.
     """
     BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
     PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
@@ -376,6 +422,8 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     PER_WORD: tl.constexpr = 8 if W_FP4 else 4                    # k elements per 32-bit word
     jw = tl.arange(0, BLOCK_K // PER_WORD)
     w_ptrs = w_ptr + rn_safe[:, None] * stride_wn + jb[None, :]
+    UNIT: tl.constexpr = PER_WORD if ASM_DECODE else (2 if W_FP4 else 1)   # decoded outputs a unit
+    DOTS: tl.constexpr = SPLIT_WORDS if SPLIT_WORDS < UNIT else UNIT
     # ASM_DECODE reads the weights as 32-bit words (K % 32 == 0, so rows stay word-aligned)
     w_words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * (stride_wn // 4) + jw[None, :]
     s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + g[None, :]
@@ -388,9 +436,9 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
             s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 32 // PER_WORD)),
                             (BLOCK_N, BLOCK_K // PER_WORD))               # one bf16x2 scale a word
             if W_FP4:
-                w = _fp4_words_to_bf16(words, s2)
+                outs = _fp4_words_split(words, s2)
             else:
-                w = _fp8_words_to_bf16(words, s2, E5M2)
+                outs = _fp8_words_split(words, s2, E5M2)
         else:
             if W_FP4:
                 raw = tl.load(w_ptrs + k0 // 2, mask=(k0 + 2 * jb < k_end)[None, :], other=ZERO)
@@ -411,14 +459,14 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                 else:
                     lo = (lo.to(tl.float32) * scale).to(compute_ty)
                     hi = (hi.to(tl.float32) * scale).to(compute_ty)
-                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))   # byte j holds k = 2j (lo), 2j + 1 (hi)
-            elif SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
-                w = raw.to(compute_ty) * scale
+                outs = (lo, hi)                                # byte j holds k = 2j (lo), 2j + 1 (hi)
             else:
-                w = (raw.to(tl.float32) * scale).to(compute_ty)
-        kk = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=(kk < k_end)[:, None] & m_ok, other=0.0)
-        acc = tl.dot(w, xt, acc)
+                if SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
+                    w = raw.to(compute_ty) * scale
+                else:
+                    w = (raw.to(tl.float32) * scale).to(compute_ty)
+                outs = (w,)
+        acc = _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT, DOTS)
     out_ptrs = out_ptr + split * stride_split + rm[None, :] * stride_om + rn[:, None] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (rn < N)[:, None])
 
@@ -812,7 +860,8 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
            x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
            target.stride(0) if split_k > 1 else 0,
            W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
-           SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", num_warps=c["num_warps"],
+           SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", SPLIT_WORDS=c.get("SPLIT_WORDS", 1),
+           num_warps=c["num_warps"],
            num_stages=c["num_stages"])
     if split_k > 1:
         numel = m * n
@@ -858,6 +907,7 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
     c.pop("SPLIT_K"), c.pop("kernel")
+    c.setdefault("SPLIT_WORDS", 1)   # a compile spec names every constexpr, defaults included
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",
