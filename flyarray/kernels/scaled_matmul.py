@@ -261,7 +261,9 @@ def _fp4_bits(code, FP16: tl.constexpr):
 # Two more prmts interleave them into bf16 pairs; a prmt in sign-replicating mode (selector msb)
 # spreads each code's sign bit (bit 3 of the nibble: byte msb of the word shifted left by 4 for
 # the even codes, of the word itself for the odd ones) over a byte, masked onto bits 15 and 31.
-def _fp4_to_bf16x8_asm() -> str:
+# QUAD_SIGNS puts the signs on the high-byte lookups instead, before the interleave: one such prmt
+# and one lop3 per 4 codes rather than per 2 (14 integer-pipe instructions a word instead of 18).
+def _fp4_to_bf16x8_asm(quad_signs: bool = False) -> str:
     """PTX: a 32-bit word of 8 E2M1 codes ($8) times a bf16x2 scale ($9) -> 8 bf16 ($0..$7)."""
     tables = """
 {
@@ -278,18 +280,68 @@ prmt.b32 l0, ll, lh, m;
 prmt.b32 h1, hl, hh, mh;
 prmt.b32 l1, ll, lh, mh;
 """
+    if quad_signs:   # h0 holds codes 0..3: signs at bits 3, 7 of bytes 0, 1 (bit 3: the msb of a4's byte)
+        tables += """prmt.b32 s, a4, $8, 0xD9C8;
+lop3.b32 h0, h0, s, 0x80808080, 0xF8;
+prmt.b32 s, a4, $8, 0xFBEA;
+lop3.b32 h1, h1, s, 0x80808080, 0xF8;
+"""
     # per output pair: its low/high byte tables, the interleave selector, the sign-spreading selector
     pairs = [("l0", "h0", "0x5140", "0xC080"), ("l0", "h0", "0x7362", "0xD090"),
              ("l1", "h1", "0x5140", "0xE0A0"), ("l1", "h1", "0x7362", "0xF0B0")]
-    return tables + "".join(f"""prmt.b32 o, {low}, {high}, {interleave};
-prmt.b32 s, a4, $8, {sign};
+    signs = "" if quad_signs else """prmt.b32 s, a4, $8, {sign};
 lop3.b32 o, o, s, 0x80008000, 0xF8;
-mul.rn.bf16x2 o, o, $9;
+"""
+    return tables + "".join(f"""prmt.b32 o, {low}, {high}, {interleave};
+{signs.format(sign=sign)}mul.rn.bf16x2 o, o, $9;
 mov.b32 {{${2 * i}, ${2 * i + 1}}}, o;
 """ for i, (low, high, interleave, sign) in enumerate(pairs)) + "}\n"
 
 
 _FP4_TO_BF16X8_ASM = tl.constexpr(_fp4_to_bf16x8_asm())
+_FP4_TO_BF16X8_QUAD_SIGNS_ASM = tl.constexpr(_fp4_to_bf16x8_asm(quad_signs=True))
+
+
+# The same table decode for two words a, b at once, for dots that take output u of every word
+# (_dot_outputs, one dot per u): an MMA register holds two k-neighbours of the operand, here code u of
+# words t and t+1, so each output register pairs code u of a (low half) with code u of b (high half),
+# ready for the MMA without repacking. prmt first gathers bytes [a.b0, b.b0, a.b1, b.b1] (and bytes
+# 2, 3 likewise): a 16-bit selector then looks up codes a_2j, a_2j+1, b_2j, b_2j+1. The signs go onto
+# the high-byte lookup before the interleave, one sign-replicating prmt and one lop3 per 4 codes.
+def _fp4_pairs_to_bf16x8_asm() -> str:
+    """PTX: words $8, $9 of 8 E2M1 codes times their bf16 scales ($10: two bf16) -> 8 bf16x2 ($0..$7),
+    output u = (code u of $8, code u of $9)."""
+    head = """
+{
+.reg .b32 hl, hh, ll, lh, p0, p1, q0, q1, m0, m1, t, h, l, s, o;
+mov.b32 hl, 0x3F3F3F00;
+mov.b32 hh, 0x40404040;
+mov.b32 ll, 0xC0800000;
+mov.b32 lh, 0xC0804000;
+prmt.b32 p0, $8, $9, 0x5140;
+prmt.b32 p1, $8, $9, 0x7362;
+shl.b32 q0, p0, 4;
+shl.b32 q1, p1, 4;
+and.b32 m0, p0, 0x77777777;
+and.b32 m1, p1, 0x77777777;
+"""
+    body = ""
+    for j in range(4):
+        half = "01"[j // 2]
+        sel = f"m{half}" if j % 2 == 0 else "t"
+        body += (f"shr.u32 t, m{half}, 16;\n" if j % 2 else "") + f"""prmt.b32 h, hl, hh, {sel};
+prmt.b32 l, ll, lh, {sel};
+prmt.b32 s, q{half}, p{half}, {"0xD9C8" if j % 2 == 0 else "0xFBEA"};
+lop3.b32 h, h, s, 0x80808080, 0xF8;
+prmt.b32 o, l, h, 0x6240;
+mul.rn.bf16x2 ${2 * j}, o, $10;
+prmt.b32 o, l, h, 0x7351;
+mul.rn.bf16x2 ${2 * j + 1}, o, $10;
+"""
+    return head + body + "}\n"
+
+
+_FP4_PAIRS_TO_BF16X8_ASM = tl.constexpr(_fp4_pairs_to_bf16x8_asm())
 
 
 def _fp8_to_bf16x4_asm(fmt: str) -> str:
@@ -327,11 +379,24 @@ def _fp8_words_split(words, scale2, E5M2: tl.constexpr):
 
 
 @triton.jit
-def _fp4_words_split(words, scale2):
+def _fp4_words_split(words, scale2, QUAD_SIGNS: tl.constexpr = False):
     """[R, W] int32 words of 8 E2M1 codes (low nibble first) times their bf16x2 scales -> 8 [R, W] bf16,
     output u holding code u of each word."""
-    return tl.inline_asm_elementwise(_FP4_TO_BF16X8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale2],
-                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    if QUAD_SIGNS:
+        outs = tl.inline_asm_elementwise(_FP4_TO_BF16X8_QUAD_SIGNS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                         [words, scale2], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        outs = tl.inline_asm_elementwise(_FP4_TO_BF16X8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale2],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    return outs
+
+
+@triton.jit
+def _fp4_word_pairs_split(words, scale):
+    """[R, W] int32 words of 8 E2M1 codes times their bf16 scales -> 8 [R, W] bf16, output u holding
+    code u of each word; decoded two words at a time (neighbours in a thread's registers)."""
+    return tl.inline_asm_elementwise(_FP4_PAIRS_TO_BF16X8_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [words, scale],
+                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -359,24 +424,66 @@ def _xt(x_ptr, rm, m_ok, stride_xm, kk, k_end):
 
 
 @triton.jit
+def _split_last(t, N: tl.constexpr):
+    """[..., N] (N in 2, 4, 8) -> the N slices [...] along the last axis, in order."""
+    if N == 2:
+        parts = tl.split(t)
+    elif N == 4:   # index 2p + q: split takes q first
+        even, odd = tl.split(tl.reshape(t, t.shape[:-1] + (2, 2)))
+        e0, e1 = tl.split(even)
+        o0, o1 = tl.split(odd)
+        parts = (e0, o0, e1, o1)
+    else:          # index 4p + 2q + r
+        even, odd = tl.split(tl.reshape(t, t.shape[:-1] + (2, 2, 2)))
+        e0, e1 = tl.split(even)
+        o0, o1 = tl.split(odd)
+        x0, x4 = tl.split(e0)
+        x2, x6 = tl.split(e1)
+        x1, x5 = tl.split(o0)
+        x3, x7 = tl.split(o1)
+        parts = (x0, x1, x2, x3, x4, x5, x6, x7)
+    return parts
+
+
+@triton.jit
+def _xt_groups(x_ptr, rm, m_ok, stride_xm, k0, k_end, W: tl.constexpr, UNIT: tl.constexpr, DOTS: tl.constexpr):
+    """x^T for each of _dot_outputs' DOTS dots: [G*W, BLOCK_M] each (G = UNIT / DOTS), row G*t + c of
+    dot v at k = k0 + UNIT*t + G*v + c.
+
+    Loaded as one [W, BLOCK_M, UNIT] tile, contiguous along its last axis like x itself (so the copy
+    is vectorized and pipelined, as the plain tile's), then split in registers: a stride-UNIT gather
+    per dot would be UNIT-times narrower scalar loads that the pipeliner leaves synchronous."""
+    G: tl.constexpr = UNIT // DOTS
+    t = tl.arange(0, W)
+    u = tl.arange(0, UNIT)
+    kk = k0 + UNIT * t[:, None, None] + u[None, None, :]
+    x3 = tl.load(x_ptr + rm[None, :, None] * stride_xm + kk, mask=(kk < k_end) & m_ok[:, :, None], other=0.0)
+    if G == 1:
+        xs = _split_last(x3, DOTS)
+    else:   # [W, M, DOTS, G] -> [W, G, M, DOTS]: each dot's slice is [W, G, M], rows G*t + c
+        x4 = tl.permute(tl.reshape(x3, (W, x3.shape[1], DOTS, G)), (0, 3, 1, 2))
+        xs = _split_last(x4, DOTS)
+    return xs
+
+
+@triton.jit
 def _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT: tl.constexpr, DOTS: tl.constexpr):
     """acc += the weights ``outs`` times x^T, in DOTS dots.
 
     outs[u][:, t] is the weight at k = k0 + UNIT*t + u (UNIT outputs per decoded unit: a word, or a
     byte's two nibbles). A dot does not care in which order it sums over K as long as x comes in the
-    same order, so each dot takes G = UNIT / DOTS consecutive outputs, interleaved (_interleave: with
-    DOTS == 1 back into k order, the plain tile) and x at the matching k: a stride-UNIT gather when
-    G == 1. Fewer joins and reshapes of the decoded weights, more (narrower) loads of x.
+    same order, so each dot takes G = UNIT / DOTS consecutive outputs, interleaved (_interleave; with
+    DOTS == 1 back into k order, the plain tile) and x at the matching k (_xt_groups): fewer joins and
+    reshapes of the decoded weights, x split instead (a [BLOCK_K, BLOCK_M] tile, smaller than the weights').
     """
     G: tl.constexpr = UNIT // DOTS
-    LEN: tl.constexpr = G * outs[0].shape[1]
-    j = tl.arange(0, LEN)
-    for v in tl.static_range(DOTS):
-        if DOTS == 1:
-            kk = k0 + j
-        else:
-            kk = k0 + UNIT * (j // G) + G * v + j % G
-        acc = tl.dot(_interleave(outs, v * G, G), _xt(x_ptr, rm, m_ok, stride_xm, kk, k_end), acc)
+    W: tl.constexpr = outs[0].shape[1]
+    if DOTS == 1:
+        acc = tl.dot(_interleave(outs, 0, G), _xt(x_ptr, rm, m_ok, stride_xm, k0 + tl.arange(0, G * W), k_end), acc)
+    else:
+        xs = _xt_groups(x_ptr, rm, m_ok, stride_xm, k0, k_end, W, UNIT, DOTS)
+        for v in tl.static_range(DOTS):
+            acc = tl.dot(_interleave(outs, v * G, G), tl.reshape(xs[v], (G * W, xs[v].shape[-1])), acc)
     return acc
 
 
@@ -385,7 +492,8 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr = False,
-                      E5M2: tl.constexpr = False, SPLIT_WORDS: tl.constexpr = 1):
+                      E5M2: tl.constexpr = False, SPLIT_WORDS: tl.constexpr = 1,
+                      QUAD_SIGNS: tl.constexpr = False):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
     Program (pid_m, pid_n, split) covers BLOCK_M rows of x, BLOCK_N rows of w and K range
@@ -401,7 +509,9 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     is too narrow for the scale).
     SPLIT_WORDS: how many dots a step's decoded weights feed (_dot_outputs), at most the outputs of one
     decoded unit (ASM: a word's 8 fp4 / 4 fp8 codes; else a byte's 2 fp4 nibbles, fp8 1): 1 is one
-    [BLOCK_N, BLOCK_K] dot in k order; more skip interleaving the decoded values back into k order.
+    [BLOCK_N, BLOCK_K] dot in k order; more skip interleaving the decoded values back into k order
+    (fp4 ASM at 8: the two-word decode, _fp4_word_pairs_split). QUAD_SIGNS: the fp4 word decode that
+    signs four codes at a time (_fp4_to_bf16x8_asm).
     """
     BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
     PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
@@ -433,11 +543,17 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
         if ASM_DECODE:
             words = tl.load(w_words + k0 // PER_WORD, mask=(k0 + PER_WORD * jw < k_end)[None, :], other=0)
             s16 = _e8m0_bf16_bits(codes)
-            s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 32 // PER_WORD)),
-                            (BLOCK_N, BLOCK_K // PER_WORD))               # one bf16x2 scale a word
-            if W_FP4:
-                outs = _fp4_words_split(words, s2)
+            if W_FP4 and DOTS == 8:   # one bf16 scale a word
+                s1 = tl.reshape(tl.broadcast_to(s16.to(tl.int16).to(tl.bfloat16, bitcast=True)[:, :, None],
+                                                (BLOCK_N, GROUPS, 4)), (BLOCK_N, BLOCK_K // 8))
+                outs = _fp4_word_pairs_split(words, s1)
+            elif W_FP4:
+                s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 4)),
+                                (BLOCK_N, BLOCK_K // 8))             # one bf16x2 scale a word
+                outs = _fp4_words_split(words, s2, QUAD_SIGNS)
             else:
+                s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 8)),
+                                (BLOCK_N, BLOCK_K // 4))
                 outs = _fp8_words_split(words, s2, E5M2)
         else:
             if W_FP4:
@@ -861,6 +977,7 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
            target.stride(0) if split_k > 1 else 0,
            W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
            SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", SPLIT_WORDS=c.get("SPLIT_WORDS", 1),
+           QUAD_SIGNS=c.get("QUAD_SIGNS", False),
            num_warps=c["num_warps"],
            num_stages=c["num_stages"])
     if split_k > 1:
@@ -907,7 +1024,7 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
     c.pop("SPLIT_K"), c.pop("kernel")
-    c.setdefault("SPLIT_WORDS", 1)   # a compile spec names every constexpr, defaults included
+    c = {"SPLIT_WORDS": 1, "QUAD_SIGNS": False, **c}   # a compile spec names every constexpr, defaults included
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",
