@@ -132,6 +132,18 @@ CONFIGS = {
             # (no GPU after they were written); BLOCK_N 16 and BLOCK_K 512 spilled 158-2501 B.
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=5),
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3),
+            # decode variants (_mx_decode_kernel's SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K), added untimed: the
+            # fewest SASS instructions in the main loop per decoded fp4 element cross-compiled by Triton 3.6
+            # at 16x14336x4096 (5.72 for the first entry above): 32/256 split 4 dots 4.62, 64/256 split 2
+            # 4.53, 32/256 unsplit 5.09, 32/256 split 8 (the two-word decode) 4.86 (docs/kernels.md).
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, SPLIT_WORDS=4,
+                 QUAD_SIGNS=True, ALIGNED_K=True),
+            dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3, SPLIT_WORDS=2,
+                 QUAD_SIGNS=True, ALIGNED_K=True),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, QUAD_SIGNS=True,
+                 ALIGNED_K=True),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, SPLIT_WORDS=8,
+                 ALIGNED_K=True),
         ],
     },
     "cpu": {
@@ -493,7 +505,7 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr = False,
                       E5M2: tl.constexpr = False, SPLIT_WORDS: tl.constexpr = 1,
-                      QUAD_SIGNS: tl.constexpr = False):
+                      QUAD_SIGNS: tl.constexpr = False, ALIGNED_K: tl.constexpr = False):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
     Program (pid_m, pid_n, split) covers BLOCK_M rows of x, BLOCK_N rows of w and K range
@@ -511,7 +523,10 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     decoded unit (ASM: a word's 8 fp4 / 4 fp8 codes; else a byte's 2 fp4 nibbles, fp8 1): 1 is one
     [BLOCK_N, BLOCK_K] dot in k order; more skip interleaving the decoded values back into k order
     (fp4 ASM at 8: the two-word decode, _fp4_word_pairs_split). QUAD_SIGNS: the fp4 word decode that
-    signs four codes at a time (_fp4_to_bf16x8_asm).
+    signs four codes at a time (_fp4_to_bf16x8_asm). ALIGNED_K (ASM): tells the compiler what always
+    holds, k0 % BLOCK_K == 0 (k_per_split is a multiple of BLOCK_K) and k_end % 32 == 0 (K % 32 == 0),
+    with the word mask written per scale block: the word loads become 16-byte copies (else 4-byte ones,
+    each with its own predicate).
     """
     BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
     PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
@@ -541,7 +556,12 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     for k0 in range(k_start, k_end, BLOCK_K):
         codes = tl.load(s_ptrs + k0 // 32, mask=(k0 + 32 * g < k_end)[None, :], other=0).to(tl.int32)
         if ASM_DECODE:
-            words = tl.load(w_words + k0 // PER_WORD, mask=(k0 + PER_WORD * jw < k_end)[None, :], other=0)
+            if ALIGNED_K:   # the mask in whole scale blocks and k0 % BLOCK_K == 0: 16-byte loads
+                k0 = tl.multiple_of(k0, BLOCK_K)
+                word_ok = k0 + 32 * (jw // (32 // PER_WORD)) < k_end
+            else:
+                word_ok = k0 + PER_WORD * jw < k_end
+            words = tl.load(w_words + k0 // PER_WORD, mask=word_ok[None, :], other=0)
             s16 = _e8m0_bf16_bits(codes)
             if W_FP4 and DOTS == 8:   # one bf16 scale a word
                 s1 = tl.reshape(tl.broadcast_to(s16.to(tl.int16).to(tl.bfloat16, bitcast=True)[:, :, None],
@@ -977,7 +997,7 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
            target.stride(0) if split_k > 1 else 0,
            W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
            SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", SPLIT_WORDS=c.get("SPLIT_WORDS", 1),
-           QUAD_SIGNS=c.get("QUAD_SIGNS", False),
+           QUAD_SIGNS=c.get("QUAD_SIGNS", False), ALIGNED_K=c.get("ALIGNED_K", False),
            num_warps=c["num_warps"],
            num_stages=c["num_stages"])
     if split_k > 1:
@@ -1024,7 +1044,7 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
     c.pop("SPLIT_K"), c.pop("kernel")
-    c = {"SPLIT_WORDS": 1, "QUAD_SIGNS": False, **c}   # a compile spec names every constexpr, defaults included
+    c = {"SPLIT_WORDS": 1, "QUAD_SIGNS": False, "ALIGNED_K": False, **c}   # a compile spec names every constexpr, defaults included
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",
