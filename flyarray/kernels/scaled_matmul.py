@@ -490,6 +490,7 @@ def _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT: tl.cons
     """
     G: tl.constexpr = UNIT // DOTS
     W: tl.constexpr = outs[0].shape[1]
+    tl.static_assert(G * W >= 16, "a dot's K is at least 16 (the MMA's): BLOCK_K / SPLIT_WORDS >= 16")
     if DOTS == 1:
         acc = tl.dot(_interleave(outs, 0, G), _xt(x_ptr, rm, m_ok, stride_xm, k0 + tl.arange(0, G * W), k_end), acc)
     else:
