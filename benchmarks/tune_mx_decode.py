@@ -53,7 +53,8 @@ def bf16_rows(x, w, ref, runs, rows):
 
 
 def candidates(w_fmt):
-    """The configs the table holds, the PTX decodes on a grid of tiles, and Triton-only decodes for reference."""
+    """The configs the table holds, the PTX decodes on a grid of tiles, Triton-only decodes for reference, and
+    the decode variants (SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K) on the tiles that compiled clean."""
     t = dict(kernel="decode", num_stages=3)
     found = list(sm.CONFIGS["sm_90"]["decode_candidates"])
     found += [dict(t, ASM_DECODE=False, BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8),
@@ -69,6 +70,17 @@ def candidates(w_fmt):
         if warps * 16 > bn or bn * bk > 64 * 128 and warps == 2:
             continue
         c = dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages)
+        if c not in found:
+            found.append(c)
+    # the decode-side variants (sm_90 PTX decodes; docs in _mx_decode_kernel): SPLIT_WORDS (1, 2, 4, 8 dots a
+    # step, x split to match), QUAD_SIGNS (fp4: 4 codes signed a prmt + lop3), ALIGNED_K (16-byte word loads)
+    variants = [dict(ALIGNED_K=True), dict(QUAD_SIGNS=True, ALIGNED_K=True),
+                dict(SPLIT_WORDS=2, QUAD_SIGNS=True, ALIGNED_K=True), dict(SPLIT_WORDS=4, QUAD_SIGNS=True, ALIGNED_K=True),
+                dict(SPLIT_WORDS=8, ALIGNED_K=True), dict(SPLIT_WORDS=4, QUAD_SIGNS=True), dict(SPLIT_WORDS=8)]
+    tiles = [(32, 256, 2, 1, 3), (32, 256, 2, 1, 5), (32, 256, 2, 2, 3), (32, 128, 2, 1, 3), (64, 256, 4, 1, 3),
+             (64, 128, 4, 1, 3), (64, 128, 4, 2, 3), (128, 128, 8, 1, 3)]
+    for (bn, bk, warps, split, stages), v in itertools.product(tiles, variants):
+        c = dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages, **v)
         if c not in found:
             found.append(c)
     return found

@@ -132,6 +132,18 @@ CONFIGS = {
             # (no GPU after they were written); BLOCK_N 16 and BLOCK_K 512 spilled 158-2501 B.
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=5),
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3),
+            # decode variants (_mx_decode_kernel's SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K), added untimed: the
+            # fewest SASS instructions in the main loop per decoded fp4 element cross-compiled by Triton 3.6
+            # at 16x14336x4096 (5.72 for the first entry above): 32/256 split 4 dots 4.62, 64/256 split 2
+            # 4.53, 32/256 unsplit 5.09, 32/256 split 8 (the two-word decode) 4.86 (docs/kernels.md).
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, SPLIT_WORDS=4,
+                 QUAD_SIGNS=True, ALIGNED_K=True),
+            dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3, SPLIT_WORDS=2,
+                 QUAD_SIGNS=True, ALIGNED_K=True),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, QUAD_SIGNS=True,
+                 ALIGNED_K=True),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, SPLIT_WORDS=8,
+                 ALIGNED_K=True),
         ],
     },
     "cpu": {
@@ -261,7 +273,9 @@ def _fp4_bits(code, FP16: tl.constexpr):
 # Two more prmts interleave them into bf16 pairs; a prmt in sign-replicating mode (selector msb)
 # spreads each code's sign bit (bit 3 of the nibble: byte msb of the word shifted left by 4 for
 # the even codes, of the word itself for the odd ones) over a byte, masked onto bits 15 and 31.
-def _fp4_to_bf16x8_asm() -> str:
+# QUAD_SIGNS puts the signs on the high-byte lookups instead, before the interleave: one such prmt
+# and one lop3 per 4 codes rather than per 2 (14 integer-pipe instructions a word instead of 18).
+def _fp4_to_bf16x8_asm(quad_signs: bool = False) -> str:
     """PTX: a 32-bit word of 8 E2M1 codes ($8) times a bf16x2 scale ($9) -> 8 bf16 ($0..$7)."""
     tables = """
 {
@@ -278,18 +292,68 @@ prmt.b32 l0, ll, lh, m;
 prmt.b32 h1, hl, hh, mh;
 prmt.b32 l1, ll, lh, mh;
 """
+    if quad_signs:   # h0 holds codes 0..3: signs at bits 3, 7 of bytes 0, 1 (bit 3: the msb of a4's byte)
+        tables += """prmt.b32 s, a4, $8, 0xD9C8;
+lop3.b32 h0, h0, s, 0x80808080, 0xF8;
+prmt.b32 s, a4, $8, 0xFBEA;
+lop3.b32 h1, h1, s, 0x80808080, 0xF8;
+"""
     # per output pair: its low/high byte tables, the interleave selector, the sign-spreading selector
     pairs = [("l0", "h0", "0x5140", "0xC080"), ("l0", "h0", "0x7362", "0xD090"),
              ("l1", "h1", "0x5140", "0xE0A0"), ("l1", "h1", "0x7362", "0xF0B0")]
-    return tables + "".join(f"""prmt.b32 o, {low}, {high}, {interleave};
-prmt.b32 s, a4, $8, {sign};
+    signs = "" if quad_signs else """prmt.b32 s, a4, $8, {sign};
 lop3.b32 o, o, s, 0x80008000, 0xF8;
-mul.rn.bf16x2 o, o, $9;
+"""
+    return tables + "".join(f"""prmt.b32 o, {low}, {high}, {interleave};
+{signs.format(sign=sign)}mul.rn.bf16x2 o, o, $9;
 mov.b32 {{${2 * i}, ${2 * i + 1}}}, o;
 """ for i, (low, high, interleave, sign) in enumerate(pairs)) + "}\n"
 
 
 _FP4_TO_BF16X8_ASM = tl.constexpr(_fp4_to_bf16x8_asm())
+_FP4_TO_BF16X8_QUAD_SIGNS_ASM = tl.constexpr(_fp4_to_bf16x8_asm(quad_signs=True))
+
+
+# The same table decode for two words a, b at once, for dots that take output u of every word
+# (_dot_outputs, one dot per u): an MMA register holds two k-neighbours of the operand, here code u of
+# words t and t+1, so each output register pairs code u of a (low half) with code u of b (high half),
+# ready for the MMA without repacking. prmt first gathers bytes [a.b0, b.b0, a.b1, b.b1] (and bytes
+# 2, 3 likewise): a 16-bit selector then looks up codes a_2j, a_2j+1, b_2j, b_2j+1. The signs go onto
+# the high-byte lookup before the interleave, one sign-replicating prmt and one lop3 per 4 codes.
+def _fp4_pairs_to_bf16x8_asm() -> str:
+    """PTX: words $8, $9 of 8 E2M1 codes times their bf16 scales ($10: two bf16) -> 8 bf16x2 ($0..$7),
+    output u = (code u of $8, code u of $9)."""
+    head = """
+{
+.reg .b32 hl, hh, ll, lh, p0, p1, q0, q1, m0, m1, t, h, l, s, o;
+mov.b32 hl, 0x3F3F3F00;
+mov.b32 hh, 0x40404040;
+mov.b32 ll, 0xC0800000;
+mov.b32 lh, 0xC0804000;
+prmt.b32 p0, $8, $9, 0x5140;
+prmt.b32 p1, $8, $9, 0x7362;
+shl.b32 q0, p0, 4;
+shl.b32 q1, p1, 4;
+and.b32 m0, p0, 0x77777777;
+and.b32 m1, p1, 0x77777777;
+"""
+    body = ""
+    for j in range(4):
+        half = "01"[j // 2]
+        sel = f"m{half}" if j % 2 == 0 else "t"
+        body += (f"shr.u32 t, m{half}, 16;\n" if j % 2 else "") + f"""prmt.b32 h, hl, hh, {sel};
+prmt.b32 l, ll, lh, {sel};
+prmt.b32 s, q{half}, p{half}, {"0xD9C8" if j % 2 == 0 else "0xFBEA"};
+lop3.b32 h, h, s, 0x80808080, 0xF8;
+prmt.b32 o, l, h, 0x6240;
+mul.rn.bf16x2 ${2 * j}, o, $10;
+prmt.b32 o, l, h, 0x7351;
+mul.rn.bf16x2 ${2 * j + 1}, o, $10;
+"""
+    return head + body + "}\n"
+
+
+_FP4_PAIRS_TO_BF16X8_ASM = tl.constexpr(_fp4_pairs_to_bf16x8_asm())
 
 
 def _fp8_to_bf16x4_asm(fmt: str) -> str:
@@ -314,27 +378,126 @@ _E5M2_TO_BF16X4_ASM = tl.constexpr(_fp8_to_bf16x4_asm("e5m2"))
 
 
 @triton.jit
-def _fp8_words_to_bf16(words, scale2, E5M2: tl.constexpr):
-    """[R, W] int32 words of 4 fp8 codes (lowest byte first) times their bf16x2 scales -> [R, 4W] bf16."""
+def _fp8_words_split(words, scale2, E5M2: tl.constexpr):
+    """[R, W] int32 words of 4 fp8 codes (lowest byte first) times their bf16x2 scales -> 4 [R, W] bf16,
+    output u holding code u of each word."""
     if E5M2:
-        e0, e1, e2, e3 = tl.inline_asm_elementwise(_E5M2_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
-                                                   dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+        outs = tl.inline_asm_elementwise(_E5M2_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
+                                         dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
     else:
-        e0, e1, e2, e3 = tl.inline_asm_elementwise(_E4M3_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
-                                                   dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
-    w = tl.join(tl.join(e0, e2), tl.join(e1, e3))   # element 2t + u at [t, u]
-    return tl.reshape(w, (words.shape[0], words.shape[1] * 4))
+        outs = tl.inline_asm_elementwise(_E4M3_TO_BF16X4_ASM, "=h,=h,=h,=h,r,r", [words, scale2],
+                                         dtype=(tl.bfloat16,) * 4, is_pure=True, pack=1)
+    return outs
 
 
 @triton.jit
-def _fp4_words_to_bf16(words, scale2):
-    """[R, W] int32 words of 8 E2M1 codes (low nibble first) times their bf16x2 scales -> [R, 8W] bf16."""
-    e0, e1, e2, e3, e4, e5, e6, e7 = tl.inline_asm_elementwise(
-        _FP4_TO_BF16X8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale2],
-        dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-    # join(a, b) adds a last axis [a, b]: nested so that element 4t + 2u + v lands at [t, u, v]
-    w = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))
-    return tl.reshape(w, (words.shape[0], words.shape[1] * 8))
+def _fp4_words_split(words, scale2, QUAD_SIGNS: tl.constexpr = False):
+    """[R, W] int32 words of 8 E2M1 codes (low nibble first) times their bf16x2 scales -> 8 [R, W] bf16,
+    output u holding code u of each word."""
+    if QUAD_SIGNS:
+        outs = tl.inline_asm_elementwise(_FP4_TO_BF16X8_QUAD_SIGNS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                         [words, scale2], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        outs = tl.inline_asm_elementwise(_FP4_TO_BF16X8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale2],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    return outs
+
+
+@triton.jit
+def _fp4_word_pairs_split(words, scale):
+    """[R, W] int32 words of 8 E2M1 codes times their bf16 scales -> 8 [R, W] bf16, output u holding
+    code u of each word; decoded two words at a time (neighbours in a thread's registers)."""
+    return tl.inline_asm_elementwise(_FP4_PAIRS_TO_BF16X8_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", [words, scale],
+                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+
+
+@triton.jit
+def _interleave(outs, FIRST: tl.constexpr, G: tl.constexpr):
+    """outs[FIRST..FIRST+G) ([R, W] each, G in 1, 2, 4, 8) -> [R, G*W], element G*t + c = outs[FIRST + c][:, t].
+
+    join(a, b) adds a last axis [a, b], so joining the even outputs' tensor with the odd ones' puts
+    output c at the flattened position c (recursively: 2 * (position among the halves) + parity)."""
+    if G == 1:
+        w = outs[FIRST]
+    elif G == 2:
+        w = tl.join(outs[FIRST], outs[FIRST + 1])
+    elif G == 4:
+        w = tl.join(tl.join(outs[FIRST], outs[FIRST + 2]), tl.join(outs[FIRST + 1], outs[FIRST + 3]))
+    else:
+        w = tl.join(tl.join(tl.join(outs[FIRST], outs[FIRST + 4]), tl.join(outs[FIRST + 2], outs[FIRST + 6])),
+                    tl.join(tl.join(outs[FIRST + 1], outs[FIRST + 5]), tl.join(outs[FIRST + 3], outs[FIRST + 7])))
+    return tl.reshape(w, (outs[FIRST].shape[0], outs[FIRST].shape[1] * G))
+
+
+@triton.jit
+def _xt(x_ptr, rm, m_ok, stride_xm, kk, k_end):
+    """x[rm, kk]^T ([len(kk), BLOCK_M]), zero past k_end and past M."""
+    return tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=(kk < k_end)[:, None] & m_ok, other=0.0)
+
+
+@triton.jit
+def _split_last(t, N: tl.constexpr):
+    """[..., N] (N in 2, 4, 8) -> the N slices [...] along the last axis, in order."""
+    if N == 2:
+        parts = tl.split(t)
+    elif N == 4:   # index 2p + q: split takes q first
+        even, odd = tl.split(tl.reshape(t, t.shape[:-1] + (2, 2)))
+        e0, e1 = tl.split(even)
+        o0, o1 = tl.split(odd)
+        parts = (e0, o0, e1, o1)
+    else:          # index 4p + 2q + r
+        even, odd = tl.split(tl.reshape(t, t.shape[:-1] + (2, 2, 2)))
+        e0, e1 = tl.split(even)
+        o0, o1 = tl.split(odd)
+        x0, x4 = tl.split(e0)
+        x2, x6 = tl.split(e1)
+        x1, x5 = tl.split(o0)
+        x3, x7 = tl.split(o1)
+        parts = (x0, x1, x2, x3, x4, x5, x6, x7)
+    return parts
+
+
+@triton.jit
+def _xt_groups(x_ptr, rm, m_ok, stride_xm, k0, k_end, W: tl.constexpr, UNIT: tl.constexpr, DOTS: tl.constexpr):
+    """x^T for each of _dot_outputs' DOTS dots: [G*W, BLOCK_M] each (G = UNIT / DOTS), row G*t + c of
+    dot v at k = k0 + UNIT*t + G*v + c.
+
+    Loaded as one [W, BLOCK_M, UNIT] tile, contiguous along its last axis like x itself (so the copy
+    is vectorized and pipelined, as the plain tile's), then split in registers: a stride-UNIT gather
+    per dot would be UNIT-times narrower scalar loads that the pipeliner leaves synchronous."""
+    G: tl.constexpr = UNIT // DOTS
+    t = tl.arange(0, W)
+    u = tl.arange(0, UNIT)
+    kk = k0 + UNIT * t[:, None, None] + u[None, None, :]
+    x3 = tl.load(x_ptr + rm[None, :, None] * stride_xm + kk, mask=(kk < k_end) & m_ok[:, :, None], other=0.0)
+    if G == 1:
+        xs = _split_last(x3, DOTS)
+    else:   # [W, M, DOTS, G] -> [W, G, M, DOTS]: each dot's slice is [W, G, M], rows G*t + c
+        x4 = tl.permute(tl.reshape(x3, (W, x3.shape[1], DOTS, G)), (0, 3, 1, 2))
+        xs = _split_last(x4, DOTS)
+    return xs
+
+
+@triton.jit
+def _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT: tl.constexpr, DOTS: tl.constexpr):
+    """acc += the weights ``outs`` times x^T, in DOTS dots.
+
+    outs[u][:, t] is the weight at k = k0 + UNIT*t + u (UNIT outputs per decoded unit: a word, or a
+    byte's two nibbles). A dot does not care in which order it sums over K as long as x comes in the
+    same order, so each dot takes G = UNIT / DOTS consecutive outputs, interleaved (_interleave; with
+    DOTS == 1 back into k order, the plain tile) and x at the matching k (_xt_groups): fewer joins and
+    reshapes of the decoded weights, x split instead (a [BLOCK_K, BLOCK_M] tile, smaller than the weights').
+    """
+    G: tl.constexpr = UNIT // DOTS
+    W: tl.constexpr = outs[0].shape[1]
+    tl.static_assert(G * W >= 16, "a dot's K is at least 16 (the MMA's): BLOCK_K / SPLIT_WORDS >= 16")
+    if DOTS == 1:
+        acc = tl.dot(_interleave(outs, 0, G), _xt(x_ptr, rm, m_ok, stride_xm, k0 + tl.arange(0, G * W), k_end), acc)
+    else:
+        xs = _xt_groups(x_ptr, rm, m_ok, stride_xm, k0, k_end, W, UNIT, DOTS)
+        for v in tl.static_range(DOTS):
+            acc = tl.dot(_interleave(outs, v * G, G), tl.reshape(xs[v], (G * W, xs[v].shape[-1])), acc)
+    return acc
 
 
 @triton.jit
@@ -342,7 +505,8 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr = False,
-                      E5M2: tl.constexpr = False):
+                      E5M2: tl.constexpr = False, SPLIT_WORDS: tl.constexpr = 1,
+                      QUAD_SIGNS: tl.constexpr = False, ALIGNED_K: tl.constexpr = False):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
     Program (pid_m, pid_n, split) covers BLOCK_M rows of x, BLOCK_N rows of w and K range
@@ -356,6 +520,14 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     Triton's fp8 conversion. The E8M0 scale is applied in the activations' dtype when SCALE_NATIVE
     (bf16 has fp32's exponent range, so the product is exact), else through fp32 (fp16, whose range
     is too narrow for the scale).
+    SPLIT_WORDS: how many dots a step's decoded weights feed (_dot_outputs), at most the outputs of one
+    decoded unit (ASM: a word's 8 fp4 / 4 fp8 codes; else a byte's 2 fp4 nibbles, fp8 1): 1 is one
+    [BLOCK_N, BLOCK_K] dot in k order; more skip interleaving the decoded values back into k order
+    (fp4 ASM at 8: the two-word decode, _fp4_word_pairs_split). QUAD_SIGNS: the fp4 word decode that
+    signs four codes at a time (_fp4_to_bf16x8_asm). ALIGNED_K (ASM): tells the compiler what always
+    holds, k0 % BLOCK_K == 0 (k_per_split is a multiple of BLOCK_K) and k_end % 32 == 0 (K % 32 == 0),
+    with the word mask written per scale block: the word loads become 16-byte copies (else 4-byte ones,
+    each with its own predicate).
     """
     BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
     PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
@@ -376,6 +548,8 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     PER_WORD: tl.constexpr = 8 if W_FP4 else 4                    # k elements per 32-bit word
     jw = tl.arange(0, BLOCK_K // PER_WORD)
     w_ptrs = w_ptr + rn_safe[:, None] * stride_wn + jb[None, :]
+    UNIT: tl.constexpr = PER_WORD if ASM_DECODE else (2 if W_FP4 else 1)   # decoded outputs a unit
+    DOTS: tl.constexpr = SPLIT_WORDS if SPLIT_WORDS < UNIT else UNIT
     # ASM_DECODE reads the weights as 32-bit words (K % 32 == 0, so rows stay word-aligned)
     w_words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * (stride_wn // 4) + jw[None, :]
     s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + g[None, :]
@@ -383,14 +557,25 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     for k0 in range(k_start, k_end, BLOCK_K):
         codes = tl.load(s_ptrs + k0 // 32, mask=(k0 + 32 * g < k_end)[None, :], other=0).to(tl.int32)
         if ASM_DECODE:
-            words = tl.load(w_words + k0 // PER_WORD, mask=(k0 + PER_WORD * jw < k_end)[None, :], other=0)
-            s16 = _e8m0_bf16_bits(codes)
-            s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 32 // PER_WORD)),
-                            (BLOCK_N, BLOCK_K // PER_WORD))               # one bf16x2 scale a word
-            if W_FP4:
-                w = _fp4_words_to_bf16(words, s2)
+            if ALIGNED_K:   # the mask in whole scale blocks and k0 % BLOCK_K == 0: 16-byte loads
+                k0 = tl.multiple_of(k0, BLOCK_K)
+                word_ok = k0 + 32 * (jw // (32 // PER_WORD)) < k_end
             else:
-                w = _fp8_words_to_bf16(words, s2, E5M2)
+                word_ok = k0 + PER_WORD * jw < k_end
+            words = tl.load(w_words + k0 // PER_WORD, mask=word_ok[None, :], other=0)
+            s16 = _e8m0_bf16_bits(codes)
+            if W_FP4 and DOTS == 8:   # one bf16 scale a word
+                s1 = tl.reshape(tl.broadcast_to(s16.to(tl.int16).to(tl.bfloat16, bitcast=True)[:, :, None],
+                                                (BLOCK_N, GROUPS, 4)), (BLOCK_N, BLOCK_K // 8))
+                outs = _fp4_word_pairs_split(words, s1)
+            elif W_FP4:
+                s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 4)),
+                                (BLOCK_N, BLOCK_K // 8))             # one bf16x2 scale a word
+                outs = _fp4_words_split(words, s2, QUAD_SIGNS)
+            else:
+                s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 8)),
+                                (BLOCK_N, BLOCK_K // 4))
+                outs = _fp8_words_split(words, s2, E5M2)
         else:
             if W_FP4:
                 raw = tl.load(w_ptrs + k0 // 2, mask=(k0 + 2 * jb < k_end)[None, :], other=ZERO)
@@ -411,14 +596,14 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                 else:
                     lo = (lo.to(tl.float32) * scale).to(compute_ty)
                     hi = (hi.to(tl.float32) * scale).to(compute_ty)
-                w = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))   # byte j holds k = 2j (lo), 2j + 1 (hi)
-            elif SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
-                w = raw.to(compute_ty) * scale
+                outs = (lo, hi)                                # byte j holds k = 2j (lo), 2j + 1 (hi)
             else:
-                w = (raw.to(tl.float32) * scale).to(compute_ty)
-        kk = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.load(x_ptr + rm[None, :] * stride_xm + kk[:, None], mask=(kk < k_end)[:, None] & m_ok, other=0.0)
-        acc = tl.dot(w, xt, acc)
+                if SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
+                    w = raw.to(compute_ty) * scale
+                else:
+                    w = (raw.to(tl.float32) * scale).to(compute_ty)
+                outs = (w,)
+        acc = _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT, DOTS)
     out_ptrs = out_ptr + split * stride_split + rm[None, :] * stride_om + rn[:, None] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (rn < N)[:, None])
 
@@ -812,7 +997,9 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
            x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
            target.stride(0) if split_k > 1 else 0,
            W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
-           SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", num_warps=c["num_warps"],
+           SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", SPLIT_WORDS=c.get("SPLIT_WORDS", 1),
+           QUAD_SIGNS=c.get("QUAD_SIGNS", False), ALIGNED_K=c.get("ALIGNED_K", False),
+           num_warps=c["num_warps"],
            num_stages=c["num_stages"])
     if split_k > 1:
         numel = m * n
@@ -858,6 +1045,7 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
     c.pop("SPLIT_K"), c.pop("kernel")
+    c = {"SPLIT_WORDS": 1, "QUAD_SIGNS": False, "ALIGNED_K": False, **c}   # a compile spec names every constexpr, defaults included
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",

@@ -1,9 +1,12 @@
 """scaled_matmul against dequantize-then-matmul in float64 (the numpy spec decode)."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from flyarray.kernels import mx, scaled_matmul as sm
+from flyarray.kernels.scaled_matmul import _dot_outputs
 
 NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 MX_PAIRS = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3")]
@@ -250,6 +253,63 @@ def test_gpu_decode_candidates_match_dequantized_matmul(w_fmt, m, n, k):
         assert _rel_err(out, ref) < 1e-5, c
 
 
+
+@pytest.mark.parametrize("split_words", [2, 8])
+@pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
+def test_decode_split_words_matches_dequantized_matmul(split_words, w_fmt):
+    """SPLIT_WORDS through the interpreter (the plain Triton decode: fp4 splits into the even-k and odd-k
+    dots, 8 is capped at that; fp8 has nothing to split): K=1056 is no multiple of BLOCK_K, M=21 no
+    multiple of 16, a NaN scale (255) poisons its output column, zero codes and the 2^-127 scale give zeros."""
+    a, b, _, sb = _operands(21, 40, 1056, "fp16", w_fmt, seed=5)
+    sb = mx.scales_as_uint8(sb).clone()
+    sb[3, 7] = 255                  # NaN: output column 3
+    sb[5, :] = 0                    # 2^-127, flushed: column 5 is zero
+    b = b.clone()
+    b.view(torch.uint8)[7] = 0      # zero codes in row 7
+    ref = sm.reference_scaled_matmul(a, b, None, sb)
+    ref[:, 5] = 0.0
+    c = dict(kernel="decode", BLOCK_N=16, BLOCK_K=128, SPLIT_K=2, num_warps=1, num_stages=1, SPLIT_WORDS=split_words)
+    out = torch.empty(21, 40, dtype=torch.float32)
+    sm._decode_candidate(a, b, sb, "fp16", w_fmt, out, sm.CONFIGS["cpu"], c)
+    assert torch.isnan(out[:, 3]).all() and not torch.isnan(out[:, [0, 1, 2, 4, 5, 6, 7]]).any()
+    assert (out[:, 5] == 0).all() and (out[:, 7] == 0).all()
+    keep = [i for i in range(40) if i != 3]
+    assert _rel_err(out[:, keep], ref[:, keep]) < 1e-3
+
+
+@triton.jit
+def _dot_outputs_probe(w_ptr, x_ptr, out_ptr, M, K, UNIT: tl.constexpr, DOTS: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One decode step of _dot_outputs on weights given as UNIT outputs per unit: outs[u][:, t] = w[:, UNIT*t + u]."""
+    rn = tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, 16)
+    t = tl.arange(0, BLOCK_K // UNIT)
+    base = w_ptr + rn[:, None] * BLOCK_K + UNIT * t[None, :]
+    if UNIT == 4:
+        outs = (tl.load(base), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3))
+    else:
+        outs = (tl.load(base), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3),
+                tl.load(base + 4), tl.load(base + 5), tl.load(base + 6), tl.load(base + 7))
+    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    acc = _dot_outputs(outs, acc, x_ptr, rm, (rm < M)[None, :], K, 0, K, UNIT, DOTS)
+    tl.store(out_ptr + rm[None, :] * BLOCK_N + rn[:, None], acc, mask=(rm < M)[None, :])
+
+
+@pytest.mark.parametrize("unit,dots", [(8, 1), (8, 2), (8, 4), (8, 8), (4, 2), (4, 4)])
+def test_dot_outputs_pairs_each_output_with_its_k(unit, dots):
+    """_dot_outputs as the sm_90 word decodes use it (8 fp4 / 4 fp8 outputs a word, split into 1-8 dots),
+    run by the interpreter on plain weights: every grouping sums x[m, k] * w[n, k] over the right k.
+    K = 96 < BLOCK_K = 128: the masked tail; M = 11 < 16."""
+    g = torch.Generator().manual_seed(unit * 10 + dots)
+    n, m, k = 16, 11, 96
+    w = torch.zeros(n, 128, dtype=torch.float16)
+    w[:, :k] = torch.randn(n, k, generator=g).half()
+    x = torch.randn(m, k, generator=g).half()
+    out = torch.zeros(m, n, dtype=torch.float32)
+    mx.launch(_dot_outputs_probe, x.device, (1,), w, x, out, m, k, UNIT=unit, DOTS=dots, BLOCK_N=n, BLOCK_K=128)
+    ref = x.double() @ w[:, :k].double().T
+    assert _rel_err(out, ref) < 1e-3
+
 def test_tuner_warms_every_candidate_before_timing_and_skips_failures(monkeypatch):
     """_fastest runs each config once (compile, clock ramp) before timing any, in two rounds, best of each."""
     import triton.testing
@@ -282,3 +342,98 @@ def test_gfx942_sends_mx_pairs_to_upcast():
         assert sm._pick_method(256, *pair, cfg) == "upcast", pair
     assert sm._pick_method(256, "bf16", "e2m1", cfg) == "dot_scaled"
     assert sm._pick_method(256, "e2m1", "e2m1", sm.CONFIGS["gfx950"]) == "dot_scaled"
+
+
+def _run_ptx(asm: str, regs: dict) -> dict:
+    """A tiny interpreter for the integer/bf16x2 PTX of the E2M1 decodes (mov, and, shl, shr, prmt with its
+    sign-replicating mode, lop3, mul.rn.bf16x2): ``regs`` maps operands ('$8') to uint32; returns every
+    register afterwards, 16-bit outputs ('$0' of ``mov.b32 {$0, $1}, o``) as their bf16 bits."""
+    env = dict(regs)
+
+    def val(a):
+        return int(a, 0) if a[0].isdigit() else env[a]
+
+    def bf16_mul(x, y):
+        lanes = torch.tensor([x & 0xFFFF, x >> 16, y & 0xFFFF, y >> 16], dtype=torch.int32).to(torch.int16)
+        f = lanes.view(torch.bfloat16).double()
+        p = (f[:2] * f[2:]).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
+        return int(p[0]) | int(p[1]) << 16
+
+    def prmt(a, b, c):
+        data = (a | b << 32).to_bytes(8, "little")
+        out = 0
+        for i in range(4):
+            n = c >> 4 * i & 0xF
+            byte = data[n & 7]
+            out |= ((0xFF if byte & 0x80 else 0) if n & 8 else byte) << 8 * i
+        return out
+
+    def lop3(a, b, c, lut):
+        return sum(1 << i for i in range(32) if lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1)) & 1)
+
+    for line in asm.replace("{\n", "\n").splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line == "}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        if rest.startswith("{"):                          # mov.b32 {$0, $1}, o: unpack bf16x2
+            lo, hi = rest[1:rest.index("}")].split(",")
+            word = val(rest.rsplit(",", 1)[1].strip())
+            env[lo.strip()], env[hi.strip()] = word & 0xFFFF, word >> 16
+            continue
+        d, *args = [a.strip() for a in rest.split(",")]
+        a = [val(x) for x in args]
+        env[d] = {"mov.b32": lambda: a[0], "and.b32": lambda: a[0] & a[1],
+                  "shl.b32": lambda: a[0] << a[1] & 0xFFFFFFFF, "shr.u32": lambda: a[0] >> a[1],
+                  "prmt.b32": lambda: prmt(*a), "lop3.b32": lambda: lop3(*a),
+                  "mul.rn.bf16x2": lambda: bf16_mul(*a)}[op]()
+    return env
+
+
+def _want_fp4_bf16_bits(code: int, scale_code: int) -> int:
+    """bf16 bits of E2M1 ``code`` times 2^(scale_code - 127) as the decodes define it (code 0 of the
+    scale flushes to zero, 255 is NaN)."""
+    value = (-1.0 if code & 8 else 1.0) * [0, 0.5, 1, 1.5, 2, 3, 4, 6][code & 7]
+    scale = float("nan") if scale_code == 255 else 0.0 if scale_code == 0 else 2.0 ** (scale_code - 127)
+    return int(torch.tensor(value * scale, dtype=torch.float64).to(torch.bfloat16).view(torch.int16)) & 0xFFFF
+
+
+def _same_bf16(got: int, want: int) -> bool:
+    nan = lambda b: (b & 0x7F80) == 0x7F80 and b & 0x7F  # noqa: E731
+    return (nan(got) and nan(want)) or got == want or (got | want) & 0x7FFF == 0   # NaN ~ NaN, -0 ~ +0
+
+
+@pytest.mark.parametrize("quad_signs", [False, True])
+def test_fp4_word_ptx_decodes_every_code(quad_signs):
+    """The sm_90 word decode's PTX, run by _run_ptx (the shipped variant is checked bit for bit on the H200
+    too; this checks the PTX logic of both where no GPU is): every code in every position, under scales
+    2^-127 (flushed), 2^-126, 1, 2^127 (overflows to inf for codes >= 2) and NaN."""
+    asm = sm._fp4_to_bf16x8_asm(quad_signs)
+    g = torch.Generator().manual_seed(3)
+    words = [sum(((c + u) % 16) << 4 * u for u in range(8)) for c in range(16)]
+    words += [int(w) & 0xFFFFFFFF for w in torch.randint(0, 2 ** 32, (32,), generator=g, dtype=torch.int64)]
+    for scale_code in (0, 1, 127, 254, 255):
+        s16 = 0x7FC0 if scale_code == 255 else scale_code << 7
+        for w in words:
+            env = _run_ptx(asm, {"$8": w, "$9": s16 | s16 << 16})
+            for u in range(8):
+                want = _want_fp4_bf16_bits(w >> 4 * u & 0xF, scale_code)
+                assert _same_bf16(env[f"${u}"], want), (hex(w), u, scale_code, hex(env[f"${u}"]), hex(want))
+
+
+def test_fp4_word_pairs_ptx_decodes_every_code():
+    """The two-word decode (SPLIT_WORDS=8): output u pairs code u of word $8 (low half, its scale) with
+    code u of word $9 (high half, its own scale)."""
+    asm = sm._fp4_pairs_to_bf16x8_asm()
+    g = torch.Generator().manual_seed(4)
+    words = [sum(((c + 3 * u) % 16) << 4 * u for u in range(8)) for c in range(16)]
+    words += [int(w) & 0xFFFFFFFF for w in torch.randint(0, 2 ** 32, (16,), generator=g, dtype=torch.int64)]
+    scales = (0, 1, 127, 254, 255)
+    for i, (a, b) in enumerate(zip(words, words[1:] + words[:1])):
+        sa, sb = scales[i % 5], scales[(i * 3 + 1) % 5]
+        bits = [0x7FC0 if s == 255 else s << 7 for s in (sa, sb)]
+        env = _run_ptx(asm, {"$8": a, "$9": b, "$10": bits[0] | bits[1] << 16})
+        for u in range(8):
+            got = env[f"${u}"]
+            assert _same_bf16(got & 0xFFFF, _want_fp4_bf16_bits(a >> 4 * u & 0xF, sa)), (hex(a), u, sa)
+            assert _same_bf16(got >> 16, _want_fp4_bf16_bits(b >> 4 * u & 0xF, sb)), (hex(b), u, sb)
