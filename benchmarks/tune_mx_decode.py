@@ -56,7 +56,7 @@ def candidates(w_fmt):
     """The configs the table holds, the PTX decodes on a grid of tiles, Triton-only decodes for reference, and
     the decode variants (SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K) on the tiles that compiled clean."""
     t = dict(kernel="decode", num_stages=3)
-    found = list(sm.CONFIGS["sm_90"]["decode_candidates"])
+    found = list(sm.CONFIGS["sm_90"]["decode_candidates"]) + list(sm.CONFIGS["sm_90"]["decode_untried"])
     found += [dict(t, ASM_DECODE=False, BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8),
               dict(t, ASM_DECODE=False, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4)]
     for bn, bk, warps, split in itertools.product((32, 64, 128), (128, 256), (2, 4, 8), (1, 2)):

@@ -132,10 +132,15 @@ CONFIGS = {
             # (no GPU after they were written); BLOCK_N 16 and BLOCK_K 512 spilled 158-2501 B.
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=5),
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3),
-            # decode variants (_mx_decode_kernel's SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K), added untimed: the
-            # fewest SASS instructions in the main loop per decoded fp4 element cross-compiled by Triton 3.6
-            # at 16x14336x4096 (5.72 for the first entry above): 32/256 split 4 dots 4.62, 64/256 split 2
-            # 4.53, 32/256 unsplit 5.09, 32/256 split 8 (the two-word decode) 4.86 (docs/kernels.md).
+        ],
+        # Decode variants (_mx_decode_kernel's SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K) never run on a GPU
+        # yet: compiled (0 spills, the cross-compile test) and bit-checked by the GPU tests like the
+        # candidates, timed by benchmarks/tune_mx_decode.py, but not among the candidates the timed choice
+        # picks from until a GPU run shows them right (a wrong kernel must not win by being fast). The
+        # fewest SASS instructions in the main loop per decoded fp4 element cross-compiled by Triton 3.6
+        # at 16x14336x4096 (5.72 for the first candidate): 32/256 split 4 dots 4.62, 64/256 split 2
+        # 4.53, 32/256 unsplit 5.09, 32/256 split 8 (the two-word decode) 4.86 (docs/kernels.md).
+        "decode_untried": [
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, SPLIT_WORDS=4,
                  QUAD_SIGNS=True, ALIGNED_K=True),
             dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=3, SPLIT_WORDS=2,
@@ -1039,6 +1044,13 @@ def _dot_scaled_spec(arch: str, a_fmt: str, b_fmt: str, tile=None, tag: str = ""
                       signature, constexprs, **launch_opts)
 
 
+def decode_kernel_configs(arch: str) -> list:
+    """Every config of the decode kernel ``arch``'s table holds: the timed choice's candidates, then the
+    untried variants (compiled and GPU-tested like them, not yet chosen from)."""
+    cfg = pick_config(CONFIGS, arch)
+    return [c for c in cfg["decode_candidates"] + cfg.get("decode_untried", []) if c["kernel"] == "decode"]
+
+
 def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     """The decode kernel as it runs on ``arch`` with bf16 activations (the PTX word decodes on sm_90)."""
     from flyarray.targets import KernelSpec
@@ -1083,7 +1095,7 @@ def compile_specs(arch: str | None = None) -> list:
             specs += [_dot_scaled_spec(amd, "bf16", fb, dict(c, BLOCK_M=m), f"_decode{i}_m{m}")
                       for m in (16, DECODE_MAX_M) for fb in ("e2m1", "e4m3")]
     if "sm_90" in archs:
-        decodes = [c for c in CONFIGS["sm_90"]["decode_candidates"] if c["kernel"] == "decode"]
+        decodes = decode_kernel_configs("sm_90")
         specs += [_decode_spec("sm_90", fmt, c, f"{i}") for i, c in enumerate(decodes) for fmt in ("e2m1", "e4m3")]
         specs += [_fp8_blocks_spec("sm_90"), _dot_scaled_spec("sm_90", "bf16", "e4m3")]
     return specs

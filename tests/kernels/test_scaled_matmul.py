@@ -165,7 +165,7 @@ def test_hopper_decode_configs_compile_without_spills():
     """Every sm_90 decode candidate, MXFP4 and MXFP8 through the PTX word decodes, on the MMA with 0 spills."""
     from flyarray.targets import compile_for
     specs = [s for s in sm.compile_specs("sm_90") if s.name.startswith("scaled_matmul_decode")]
-    assert len(specs) == 2 * sum(c["kernel"] == "decode" for c in sm.CONFIGS["sm_90"]["decode_candidates"])
+    assert len(specs) == 2 * len(sm.decode_kernel_configs("sm_90"))
     for spec in specs:
         report = compile_for(spec, "sm_90")
         assert report.spills == 0 and report.matrix_instructions, report.summary()
@@ -233,7 +233,7 @@ def test_gpu_decode_candidates_decode_every_code_exactly(w_fmt):
     want[:, scales[:, 0].cpu() == 0] = 0.0
     cfg = sm.pick_config(sm.CONFIGS, "sm_90")
     w = data.view(torch.float8_e4m3fn) if w_fmt == "e4m3" else data
-    for c in (c for c in cfg["decode_candidates"] if c["kernel"] == "decode"):
+    for c in sm.decode_kernel_configs("sm_90"):   # the timed choice's candidates and the untried ones
         out = torch.empty(16, 48, dtype=torch.bfloat16, device="cuda")
         sm._decode_candidate(x, w, scales, "bf16", w_fmt, out, cfg, c)
         torch.testing.assert_close(out.double().cpu(), want.to(torch.bfloat16).double(), rtol=0, atol=0,
@@ -247,7 +247,7 @@ def test_gpu_decode_candidates_match_dequantized_matmul(w_fmt, m, n, k):
     a, b, _, sb = _operands(m, n, k, "bf16", w_fmt, seed=m + n, device="cuda")
     ref = sm.reference_scaled_matmul(a, b, None, sb)
     cfg = sm.pick_config(sm.CONFIGS, "sm_90")
-    for c in (c for c in cfg["decode_candidates"] if c["kernel"] == "decode"):  # dot_scaled: Triton's, above
+    for c in sm.decode_kernel_configs("sm_90"):  # dot_scaled: Triton's, above; the untried ones too
         out = torch.empty(m, n, dtype=torch.float32, device="cuda")
         sm._decode_candidate(a, b, mx.scales_as_uint8(sb).contiguous(), "bf16", w_fmt, out, cfg, c)
         assert _rel_err(out, ref) < 1e-5, c
