@@ -1,4 +1,4 @@
-"""The Gluon Hopper attention forward (kernels/attention_hopper.py) on an H200: checked, then timed.
+"""The Gluon Hopper attention kernels (kernels/attention_hopper.py) on an H200: checked, then timed.
 
     PYTHONPATH=$PWD python benchmarks/tune_attention_gluon.py $OUT/gluon.json
 
@@ -8,6 +8,8 @@
    A config that fails any case is not timed.
 2. The issue-15 shapes: torch SDPA, the pointer kernel (flyarray's default), each Gluon config,
    as CUDA-graph replays of 20 calls (device time per call, median of 5 interleaved rounds).
+3. The Gluon dk/dv kernel the same way: checked against the Triton backward, then the whole backward
+   timed with it beside the Triton one and SDPA's backward (multi-head shapes).
 Rows are JSON lines on stdout and all of them go to argv[1] as they are made (a hang keeps the rest).
 """
 import json
@@ -17,6 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+import triton.testing
 
 from flyarray.kernels import attention
 
@@ -170,7 +173,65 @@ def main():
                       tflops=flops(B, Hq, Sq, Sk, D, causal) / ms / 1e9,
                       vs_sdpa=median["sdpa"] / ms,
                       config=good[int(label[5:])] if label.startswith("gluon") else None))
+    backward(t0)
     emit(dict(kind="done", seconds=time.time() - t0))
+
+
+BWD_CONFIGS = [
+    dict(GLUON=True, BLOCK_M=32, BLOCK_N=128, num_warps=8, STAGES=3),
+    dict(GLUON=True, BLOCK_M=32, BLOCK_N=128, num_warps=8, STAGES=2),
+    dict(GLUON=True, BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=3),
+]
+BWD_SHAPES = [("B2_H32_S2048_D128_causal", 2, 32, 2048, 128, True), ("B4_H32_S4096_D128_causal", 4, 32, 4096, 128, True),
+              ("B1_H32_S8192_D128", 1, 32, 8192, 128, False)]
+
+
+def backward(t0):
+    """The Gluon dk/dv kernel: each config against the Triton backward on the CHECKS cases (multi-head
+    ones), then the whole backward (pre, dk/dv, dq) timed with each, beside SDPA's backward."""
+    good = []
+    for config in BWD_CONFIGS:
+        ok = True
+        try:
+            for name, B, Hq, Hkv, Sq, Sk, D, causal in CHECKS:
+                for dtype in (torch.bfloat16, torch.float16):
+                    q, k, v = (t.transpose(1, 2) for t in inputs(B, Hq, Hq, Sq, Sk, D, dtype))
+                    do = torch.randn_like(q)
+                    out, lse = attention.attention_fwd(q, k, v, is_causal=causal)
+                    _, dk, dv = attention.attention_bwd(do, q, k, v, out, lse, is_causal=causal, config=config)
+                    _, dk_ref, dv_ref = attention.attention_bwd(do, q, k, v, out, lse, is_causal=causal)
+                    err = max(((dk.float() - dk_ref.float()).norm() / dk_ref.float().norm()).item(),
+                              ((dv.float() - dv_ref.float()).norm() / dv_ref.float().norm()).item())
+                    emit(dict(kind="check_bwd", config=config, case=name, dtype=str(dtype), rel_err=err,
+                              ok=err < 1e-2))
+                    ok = ok and err < 1e-2
+        except Exception as e:
+            emit(dict(kind="check_bwd", config=config, error=repr(e)[:400]))
+            ok = False
+        if ok:
+            good.append(config)
+    emit(dict(kind="checked_bwd", good=good, seconds=time.time() - t0))
+    for name, B, H, S, D, causal in BWD_SHAPES:
+        q, k, v = inputs(B, H, H, S, S, D, torch.bfloat16)
+        do = torch.randn_like(q)
+        qt, kt, vt, dot = (t.transpose(1, 2) for t in (q, k, v, do))
+        out, lse = attention.attention_fwd(qt, kt, vt, is_causal=causal)
+        qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+        o_ref = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        cands = {"sdpa_bwd": lambda: torch.autograd.grad(o_ref, (qr, kr, vr), do, retain_graph=True),
+                 "triton": lambda: attention.attention_bwd(dot, qt, kt, vt, out, lse, is_causal=causal)}
+        for i, c in enumerate(good):
+            cands[f"gluon{i}"] = lambda c=c: attention.attention_bwd(dot, qt, kt, vt, out, lse, is_causal=causal,
+                                                                     config=c)
+        times = {label: [] for label in cands}
+        for _ in range(3):   # do_bench, not graphs (autograd inside a capture is not worth the risk): ms-long calls
+            for label, fn in cands.items():
+                times[label].append(triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median"))
+        median = {label: sorted(ts)[len(ts) // 2] for label, ts in times.items()}
+        for label, ms in median.items():
+            emit(dict(kind="time_bwd", shape=name, label=label, ms=ms,
+                      tflops=2.5 * flops(B, H, S, S, D, causal) / ms / 1e9, vs_sdpa=median["sdpa_bwd"] / ms,
+                      config=good[int(label[5:])] if label.startswith("gluon") else None))
 
 
 if __name__ == "__main__":

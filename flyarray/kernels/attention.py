@@ -116,6 +116,12 @@ _SM90 = {
                   128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
     "fwd_gluon_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3),
                          128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
+    # The Gluon dk/dv kernel (multi-head only), off and untimed like the Gluon forward. Two warpgroups
+    # of 64 keys; at hd128 the dk, dv accumulators leave room for 32-query blocks only (64 spill
+    # 116-317 bytes under Triton 3.6 and 3.9; these compile at 225-254 registers, 0 spills).
+    "bwd_gluon_enabled": False,
+    "bwd_dkdv_gluon": {64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=3),
+                       128: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, STAGES=3)},
 }
 
 _GFX950 = {
@@ -853,16 +859,31 @@ def _gluon_fwd_default(q) -> bool:
 
 def _tma_fwd_ok(q, k, v, out, D, extras, scale) -> bool:
     """The TMA kernel's preconditions: fp16/bf16, head_dim 64/128, no bias/mask, scale > 0 (the fused
-    scaling), and TMA's rules for each of q/k/v/out: unit head-dim stride, base pointer and the
-    other strides 16-byte aligned (each (batch, head) slice becomes one 2-D descriptor)."""
+    scaling), and TMA's rules for each of q/k/v/out (``_tma_addressable``)."""
     if q.dtype not in (torch.float16, torch.bfloat16) or D not in (64, 128) or extras or not scale > 0:
         return False
-    for t in (q, k, v, out):
-        if t.dtype != q.dtype or t.stride(-1) != 1 or t.data_ptr() % 16:
+    return _tma_addressable(q, k, v, out)
+
+
+def _tma_addressable(first, *others) -> bool:
+    """Whether TMA can address each (batch, head) slice of these (B, S, H, D) tensors as one 2-D
+    descriptor: one dtype, unit head-dim stride, base pointer and the other strides 16-byte aligned."""
+    for t in (first, *others):
+        if t.dtype != first.dtype or t.stride(-1) != 1 or t.data_ptr() % 16:
             return False
         if any((st * t.element_size()) % 16 for st in t.stride()[:3]):
             return False
     return True
+
+
+def _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale) -> bool:
+    """The Gluon dk/dv kernel's preconditions: an sm_90 GPU, fp16/bf16, head_dim 64/128, multi-head
+    (one query head per kv head), no bias/mask, scale > 0, and TMA-addressable q/k/v/do/dk/dv."""
+    if not (q.is_cuda and _facts(q.device)[0] == "sm_90") or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if q.shape[-1] not in (64, 128) or q.shape[2] != k.shape[2] or extras or not scale > 0:
+        return False
+    return _tma_addressable(q, k, v, do, dk, dv)
 
 
 def _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, cfg):
@@ -947,16 +968,27 @@ def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
     return out, lse
 
 
-def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is_causal=False, dlse=None):
+def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is_causal=False, dlse=None,
+                  config=None):
     """(dq, dk, dv) for attention_fwd's (out, lse); dk/dv summed over each GQA group.
 
     ``dlse`` (B, Hq, Sq), where the log-sum-exp itself has a cotangent: d lse / d s is the row's softmax,
-    so it adds dlse * p to the scores' cotangent p * (dp - delta), which is delta lowered by dlse."""
+    so it adds dlse * p to the scores' cotangent p * (dp - delta), which is delta lowered by dlse.
+    ``config=dict(GLUON=True, BLOCK_M=..., BLOCK_N=..., num_warps=..., STAGES=...)`` computes dk/dv with
+    the Gluon Hopper kernel (ValueError where it cannot run: ``_gluon_bwd_ok``)."""
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    extras = bias is not None or mask is not None
+    gluon = config if config is not None and config.get("GLUON") else None
+    if gluon is not None and not _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale):
+        raise ValueError("attention_bwd: config asks for the Gluon Hopper dk/dv kernel, which runs on sm_90 GPUs "
+                         "with fp16/bf16, head_dim 64/128, as many kv heads as query heads, no bias/mask, "
+                         "scale > 0, unit head-dim strides, 16-byte aligned pointers and strides")
     if B * Hq * Sq == 0 or Sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     table = _table(q.device)
+    if gluon is None and table.get("bwd_gluon_enabled") and _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale):
+        gluon = table["bwd_dkdv_gluon"][D]
     delta = empty((B, Hq, Sq), torch.float32, q.device)
     lse2 = torch.empty_like(delta)
     pre = table["bwd_pre"]
@@ -969,13 +1001,15 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
     common = dict(IS_CAUSAL=bool(is_causal), HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
                   HEAD_DIM=D, BLOCK_D=BLOCK_D, DOT_PREC=_dot_precision(q.dtype))
-    extras = bias is not None or mask is not None
-    c = _config(q.device, "bwd_dkdv", BLOCK_D, q.dtype, extras)
-    _launch(_attn_bwd_dkdv_kernel, (cdiv(Sk, c["BLOCK_N"]), B * Hkv), q.device,
-        q, k, v, do, lse2, delta, dk, dv, bias_t, mask_t,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *bias_s, *mask_s,
-        Hq, Hkv, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
-    )
+    if gluon is not None:
+        _dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, scale, is_causal, gluon)
+    else:
+        c = _config(q.device, "bwd_dkdv", BLOCK_D, q.dtype, extras)
+        _launch(_attn_bwd_dkdv_kernel, (cdiv(Sk, c["BLOCK_N"]), B * Hkv), q.device,
+            q, k, v, do, lse2, delta, dk, dv, bias_t, mask_t,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *bias_s, *mask_s,
+            Hq, Hkv, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
+        )
     c = _config(q.device, "bwd_dq", BLOCK_D, q.dtype, extras)
     _launch(_attn_bwd_dq_kernel, (cdiv(Sq, c["BLOCK_M"]), B * Hq), q.device,
         q, k, v, do, lse2, delta, dq, bias_t, mask_t,
@@ -983,6 +1017,24 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
         Hq, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
     )
     return dq, dk, dv
+
+
+def _dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, scale, is_causal, cfg):
+    """dk, dv through the Gluon Hopper kernel (``attention_hopper``; preconditions: ``_gluon_bwd_ok``)."""
+    from flyarray.kernels.attention_hopper import _attn_bwd_dkdv_hopper_kernel
+
+    B, Sq, Hq, D = q.shape
+    Sk = k.shape[1]
+    ensure_tma_allocator()
+    sq, sk, sv, sdo, sdk, sdv = (t.stride() for t in (q, k, v, do, dk, dv))
+    _launch(_attn_bwd_dkdv_hopper_kernel, (cdiv(Sk, cfg["BLOCK_N"]), B * Hq), q.device,
+        q, k, v, do, lse2, delta, dk, dv,
+        sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], sdo[0], sdo[1], sdo[2],
+        sdk[0], sdk[1], sdk[2], sdv[0], sdv[1], sdv[2],
+        Hq, Sq, Sk, scale, scale * LOG2E,
+        IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        STAGES=cfg["STAGES"], num_warps=cfg["num_warps"],
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -1137,6 +1189,15 @@ def _gluon_spec(dtype: str, D: int, causal: bool, cfg: dict):
                  const, dict(num_warps=cfg["num_warps"], num_stages=1))
 
 
+def _gluon_bwd_spec(D: int, cfg: dict):
+    from flyarray.kernels.attention_hopper import _attn_bwd_dkdv_hopper_kernel
+
+    const = dict(IS_CAUSAL=True, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                 STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+    return _spec(f"attn_bwd_dkdv_gluon_bf16_d{D}_causal", _attn_bwd_dkdv_hopper_kernel, "bf16", const,
+                 dict(num_warps=cfg["num_warps"], num_stages=1))
+
+
 def _specs_for_arch(arch: str) -> list:
     table = CONFIGS[arch]
     specs = []
@@ -1158,6 +1219,8 @@ def _specs_for_arch(arch: str) -> list:
                                        _attn_fwd_tma_kernel, dtype, const, cfg))
     # Backward in bf16 (the training dtype), hd64 and hd128; decode at hd128.
     for D in (64, 128):
+        if "bwd_dkdv_gluon" in table:  # sm_90: the Gluon dk/dv kernel as well
+            specs.append(_gluon_bwd_spec(D, table["bwd_dkdv_gluon"][D]))
         for kind, kernel in (("bwd_dkdv", _attn_bwd_dkdv_kernel), ("bwd_dq", _attn_bwd_dq_kernel)):
             cfg = table[kind][D]
             const = dict(IS_CAUSAL=True, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,

@@ -1,4 +1,5 @@
-"""The attention forward for Hopper (sm_90) in Gluon: asynchronous wgmma, software-pipelined.
+"""Attention kernels for Hopper (sm_90) in Gluon: the forward (asynchronous wgmma, software-pipelined)
+and the backward's dk/dv (below the forward).
 
 Triton's ``tl.dot`` on sm_90 waits for each q.k^T wgmma right after issuing it, so a warpgroup's
 tensor-core time and its softmax (exp2 on the CUDA cores) run one after the other (Triton 3.6's
@@ -184,4 +185,130 @@ def _attn_fwd_hopper_kernel(
     q_smem.store(out.to(dtype))    # q is no longer read: its buffer stages the output for TMA
     fence_async_shared()
     _tma_store(o_desc, [m0, 0], q_smem)
+    tma.store_wait(0)
+
+
+# ---------------------------------------------------------------------------
+# Backward, dk/dv (multi-head attention: one query head per kv head)
+# ---------------------------------------------------------------------------
+@gluon.jit
+def _load_rows(q_desc, do_desc, q_smem, do_smem, ready, it, n_iters, lo_block, BLOCK_M: gl.constexpr,
+               STAGES: gl.constexpr):
+    """TMA-load query block ``lo_block + it``'s q and do into slot it % STAGES (nothing past the last)."""
+    slot = it % STAGES
+    pred = it < n_iters
+    bar = ready.index(slot)
+    row = (lo_block + it) * BLOCK_M
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
+    _tma_load(q_desc, [row, 0], bar, q_smem.index(slot), pred=pred)
+    _tma_load(do_desc, [row, 0], bar, do_smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _attn_bwd_dkdv_hopper_kernel(
+    Q, K, V, DO, Lse2, Delta, DK, DV,
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdkb, sdks, sdkh, sdvb, sdvs, sdvh,
+    Hq, Sq, Sk, sm_scale, qk_scale_log2,
+    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    """dk, dv of one key block of one head, over the query blocks that see it (transposed scores, as
+    ``attention._attn_bwd_dkdv_kernel``): per query block, s^T = k q^T and dp^T = v do^T are issued
+    together (asynchronous wgmma, k and v resident in shared memory), then p^T = exp2(s^T - lse2),
+    ds^T = p^T (dp^T - delta), and dv += p^T do, dk += ds^T q are left in flight (p^T, ds^T from
+    registers) while the next query block's scores are issued. q and do arrive by TMA in a ring of
+    STAGES slots. Lse2 (log2-domain lse, +inf for rows that saw no key) and Delta come from
+    ``_attn_bwd_pre_kernel``."""
+    gl.static_assert(STAGES >= 2, "a slot is refilled once the block before it is done")
+    s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_M)        # [BLOCK_N, BLOCK_M] score tiles
+    a_layout: gl.constexpr = _mma_layout(num_warps, HEAD_DIM)       # [BLOCK_N, HEAD_DIM] dk, dv
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=a_layout, k_width=2)
+    cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    dtype: gl.constexpr = Q.dtype.element_ty
+
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = (pid_bh // Hq).to(gl.int64)
+    h = (pid_bh % Hq).to(gl.int64)
+    n0 = pid_n * BLOCK_N
+
+    k_desc = _slice_descriptor(K + b * skb + h * skh, Sk, sks, BLOCK_N, HEAD_DIM)
+    v_desc = _slice_descriptor(V + b * svb + h * svh, Sk, svs, BLOCK_N, HEAD_DIM)
+    q_desc = _slice_descriptor(Q + b * sqb + h * sqh, Sq, sqs, BLOCK_M, HEAD_DIM)
+    do_desc = _slice_descriptor(DO + b * sdob + h * sdoh, Sq, sdos, BLOCK_M, HEAD_DIM)
+    dk_desc = _slice_descriptor(DK + b * sdkb + h * sdkh, Sk, sdks, BLOCK_N, HEAD_DIM)
+    dv_desc = _slice_descriptor(DV + b * sdvb + h * sdvh, Sk, sdvs, BLOCK_N, HEAD_DIM)
+
+    # query blocks from lo_block on see this key block; causal ones before first_full straddle the
+    # diagonal and need its mask. Nothing else is masked: query rows past Sq have lse2 = +inf (p = 0)
+    # and zero do, and key rows past Sk (zero k, v) only make dk/dv rows that the store clips.
+    causal_offset = Sk - Sq
+    lo_block = 0
+    first_full = 0
+    if IS_CAUSAL:
+        lo_block = gl.maximum(n0 - causal_offset, 0) // BLOCK_M
+        first_full = gl.cdiv(gl.maximum(n0 + BLOCK_N - 1 - causal_offset, 0), BLOCK_M)
+    n_iters = gl.maximum(gl.cdiv(Sq, BLOCK_M) - lo_block, 0)
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [n0, 0], kv_bar, k_smem)
+    _tma_load(v_desc, [n0, 0], kv_bar, v_smem)
+    for i in gl.static_range(STAGES):
+        _load_rows(q_desc, do_desc, q_smem, do_smem, ready, i, n_iters, lo_block, BLOCK_M, STAGES)
+    mbarrier.wait(kv_bar, 0)
+
+    keys = n0 + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
+    offs_m = gl.arange(0, BLOCK_M, cols_layout)
+    row_base = pid_bh.to(gl.int64) * Sq
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, a_layout))
+    dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, a_layout))
+    # p^T and ds^T feed dv and dk from registers: carried, and kept alive by the wait that covers them
+    p_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, op_layout)
+    ds_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, op_layout)
+    for it in range(0, n_iters):
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        s_t = warpgroup_mma(k_smem, q_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp_t = warpgroup_mma(v_smem, do_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        rows = (lo_block + it) * BLOCK_M + offs_m
+        lse2 = gl.load(Lse2 + row_base + rows, mask=rows < Sq, other=float("inf"))
+        delta = gl.load(Delta + row_base + rows, mask=rows < Sq, other=0.0)
+        # dk/dv of the block before (in flight until now) and both score tiles done
+        s_t, dp_t, dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(s_t, dp_t, dk, dv, p_op, ds_op))
+        if it >= 1:
+            _cta_barrier()    # every warpgroup is past block it-1: its slot can be refilled
+            _load_rows(q_desc, do_desc, q_smem, do_smem, ready, it - 1 + STAGES, n_iters, lo_block, BLOCK_M,
+                       STAGES)
+        if IS_CAUSAL:
+            if lo_block + it < first_full:
+                s_t = gl.where(keys[:, None] <= rows[None, :] + causal_offset, s_t, float("-inf"))
+        p_t = gl.exp2(s_t * qk_scale_log2 - lse2[None, :])
+        ds_t = p_t * (dp_t - delta[None, :])
+        p_op = gl.convert_layout(p_t.to(dtype), op_layout)
+        ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
+        dv = warpgroup_mma(p_op, do_smem.index(slot), dv, is_async=True)
+        dk = warpgroup_mma(ds_op, q_smem.index(slot), dk, is_async=True)
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    mbarrier.invalidate(kv_bar)
+    # k and v are no longer read: their buffers stage dk and dv for TMA (rows past Sk are clipped)
+    k_smem.store((dk * sm_scale).to(dtype))
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    _tma_store(dk_desc, [n0, 0], k_smem)
+    _tma_store(dv_desc, [n0, 0], v_smem)
     tma.store_wait(0)

@@ -477,3 +477,36 @@ def test_gpu_gluon_forward_vs_pointer_kernel(cfg, causal, shape, dtype):
     assert torch.equal(finite, torch.isfinite(lse))
     assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-2
     assert torch.isfinite(out).all() and (out[:, :, :][~finite.transpose(1, 2)] == 0).all()
+
+
+def test_gluon_backward_is_refused_off_hopper():
+    q, k, v = _qkv(1, 20, 24, 2, 2, 64, torch.float16, bhsd=True)
+    out, lse = attention_fwd(q, k, v, config=dict(CONFIG_CPU_FWD))
+    with pytest.raises(ValueError, match="sm_90"):
+        attention_bwd(torch.ones_like(out), q, k, v, out, lse, config=_gluon_cfg(bm=32, bn=128))
+
+
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
+@pytest.mark.parametrize("cfg", [None, _gluon_cfg(bm=32, bn=64, warps=4), _gluon_cfg(bm=32, bn=128, stages=2)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 128), (1, 513, 1031, 4, 64), (1, 1031, 300, 2, 128),
+                                   (1, 77, 77, 2, 128)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_backward_vs_triton_kernels(cfg, causal, shape, dtype):
+    """dk, dv of the Gluon kernel (the table's config, and others) against the Triton backward's and
+    fp32 SDPA autograd's: ragged lengths, Sq > Sk (rows with no key), Sq < Sk, head_dim 64/128."""
+    from flyarray.kernels import attention as attn
+
+    torch.manual_seed(0)
+    B, Sq, Sk, H, D = shape
+    cfg = cfg or dict(attn._SM90["bwd_dkdv_gluon"][D], GLUON=True)
+    q, k, v = _qkv(B, Sq, Sk, H, H, D, dtype, device="cuda", bhsd=True)
+    do = torch.randn(q.shape, device="cuda").to(dtype)
+    out, lse = attention_fwd(q, k, v, is_causal=causal)
+    dq, dk, dv = attention_bwd(do, q, k, v, out, lse, is_causal=causal, config=cfg)
+    _, dk_ref, dv_ref = attention_bwd(do, q, k, v, out, lse, is_causal=causal)
+    assert _rel(dk, dk_ref) < 1e-2 and _rel(dv, dv_ref) < 1e-2
+    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    _sdpa(*ref, causal).backward(do.float())
+    assert _rel(dk, ref[1].grad) < 2e-2 and _rel(dv, ref[2].grad) < 2e-2
+    assert _rel(dq, ref[0].grad) < 2e-2
