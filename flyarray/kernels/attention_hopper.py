@@ -55,6 +55,26 @@ def _slice_descriptor(base, rows, row_stride, BLOCK: gl.constexpr, HEAD_DIM: gl.
 
 
 @gluon.jit
+def _init_barriers(STAGES: gl.constexpr):
+    """(one mbarrier for the operand loaded once, a ring of STAGES for the streamed blocks), initialised
+    and fenced so that TMA (the async proxy) sees them."""
+    once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ring = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(once, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ring.index(i), count=1)
+    fence_async_shared()
+    return once, ring
+
+
+@gluon.jit
+def _invalidate_barriers(once, ring, STAGES: gl.constexpr):
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ring.index(i))
+    mbarrier.invalidate(once)
+
+
+@gluon.jit
 def _load_block(k_desc, v_desc, k_smem, v_smem, ready, block, n_blocks, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr):
     """TMA-load key block ``block``'s k and v into its ring slot (nothing past the last block)."""
@@ -123,12 +143,7 @@ def _attn_fwd_hopper_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    fence_async_shared()
+    q_bar, ready = _init_barriers(STAGES)
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _tma_load(q_desc, [m0, 0], q_bar, q_smem)
@@ -173,9 +188,7 @@ def _attn_fwd_hopper_kernel(
         s = warpgroup_mma_wait(1, deps=(s_next,))
     acc = warpgroup_mma_wait(0, deps=(acc,))
 
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-    mbarrier.invalidate(q_bar)
+    _invalidate_barriers(q_bar, ready, STAGES)
 
     seen = l_i > 0.0
     l_safe = gl.where(seen, l_i, 1.0)
@@ -254,12 +267,7 @@ def _attn_bwd_dkdv_hopper_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    fence_async_shared()
+    kv_bar, ready = _init_barriers(STAGES)
 
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [n0, 0], kv_bar, k_smem)
@@ -302,9 +310,7 @@ def _attn_bwd_dkdv_hopper_kernel(
         dk = warpgroup_mma(ds_op, q_smem.index(slot), dk, is_async=True)
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
 
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-    mbarrier.invalidate(kv_bar)
+    _invalidate_barriers(kv_bar, ready, STAGES)
     # k and v are no longer read: their buffers stage dk and dv for TMA (rows past Sk are clipped)
     k_smem.store((dk * sm_scale).to(dtype))
     v_smem.store(dv.to(dtype))
