@@ -815,7 +815,7 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
                              "(tests/kernels/test_attention.py, 2026-12-01); use WARP_SPEC=False")
         return _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, config)
     if config is not None and config.get("GLUON"):
-        if not (q.is_cuda and _facts(q.device)[0] == "sm_90") or not _tma_fwd_ok(q, k, v, out, D, extras, scale):
+        if not _on_sm90(q) or not _tma_fwd_ok(q, k, v, out, D, extras, scale):
             raise ValueError("attention_fwd: config asks for the Gluon Hopper kernel, which runs on sm_90 GPUs "
                              "with fp16/bf16, head_dim 64/128, no bias/mask, scale > 0, unit head-dim strides, "
                              "16-byte aligned pointers and strides")
@@ -845,16 +845,17 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
 
 def _tma_fwd_default(q) -> bool:
     """Whether q's device takes the TMA forward by default: sm_90 with the table's flag on."""
-    if not q.is_cuda or not HAS_TENSOR_DESCRIPTORS or _facts(q.device)[0] != "sm_90":
-        return False
-    return bool(_table(q.device).get("fwd_tma_enabled", False))
+    return HAS_TENSOR_DESCRIPTORS and _on_sm90(q) and bool(_table(q.device).get("fwd_tma_enabled", False))
 
 
 def _gluon_fwd_default(q) -> bool:
     """Whether q's device takes the Gluon forward by default: sm_90 with the table's flag on."""
-    if not q.is_cuda or _facts(q.device)[0] != "sm_90":
-        return False
-    return bool(_table(q.device).get("fwd_gluon_enabled", False))
+    return _on_sm90(q) and bool(_table(q.device).get("fwd_gluon_enabled", False))
+
+
+def _on_sm90(t) -> bool:
+    """Whether ``t`` lives on an sm_90 GPU (where the TMA and Gluon kernels run)."""
+    return t.is_cuda and _facts(t.device)[0] == "sm_90"
 
 
 def _tma_fwd_ok(q, k, v, out, D, extras, scale) -> bool:
@@ -879,7 +880,7 @@ def _tma_addressable(first, *others) -> bool:
 def _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale) -> bool:
     """The Gluon dk/dv kernel's preconditions: an sm_90 GPU, fp16/bf16, head_dim 64/128, multi-head
     (one query head per kv head), no bias/mask, scale > 0, and TMA-addressable q/k/v/do/dk/dv."""
-    if not (q.is_cuda and _facts(q.device)[0] == "sm_90") or q.dtype not in (torch.float16, torch.bfloat16):
+    if not _on_sm90(q) or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if q.shape[-1] not in (64, 128) or q.shape[2] != k.shape[2] or extras or not scale > 0:
         return False
@@ -888,21 +889,25 @@ def _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale) -> bool:
 
 def _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, cfg):
     B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
+    Sk = k.shape[1]
     warp_spec = bool(cfg.get("WARP_SPEC", False))
     if q.is_cuda:
         ensure_tma_allocator()
     grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
-    sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
-    _launch(_attn_fwd_tma_kernel, grid, q.device,
-        q, k, v, out, lse,
-        sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
-        Hq, Sq, Sk, Hq // Hkv, scale * LOG2E,
+    _launch(_attn_fwd_tma_kernel, grid, q.device, *_slice_fwd_args(q, k, v, out, lse, scale),
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         EVEN_N=(Sk % cfg["BLOCK_N"] == 0) if warp_spec else True, WARP_SPEC=warp_spec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
+
+
+def _slice_fwd_args(q, k, v, out, lse, scale) -> tuple:
+    """The positional arguments of the forwards that address (batch, head) slices (TMA, Gluon): the
+    tensors, their batch/sequence/head strides, Hq, Sq, Sk, the GQA group and scale * log2(e)."""
+    Hq, Sq, Sk, Hkv = q.shape[2], q.shape[1], k.shape[1], k.shape[2]
+    strides = [st for t in (q, k, v, out) for st in t.stride()[:3]]
+    return (q, k, v, out, lse, *strides, Hq, Sq, Sk, Hq // Hkv, scale * LOG2E)
 
 
 def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
@@ -911,14 +916,9 @@ def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
     from flyarray.kernels.attention_hopper import _attn_fwd_hopper_kernel
 
     B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
     ensure_tma_allocator()
     grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
-    sq, sk, sv, so = (t.stride() for t in (q, k, v, out))
-    _launch(_attn_fwd_hopper_kernel, grid, q.device,
-        q, k, v, out, lse,
-        sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
-        Hq, Sq, Sk, Hq // Hkv, scale * LOG2E,
+    _launch(_attn_fwd_hopper_kernel, grid, q.device, *_slice_fwd_args(q, k, v, out, lse, scale),
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         STAGES=cfg["STAGES"], num_warps=cfg["num_warps"],
     )
@@ -1180,21 +1180,13 @@ def _tma_variants(cfg: dict) -> list:
     return [("", cfg), ("_ws", dict(cfg, **_TMA_WS_TWIN, num_stages=2 if cfg["BLOCK_N"] >= 128 else 3))]
 
 
-def _gluon_spec(dtype: str, D: int, causal: bool, cfg: dict):
-    from flyarray.kernels.attention_hopper import _attn_fwd_hopper_kernel
+def _gluon_spec(name: str, kernel_name: str, dtype: str, D: int, causal: bool, cfg: dict):
+    """A compile spec of an ``attention_hopper`` kernel (imported here: Gluon loads only when asked)."""
+    from flyarray.kernels import attention_hopper
 
     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                  STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
-    return _spec(f"attn_fwd_gluon_{dtype}_d{D}{'_causal' if causal else ''}", _attn_fwd_hopper_kernel, dtype,
-                 const, dict(num_warps=cfg["num_warps"], num_stages=1))
-
-
-def _gluon_bwd_spec(D: int, cfg: dict):
-    from flyarray.kernels.attention_hopper import _attn_bwd_dkdv_hopper_kernel
-
-    const = dict(IS_CAUSAL=True, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                 STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
-    return _spec(f"attn_bwd_dkdv_gluon_bf16_d{D}_causal", _attn_bwd_dkdv_hopper_kernel, "bf16", const,
+    return _spec(name, getattr(attention_hopper, kernel_name), dtype, const,
                  dict(num_warps=cfg["num_warps"], num_stages=1))
 
 
@@ -1210,7 +1202,9 @@ def _specs_for_arch(arch: str) -> list:
             specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
                                _attn_fwd_kernel, dtype, const, cfg))
             if "fwd_gluon" in table:  # sm_90: the Gluon forward as well
-                specs.append(_gluon_spec(dtype, D, causal, table["fwd_gluon_causal" if causal else "fwd_gluon"][D]))
+                specs.append(_gluon_spec(f"attn_fwd_gluon_{dtype}_d{D}{'_causal' if causal else ''}",
+                                         "_attn_fwd_hopper_kernel", dtype, D, causal,
+                                         table["fwd_gluon_causal" if causal else "fwd_gluon"][D]))
             if "fwd_tma" in table and HAS_TENSOR_DESCRIPTORS:  # sm_90: the TMA forward as well
                 for variant, cfg in _tma_variants(table["fwd_tma_causal" if causal else "fwd_tma"][D]):
                     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
@@ -1220,7 +1214,8 @@ def _specs_for_arch(arch: str) -> list:
     # Backward in bf16 (the training dtype), hd64 and hd128; decode at hd128.
     for D in (64, 128):
         if "bwd_dkdv_gluon" in table:  # sm_90: the Gluon dk/dv kernel as well
-            specs.append(_gluon_bwd_spec(D, table["bwd_dkdv_gluon"][D]))
+            specs.append(_gluon_spec(f"attn_bwd_dkdv_gluon_bf16_d{D}_causal", "_attn_bwd_dkdv_hopper_kernel",
+                                     "bf16", D, True, table["bwd_dkdv_gluon"][D]))
         for kind, kernel in (("bwd_dkdv", _attn_bwd_dkdv_kernel), ("bwd_dq", _attn_bwd_dq_kernel)):
             cfg = table[kind][D]
             const = dict(IS_CAUSAL=True, HAS_BIAS=False, HAS_MASK=False, HEAD_DIM=D, BLOCK_D=D,

@@ -75,15 +75,17 @@ def _invalidate_barriers(once, ring, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _load_block(k_desc, v_desc, k_smem, v_smem, ready, block, n_blocks, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr):
-    """TMA-load key block ``block``'s k and v into its ring slot (nothing past the last block)."""
-    slot = block % STAGES
-    pred = block < n_blocks
+def _load_pair(a_desc, b_desc, a_smem, b_smem, ready, it, n_iters, first_block, BLOCK: gl.constexpr,
+               STAGES: gl.constexpr):
+    """TMA-load block ``first_block + it`` of two operands (k and v; q and do) into ring slot
+    it % STAGES under its one mbarrier; nothing from the n_iters-th on."""
+    slot = it % STAGES
+    pred = it < n_iters
     bar = ready.index(slot)
-    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-    _tma_load(k_desc, [block * BLOCK_N, 0], bar, k_smem.index(slot), pred=pred)
-    _tma_load(v_desc, [block * BLOCK_N, 0], bar, v_smem.index(slot), pred=pred)
+    row = (first_block + it) * BLOCK
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    _tma_load(a_desc, [row, 0], bar, a_smem.index(slot), pred=pred)
+    _tma_load(b_desc, [row, 0], bar, b_smem.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -148,7 +150,7 @@ def _attn_fwd_hopper_kernel(
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _tma_load(q_desc, [m0, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
-        _load_block(k_desc, v_desc, k_smem, v_smem, ready, i, n_blocks, BLOCK_N, STAGES)
+        _load_pair(k_desc, v_desc, k_smem, v_smem, ready, i, n_blocks, 0, BLOCK_N, STAGES)
     mbarrier.wait(q_bar, 0)
 
     rows = m0 + gl.arange(0, BLOCK_M, s_rows)
@@ -182,7 +184,7 @@ def _attn_fwd_hopper_kernel(
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         if j >= 1:
             _cta_barrier()    # every warpgroup is past pv_{j-1}: block j-1's slot can be refilled
-            _load_block(k_desc, v_desc, k_smem, v_smem, ready, j - 1 + STAGES, n_blocks, BLOCK_N, STAGES)
+            _load_pair(k_desc, v_desc, k_smem, v_smem, ready, j - 1 + STAGES, n_blocks, 0, BLOCK_N, STAGES)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc = warpgroup_mma(p_op, v_smem.index(j % STAGES), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_next,))
@@ -204,19 +206,6 @@ def _attn_fwd_hopper_kernel(
 # ---------------------------------------------------------------------------
 # Backward, dk/dv (multi-head attention: one query head per kv head)
 # ---------------------------------------------------------------------------
-@gluon.jit
-def _load_rows(q_desc, do_desc, q_smem, do_smem, ready, it, n_iters, lo_block, BLOCK_M: gl.constexpr,
-               STAGES: gl.constexpr):
-    """TMA-load query block ``lo_block + it``'s q and do into slot it % STAGES (nothing past the last)."""
-    slot = it % STAGES
-    pred = it < n_iters
-    bar = ready.index(slot)
-    row = (lo_block + it) * BLOCK_M
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
-    _tma_load(q_desc, [row, 0], bar, q_smem.index(slot), pred=pred)
-    _tma_load(do_desc, [row, 0], bar, do_smem.index(slot), pred=pred)
-
-
 @gluon.jit
 def _attn_bwd_dkdv_hopper_kernel(
     Q, K, V, DO, Lse2, Delta, DK, DV,
@@ -273,7 +262,7 @@ def _attn_bwd_dkdv_hopper_kernel(
     _tma_load(k_desc, [n0, 0], kv_bar, k_smem)
     _tma_load(v_desc, [n0, 0], kv_bar, v_smem)
     for i in gl.static_range(STAGES):
-        _load_rows(q_desc, do_desc, q_smem, do_smem, ready, i, n_iters, lo_block, BLOCK_M, STAGES)
+        _load_pair(q_desc, do_desc, q_smem, do_smem, ready, i, n_iters, lo_block, BLOCK_M, STAGES)
     mbarrier.wait(kv_bar, 0)
 
     keys = n0 + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
@@ -297,7 +286,7 @@ def _attn_bwd_dkdv_hopper_kernel(
         s_t, dp_t, dk, dv, p_op, ds_op = warpgroup_mma_wait(0, deps=(s_t, dp_t, dk, dv, p_op, ds_op))
         if it >= 1:
             _cta_barrier()    # every warpgroup is past block it-1: its slot can be refilled
-            _load_rows(q_desc, do_desc, q_smem, do_smem, ready, it - 1 + STAGES, n_iters, lo_block, BLOCK_M,
+            _load_pair(q_desc, do_desc, q_smem, do_smem, ready, it - 1 + STAGES, n_iters, lo_block, BLOCK_M,
                        STAGES)
         if IS_CAUSAL:
             if lo_block + it < first_full:
