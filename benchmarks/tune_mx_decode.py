@@ -54,7 +54,7 @@ def bf16_rows(x, w, ref, runs, rows):
 
 def candidates(w_fmt):
     """The configs the table holds, the PTX decodes on a grid of tiles, Triton-only decodes for reference, and
-    the decode variants (SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K) on the tiles that compiled clean."""
+    the decode variants (SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K, PAIR_STEPS) on the tiles that compiled clean."""
     t = dict(kernel="decode", num_stages=3)
     found = list(sm.CONFIGS["sm_90"]["decode_candidates"]) + list(sm.CONFIGS["sm_90"]["decode_untried"])
     found += [dict(t, ASM_DECODE=False, BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=8),
@@ -81,6 +81,12 @@ def candidates(w_fmt):
              (64, 128, 4, 1, 3), (64, 128, 4, 2, 3), (128, 128, 8, 1, 3)]
     for (bn, bk, warps, split, stages), v in itertools.product(tiles, variants):
         c = dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages, **v)
+        if c not in found:
+            found.append(c)
+    # PAIR_STEPS (two K steps an iteration, both steps' scales loaded first) on the K-split tiles and the variants
+    for (bn, bk, warps, split, stages), v in itertools.product(tiles[:3] + [(32, 256, 2, 4, 3), (64, 256, 4, 2, 3)],
+                                                              [{}, *variants[1:5]]):
+        c = dict(t, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages, PAIR_STEPS=True, **v)
         if c not in found:
             found.append(c)
     return found

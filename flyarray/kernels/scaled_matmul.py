@@ -149,6 +149,14 @@ CONFIGS = {
                  ALIGNED_K=True),
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3, SPLIT_WORDS=8,
                  ALIGNED_K=True),
+            # PAIR_STEPS: two K steps an iteration, both steps' scales loaded first (the scale loads stay
+            # synchronous; one memory latency a step was exposed). At 2 stages the pair keeps the 3-stage
+            # tile's 24.8 KB of shared memory (count_mx_decode.py: 5.60 SASS per fp4 element, 144
+            # registers); split in two it doubles the programs at the same occupancy. Paired with
+            # SPLIT_WORDS=4 QUAD_SIGNS ALIGNED_K (4.55 a element) it spills 32 B in the compile spec
+            # (Triton 3.9), so that one is left to tune_mx_decode.py's sweep.
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=2, PAIR_STEPS=True),
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=2, PAIR_STEPS=True),
         ],
     },
     "cpu": {
@@ -506,12 +514,79 @@ def _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT: tl.cons
 
 
 @triton.jit
+def _scale_codes(s_ptrs, g, k0, k_end):
+    """The E8M0 codes of the scale blocks in [k0, k0 + 32 * len(g)), 0 past k_end."""
+    return tl.load(s_ptrs + k0 // 32, mask=(k0 + 32 * g < k_end)[None, :], other=0).to(tl.int32)
+
+
+@triton.jit
+def _decode_step(acc, codes, k0, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_words, jb, jw,
+                 W_FP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr,
+                 PER_SCALE: tl.constexpr, PER_WORD: tl.constexpr, BYTES: tl.constexpr, UNIT: tl.constexpr,
+                 DOTS: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr, E5M2: tl.constexpr,
+                 QUAD_SIGNS: tl.constexpr, ALIGNED_K: tl.constexpr):
+    """acc += the weights of [k0, k0 + BLOCK_K) (decoded with their scale codes) times x there."""
+    ZERO: tl.constexpr = 0 if W_FP4 else 0.0                      # fp8 tensors take a float fill
+    compute_ty = x_ptr.dtype.element_ty
+    if ASM_DECODE:
+        if ALIGNED_K:   # the mask in whole scale blocks and k0 % BLOCK_K == 0: 16-byte loads
+            k0 = tl.multiple_of(k0, BLOCK_K)
+            word_ok = k0 + 32 * (jw // (32 // PER_WORD)) < k_end
+        else:
+            word_ok = k0 + PER_WORD * jw < k_end
+        words = tl.load(w_words + k0 // PER_WORD, mask=word_ok[None, :], other=0)
+        s16 = _e8m0_bf16_bits(codes)
+        if W_FP4 and DOTS == 8:   # one bf16 scale a word
+            s1 = tl.reshape(tl.broadcast_to(s16.to(tl.int16).to(tl.bfloat16, bitcast=True)[:, :, None],
+                                            (BLOCK_N, GROUPS, 4)), (BLOCK_N, BLOCK_K // 8))
+            outs = _fp4_word_pairs_split(words, s1)
+        elif W_FP4:
+            s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 4)),
+                            (BLOCK_N, BLOCK_K // 8))             # one bf16x2 scale a word
+            outs = _fp4_words_split(words, s2, QUAD_SIGNS)
+        else:
+            s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 8)),
+                            (BLOCK_N, BLOCK_K // 4))
+            outs = _fp8_words_split(words, s2, E5M2)
+    else:
+        if W_FP4:
+            raw = tl.load(w_ptrs + k0 // 2, mask=(k0 + 2 * jb < k_end)[None, :], other=ZERO)
+        else:
+            raw = tl.load(w_ptrs + k0, mask=(k0 + jb < k_end)[None, :], other=ZERO)
+        code = tl.reshape(tl.broadcast_to(codes[:, :, None], (BLOCK_N, GROUPS, PER_SCALE)), (BLOCK_N, BYTES))
+        if SCALE_NATIVE:
+            scale = _e8m0_bf16_bits(code).to(tl.int16).to(compute_ty, bitcast=True)
+        else:
+            scale = _e8m0_exp2(code, 0)
+        if W_FP4:
+            packed = raw.to(tl.int32)
+            lo = _fp4_bits(packed & 0xF, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
+            hi = _fp4_bits(packed >> 4, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
+            if SCALE_NATIVE:
+                lo = lo * scale
+                hi = hi * scale
+            else:
+                lo = (lo.to(tl.float32) * scale).to(compute_ty)
+                hi = (hi.to(tl.float32) * scale).to(compute_ty)
+            outs = (lo, hi)                                # byte j holds k = 2j (lo), 2j + 1 (hi)
+        else:
+            if SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
+                w = raw.to(compute_ty) * scale
+            else:
+                w = (raw.to(tl.float32) * scale).to(compute_ty)
+            outs = (w,)
+    acc = _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT, DOTS)
+    return acc
+
+
+@triton.jit
 def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr = False,
                       E5M2: tl.constexpr = False, SPLIT_WORDS: tl.constexpr = 1,
-                      QUAD_SIGNS: tl.constexpr = False, ALIGNED_K: tl.constexpr = False):
+                      QUAD_SIGNS: tl.constexpr = False, ALIGNED_K: tl.constexpr = False,
+                      PAIR_STEPS: tl.constexpr = False):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
     Program (pid_m, pid_n, split) covers BLOCK_M rows of x, BLOCK_N rows of w and K range
@@ -533,12 +608,16 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     holds, k0 % BLOCK_K == 0 (k_per_split is a multiple of BLOCK_K) and k_end % 32 == 0 (K % 32 == 0),
     with the word mask written per scale block: the word loads become 16-byte copies (else 4-byte ones,
     each with its own predicate).
+    PAIR_STEPS: two K steps an iteration, both steps' scale codes loaded first. Triton's pipeliner moves
+    the weight and x loads steps ahead through cp.async, but not the scales (a byte a thread is too
+    narrow for cp.async), so each step waits a memory latency for its scales before it can decode; paired,
+    the second step's wait overlaps the first step's work. (Loading the next step's codes a step ahead
+    instead, carried through the loop, made Triton route the decoded weights through shared memory:
+    851 SASS instructions a step against 732.)
     """
     BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
     PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
     GROUPS: tl.constexpr = BYTES // PER_SCALE
-    ZERO: tl.constexpr = 0 if W_FP4 else 0.0                      # fp8 tensors take a float fill
-    compute_ty = x_ptr.dtype.element_ty
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -559,56 +638,17 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     w_words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * (stride_wn // 4) + jw[None, :]
     s_ptrs = s_ptr + rn_safe[:, None] * stride_sn + g[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        codes = tl.load(s_ptrs + k0 // 32, mask=(k0 + 32 * g < k_end)[None, :], other=0).to(tl.int32)
-        if ASM_DECODE:
-            if ALIGNED_K:   # the mask in whole scale blocks and k0 % BLOCK_K == 0: 16-byte loads
-                k0 = tl.multiple_of(k0, BLOCK_K)
-                word_ok = k0 + 32 * (jw // (32 // PER_WORD)) < k_end
-            else:
-                word_ok = k0 + PER_WORD * jw < k_end
-            words = tl.load(w_words + k0 // PER_WORD, mask=word_ok[None, :], other=0)
-            s16 = _e8m0_bf16_bits(codes)
-            if W_FP4 and DOTS == 8:   # one bf16 scale a word
-                s1 = tl.reshape(tl.broadcast_to(s16.to(tl.int16).to(tl.bfloat16, bitcast=True)[:, :, None],
-                                                (BLOCK_N, GROUPS, 4)), (BLOCK_N, BLOCK_K // 8))
-                outs = _fp4_word_pairs_split(words, s1)
-            elif W_FP4:
-                s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 4)),
-                                (BLOCK_N, BLOCK_K // 8))             # one bf16x2 scale a word
-                outs = _fp4_words_split(words, s2, QUAD_SIGNS)
-            else:
-                s2 = tl.reshape(tl.broadcast_to((s16 | (s16 << 16))[:, :, None], (BLOCK_N, GROUPS, 8)),
-                                (BLOCK_N, BLOCK_K // 4))
-                outs = _fp8_words_split(words, s2, E5M2)
-        else:
-            if W_FP4:
-                raw = tl.load(w_ptrs + k0 // 2, mask=(k0 + 2 * jb < k_end)[None, :], other=ZERO)
-            else:
-                raw = tl.load(w_ptrs + k0, mask=(k0 + jb < k_end)[None, :], other=ZERO)
-            code = tl.reshape(tl.broadcast_to(codes[:, :, None], (BLOCK_N, GROUPS, PER_SCALE)), (BLOCK_N, BYTES))
-            if SCALE_NATIVE:
-                scale = _e8m0_bf16_bits(code).to(tl.int16).to(compute_ty, bitcast=True)
-            else:
-                scale = _e8m0_exp2(code, 0)
-            if W_FP4:
-                packed = raw.to(tl.int32)
-                lo = _fp4_bits(packed & 0xF, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
-                hi = _fp4_bits(packed >> 4, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
-                if SCALE_NATIVE:
-                    lo = lo * scale
-                    hi = hi * scale
-                else:
-                    lo = (lo.to(tl.float32) * scale).to(compute_ty)
-                    hi = (hi.to(tl.float32) * scale).to(compute_ty)
-                outs = (lo, hi)                                # byte j holds k = 2j (lo), 2j + 1 (hi)
-            else:
-                if SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
-                    w = raw.to(compute_ty) * scale
-                else:
-                    w = (raw.to(tl.float32) * scale).to(compute_ty)
-                outs = (w,)
-        acc = _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT, DOTS)
+    for k0 in range(k_start, k_end, BLOCK_K * (1 + PAIR_STEPS)):
+        codes = _scale_codes(s_ptrs, g, k0, k_end)
+        if PAIR_STEPS:
+            codes1 = _scale_codes(s_ptrs, g, k0 + BLOCK_K, k_end)
+        acc = _decode_step(acc, codes, k0, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_words, jb, jw,
+                           W_FP4, BLOCK_N, BLOCK_K, GROUPS, PER_SCALE, PER_WORD, BYTES, UNIT, DOTS, SCALE_NATIVE,
+                           ASM_DECODE, E5M2, QUAD_SIGNS, ALIGNED_K)
+        if PAIR_STEPS:
+            acc = _decode_step(acc, codes1, k0 + BLOCK_K, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_words, jb,
+                               jw, W_FP4, BLOCK_N, BLOCK_K, GROUPS, PER_SCALE, PER_WORD, BYTES, UNIT, DOTS,
+                               SCALE_NATIVE, ASM_DECODE, E5M2, QUAD_SIGNS, ALIGNED_K)
     out_ptrs = out_ptr + split * stride_split + rm[None, :] * stride_om + rn[:, None] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (rn < N)[:, None])
 
@@ -1004,7 +1044,7 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
            W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
            SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", SPLIT_WORDS=c.get("SPLIT_WORDS", 1),
            QUAD_SIGNS=c.get("QUAD_SIGNS", False), ALIGNED_K=c.get("ALIGNED_K", False),
-           num_warps=c["num_warps"],
+           PAIR_STEPS=c.get("PAIR_STEPS", False), num_warps=c["num_warps"],
            num_stages=c["num_stages"])
     if split_k > 1:
         numel = m * n
@@ -1057,7 +1097,7 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
     c.pop("SPLIT_K"), c.pop("kernel")
-    c = {"SPLIT_WORDS": 1, "QUAD_SIGNS": False, "ALIGNED_K": False, **c}   # a compile spec names every constexpr, defaults included
+    c = {"SPLIT_WORDS": 1, "QUAD_SIGNS": False, "ALIGNED_K": False, "PAIR_STEPS": False, **c}   # a compile spec names every constexpr, defaults included
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
                  **{k: "i32" for k in ints}, "stride_on": "constexpr",

@@ -254,12 +254,14 @@ def test_gpu_decode_candidates_match_dequantized_matmul(w_fmt, m, n, k):
 
 
 
-@pytest.mark.parametrize("split_words", [2, 8])
+@pytest.mark.parametrize("split_words,pair_steps", [(2, False), (8, False), (1, True), (2, True)])
 @pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
-def test_decode_split_words_matches_dequantized_matmul(split_words, w_fmt):
-    """SPLIT_WORDS through the interpreter (the plain Triton decode: fp4 splits into the even-k and odd-k
-    dots, 8 is capped at that; fp8 has nothing to split): K=1056 is no multiple of BLOCK_K, M=21 no
-    multiple of 16, a NaN scale (255) poisons its output column, zero codes and the 2^-127 scale give zeros."""
+def test_decode_variants_match_dequantized_matmul(split_words, pair_steps, w_fmt):
+    """SPLIT_WORDS and PAIR_STEPS through the interpreter (the plain Triton decode: fp4 splits into the
+    even-k and odd-k dots, 8 is capped at that; fp8 has nothing to split; paired steps: the K splits of
+    1056 have 5 and 4 steps of 128, so a pair's second step falls past the end and must add nothing):
+    K=1056 is no multiple of BLOCK_K, M=21 no multiple of 16, a NaN scale (255) poisons its output
+    column, zero codes and the 2^-127 scale give zeros."""
     a, b, _, sb = _operands(21, 40, 1056, "fp16", w_fmt, seed=5)
     sb = mx.scales_as_uint8(sb).clone()
     sb[3, 7] = 255                  # NaN: output column 3
@@ -268,7 +270,8 @@ def test_decode_split_words_matches_dequantized_matmul(split_words, w_fmt):
     b.view(torch.uint8)[7] = 0      # zero codes in row 7
     ref = sm.reference_scaled_matmul(a, b, None, sb)
     ref[:, 5] = 0.0
-    c = dict(kernel="decode", BLOCK_N=16, BLOCK_K=128, SPLIT_K=2, num_warps=1, num_stages=1, SPLIT_WORDS=split_words)
+    c = dict(kernel="decode", BLOCK_N=16, BLOCK_K=128, SPLIT_K=2, num_warps=1, num_stages=1, SPLIT_WORDS=split_words,
+             PAIR_STEPS=pair_steps)
     out = torch.empty(21, 40, dtype=torch.float32)
     sm._decode_candidate(a, b, sb, "fp16", w_fmt, out, sm.CONFIGS["cpu"], c)
     assert torch.isnan(out[:, 3]).all() and not torch.isnan(out[:, [0, 1, 2, 4, 5, 6, 7]]).any()
