@@ -52,16 +52,69 @@ class _InterpretedLaunch:
         def launch(*args, **kwargs):
             with _INTERPRETER_LOCK:
                 _import_gluon_unpatched()
+                args, kwargs, write_back = _bf16_as_float32(args, kwargs)
                 snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
                 try:
                     _interpret_tensor_methods()
-                    return self.fn[grid](*args, **kwargs)
+                    result = self.fn[grid](*args, **kwargs)
                 finally:
                     _restore(snapshot)
+                write_back()   # only after a launch that finished: a failed one leaves the bf16 data as it was
+                return result
         return launch
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+
+def _bf16_as_float32(args: tuple, kwargs: dict):
+    """(args, kwargs, write_back) with every bfloat16 tensor replaced by a float32 one.
+
+    Triton's interpreter keeps bfloat16 as raw uint16 bits and computes on the bits: a bf16 ``tl.dot``
+    multiplies bit patterns (values ~1e10), and comparisons order them as unsigned integers (upstream:
+    unsupported, cast to float32 first). So an interpreted kernel sees float32 copies instead, with the
+    same sizes, strides and offsets, over one copy per storage span (arguments that alias still alias
+    each other), and ``write_back`` rounds the copies back into the bfloat16 storage (inputs come back
+    unchanged: bf16 -> fp32 -> bf16 is exact). The kernel computes in float32 where a GPU would round
+    an intermediate value to bf16 (attention's probabilities): the CPU result is the more accurate one.
+    """
+    tensors = [t for t in (*args, *kwargs.values()) if _is_cpu_bf16(t)]
+    if not tensors:
+        return args, kwargs, lambda: None
+    spans: dict = {}   # storage -> [first, end) of the elements the bf16 arguments reach
+    for t in tensors:
+        first, end = _element_span(t)
+        key = t.untyped_storage().data_ptr()
+        lo, hi, storage = spans.get(key, (first, end, t.untyped_storage()))
+        spans[key] = (min(lo, first), max(hi, end), storage)
+    copies = {}
+    with torch.no_grad():
+        for key, (lo, hi, storage) in spans.items():
+            span = torch.empty(0, dtype=torch.bfloat16).set_(storage, lo, (hi - lo,), (1,))
+            copies[key] = (lo, span, span.float())
+
+        def widened(t):
+            if not _is_cpu_bf16(t):
+                return t
+            lo, _, wide = copies[t.untyped_storage().data_ptr()]
+            return wide.as_strided(t.shape, t.stride(), t.storage_offset() - lo)
+
+    def write_back():
+        with torch.no_grad():
+            for _, span, wide in copies.values():
+                span.copy_(wide)
+
+    return tuple(widened(a) for a in args), {k: widened(v) for k, v in kwargs.items()}, write_back
+
+
+def _is_cpu_bf16(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.numel() > 0
+
+
+def _element_span(t: torch.Tensor) -> tuple:
+    """[first, end): the storage elements a strided view can reach."""
+    first = t.storage_offset()
+    return first, first + 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
 
 
 _STDLIB_MEMO: dict = {}

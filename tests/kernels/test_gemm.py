@@ -36,7 +36,7 @@ def maybe_transposed(t, transposed):
 
 @settings(max_examples=12, deadline=None)
 @given(M=st.integers(1, 40), N=st.integers(1, 40), K=st.integers(1, 40),
-       dtype=st.sampled_from([torch.float32, torch.float16]),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
        a_t=st.booleans(), b_t=st.booleans(), act=st.sampled_from(ACTS),
        bias_kind=st.sampled_from([None, "row", "full"]), residual=st.booleans(),
        seed=st.integers(0, 2**16))

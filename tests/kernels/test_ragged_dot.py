@@ -30,7 +30,7 @@ def check(lhs, rhs, sizes, dtype, **kw):
 
 @settings(max_examples=12, deadline=None)
 @given(sizes=st.lists(st.integers(0, 20), min_size=1, max_size=6), extra=st.integers(0, 9),
-       K=st.integers(1, 40), N=st.integers(1, 40), dtype=st.sampled_from([torch.float32, torch.float16]),
+       K=st.integers(1, 40), N=st.integers(1, 40), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
        seed=st.integers(0, 2**16))
 def test_random_groups(sizes, extra, K, N, dtype, seed):
     g = torch.Generator().manual_seed(seed)
