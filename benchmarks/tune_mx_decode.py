@@ -1,7 +1,9 @@
 """Weight-only MX decode configs on the GPU (bf16 activations x MXFP4 / MXFP8 weights, 16x14336x4096):
 each candidate checked against dequantise-then-matmul in fp32, then timed (do_bench, median, L2 flushed
 between runs) in three interleaved rounds (the best round counts: a shared GPU drifts), beside bf16
-torch.matmul. Not part of the suite; prints a table and writes JSON.
+torch.matmul. Not part of the suite; prints a table and writes JSON (after the checks and after every
+round). Configs are compiled in order (the table's candidates and untried variants first) until
+COMPILE_BUDGET_S seconds (default 300) have passed.
 
     PYTHONPATH=$PWD python benchmarks/tune_mx_decode.py [OUT.json]
 """
@@ -9,6 +11,7 @@ import itertools
 import json
 import os
 import sys
+import time
 
 import torch
 import triton
@@ -93,6 +96,7 @@ def candidates(w_fmt):
 
 
 def main():
+    deadline = time.monotonic() + float(os.environ.get("COMPILE_BUDGET_S", "300"))
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
     w = torch.randn(N, K, device="cuda", generator=g)
@@ -111,6 +115,9 @@ def main():
         nbytes = data.numel() * data.element_size() + scales.numel() + x.numel() * 2 + M * N * 2
         cfg = sm.pick_config(sm.CONFIGS, "sm_90")
         for i, c in enumerate(candidates(w_fmt)):
+            if time.monotonic() > deadline:   # the table's configs come first; the sweep's tail may not fit
+                print(f"DEADLINE: {w_fmt} configs from {i} on not compiled", flush=True)
+                break
             out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             run = lambda c=c, out=out, data=data, s8=s8, w_fmt=w_fmt: sm._decode_candidate(  # noqa: E731
                 x, data, s8, "bf16", w_fmt, out, cfg, c)
@@ -125,19 +132,23 @@ def main():
                 runs[key] = run
             else:
                 print("REJECTED", json.dumps(rows[key]), flush=True)
+    _save(rows)
     for _ in range(ROUNDS):
         for key, run in runs.items():
             ms = triton.testing.do_bench(run, warmup=5, rep=20, return_mode="median")
             rows[key]["ms"] = min(ms, rows[key].get("ms", float("inf")))
-    for key, r in rows.items():
-        if "ms" in r and "bytes" in r:
-            r["tbps"] = r["bytes"] / r["ms"] / 1e9
+            if "bytes" in rows[key]:
+                rows[key]["tbps"] = rows[key]["bytes"] / rows[key]["ms"] / 1e9
+        _save(rows)   # after every round: a run cut short by its time limit keeps what it measured
     print(f"torch.matmul bf16 {M}x{N}x{K}: {rows['torch.matmul bf16']['ms'] * 1e3:.1f} us")
     print(f"fa.matmul bf16 (user path): {rows['fa.matmul bf16 (user path)']['ms'] * 1e3:.1f} us")
     for w_fmt in FORMATS + ("bf16 gemv_t",):
         best = sorted((r for r in rows.values() if r.get("name") == w_fmt and "ms" in r), key=lambda r: r["ms"])
         print(f"--- {w_fmt} ({len(best)} configs) best:", *(f"{r['ms'] * 1e3:.1f} us {r['config']}" for r in best[:8]),
               sep="\n  ")
+
+
+def _save(rows):
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(list(rows.values()), f, indent=1)
