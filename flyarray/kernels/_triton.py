@@ -13,10 +13,11 @@ import inspect
 import threading
 import types
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+from triton.runtime.interpreter import InterpretedFunction, InterpreterBuilder, TensorHandle, _patch_lang
 
 from flyarray.diskcache import in_triton_cache
 
@@ -56,6 +57,7 @@ class _InterpretedLaunch:
                 snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
                 try:
                     _interpret_tensor_methods()
+                    InterpreterBuilder.cast_impl = _cast_rounding_bf16_to_nearest_even
                     result = self.fn[grid](*args, **kwargs)
                 finally:
                     _restore(snapshot)
@@ -141,8 +143,32 @@ def _import_gluon_unpatched():
 
 
 def _language_namespaces() -> list:
-    spaces = [tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype]
+    spaces = [tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, InterpreterBuilder]
     return spaces + [getattr(tl.core, n) for n in ("tensor_descriptor_base",) if hasattr(tl.core, n)]
+
+
+_INTERPRETER_CAST = InterpreterBuilder.cast_impl
+
+
+def _cast_rounding_bf16_to_nearest_even(builder, src, dst_type):
+    """The interpreter's cast, except between float32 and bfloat16 (both ways exact bit moves here):
+    it truncates float32 -> bfloat16 (GPUs and torch round to nearest, ties to even: the interpreter
+    differed from both by an ulp in a third of the values of a bf16 add), and its generic subnormal
+    path turns bf16 subnormals into wrong float32 values."""
+    if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+        return TensorHandle(_bf16_bits_nearest_even(src.data), tl.bfloat16)
+    if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:   # the same exponent range
+        return TensorHandle((np.asarray(src.data).astype(np.uint32) << 16).view(np.float32), tl.float32)
+    return _INTERPRETER_CAST(builder, src, dst_type)
+
+
+def _bf16_bits_nearest_even(values: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16, the interpreter's storage) of float32 ``values``, rounded to nearest
+    even: add 0x7FFF plus the lowest kept bit, drop 16 bits (a carry moves into the exponent, up to inf);
+    NaN stays NaN (quiet bit set)."""
+    bits = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(np.isnan(values), (bits >> 16) | 0x40, rounded).astype(np.uint16)
 
 
 def _restore(snapshot):

@@ -36,6 +36,13 @@ def _scale_kernel(x_ptr, out_ptr, n, stride_x, stride_out, factor, BLOCK: tl.con
 
 
 @triton.jit
+def _to_bf16_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    ok = i < n
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=ok).to(tl.bfloat16), mask=ok)
+
+
+@triton.jit
 def _failing_kernel(x_ptr, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
     tl.store(x_ptr + i, tl.load(x_ptr + i) * 3.0)
@@ -69,6 +76,22 @@ def test_a_strided_view_with_an_offset_keeps_its_neighbours():
     _triton.runner(_scale_kernel, torch.device("cpu"))[(1,)](col, out, 5, 10, 1, 2.0, BLOCK=8)
     assert torch.equal(out, (keep[1:, 3].float() * 2).to(torch.bfloat16))
     assert torch.equal(base, keep)
+
+
+def test_a_float32_to_bf16_cast_rounds_to_nearest_even_as_torch_does():
+    """The interpreter truncated: an ulp off in a third of a bf16 add's values. Ties (exactly half an
+    ulp, both parities), carries into the exponent, overflow to inf, subnormals, zeros, inf, NaN."""
+    torch.manual_seed(9)
+    kept = torch.randint(0, 1 << 15, (512,), dtype=torch.int32) << 16
+    ties = (kept | 0x8000).view(torch.float32)                      # half an ulp above each bf16 value
+    special = torch.tensor([3.4e38, -3.4e38, 1e-40, -1e-40, 0.0, -0.0, float("inf"), -float("inf"),
+                            float("nan"), 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 255.99])
+    x = torch.cat([torch.randn(2000) * 100, torch.randn(500) * 1e-39, ties, -ties, special])
+    out = torch.empty(x.numel(), dtype=torch.bfloat16)
+    _triton.runner(_to_bf16_kernel, torch.device("cpu"))[(1,)](x, out, x.numel(), BLOCK=4096)
+    want = x.to(torch.bfloat16)
+    same = (out.view(torch.int16) == want.view(torch.int16)) | (out.isnan() & want.isnan())
+    assert same.all(), (x[~same][:5], out[~same][:5], want[~same][:5])
 
 
 def test_a_failed_launch_leaves_bf16_data_as_it_was():
