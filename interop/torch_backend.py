@@ -118,6 +118,8 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
     y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
+    if beta == 0:   # torch ignores the input then: NaN and inf in it do not propagate
+        return y
     return y + (bias if beta == 1 else bias * beta)
 
 
@@ -429,6 +431,75 @@ class _Failed(Exception):
         self.node, self.cause = node, cause
 
 
+class _OutputLayout:
+    """What torch promises of a region output that flyarray's zero-copy results may not keep: a tensor
+    torch makes contiguous (``x.transpose(...).contiguous()``, then a torch ``view`` of it) comes out
+    contiguous, and an op that is no view in torch (``clone``, a same-dtype ``_to_copy``: identities
+    to flyarray's immutable arrays) does not share memory with the region's inputs, which a later
+    in-place update (``x.add_``) would otherwise change under it."""
+
+    def __init__(self, node, region):
+        inputs = set(region.inputs)
+        self.node = node
+        self.contiguous = _known_contiguous(node.meta.get("val"))
+        # checked at run time only where flyarray may hand back an input's memory (the check costs ~1 us
+        # an input) and torch may not
+        self.check_memory = _moved_input(node, inputs) and not _view_of_input(node, inputs)
+
+    def as_torch_gives_it(self, t, inputs):
+        if self.contiguous and not t.is_contiguous():
+            return t.contiguous()
+        if self.check_memory and _shares_memory(t, inputs):
+            return t.clone()
+        return t
+
+
+def _known_contiguous(val) -> bool:
+    if not isinstance(val, torch.Tensor):
+        return False
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    return statically_known_true(val.is_contiguous())   # symbolic sizes: only what needs no guard
+
+
+def _view_of_input(node, inputs) -> bool:
+    """Whether torch's ``node`` is a view (a chain of aliasing ops) of one of the region's inputs."""
+    while node not in inputs:
+        target = node.target if node.op == "call_function" else None
+        if target is operator.getitem:
+            node = node.args[0]
+            continue
+        schema = getattr(target, "_schema", None)
+        if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+            return False
+        node = node.args[0]
+        if not isinstance(node, torch.fx.Node):
+            return False
+    return True
+
+
+# lowered to flyarray movement (or nothing): their result may be an input's memory, viewed
+_MOVEMENT = {aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default, aten.view.default,
+             aten._unsafe_view.default, aten.reshape.default, aten.permute.default, aten.t.default, aten.transpose.int,
+             aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+             aten.slice.Tensor, aten.select.int}
+
+
+def _moved_input(node, inputs) -> bool:
+    """Whether ``node`` is a region input under movement ops only (then flyarray may not copy it)."""
+    while node not in inputs:
+        if node.op != "call_function" or node.target not in _MOVEMENT or not isinstance(node.args[0], torch.fx.Node):
+            return False
+        node = node.args[0]
+    return True
+
+
+def _shares_memory(t, inputs) -> bool:
+    if t.numel() == 0:
+        return False
+    ptr = t.untyped_storage().data_ptr()
+    return any(isinstance(i, torch.Tensor) and i.numel() and i.untyped_storage().data_ptr() == ptr for i in inputs)
+
+
 class CompiledGraph:
     """An FX graph run as regions (fa.jit, replayed per signature) and torch ops."""
 
@@ -447,7 +518,7 @@ class CompiledGraph:
         for kind, item in steps:
             if kind == "region":
                 fn = fa.jit(_region_fn(item, table))
-                self.steps.append((kind, (item, fn)))
+                self.steps.append((kind, (item, fn, [_OutputLayout(n, item) for n in item.outputs])))
             else:
                 self.steps.append((kind, item))
         self.regions = sum(1 for k, _ in self.steps if k == "region")
@@ -456,10 +527,11 @@ class CompiledGraph:
         env = dict(zip(self.placeholders, args))
         for kind, item in self.steps:
             if kind == "region":
-                region, fn = item
-                outs = fn(*[env[n] for n in region.inputs])
-                for n, o in zip(region.outputs, outs):
-                    env[n] = o.torch()
+                region, fn, layouts = item
+                ins = [env[n] for n in region.inputs]
+                outs = fn(*ins)
+                for layout, o in zip(layouts, outs):
+                    env[layout.node] = layout.as_torch_gives_it(o.torch(), ins)
             else:
                 env[item] = self._run_torch(item, env)
         return _map(self.output.args[0], env)
@@ -518,9 +590,10 @@ def rewrite_library_calls(gm: torch.fx.GraphModule, families) -> int:
 
 
 def _sdpa_ok(node):
-    q = _example(node, "query", 0)
-    k = _example(node, "key", 1)
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim == 4 and k.ndim == 4):
+    q, k, v = (_example(node, name, i) for i, name in enumerate(("query", "key", "value")))
+    if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
+        return False
+    if v.shape[-1] != q.shape[-1]:   # torch allows value's head_dim to differ; our kernels take one head_dim
         return False
     causal = _example(node, "is_causal", 5)
     return (_example(node, "attn_mask", 3) is None and not _example(node, "dropout_p", 4)
@@ -598,6 +671,8 @@ def _stack_plan(leaves):
                                   n.target is aten.select_backward.default and len(n.users) == 1 for n in leaves):
         return None
     sizes = tuple(leaves[0].args[1])
+    if not all(type(s) is int for s in sizes):   # a dynamic size (a SymInt node): left as it is
+        return None
     dim = leaves[0].args[2] % len(sizes)
     vals = [n.meta.get("val") for n in leaves]
     if any(v is None for v in vals) or len({v.dtype for v in vals}) != 1:

@@ -227,7 +227,7 @@ def test_block_backward_is_one_region_with_the_custom_op_derivatives_inside():
     forward, backward = graphs
     assert forward.regions == 1 and backward.regions == 1
     assert all(kind == "region" for kind, _ in backward.steps)  # flyarray::vjp and select_backward lowered
-    lowered = {str(n.target) for _, (region, _) in backward.steps for n in region.nodes}
+    lowered = {str(n.target) for _, (region, *_) in backward.steps for n in region.nodes}
     assert {"flyarray.vjp.default", "aten.select_backward.default", "aten.mm.default"} <= lowered
     grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
     model.zero_grad()
@@ -402,6 +402,78 @@ def test_library_rewrites_keep_torch_semantics_where_ours_differ():
         torch.testing.assert_close(got, want)
 
 
+def test_a_clone_does_not_share_the_inputs_memory():
+    """clone is an identity to flyarray's immutable arrays; torch promises new memory. A snapshot taken
+    before an in-place update keeps the old values, and writing into a returned clone leaves the input."""
+    torch._dynamo.reset()
+
+    def snapshot(x):
+        y = x.clone()
+        x.add_(1)
+        return y
+
+    x = torch.zeros(3)
+    torch.testing.assert_close(torch.compile(snapshot, backend="flyarray")(x), torch.zeros(3))
+    torch.testing.assert_close(x, torch.ones(3))
+    torch._dynamo.reset()
+    x = torch.ones(3)
+    out = torch.compile(lambda t: t.clone(), backend="flyarray")(x)
+    out.zero_()
+    torch.testing.assert_close(x, torch.ones(3))
+
+
+def test_contiguous_then_a_view_with_a_dynamic_size():
+    """(b, h, s, d) -> (b, s, h*d) as attention epilogues write it: torch's view needs the contiguous
+    tensor torch's clone made, also where the view stays torch's (a symbolic size)."""
+    torch._dynamo.reset()
+
+    def f(x):
+        b, h, s, d = x.shape
+        return x.transpose(1, 2).contiguous().view(b, s, h * d)
+
+    compiled = torch.compile(f, backend="flyarray")
+    for s in (5, 7):
+        x = torch.randn(1, 2, s, 3)
+        if s == 7:
+            torch._dynamo.mark_dynamic(x, 2)
+        torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_qkv_select_backward_with_a_dynamic_size():
+    """The select_backward merge needs static sizes; with a symbolic one it leaves the sum alone."""
+    torch._dynamo.reset()
+
+    def f(x, w):
+        qkv = (x @ w).view(x.shape[0], 3, 4).permute(1, 0, 2)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        return (q * k + v).exp().sum()
+
+    w = torch.randn(4, 12, requires_grad=True)
+    compiled = torch.compile(f, backend="flyarray")
+    for n in (5, 7):   # the second length recompiles with a symbolic size
+        x = torch.randn(n, 4)
+        w.grad = None
+        f(x, w).backward()
+        want = w.grad.clone()
+        w.grad = None
+        compiled(x, w).backward()
+        torch.testing.assert_close(w.grad, want)
+
+
+def test_addmm_with_beta_zero_ignores_the_input():
+    torch._dynamo.reset()
+    f = lambda b, x, w: torch.addmm(b, x, w, beta=0.0, alpha=2.0)  # noqa: E731
+    args = (torch.full((3,), float("nan")), torch.ones(2, 4), torch.ones(4, 3))
+    torch.testing.assert_close(torch.compile(f, backend="flyarray")(*args), f(*args))
+
+
+def test_sdpa_whose_value_head_dim_differs_stays_torchs():
+    torch._dynamo.reset()
+    f = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    args = (torch.randn(1, 2, 5, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 8))
+    torch.testing.assert_close(torch.compile(f, backend="flyarray")(*args), f(*args))
+
+
 def test_addmm_is_one_gemm_with_its_bias_fused():
     torch._dynamo.reset()
     lin = torch.nn.Linear(8, 4)
@@ -525,5 +597,5 @@ def test_block_backward_merges_the_qkv_select_backwards():
     x = torch.randn(2, 8, 16, requires_grad=True)
     torch.compile(model, backend=_recording_backend(graphs, merge=True))(x).sum().backward()
     _, backward = graphs
-    lowered = [str(n.target) for _, (region, _) in backward.steps for n in region.nodes]
+    lowered = [str(n.target) for _, (region, *_) in backward.steps for n in region.nodes]
     assert "aten.select_backward.default" not in lowered and "aten.cat.default" in lowered
