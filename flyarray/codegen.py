@@ -115,6 +115,19 @@ def _ifloordiv(a, b):
 
 
 @triton.jit
+def _ffloordiv(a, b):
+    # torch's and numpy's float floor division: from fmod, so a // b * b + a % b == a holds where
+    # floor(a / b) would round the quotient first (1 // 0.1 is 9, not 10)
+    mod = a % b
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    floor = tl.floor(div)
+    floor = tl.where(div - floor > 0.5, floor + 1.0, floor)
+    floor = tl.where(div == 0, 0.0 * (a / b), floor)   # a zero takes the quotient's sign
+    return tl.where(b == 0, a / b, floor)
+
+
+@triton.jit
 def _iremainder(a, b):
     r = a % b
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
@@ -128,14 +141,20 @@ def _fremainder(a, b):
 
 @triton.jit
 def _ipow(a, b):
-    result = a * 0 + 1
+    one = a * 0 + 1
+    result = one
     base = a
     e = b
     for _ in tl.static_range(64):  # every bit of a uint64 exponent (>> is logical on unsigned types)
         result = tl.where((e & 1) != 0, result * base, result)
         base = base * base
         e = e >> 1
-    return result
+    # a negative exponent (signed types; >> kept its sign bit above): torch's integer result, 1 / a^-b
+    # truncated: 1 for a == 1, +-1 for a == -1, else 0
+    minus_one = a * 0 - 1
+    at_minus_one = tl.where((b & 1) != 0, minus_one, one)
+    reciprocal = tl.where(a == one, one, tl.where(a == minus_one, at_minus_one, a * 0))
+    return tl.where(b < b * 0, reciprocal, result)
 
 
 @triton.jit

@@ -205,7 +205,7 @@ _ew("multiply", 2, "any", "same", torch.multiply,
     lambda a, cdt: f"({a[0]} & {a[1]})" if cdt.kind == "b" else f"({a[0]} * {a[1]})")
 _ew("divide", 2, "float", "same", torch.divide, _f("({0} / {1})"))
 _ew("floor_divide", 2, "numeric", "same", lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    lambda a, cdt: f"tl.floor({a[0]} / {a[1]})" if cdt.kind == "f" else f"_ifloordiv({a[0]}, {a[1]})")
+    lambda a, cdt: f"_ffloordiv({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ifloordiv({a[0]}, {a[1]})")
 _ew("remainder", 2, "numeric", "same", torch.remainder,
     lambda a, cdt: f"_fremainder({a[0]}, {a[1]})" if cdt.kind == "f" else f"_iremainder({a[0]}, {a[1]})")
 _ew("pow", 2, "numeric", "same", torch.pow,

@@ -93,13 +93,17 @@ def _attention_grads(do, q, k, v, out, lse, dlse, bias, mask, *, scale, is_causa
                       **_attention_kwargs(bias, mask, scale, is_causal), has_dlse=dlse is not None))
 
 
+# the epilogue activations fa.matmul's scheduler fuses (flyarray.ops.linalg.ACTIVATIONS), by name
+_ACTIVATIONS = {"relu": fa.relu, "silu": fa.silu, "gelu": fa.gelu, "gelu_tanh": lambda y: fa.gelu(y, approximate=True)}
+
+
 def _matmul(a, b, bias, residual, *, activation, out_dtype):
     """[cast]([residual +] [act](a @ b [+ bias])): the pattern the scheduler fuses into one GEMM."""
     y = fa.matmul(a, b)
     if bias is not None:
         y = y + bias
     if activation is not None:
-        y = getattr(fa, activation)(y)
+        y = _ACTIVATIONS[activation](y)
     if residual is not None:
         y = y + residual
     if out_dtype is not None and dt.dtype(out_dtype) != y.dtype:

@@ -390,6 +390,32 @@ def test_odd_strided_torch_tensor_input(backend):
     assert_matches(got, np.exp(t.numpy().astype(np.float64) * 0.01).astype(np.float32), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_float_floor_division_is_numpys_on_rounding_edges(backend, dtype):
+    """Quotients that floor(a / b) rounds across an integer (1 // 0.1 is 9: 0.1 is a bit above a tenth),
+    signed zeros, infinities, zero divisors; a // b * b + a % b gives a back."""
+    rng = np.random.default_rng(11)
+    a = np.concatenate([[1.0, 0.3, 7.0, -1.0, 0.5, 0.0, -0.0, 1.0, np.inf, -3.0, 5.0],
+                        rng.uniform(-50, 50, 64)]).astype(dtype)
+    b = np.concatenate([[0.1, 0.1, 0.7, np.inf, -np.inf, 3.0, 3.0, -0.0, 0.5, 0.0, -0.3],
+                        rng.uniform(0.05, 3, 64) * rng.choice([-1, 1], 64)]).astype(dtype)
+    with np.errstate(all="ignore"):
+        want_q, want_r = np.floor_divide(a, b), np.remainder(a, b)
+    got_q = fa.floor_divide(make_array(a), make_array(b))
+    assert_matches(got_q, want_q, rtol=0, atol=0)
+    assert np.array_equal(np.signbit(np.asarray(got_q)), np.signbit(want_q))
+    assert_matches(fa.remainder(make_array(a), make_array(b)), want_r)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
+def test_integer_pow_with_a_negative_exponent_is_torchs(backend, dtype):
+    """1 / a^-b truncated (torch.pow): 1 for a == 1, +-1 for a == -1, 0 otherwise (numpy refuses)."""
+    a, b = np.meshgrid(np.arange(-3, 4), np.arange(-4, 4))
+    a, b = a.ravel().astype(dtype), b.ravel().astype(dtype)
+    want = torch.pow(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    assert_matches(fa.pow(make_array(a), make_array(b)), want)
+
+
 @pytest.mark.parametrize("dtype", INT_DTYPES)
 def test_integer_division_rounds_toward_minus_infinity(backend, dtype):
     a = np.array([7, -7, 7, -7, 0, 5, -1], dtype=np.int64)
