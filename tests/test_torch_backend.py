@@ -460,6 +460,15 @@ def test_qkv_select_backward_with_a_dynamic_size():
         torch.testing.assert_close(w.grad, want)
 
 
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu", "gelu_tanh"])
+def test_matmul_custom_op_takes_every_epilogue_activation(activation):
+    torch.manual_seed(1)
+    a, b, bias = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    act = {"relu": torch.relu, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+           "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}[activation]
+    torch.testing.assert_close(fat.matmul(a, b, bias=bias, activation=activation), act(a @ b + bias))
+
+
 def test_addmm_with_beta_zero_ignores_the_input():
     torch._dynamo.reset()
     f = lambda b, x, w: torch.addmm(b, x, w, beta=0.0, alpha=2.0)  # noqa: E731
