@@ -109,7 +109,8 @@ def explain(*arrays) -> Explanation:
     """The pending graph under ``arrays`` and how an evaluation would cut it into kernels, without
     launching or compiling anything (see the module docstring)."""
     from ._array import Array
-    flat = [a for a in arrays if isinstance(a, Array)]
+    from .tree_util import tree_leaves
+    flat = [a for a in tree_leaves(arrays) if isinstance(a, Array)]   # arrays, or pytrees of them
     states = [(tuple(a.shape), a.dtype.name, "pending" if plan._pending(a._node) else "evaluated (no work)")
               for a in flat]
     with plan._lock:  # as plan.realize chooses its roots

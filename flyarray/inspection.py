@@ -13,11 +13,13 @@ import html
 import importlib
 import inspect as pyinspect
 
-from . import codegen, runtime, tables
+from . import codegen, runtime, tables, tree_util
+from ._array import Array
 from .expand import to_primitives
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
 from .targets import TARGETS, KernelSpec, compile_for
+from .transforms import recording
 
 _POINTER = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
             "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "uint16": "u16", "uint32": "u32",
@@ -71,8 +73,9 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     specializations that match the call (input dtype, and features such as the epilogue or causal mask)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
-    out = fn(*args, **kwargs)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    with recording.recording():   # an fa.jit function records inline, as under a transform: nothing runs
+        out = fn(*args, **kwargs)
+    outs = [leaf for leaf in tree_util.tree_leaves(out) if isinstance(leaf, Array)]   # any pytree of outputs
     reports, kinds = [], []
     roots = unrealized_bases(outs)
     to_primitives(roots)

@@ -43,9 +43,12 @@ _companions: dict = {}  # node id -> weak refs of nodes evaluated together with 
 
 class _TraceState(threading.local):
     """Per thread, what fa.jit traces: ``sources``, the ids of traced source nodes, None while nothing
-    traces. A class default rather than a missing attribute: ``getattr(local, name, None)`` on a
-    missing one raises and catches AttributeError inside (half a microsecond of every evaluation)."""
+    traces; and what fa.vmap records its function on: ``batched``, the ids of its per-example stand-ins
+    (their value is one example's). Class defaults rather than missing attributes: ``getattr(local,
+    name, None)`` on a missing one raises and catches AttributeError inside (half a microsecond of
+    every evaluation)."""
     sources = None
+    batched = None
 
 
 _trace = _TraceState()
@@ -422,7 +425,7 @@ def _evaluate_requested(roots: list):
     """Evaluate pending roots (under _lock) with their companions; refused while fa.jit traces them."""
     if _companions:
         roots = _with_companions(roots)
-    if _trace.sources:
+    if _trace.sources or _trace.batched:
         _refuse_traced(roots)
     evaluate(roots)
 
@@ -513,8 +516,10 @@ def _with_companions(roots: list) -> list:
 
 
 def _refuse_traced(roots):
-    """Under fa.jit a traced array has no value yet; asking for one is an error (JAX's rule)."""
-    traced = _trace.sources
+    """Under fa.jit a traced array has no value yet, and under fa.vmap an array computed from the
+    batched arguments stands for every example at once; asking for its value is an error (JAX's rule),
+    not the first example's value."""
+    traced, batched = _trace.sources or (), _trace.batched or ()
     seen, stack = set(), list(roots)
     while stack:
         node = stack.pop()
@@ -524,6 +529,12 @@ def _refuse_traced(roots):
                 "which has no value while fa.jit traces. Data-dependent Python control flow and printing "
                 "cannot be traced: compute it outside the jitted function, pass the value as a static argument "
                 "(static_argnums=/static_argnames=), or use fa.where for a data-dependent choice.")
+        if node.id in batched:
+            raise ConcretizationError(
+                f"fa.vmap: {_user_line()} needs the value of an array that depends on the batched arguments; "
+                "inside the vectorized function it stands for every example at once, so it has no single value "
+                "(float(), bool(), .item(), printing, a Python if on it). Use fa.where for a data-dependent "
+                "choice, or compute the Python value outside the vmapped function.")
         if node.id not in seen:
             seen.add(node.id)
             stack.extend(node.inputs)

@@ -333,6 +333,15 @@ def test_asarray_and_torch_out_share_memory(backend):
 
 
 # ---- fa.jit -----------------------------------------------------------------------------------------
+def test_jit_keyword_arrays_in_any_order(backend):
+    """Keyword array arguments bind by name, whatever order the caller writes them in (the trace took
+    them in sorted order and bound them in call order: b - a for a - b, then replayed)."""
+    f = fa.jit(lambda *, a, b: a - b)
+    a, b = torch.ones(2), torch.full((2,), 10.0)
+    for kwargs in ({"b": b, "a": a}, {"a": a, "b": b}):
+        torch.testing.assert_close(f(**kwargs).torch(), a - b)
+
+
 def test_jit_refuses_data_dependent_python_with_the_line(backend):
     @fa.jit
     def f(x):

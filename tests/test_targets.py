@@ -67,6 +67,16 @@ def test_inspect_reports_matrix_instructions_for_a_dot():
     assert any("gmma" in i.lower() for i in compile_for(spec, "sm_90").matrix_instructions)
 
 
+def test_inspect_records_a_jitted_function_and_any_pytree_of_outputs():
+    """fa.jit functions record inline (they ran on the host, and inspect saw no kernel); dict and nested
+    outputs are flattened (they raised AttributeError)."""
+    x = _x((8, 16))
+    fa.reset_stats()
+    assert len(fa.inspect(fa.jit(lambda a: fa.exp(a).sum(0)), x, target="sm_90").kernels) == 1
+    assert len(fa.inspect(lambda a: {"y": (a * 2.0, [fa.exp(a).sum(0)])}, x, target="sm_90").kernels) == 2
+    assert fa.stats()["kernels_launched"] == 0
+
+
 def test_inspect_unknown_target_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown target"):
         fa.inspect(lambda x: x + 1, _x((4,)), target="gfx1100")

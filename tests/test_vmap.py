@@ -289,8 +289,33 @@ def test_errors():
         s = fa.sin(a) * 2.0
         fa.eval(s)
         return s + 1.0
-    with pytest.raises(ValueError, match="evaluated"):
+    with pytest.raises(fa.ConcretizationError, match=r"fa.vmap: the line .*test_vmap\.py.*fa\.eval\(s\)"):
         fa.vmap(evaluates)(x)
+
+
+def test_python_values_of_batched_arrays_are_refused():
+    """float()/bool() of a per-example value has no single answer; it used to be example 0's for all."""
+    x = fa.asarray(X)
+    with pytest.raises(fa.ConcretizationError, match=r"fa.vmap: .*float\(fa.sum\(a\)\)"):
+        fa.vmap(lambda a: a * float(fa.sum(a)))(x)
+    with pytest.raises(fa.ConcretizationError, match="batched arguments"):
+        fa.vmap(lambda a: a if fa.sum(a) > 0 else -a)(x)
+    w = fa.asarray(W)   # not batched: its value is one value, and may be used
+    got = fa.vmap(lambda a: a * float(fa.sum(w)))(x)
+    np.testing.assert_allclose(np.asarray(got), X * W.sum(), rtol=1e-5)
+
+
+def test_custom_vjp_whose_fwd_calls_itself_under_vmap():
+    """JAX's idiom (fwd returns f(x), residuals) batched: the batched fwd's call of f is the plain f
+    (it recursed without end)."""
+    @fa.custom_vjp
+    def f(a, b):
+        return a * b
+    f.defvjp(lambda a, b: (f(a, b), (a, b)), lambda r, g: (g * r[1] * 3.0, g * r[0]))
+    x = fa.asarray(X[:, 0])
+    np.testing.assert_allclose(np.asarray(fa.vmap(f)(x, x)), X[:, 0] ** 2, rtol=1e-6)
+    got = fa.grad(lambda a: fa.sum(fa.vmap(f)(a, x)))(x)
+    np.testing.assert_allclose(np.asarray(got), 3.0 * X[:, 0], rtol=1e-6)   # the custom bwd, batched
 
 
 def test_interpret_backend(interpret):

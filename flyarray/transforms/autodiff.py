@@ -564,14 +564,19 @@ class custom_vjp:
                                  f"called with {len(args)} argument(s)")
         if self in _in_fwd.active:
             return self.fun(*args)  # fwd calling the function itself (JAX's idiom): bwd covers this call
-        _in_fwd.active.add(self)
-        try:
-            res = self.fwd(*args)
-        finally:
-            _in_fwd.active.discard(self)
+        res = self.run_fwd(*args)
         if not (isinstance(res, (tuple, list)) and len(res) == 2):
             raise TypeError(f"custom_vjp {self.__name__}: fwd must return (output, residuals)")
         return _record_custom(self, CUSTOM_VJP, args, res[0], res[1])
+
+    def run_fwd(self, *args):
+        """``fwd(*args)``, during which a call of this function is its plain function (fa.vmap batches
+        fwd through this too: a batched fwd calling the function must not start another batched call)."""
+        _in_fwd.active.add(self)
+        try:
+            return self.fwd(*args)
+        finally:
+            _in_fwd.active.discard(self)
 
     def _nondiff(self, n):
         """The positions (of ``n`` arguments) that get no cotangent."""

@@ -15,6 +15,8 @@ ways), fa.jit and vmap itself.
 """
 from __future__ import annotations
 
+import contextlib
+
 import functools
 
 from .. import batch_rules  # noqa: F401  (attaches the rules)
@@ -67,6 +69,19 @@ def _normalize(ax, ndim, what, shape):
         raise ValueError(f"vmap: {what} {ax} is out of range for {'an argument' if what == 'in_axes' else 'an output'}"
                          f" of shape {shape} (rank {ndim})")
     return ax % ndim
+
+
+@contextlib.contextmanager
+def _refusing_values_of(stand_ins: set):
+    """While the function records on the stand-ins (one example's values), asking for the value of
+    anything computed from them raises (plan._refuse_traced) instead of answering for example 0."""
+    from .. import plan
+    previous = plan._trace.batched
+    plan._trace.batched = stand_ins | (previous or set())
+    try:
+        yield
+    finally:
+        plan._trace.batched = previous
 
 
 def _stand_in(xb, n):
@@ -144,7 +159,7 @@ def _batch_custom(call, values, n):
         nondiff = sorted(owner._nondiff(len(axes)))
         batched = custom_vjp(vmap(owner.fun, in_axes=axes), nondiff_argnums=owner.nondiff_argnums)
         bwd_axes = tuple(axes[i] for i in nondiff) + (0, 0)  # bwd(*nondiff args, residuals, g)
-        batched.defvjp(vmap(owner.fwd, in_axes=axes), vmap(owner.bwd, in_axes=bwd_axes))
+        batched.defvjp(vmap(owner.run_fwd, in_axes=axes), vmap(owner.bwd, in_axes=bwd_axes))
     else:
         batched = custom_jvp(vmap(owner.fun, in_axes=axes))
         batched.defjvp(vmap(owner.rule, in_axes=(axes, axes)))
@@ -192,8 +207,8 @@ def vmap(fun, in_axes=0, out_axes=0):
             inner[i] = _stand_in(xb, n)
             values[inner[i]._node.id] = xb
         inner_args, inner_kwargs = tu.tree_unflatten(tree, inner)
-        with recording.recording():  # a jitted fun is inlined (fa.jit reads this)
-            out = fun(*inner_args, **inner_kwargs)
+        with recording.recording(), _refusing_values_of({inner[i]._node.id for i in batched}):
+            out = fun(*inner_args, **inner_kwargs)   # a jitted fun is inlined (fa.jit reads recording)
         out_leaves, out_tree = tu.tree_flatten(out)
         out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
         expand_composites([o._node for o in out_leaves])  # fa.nn's composites batch through their primitives

@@ -194,7 +194,8 @@ class _Trace:
         n = len(args)
         statics = {i % n for i in static_argnums if -n <= i < n}
         call_args = [a if i in statics else _rebuild(a, it) for i, a in enumerate(args)]
-        call_kwargs = {k: (v if k in static_argnames else _rebuild(v, it)) for k, v in kwargs.items()}
+        # the array leaves come in _flatten_args' order: keywords sorted by name, not as the caller wrote them
+        call_kwargs = {k: (kwargs[k] if k in static_argnames else _rebuild(kwargs[k], it)) for k in sorted(kwargs)}
         traced = {node.id for node in sources}
         previous = getattr(plan._trace, "sources", None)
         plan._trace.sources = traced
