@@ -145,10 +145,11 @@ class _Depth(threading.local):
 _depth = _Depth()  # how many transforms are recording their function on this thread
 
 
-def _call(fn, nodes):
+def _call(fn, nodes, diff):
+    from .. import plan
     _depth.value += 1
-    try:
-        with recording.recording():  # a jitted fn is inlined (fa.jit reads this)
+    try:   # a jitted fn is inlined (fa.jit reads recording); a Python value of a differentiated input is refused
+        with recording.recording(), plan.refusing_values_of([n.id for n, d in zip(nodes, diff) if d], "fa.grad"):
             return list(fn(*[Array(n) for n in nodes]))
     finally:
         _depth.value -= 1
@@ -174,7 +175,7 @@ def vjp_flat(fn, primals, diff):
     None where ``diff`` is False or no derivative flows)."""
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = _call(fn, nodes)
+    outs = _call(fn, nodes, diff)
     roots = [o._node for o in outs]
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     targets = [n for n, d in zip(nodes, diff) if d]
@@ -262,7 +263,7 @@ def jvp_flat(fn, primals, tangents):
     diff = [t is not None for t in tangents]
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = _call(fn, nodes)
+    outs = _call(fn, nodes, diff)
     roots = [o._node for o in outs]
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     eqns, _ = _trace(roots, [n for n, d in zip(nodes, diff) if d], start)

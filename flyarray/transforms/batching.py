@@ -15,12 +15,10 @@ ways), fa.jit and vmap itself.
 """
 from __future__ import annotations
 
-import contextlib
-
 import functools
 
 from .. import batch_rules  # noqa: F401  (attaches the rules)
-from .. import ir
+from .. import ir, plan
 from .. import tree_util as tu
 from .._array import Array
 from ..expand import expand_composites
@@ -69,19 +67,6 @@ def _normalize(ax, ndim, what, shape):
         raise ValueError(f"vmap: {what} {ax} is out of range for {'an argument' if what == 'in_axes' else 'an output'}"
                          f" of shape {shape} (rank {ndim})")
     return ax % ndim
-
-
-@contextlib.contextmanager
-def _refusing_values_of(stand_ins: set):
-    """While the function records on the stand-ins (one example's values), asking for the value of
-    anything computed from them raises (plan._refuse_traced) instead of answering for example 0."""
-    from .. import plan
-    previous = plan._trace.batched
-    plan._trace.batched = stand_ins | (previous or set())
-    try:
-        yield
-    finally:
-        plan._trace.batched = previous
 
 
 def _stand_in(xb, n):
@@ -207,7 +192,7 @@ def vmap(fun, in_axes=0, out_axes=0):
             inner[i] = _stand_in(xb, n)
             values[inner[i]._node.id] = xb
         inner_args, inner_kwargs = tu.tree_unflatten(tree, inner)
-        with recording.recording(), _refusing_values_of({inner[i]._node.id for i in batched}):
+        with recording.recording(), plan.refusing_values_of([inner[i]._node.id for i in batched], "fa.vmap"):
             out = fun(*inner_args, **inner_kwargs)   # a jitted fun is inlined (fa.jit reads recording)
         out_leaves, out_tree = tu.tree_flatten(out)
         out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
