@@ -185,14 +185,19 @@ def _chooser_weights(e):
 
 
 def _prod_weights(e):
-    """d prod / d x_i = prod of the others, also where x has zeros (one zero: the product of the
-    rest at that position, two or more: 0)."""
-    x, y, axes = e.x[0], e.y, e.params
-    is_zero = x == 0
-    zeros_in_row = F.sum(is_zero.astype(x.dtype), axis=axes, keepdims=True)
-    others = F.prod(F.where(is_zero, 1.0, x), axis=axes, keepdims=True)
-    return F.where(zeros_in_row == 0, y / F.where(is_zero, 1.0, x),
-                   F.where((zeros_in_row == 1) & is_zero, others, 0.0))
+    """d prod / d x_i = the product of the others, as exclusive products from both ends (prefix * suffix):
+    right where x has zeros, and differentiable again. (y / x with a zero branch was right to first order
+    but its own derivative was not: the Hessian at two zeros lost its nonzero entry, and at one zero it
+    came out asymmetric.)"""
+    x, axes = e.x[0], tuple(a % e.x[0].ndim for a in e.params)
+    kept = [a for a in range(x.ndim) if a not in axes]
+    n = math.prod(x.shape[a] for a in axes)
+    rows = F.reshape(F.permute_dims(x, kept + list(axes)), tuple(x.shape[a] for a in kept) + (n,))
+    prefix = F.cumulative_prod(rows, axis=-1, include_initial=True)[..., :-1]
+    suffix = F.flip(F.cumulative_prod(F.flip(rows, axis=-1), axis=-1, include_initial=True)[..., :-1], axis=-1)
+    others = F.reshape(prefix * suffix, tuple(x.shape[a] for a in kept + list(axes)))
+    order = kept + list(axes)
+    return F.permute_dims(others, [order.index(a) for a in range(x.ndim)])
 
 
 REDUCE["sum"].vjp = _sum_vjp
@@ -709,7 +714,7 @@ def _gather_jvp(t, e):
 
 
 def _scatter_vjp(gs, e):
-    (g,), (z, idx, v) = gs, e.x
+    (g,), (_, idx, v) = gs, e.x
     mode = e.params["kwargs"]["mode"]
     if mode == "set":  # the overwritten entries of z get no cotangent; each value gets its row's
         (dz,) = core_call(SCATTER, [g, idx, zeros(v.shape, g.dtype, g.device)], mode="set")

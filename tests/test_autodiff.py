@@ -77,6 +77,36 @@ def test_binary(name):
     _check(lambda a, b: fa.sum(f(a, b)), lambda a, b: tf(a, b).sum(), x, y)
 
 
+@pytest.mark.parametrize("x", [[2.0, 0.0, 3.0, 0.0], [2.0, 0.0, 3.0, 5.0], [2.0, -1.5, 3.0, 0.5], [0.0, 0.0, 0.0, 4.0]])
+def test_prod_second_derivatives_with_zeros(x):
+    """The Hessian of prod is the product of all but two entries (symmetric; nonzero at two zeros): the
+    first-order rule's y / x form with a zero branch got its own derivative wrong."""
+    want = torch.func.hessian(torch.prod)(torch.tensor(x, dtype=torch.float64)).numpy()
+    got = np.asarray(fa.hessian(fa.prod)(fa.asarray(np.array(x))))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_prod_gradient_over_several_axes_and_empty_rows():
+    x = np.random.default_rng(3).uniform(-2, 2, (3, 0, 2))
+    assert np.asarray(fa.grad(lambda a: fa.sum(fa.prod(a, axis=1)))(fa.asarray(x))).shape == (3, 0, 2)
+    x = np.random.default_rng(4).uniform(-2, 2, (3, 4, 2))
+    x[1, 2, 0] = 0.0
+    t = torch.tensor(x, requires_grad=True)
+    t.prod(dim=2).prod(dim=0).sum().backward()   # torch has no multi-axis prod: over (0, 2) as two
+    got = fa.grad(lambda a: fa.sum(fa.prod(a, axis=(0, 2))))(fa.asarray(x))
+    np.testing.assert_allclose(np.asarray(got), t.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_python_values_of_differentiated_arrays_are_refused():
+    """float() of a value that depends on the differentiated argument has no derivative: refused with the
+    line (it silently became a constant: grad of a * float(sum(a)) was [3, 3])."""
+    x = fa.asarray(np.array([1.0, 2.0]))
+    with pytest.raises(fa.ConcretizationError, match=r"fa.grad: .*test_autodiff\.py.*float\(fa.sum\(a\)\)"):
+        fa.grad(lambda a: fa.sum(a * float(fa.sum(a))))(x)
+    w = fa.asarray(np.array([3.0, 4.0]))   # not differentiated: its value may be used
+    np.testing.assert_allclose(np.asarray(fa.grad(lambda a: fa.sum(a * float(fa.sum(w))))(x)), [7.0, 7.0])
+
+
 def test_every_float_primitive_has_a_rule():
     """A new float-valued elementwise primitive needs a vjp rule in flyarray/ad_rules.py."""
     missing = [n for n, p in ELEMENTWISE.items()
