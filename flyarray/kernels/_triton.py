@@ -8,6 +8,7 @@ interpreter, so ``runner`` wraps the plain Python function of the kernel in an
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import inspect
 import threading
@@ -53,6 +54,7 @@ class _InterpretedLaunch:
         def launch(*args, **kwargs):
             with _INTERPRETER_LOCK:
                 _import_gluon_unpatched()
+                args, kwargs = _one_storage_per_memory(args, kwargs)
                 args, kwargs, write_back = _bf16_as_float32(args, kwargs)
                 snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
                 try:
@@ -67,6 +69,42 @@ class _InterpretedLaunch:
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+
+def _one_storage_per_memory(args: tuple, kwargs: dict):
+    """(args, kwargs) with CPU tensors whose storages overlap in memory rebuilt over one storage.
+
+    Triton's interpreter copies each argument's storage to the host and back, keyed by its address:
+    two storages over the same memory (numpy views through fa.asarray: ``x`` and ``x[0]`` come with a
+    storage each, at one address) made it copy one into the other ("size does not match"), and
+    partially overlapping ones could be written back over each other. One storage over the union of
+    their bytes (no copy: a buffer over the same memory) makes them what they are, views of one array."""
+    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+               and t.untyped_storage().nbytes()]
+    spans = sorted({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors})
+    if len(spans) < 2 or all(spans[i][0] + spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1)):
+        return args, kwargs   # each storage its own memory (the common case)
+    unions = []   # [start, end) of the overlapping groups
+    for start, nbytes in spans:
+        if unions and start < unions[-1][1]:
+            unions[-1][1] = max(unions[-1][1], start + nbytes)
+        else:
+            unions.append([start, start + nbytes])
+    shared = {}
+
+    def rebased(t):
+        if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().nbytes()):
+            return t
+        ptr = t.untyped_storage().data_ptr()
+        start, end = next(u for u in unions if u[0] <= ptr < u[1])
+        if start not in shared:
+            shared[start] = torch.frombuffer((ctypes.c_char * (end - start)).from_address(start), dtype=torch.uint8)
+        offset, rest = divmod(t.data_ptr() - start, t.element_size())
+        if rest:   # not on an element boundary of the union: leave it (nothing aliases it elementwise)
+            return t
+        return torch.empty(0, dtype=t.dtype).set_(shared[start].untyped_storage(), offset, t.shape, t.stride())
+
+    return tuple(rebased(a) for a in args), {k: rebased(v) for k, v in kwargs.items()}
 
 
 def _bf16_as_float32(args: tuple, kwargs: dict):

@@ -1,6 +1,10 @@
-"""bfloat16 through Triton's interpreter (CPU tensors): the interpreter keeps bf16 as raw uint16 bits and
-computes on them, so a bf16 tl.dot returned values ~1e10. An interpreted launch now hands the kernel
-float32 stand-ins (kernels/_triton.py, _bf16_as_float32); these tests pin what that must preserve."""
+"""What an interpreted launch (CPU tensors through Triton's interpreter, kernels/_triton.py) fixes up.
+
+bfloat16: the interpreter keeps bf16 as raw uint16 bits and computes on them, so a bf16 tl.dot returned
+values ~1e10; the kernel now gets float32 stand-ins (_bf16_as_float32), and the two bf16 casts are exact.
+Aliasing storages: numpy views come with a storage each over shared memory, which the interpreter's
+copy to the host and back could not take (_one_storage_per_memory)."""
+import numpy as np
 import pytest
 import torch
 import triton
@@ -140,3 +144,21 @@ def test_the_interpret_backend_computes_bf16_matmuls():
     finally:
         fa.set_backend(None)
     assert out.dtype == torch.bfloat16 and _rel(out, a.double() @ b.double()) < 1e-2
+
+
+@pytest.mark.parametrize("row", [0, 1])
+def test_numpy_views_over_one_array_as_kernel_inputs(interpret_backend, row):
+    """x and x[row] from numpy: two torch storages over the same memory (at one address for row 0,
+    which raised "size does not match" inside the interpreter)."""
+    x = np.arange(12.0).reshape(3, 4)
+    got = fa.asarray(x) * fa.asarray(x[row])
+    np.testing.assert_array_equal(np.asarray(got), x * x[row])
+    got = fa.vmap(lambda a, b: a * b + 1.0, in_axes=(0, None))(fa.asarray(x), fa.asarray(x[row]))
+    np.testing.assert_array_equal(np.asarray(got), x * x[row] + 1.0)
+
+
+@pytest.fixture
+def interpret_backend():
+    fa.set_backend("interpret")
+    yield
+    fa.set_backend(None)
