@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 
 from . import codegen, plan, runtime, tables
 from .expand import to_primitives
@@ -151,7 +152,7 @@ def _describe(steps, backend) -> list:
             info = StepInfo(index, "fused kernel", _compact(ops), inputs, [_output(n) for n in outputs], compiled, key)
         elif isinstance(step, LibraryCall):
             node = step.node
-            inputs = [_input(n.inputs[0] if n.kind == "view" else n, made, shape=n.shape) for n in node.inputs]
+            inputs = [_library_input(n, made) for n in node.inputs]
             outputs = node.params["outputs"]
             info = StepInfo(index, "view" if node.prim.reinterpret else "library call", [_library_op(node)], inputs, [_output(n) for n in outputs],
                             "n/a (library kernel)")
@@ -165,6 +166,16 @@ def _describe(steps, backend) -> list:
             made.setdefault(n.id, index)
         out.append(info)
     return out
+
+
+def _library_input(node, made) -> Buffer:
+    """A library call's operand: a view's base buffer, as big as the view reads of it (a broadcast reads
+    the base once: a bias expanded over the rows is its own size, not the GEMM output's)."""
+    if node.kind != "view":
+        return _input(node, made)
+    base = node.inputs[0]
+    shape = node.shape if math.prod(node.shape) <= math.prod(base.shape) else base.shape
+    return _input(base, made, shape=shape)
 
 
 def _input(node, made, shape=None) -> Buffer:

@@ -109,6 +109,16 @@ def test_inputs_say_user_buffer_or_intermediate(backend):
         assert word in str(e)
 
 
+def test_a_broadcast_bias_counts_its_own_bytes(backend):
+    """A bias expanded over a GEMM's rows is read once: its own shape and bytes (explain said [8, 8] and
+    counted 1536 B where fa.profile counts 1312)."""
+    x, w, b = (fa.asarray(np.ones(s, np.float32)) for s in ((8, 16), (16, 8), (8,)))
+    e = fa.explain(fa.relu(x @ w + b))
+    gemm = e.steps[0]
+    assert [i.shape for i in gemm.inputs] == [(8, 16), (16, 8), (8,)], str(e)
+    assert e.bytes_moved == (8 * 16 + 16 * 8 + 8 + 8 * 8) * 4
+
+
 def test_compiled_and_plan_cached_flags():
     if INTERPRETER_PROBLEM:
         pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
