@@ -44,7 +44,7 @@ _companions: dict = {}  # node id -> weak refs of nodes evaluated together with 
 
 class _TraceState(threading.local):
     """Per thread, what fa.jit traces: ``sources``, the ids of traced source nodes, None while nothing
-    traces; and ``refused``: node id -> the transform (fa.vmap, fa.grad) recording a function on that
+    traces; and ``refused``: node id -> the transform (fa.vmap) recording a function on that
     node, whose value is no value the function may use (refusing_values_of). Class defaults rather than
     missing attributes: ``getattr(local, name, None)`` on a missing one raises and catches AttributeError
     inside (half a microsecond of every evaluation)."""
@@ -542,10 +542,6 @@ _REFUSALS = {
                "function it stands for every example at once, so it has no single value (float(), bool(), "
                ".item(), printing, a Python if on it). Use fa.where for a data-dependent choice, or compute the "
                "Python value outside the vmapped function.",
-    "fa.grad": "needs the value of an array that depends on the arguments being differentiated; a Python value "
-               "made from it (float(), bool(), .item(), printing, a Python if) carries no derivative, so the "
-               "result would silently be wrong. Use fa.where for a data-dependent choice, fa.stop_gradient for a "
-               "constant on purpose, or compute the value outside the differentiated function.",
 }
 
 
@@ -553,7 +549,7 @@ _REFUSALS = {
 def refusing_values_of(ids, who: str):
     """While ``who`` (a key of _REFUSALS) records a function on the nodes ``ids``, asking for the value of
     anything computed from them raises ConcretizationError naming the user's line (JAX's rule), instead of
-    answering with the stand-in's value (vmap: example 0's; grad: a value with no derivative)."""
+    answering with the stand-in's value (vmap: example 0's for every example)."""
     previous = _trace.refused
     _trace.refused = {**(previous or {}), **{i: who for i in ids}}
     try:

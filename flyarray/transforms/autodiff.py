@@ -145,11 +145,12 @@ class _Depth(threading.local):
 _depth = _Depth()  # how many transforms are recording their function on this thread
 
 
-def _call(fn, nodes, diff):
-    from .. import plan
+def _call(fn, nodes):
+    # Python values of the primals stay allowed (JAX's grad: `if x < 3:` picks a branch, and a float()
+    # is a constant of the derivative); under vmap and jit they are refused (plan._refuse_traced)
     _depth.value += 1
-    try:   # a jitted fn is inlined (fa.jit reads recording); a Python value of a differentiated input is refused
-        with recording.recording(), plan.refusing_values_of([n.id for n, d in zip(nodes, diff) if d], "fa.grad"):
+    try:
+        with recording.recording():  # a jitted fn is inlined (fa.jit reads this)
             return list(fn(*[Array(n) for n in nodes]))
     finally:
         _depth.value -= 1
@@ -175,7 +176,7 @@ def vjp_flat(fn, primals, diff):
     None where ``diff`` is False or no derivative flows)."""
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = _call(fn, nodes, diff)
+    outs = _call(fn, nodes)
     roots = [o._node for o in outs]
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     targets = [n for n, d in zip(nodes, diff) if d]
@@ -263,7 +264,7 @@ def jvp_flat(fn, primals, tangents):
     diff = [t is not None for t in tangents]
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = _call(fn, nodes, diff)
+    outs = _call(fn, nodes)
     roots = [o._node for o in outs]
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     eqns, _ = _trace(roots, [n for n, d in zip(nodes, diff) if d], start)
