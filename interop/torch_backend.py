@@ -439,17 +439,16 @@ class _OutputLayout:
     in-place update (``x.add_``) would otherwise change under it."""
 
     def __init__(self, node, region):
-        inputs = set(region.inputs)
         self.node = node
         self.contiguous = _known_contiguous(node.meta.get("val"))
         # checked at run time only where flyarray may hand back an input's memory (the check costs ~1 us
         # an input) and torch may not
-        self.check_memory = _moved_input(node, inputs) and not _view_of_input(node, inputs)
+        self.check_memory = _moved_not_viewed(node, set(region.inputs))
 
     def as_torch_gives_it(self, t, inputs):
         if self.contiguous and not t.is_contiguous():
             return t.contiguous()
-        if self.check_memory and _shares_memory(t, inputs):
+        if self.check_memory and torch_ops._shares_memory(t, inputs):
             return t.clone()
         return t
 
@@ -461,22 +460,6 @@ def _known_contiguous(val) -> bool:
     return statically_known_true(val.is_contiguous())   # symbolic sizes: only what needs no guard
 
 
-def _view_of_input(node, inputs) -> bool:
-    """Whether torch's ``node`` is a view (a chain of aliasing ops) of one of the region's inputs."""
-    while node not in inputs:
-        target = node.target if node.op == "call_function" else None
-        if target is operator.getitem:
-            node = node.args[0]
-            continue
-        schema = getattr(target, "_schema", None)
-        if schema is None or not schema.returns or schema.returns[0].alias_info is None:
-            return False
-        node = node.args[0]
-        if not isinstance(node, torch.fx.Node):
-            return False
-    return True
-
-
 # lowered to flyarray movement (or nothing): their result may be an input's memory, viewed
 _MOVEMENT = {aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default, aten.view.default,
              aten._unsafe_view.default, aten.reshape.default, aten.permute.default, aten.t.default, aten.transpose.int,
@@ -484,20 +467,16 @@ _MOVEMENT = {aten.clone.default, aten._to_copy.default, aten.alias.default, aten
              aten.slice.Tensor, aten.select.int}
 
 
-def _moved_input(node, inputs) -> bool:
-    """Whether ``node`` is a region input under movement ops only (then flyarray may not copy it)."""
+def _moved_not_viewed(node, inputs) -> bool:
+    """Whether ``node`` is a region input under movement ops only (so flyarray may hand back the input's
+    memory) with one of them no view in torch (clone, _to_copy: torch promises new memory)."""
+    viewed = True
     while node not in inputs:
         if node.op != "call_function" or node.target not in _MOVEMENT or not isinstance(node.args[0], torch.fx.Node):
             return False
+        viewed = viewed and node.target._schema.returns[0].alias_info is not None
         node = node.args[0]
-    return True
-
-
-def _shares_memory(t, inputs) -> bool:
-    if t.numel() == 0:
-        return False
-    ptr = t.untyped_storage().data_ptr()
-    return any(isinstance(i, torch.Tensor) and i.numel() and i.untyped_storage().data_ptr() == ptr for i in inputs)
+    return not viewed
 
 
 class CompiledGraph:

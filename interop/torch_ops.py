@@ -49,10 +49,17 @@ def _out(array, inputs) -> Tensor:
     t = array.torch()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.numel() and any(i is not None and i.numel() and t.untyped_storage().data_ptr() == i.untyped_storage().data_ptr()
-                         for i in inputs):
+    if _shares_memory(t, inputs):
         t = t.clone()
     return t
+
+
+def _shares_memory(t: Tensor, others) -> bool:
+    """Whether ``t`` lies in the storage of one of ``others`` (anything not a tensor is skipped)."""
+    if not t.numel():
+        return False
+    ptr = t.untyped_storage().data_ptr()
+    return any(isinstance(o, Tensor) and o.numel() and o.untyped_storage().data_ptr() == ptr for o in others)
 
 
 def _fa(t):
