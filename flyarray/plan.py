@@ -44,12 +44,11 @@ _companions: dict = {}  # node id -> weak refs of nodes evaluated together with 
 
 class _TraceState(threading.local):
     """Per thread, what fa.jit traces: ``sources``, the ids of traced source nodes, None while nothing
-    traces; and ``refused``: node id -> the transform (fa.vmap) recording a function on that
-    node, whose value is no value the function may use (refusing_values_of). Class defaults rather than
-    missing attributes: ``getattr(local, name, None)`` on a missing one raises and catches AttributeError
-    inside (half a microsecond of every evaluation)."""
+    traces; and ``batched``, the ids of the per-example stand-ins fa.vmap records its function on
+    (batched_stand_ins). Class defaults rather than missing attributes: ``getattr(local, name, None)``
+    on a missing one raises and catches AttributeError inside (half a microsecond of every evaluation)."""
     sources = None
-    refused = None
+    batched = None
 
 
 _trace = _TraceState()
@@ -426,7 +425,7 @@ def _evaluate_requested(roots: list):
     """Evaluate pending roots (under _lock) with their companions; refused while fa.jit traces them."""
     if _companions:
         roots = _with_companions(roots)
-    if _trace.sources or _trace.refused:
+    if _trace.sources or _trace.batched:
         _refuse_traced(roots)
     evaluate(roots)
 
@@ -520,7 +519,7 @@ def _refuse_traced(roots):
     """Under fa.jit a traced array has no value yet, and under fa.vmap an array computed from the
     batched arguments stands for every example at once; asking for its value is an error (JAX's rule),
     not the first example's value."""
-    traced, refused = _trace.sources or (), _trace.refused or {}
+    traced, batched = _trace.sources or (), _trace.batched or ()
     seen, stack = set(), list(roots)
     while stack:
         node = stack.pop()
@@ -530,32 +529,28 @@ def _refuse_traced(roots):
                 "which has no value while fa.jit traces. Data-dependent Python control flow and printing "
                 "cannot be traced: compute it outside the jitted function, pass the value as a static argument "
                 "(static_argnums=/static_argnames=), or use fa.where for a data-dependent choice.")
-        if node.id in refused:
-            raise ConcretizationError(f"{refused[node.id]}: {_user_line()} {_REFUSALS[refused[node.id]]}")
+        if node.id in batched:
+            raise ConcretizationError(
+                f"fa.vmap: {_user_line()} needs the value of an array that depends on the batched arguments; "
+                "inside the vectorized function it stands for every example at once, so it has no single value "
+                "(float(), bool(), .item(), printing, a Python if on it). Use fa.where for a data-dependent "
+                "choice, or compute the Python value outside the vmapped function.")
         if node.id not in seen:
             seen.add(node.id)
             stack.extend(node.inputs)
 
 
-_REFUSALS = {
-    "fa.vmap": "needs the value of an array that depends on the batched arguments; inside the vectorized "
-               "function it stands for every example at once, so it has no single value (float(), bool(), "
-               ".item(), printing, a Python if on it). Use fa.where for a data-dependent choice, or compute the "
-               "Python value outside the vmapped function.",
-}
-
-
 @contextlib.contextmanager
-def refusing_values_of(ids, who: str):
-    """While ``who`` (a key of _REFUSALS) records a function on the nodes ``ids``, asking for the value of
-    anything computed from them raises ConcretizationError naming the user's line (JAX's rule), instead of
-    answering with the stand-in's value (vmap: example 0's for every example)."""
-    previous = _trace.refused
-    _trace.refused = {**(previous or {}), **{i: who for i in ids}}
+def batched_stand_ins(ids):
+    """While fa.vmap records its function on the stand-ins ``ids`` (one example's values), asking for the
+    value of anything computed from them raises ConcretizationError naming the user's line (JAX's rule)
+    instead of answering with example 0's value for every example."""
+    previous = _trace.batched
+    _trace.batched = set(ids) | (previous or set())
     try:
         yield
     finally:
-        _trace.refused = previous
+        _trace.batched = previous
 
 
 def _user_line() -> str:

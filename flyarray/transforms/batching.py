@@ -192,7 +192,7 @@ def vmap(fun, in_axes=0, out_axes=0):
             inner[i] = _stand_in(xb, n)
             values[inner[i]._node.id] = xb
         inner_args, inner_kwargs = tu.tree_unflatten(tree, inner)
-        with recording.recording(), plan.refusing_values_of([inner[i]._node.id for i in batched], "fa.vmap"):
+        with recording.recording(), plan.batched_stand_ins(inner[i]._node.id for i in batched):
             out = fun(*inner_args, **inner_kwargs)   # a jitted fun is inlined (fa.jit reads recording)
         out_leaves, out_tree = tu.tree_flatten(out)
         out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
