@@ -189,15 +189,14 @@ def _prod_weights(e):
     right where x has zeros, and differentiable again. (y / x with a zero branch was right to first order
     but its own derivative was not: the Hessian at two zeros lost its nonzero entry, and at one zero it
     came out asymmetric.)"""
-    x, axes = e.x[0], tuple(a % e.x[0].ndim for a in e.params)
+    x, axes = e.x[0], [a % e.x[0].ndim for a in e.params]
     kept = [a for a in range(x.ndim) if a not in axes]
-    n = math.prod(x.shape[a] for a in axes)
-    rows = F.reshape(F.permute_dims(x, kept + list(axes)), tuple(x.shape[a] for a in kept) + (n,))
+    moved = F.permute_dims(x, kept + axes)   # the reduced axes last, then flattened into one
+    rows = F.reshape(moved, moved.shape[:len(kept)] + (math.prod(x.shape[a] for a in axes),))
     prefix = F.cumulative_prod(rows, axis=-1, include_initial=True)[..., :-1]
     suffix = F.flip(F.cumulative_prod(F.flip(rows, axis=-1), axis=-1, include_initial=True)[..., :-1], axis=-1)
-    others = F.reshape(prefix * suffix, tuple(x.shape[a] for a in kept + list(axes)))
-    order = kept + list(axes)
-    return F.permute_dims(others, [order.index(a) for a in range(x.ndim)])
+    others = F.reshape(prefix * suffix, moved.shape)
+    return F.permute_dims(others, [(kept + axes).index(a) for a in range(x.ndim)])
 
 
 REDUCE["sum"].vjp = _sum_vjp

@@ -79,8 +79,7 @@ def _one_storage_per_memory(args: tuple, kwargs: dict):
     storage each, at one address) made it copy one into the other ("size does not match"), and
     partially overlapping ones could be written back over each other. One storage over the union of
     their bytes (no copy: a buffer over the same memory) makes them what they are, views of one array."""
-    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.device.type == "cpu"
-               and t.untyped_storage().nbytes()]
+    tensors = [t for t in (*args, *kwargs.values()) if _has_cpu_storage(t)]
     spans = sorted({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors})
     if len(spans) < 2 or all(spans[i][0] + spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1)):
         return args, kwargs   # each storage its own memory (the common case)
@@ -93,7 +92,7 @@ def _one_storage_per_memory(args: tuple, kwargs: dict):
     shared = {}
 
     def rebased(t):
-        if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().nbytes()):
+        if not _has_cpu_storage(t):
             return t
         ptr = t.untyped_storage().data_ptr()
         start, end = next(u for u in unions if u[0] <= ptr < u[1])
@@ -105,6 +104,10 @@ def _one_storage_per_memory(args: tuple, kwargs: dict):
         return torch.empty(0, dtype=t.dtype).set_(shared[start].untyped_storage(), offset, t.shape, t.stride())
 
     return tuple(rebased(a) for a in args), {k: rebased(v) for k, v in kwargs.items()}
+
+
+def _has_cpu_storage(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().nbytes() > 0
 
 
 def _bf16_as_float32(args: tuple, kwargs: dict):
