@@ -33,6 +33,7 @@ def bench(fn):
 def main():
     table = attention._table(torch.device("cuda"))
     table["fwd_tma_enabled"] = False  # this script tunes the pointer-load kernel (tune_attention_fwd.py: the TMA one)
+    table["bwd_gluon_head_dims"] = ()  # and the Triton dk/dv kernel (tune_attention_gluon.py: the Gluon one)
     default = {k: dict(table[k][128]) for k in ("fwd_causal", "bwd_dkdv", "bwd_dq")}
     rows = []
     for B, H, S, D in SHAPES:

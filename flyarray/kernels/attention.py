@@ -116,12 +116,14 @@ _SM90 = {
                   128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
     "fwd_gluon_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3),
                          128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
-    # The Gluon dk/dv kernel (multi-head only), off and untimed like the Gluon forward. Two warpgroups
-    # of 64 keys; at hd128 the dk, dv accumulators leave room for 32-query blocks only (64 spill
-    # 116-317 bytes under Triton 3.6 and 3.9; these compile at 225-254 registers, 0 spills).
-    "bwd_gluon_enabled": False,
+    # The Gluon dk/dv kernel (multi-head only), on for the head dims timed on the H200: at hd128
+    # (benchmarks/tune_attention_gluon.py, 2026-12-05, 3 tiles x 3 shapes) every tile beat the Triton
+    # dk/dv and 32 x 64 / 4 warps most: the whole backward 1.29-1.45x faster. At hd128 the dk, dv
+    # accumulators leave room for 32-query blocks only (64 spill 116-317 bytes under Triton 3.6 and
+    # 3.9). hd64 is checked on the GPU but untimed, so it keeps the Triton kernel.
+    "bwd_gluon_head_dims": (128,),
     "bwd_dkdv_gluon": {64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, STAGES=3),
-                       128: dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, STAGES=3)},
+                       128: dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, STAGES=3)},
 }
 
 _GFX950 = {
@@ -975,7 +977,8 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     ``dlse`` (B, Hq, Sq), where the log-sum-exp itself has a cotangent: d lse / d s is the row's softmax,
     so it adds dlse * p to the scores' cotangent p * (dp - delta), which is delta lowered by dlse.
     ``config=dict(GLUON=True, BLOCK_M=..., BLOCK_N=..., num_warps=..., STAGES=...)`` computes dk/dv with
-    the Gluon Hopper kernel (ValueError where it cannot run: ``_gluon_bwd_ok``)."""
+    the Gluon Hopper kernel (ValueError where it cannot run: ``_gluon_bwd_ok``); ``config=dict(GLUON=False)``
+    keeps the Triton kernels where the table would take the Gluon one."""
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     extras = bias is not None or mask is not None
@@ -987,7 +990,8 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     if B * Hq * Sq == 0 or Sk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     table = _table(q.device)
-    if gluon is None and table.get("bwd_gluon_enabled") and _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale):
+    if config is None and D in table.get("bwd_gluon_head_dims", ()) and _gluon_bwd_ok(q, k, v, do, dk, dv,
+                                                                                      extras, scale):
         gluon = table["bwd_dkdv_gluon"][D]
     delta = empty((B, Hq, Sq), torch.float32, q.device)
     lse2 = torch.empty_like(delta)
