@@ -314,6 +314,12 @@ def _cdt(d: dt.DType) -> dt.DType:
     return dt.compute_dtype(d)
 
 
+def _rounded_to(expr: str, narrow: dt.DType) -> str:
+    """``expr`` rounded to float16/bfloat16 and held in float32 (their compute dtype). Through float32
+    first, as torch converts float64 and integers (and as every target converts to bfloat16)."""
+    return f"{expr}.to(tl.float32).to({_tl(narrow)}).to(tl.float32)"
+
+
 _NEUTRAL = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
 
 
@@ -555,14 +561,19 @@ class _Emitter:
         cdt = _cdt(op.dtype)
         a, b = f"c{i}a", f"c{i}b"
         if op.params[0] == "ramp":
-            if op.dtype == dt.float64:
+            # A float ramp is computed in float64 and rounded once, as the reference backend does:
+            # linspace(0.1, 0.7, 7) ends on 0.7 and arange(0, 1, 0.1) on 0.9, as numpy's (float32 ends
+            # one ulp off). Its start and step arrive as float64 bits (iota_values).
+            work = "tl.float64" if op.dtype.kind == "f" else "tl.int64"
+            if op.dtype.kind == "f":
                 a, b = (f"tl.cast({n}, tl.int64).to(tl.float64, bitcast=True)" for n in (a, b))
-            work = "tl.float64" if op.dtype == dt.float64 else ("tl.float32" if op.dtype.kind == "f" else "tl.int64")
             value = f"(tl.cast({a}, {work}) + {addr}.to({work}) * tl.cast({b}, {work}))"
         else:  # eye: ones where column - row == k
             value = f"(({addr} % {b}) - ({addr} // {b}) == {a})"
         if op.dtype.kind == "b":
             return f"({value} != 0)"
+        if cdt is not op.dtype:  # a float16/bfloat16 ramp holds float16/bfloat16 values, kept in float32
+            return _rounded_to(value, op.dtype)
         return f"{value}.to({_tl(cdt)})"
 
     def elementwise_expr(self, op: Elementwise) -> str:
@@ -573,6 +584,10 @@ class _Emitter:
             if op.dtype.kind == "b":
                 return f"({args[0]} != 0)"
             expr = f"{args[0]}.to({_tl(out_cdt)})"
+            if out_cdt is not op.dtype and op.in_dtype is not op.dtype:
+                # A cast the user asked for rounds (70000 -> inf in float16) even though the kernel
+                # keeps the narrow value in float32: the float32-intermediate liberty covers arithmetic.
+                expr = _rounded_to(args[0], op.dtype)
         elif op.prim == "where":
             expr = f"tl.where({args[0]}, {args[1]}, {args[2]})"
         elif ELEMENTWISE[op.prim].lower_narrow is not None and in_cdt is not op.in_dtype:
@@ -754,7 +769,8 @@ def iota_values(kernel: Kernel) -> list:
     for op in kernel.ops:
         if isinstance(op, Iota):
             if op.params[0] == "ramp":
-                values += [_scalar(op.params[1], op.dtype), _scalar(op.params[2], op.dtype)]
+                d = dt.float64 if op.dtype.kind == "f" else op.dtype
+                values += [_scalar(op.params[1], d), _scalar(op.params[2], d)]
             else:
                 values += [int(op.params[1]), int(op.params[2])]
     return values

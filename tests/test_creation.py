@@ -68,6 +68,18 @@ def test_linspace(backend, start, stop, num, endpoint, dtype):
     assert_matches(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("start,stop,num", [(0.1, 0.7, 7), (1, 0, 4), (-3.3, 7.7, 11), (0, 1, 1000)])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_linspace_is_exact(backend, start, stop, num, dtype):
+    """Every value is numpy's float64 linspace rounded once to the dtype (stop itself included), fused
+    or not: the generated ramp runs in float64 as the reference does, and a float16 ramp holds float16s."""
+    want = torch.tensor(np.linspace(start, stop, num)).to(getattr(torch, dtype)).double().numpy()
+    ramp = fa.linspace(start, stop, num, dtype=dtype)
+    np.testing.assert_array_equal(np.asarray(fa.astype(ramp, fa.float64)), want)  # fused with the widening
+    np.testing.assert_array_equal(np.asarray(fa.astype(ramp * 1, fa.float64)), want)
+    assert np.asarray(fa.arange(0, 1, 0.1))[-1] == np.float32(0.9)
+
+
 @pytest.mark.parametrize("n,m,k", [(3, None, 0), (3, 5, 1), (4, 2, -1), (5, 5, 7), (0, 3, 0), (2, 6, -3), (1, 1, 0)])
 @pytest.mark.parametrize("dtype", [None, "int32", "bool"])
 def test_eye(backend, n, m, k, dtype):

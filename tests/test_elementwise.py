@@ -351,6 +351,20 @@ def test_astype(backend, shape, src, dst, layout, seed):
     assert_matches(got, values.astype(dst))
 
 
+@pytest.mark.parametrize("narrow", ["float16", "bfloat16"])
+@pytest.mark.parametrize("src", ["float32", "float64", "int64"])
+def test_astype_to_a_narrow_float_rounds_inside_a_fused_kernel(backend, narrow, src):
+    """A float16/bfloat16 kernel value lives in float32, but a cast the user asks for still rounds:
+    70000 -> inf in float16, 1 + 2^-8 -> 1 in bfloat16, 1e-8 -> 0 in float16, as torch."""
+    values = np.array([70000, 1.00390625, 1e-8, -3.3, 65519.9, 2.0**-25] if src != "int64"
+                      else [70000, 65520, 65519, 257, -4097, 3], src)
+    want = torch.from_numpy(values).to(getattr(torch, narrow)).double().numpy()
+    narrowed = fa.astype(make_array(values), narrow)
+    np.testing.assert_array_equal(np.asarray(fa.astype(narrowed, fa.float64)), want)
+    np.testing.assert_array_equal(np.asarray(fa.isinf(narrowed)), np.isinf(want))
+    np.testing.assert_array_equal(np.asarray(fa.astype(narrowed * 1, fa.float64)), want)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_astype_float_to_int_truncates_toward_zero(backend, dtype):
     values = np.array([-2.7, -0.5, 0.5, 1.99, 3.0], dtype)
