@@ -186,6 +186,8 @@ class Array:
     def __index__(self):
         if self.dtype.kind not in "iu":
             raise TypeError(f"only integer arrays can be used as an index, got {self.dtype}")
+        if self.ndim != 0:  # as numpy: a (1,)-shaped array is no scalar index
+            raise TypeError(f"only 0-d integer arrays can be used as a Python index, got shape {self.shape}")
         return int(self.item())
 
     def __hash__(self):

@@ -373,3 +373,32 @@ def test_sum_and_prod_with_dtype_return_that_dtype(backend, src, dtype):
 def test_bool_matmul_is_refused():
     with pytest.raises(TypeError, match="numeric dtypes only"):
         fa.matmul(fa.ones((2, 2), dtype=fa.bool), fa.ones((2, 2), dtype=fa.bool))
+
+
+def test_clip_with_a_nan_scalar_bound_is_nan(backend):
+    """The array API: a NaN bound gives NaN (a comparison with NaN is False, so it must not be skipped)."""
+    x = fa.asarray(np.array([-2.0, 0.5, 3.0, np.inf], np.float32))
+    for lo, hi in ((float("nan"), 1.0), (0.0, float("nan")), (None, float("nan"))):
+        assert np.isnan(np.asarray(fa.clip(x, lo, hi))).all()
+
+
+def test_isclose_treats_infinities_as_numpy(backend):
+    a = np.array([np.inf, 5.0, np.inf, -np.inf, np.inf, 1.0, np.nan, 0.0], np.float32)
+    b = np.array([-np.inf, np.inf, np.inf, -np.inf, 5.0, 1.0000001, np.nan, 1e-9], np.float32)
+    assert_matches(fa.isclose(fa.asarray(a), fa.asarray(b)), np.isclose(a, b))
+
+
+def test_searchsorted_takes_a_python_scalar(backend):
+    x1 = fa.asarray(np.array([1.0, 2.0, 2.0, 3.0], np.float32))
+    assert int(fa.searchsorted(x1, 2.0)) == 1 and int(fa.searchsorted(x1, 2, side="right")) == 3
+
+
+def test_decompositions_return_the_array_api_named_tuples():
+    a = fa.asarray(np.array([[2.0, 1.0], [1.0, 3.0]], np.float32))
+    q, r = fa.linalg.qr(a)
+    assert fa.linalg.qr(a).Q.shape == q.shape and fa.linalg.qr(a).R.shape == r.shape
+    assert_matches(fa.linalg.eigh(a).eigenvalues, np.linalg.eigvalsh(np.asarray(a)), rtol=1e-5, atol=1e-5)
+    assert_matches(fa.linalg.svd(a).S, np.linalg.svd(np.asarray(a))[1], rtol=1e-5, atol=1e-5)
+    assert fa.linalg.svd(a).Vh.shape == (2, 2) and fa.linalg.eig(a).eigenvectors.shape == (2, 2)
+    sign, logabsdet = fa.linalg.slogdet(a)
+    assert float(fa.linalg.slogdet(a).logabsdet) == pytest.approx(np.log(5.0), rel=1e-5) and float(sign) == 1.0

@@ -156,3 +156,34 @@ def test_scalar_operand_of_unsupported_type(no_evaluation):
 def test_unknown_backend():
     with pytest.raises(ValueError, match="backend"):
         fa.set_backend("cuda-please")
+
+
+@pytest.mark.parametrize("call,where", [
+    (lambda: fa.stack([fa.ones(2), "a"]), r"stack: arrays\[1\]"),
+    (lambda: fa.concat([[1.0], fa.ones(2)]), r"concat: arrays\[0\]"),
+    (lambda: fa.mean([1.0, 2.0]), "mean: x"), (lambda: fa.std([1.0]), "std: x"), (lambda: fa.var([1.0]), "var: x"),
+    (lambda: fa.count_nonzero([1]), "count_nonzero: x"), (lambda: fa.argmax([1.0]), "argmax: x"),
+    (lambda: fa.sort([1.0]), "sort: x"), (lambda: fa.argsort([1.0]), "argsort: x"),
+    (lambda: fa.zeros_like([1.0]), "full_like: x"), (lambda: fa.matrix_transpose([[1.0]]), "matrix_transpose: x"),
+    (lambda: fa.searchsorted([1.0], fa.ones(1)), "searchsorted: x1"),
+])
+def test_a_python_list_where_an_array_belongs_is_a_type_error_naming_the_argument(call, where):
+    with pytest.raises(TypeError, match=where + ".*got (list|str)"):
+        call()
+
+
+def test_argmax_of_a_0d_array_checks_its_axis():
+    with pytest.raises(ValueError, match="argmax: axis 5"):
+        fa.argmax(fa.asarray(np.float32(1)), axis=5)
+    assert int(fa.argmin(fa.asarray(np.float32(1)), axis=0)) == 0
+
+
+def test_a_one_element_1d_array_is_no_python_index():
+    with pytest.raises(TypeError, match=r"0-d integer arrays.*\(1,\)"):
+        [10, 20, 30][fa.asarray(np.array([2]))]
+    assert [10, 20, 30][fa.asarray(np.int64(2))] == 30
+
+
+def test_clip_of_an_integer_array_refuses_a_nan_bound():
+    with pytest.raises(TypeError, match="clip: max is NaN.*int64"):
+        fa.clip(fa.asarray(np.array([1, 2])), 0, float("nan"))

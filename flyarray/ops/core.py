@@ -26,6 +26,16 @@ def node_of(x) -> ir.Node:
     return x._node
 
 
+def array_arg(x, where: str) -> Array:
+    """``x`` as an Array (numpy arrays and torch tensors converted), else a TypeError naming ``where``
+    (e.g. ``"mean: x"``), raised before anything is recorded."""
+    x = as_array(x)
+    if not isinstance(x, Array):
+        raise TypeError(f"{where} must be a flyarray Array (or a numpy array / torch tensor), "
+                        f"got {type(x).__name__}")
+    return x
+
+
 def common_device(args) -> torch.device:
     devices = {a._node.device for a in args if isinstance(a, Array)}
     if len(devices) > 1:

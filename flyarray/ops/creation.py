@@ -160,6 +160,8 @@ def empty(shape, *, dtype=None, device=None) -> Array:
 
 def full_like(x, fill_value, *, dtype=None, device=None) -> Array:
     """``full`` with the shape of ``x`` and, unless given, its dtype and device."""
+    from .core import array_arg
+    x = array_arg(x, "full_like: x")
     return full(x.shape, fill_value, dtype=dtype or x.dtype, device=device or x.device)
 
 

@@ -9,6 +9,8 @@ vmap-able); they have no derivative rules yet (fa.grad through them raises). mat
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .. import dtypes as dt
@@ -172,16 +174,42 @@ def cholesky(x, /, *, upper=False):
     return call(CHOLESKY, [x], upper=bool(upper))[0]
 
 
+class QRResult(NamedTuple):
+    Q: object
+    R: object
+
+
+class SVDResult(NamedTuple):
+    U: object
+    S: object
+    Vh: object
+
+
+class EighResult(NamedTuple):
+    eigenvalues: object
+    eigenvectors: object
+
+
+class EigResult(NamedTuple):
+    eigenvalues: object
+    eigenvectors: object
+
+
+class SlogdetResult(NamedTuple):
+    sign: object
+    logabsdet: object
+
+
 def qr(x, /, *, mode="reduced"):
-    """(Q, R) with x = Q R, ``mode`` 'reduced' or 'complete'; float32/64 or complex64/128. A lazy call to
+    """(Q, R) (a named tuple, as the array API's) with x = Q R, ``mode`` 'reduced' or 'complete'; float32/64 or complex64/128. A lazy call to
     torch.linalg.qr."""
-    return tuple(call(QR, [x], mode=mode))
+    return QRResult(*call(QR, [x], mode=mode))
 
 
 def svd(x, /, *, full_matrices=True):
     """(U, S, Vh) with x = U diag(S) Vh, S descending (real); float32/64 or complex64/128. A lazy call to
     torch.linalg.svd."""
-    return tuple(call(SVD, [x], full_matrices=bool(full_matrices)))
+    return SVDResult(*call(SVD, [x], full_matrices=bool(full_matrices)))
 
 
 def svdvals(x, /):
@@ -194,7 +222,7 @@ def eigh(x, /):
     """(eigenvalues ascending, eigenvectors) of symmetric / Hermitian matrices (the lower triangle is read; the
     eigenvalues are real); float32/64 or complex64/128.
     A lazy call to torch.linalg.eigh."""
-    return tuple(call(EIGH, [x]))
+    return EighResult(*call(EIGH, [x]))
 
 
 def eigvalsh(x, /):
@@ -207,7 +235,7 @@ def eig(x, /):
     """(eigenvalues, eigenvectors) of general square matrices, both complex (complex64 for float32/complex64
     input, complex128 for float64/complex128), unordered; columns of the eigenvectors have unit norm.
     A lazy call to torch.linalg.eig."""
-    return tuple(call(EIG, [x]))
+    return EigResult(*call(EIG, [x]))
 
 
 def eigvals(x, /):
@@ -234,7 +262,7 @@ def det(x, /):
 
 def slogdet(x, /):
     """(sign, log|det|) of square matrices; float32/64 or complex64/128. A lazy call to torch.linalg.slogdet."""
-    return tuple(call(SLOGDET, [x]))
+    return SlogdetResult(*call(SLOGDET, [x]))
 
 
 def pinv(x, /, *, rtol=None):

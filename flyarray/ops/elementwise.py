@@ -1,6 +1,8 @@
 """The array API's elementwise functions, one per primitive in primitives.ELEMENTWISE."""
 from __future__ import annotations
 
+import math
+
 from .. import dtypes as dt
 from ..primitives import ELEMENTWISE
 from .core import astype, binary, elementwise, unary, where  # noqa: F401  (re-exported)
@@ -86,6 +88,13 @@ def clip(x, /, min=None, max=None):
 
     The result is cast back to ``x``'s dtype (numpy promotes with the bounds' dtypes)."""
     out = x
+    for bound, name in ((min, "min"), (max, "max")):
+        if isinstance(bound, float) and math.isnan(bound):
+            # a comparison with NaN is False, so the scalar paths below would skip it; the array API's
+            # result is NaN everywhere
+            if x.dtype.kind not in "fc":
+                raise TypeError(f"clip: {name} is NaN, which a {x.dtype} array cannot hold")
+            return elementwise("add", x * 0, bound)
     if min is not None:
         out = where(out < min, min, out) if not _is_array(min) else elementwise("maximum", out, min)
     if max is not None:
@@ -200,9 +209,12 @@ def pow(x1, x2, /):
 
 
 def isclose(a, b, rtol=1e-5, atol=1e-8):
-    """|a - b| <= atol + rtol * |b| elementwise, as a bool array; numeric dtypes.
-    Unlike numpy, no ``equal_nan`` and infinities are not special-cased (inf vs inf gives False)."""
-    return elementwise("less_equal", elementwise("abs", a - b), atol + rtol * elementwise("abs", b))
+    """|a - b| <= atol + rtol * |b| elementwise, as a bool array; numeric dtypes. An infinity is close
+    to itself only (as numpy); NaN is close to nothing (numpy's default; no ``equal_nan``)."""
+    within = elementwise("less_equal", elementwise("abs", a - b), atol + rtol * elementwise("abs", b))
+    # |a - inf| <= rtol * inf holds for every a, so a finite b is required and equal infinities added
+    return elementwise("logical_or", elementwise("logical_and", within, elementwise("isfinite", b)),
+                       elementwise("equal", a, b))
 
 
 __all__ = [n for n in ELEMENTWISE if n not in ("astype", "gelu_tanh")] + ["clip", "conj", "real", "imag", "isclose", "isin",

@@ -60,7 +60,8 @@ def permute_dims(x, axes) -> Array:
 
 def matrix_transpose(x) -> Array:
     """``x`` with its last two axes swapped (``x.mT``); a view, any dtype; needs at least 2 dimensions."""
-    return x.mT
+    from .core import array_arg
+    return array_arg(x, "matrix_transpose: x").mT
 
 
 def expand_dims(x, axis=0) -> Array:
@@ -145,8 +146,8 @@ def concat(arrays, axis=0) -> Array:
     by our kernel. Dtypes promote as ``result_type``; 0-d arrays raise ValueError."""
     from .. import dtypes as dt
     from ..ir import Node
-    from .core import cast_node, common_device
-    arrays = list(arrays)
+    from .core import array_arg, cast_node, common_device
+    arrays = [array_arg(a, f"concat: arrays[{i}]") for i, a in enumerate(arrays)]
     if not arrays:
         raise ValueError("concat needs at least one array")
     if axis is None:
@@ -169,7 +170,8 @@ def concat(arrays, axis=0) -> Array:
 
 def stack(arrays, axis=0) -> Array:
     """Join same-shaped arrays along a new axis ``axis``; dtypes promote (``result_type``). Copies, as concat."""
-    arrays = list(arrays)
+    from .core import array_arg
+    arrays = [array_arg(a, f"stack: arrays[{i}]") for i, a in enumerate(arrays)]
     if not arrays:
         raise ValueError("stack needs at least one array")
     shapes = {a.shape for a in arrays}

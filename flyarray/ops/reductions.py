@@ -5,7 +5,7 @@ import math
 
 from .. import dtypes as dt
 from .. import views
-from .core import astype, reduce
+from .core import array_arg, astype, reduce
 
 
 def sum(x, /, *, axis=None, keepdims=False, dtype=None):
@@ -57,9 +57,12 @@ def argmin(x, /, *, axis=None, keepdims=False):
 
 
 def _arg(name, x, axis, keepdims):
+    x = array_arg(x, f"{name}: x")
     if axis is not None and not isinstance(axis, int):
         raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
     if x.ndim == 0:
+        if axis not in (None, 0, -1):  # 0 and -1 pass as elsewhere for 0-d arrays (as torch)
+            raise ValueError(f"{name}: axis {axis} is out of range for a 0-d array")
         return reduce(name, x, None, keepdims)
     if axis is None:  # the index into the flattened array (all axes reduced in C order)
         out = reduce(name, x, None, True)
@@ -87,6 +90,7 @@ def _float_input(name, x):
 def mean(x, /, *, axis=None, keepdims=False):
     """Arithmetic mean over ``axis``. Float inputs keep their dtype (float16/bfloat16 computed in float32);
     integer/bool inputs give float32 (numpy gives float64). An empty axis gives NaN."""
+    x = array_arg(x, "mean: x")
     xf, out = _float_input("mean", x)
     n = _count(x, axis)
     m = sum(xf, axis=axis, keepdims=keepdims) * (1.0 / n if n else float("nan"))
@@ -104,6 +108,7 @@ def _var(xf, axis, correction, keepdims):
 def var(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Variance over ``axis``, dividing by N - ``correction`` (numpy's ddof). Float inputs keep their dtype;
     integer/bool inputs give float32 (numpy: float64). N - correction <= 0 gives NaN."""
+    x = array_arg(x, "var: x")
     xf, out = _float_input("var", x)
     return astype(_var(xf, axis, correction, keepdims), out, copy=False)
 
@@ -111,6 +116,7 @@ def var(x, /, *, axis=None, correction=0.0, keepdims=False):
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Standard deviation, sqrt of ``var`` (``correction`` is numpy's ddof). Float inputs keep their dtype;
     integer/bool inputs give float32 (numpy: float64)."""
+    x = array_arg(x, "std: x")
     from .core import elementwise
     xf, out = _float_input("std", x)
     return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims)), out, copy=False)
@@ -119,5 +125,6 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
 def count_nonzero(x, /, *, axis=None, keepdims=False):
     """The number of nonzero elements along ``axis`` (all axes when None), as int64; any dtype. One fused
     comparison-and-sum."""
+    x = array_arg(x, "count_nonzero: x")
     from .core import elementwise
     return sum(elementwise("not_equal", x, 0) if x.dtype != dt.bool_ else x, axis=axis, keepdims=keepdims)

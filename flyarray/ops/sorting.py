@@ -14,7 +14,7 @@ from typing import NamedTuple
 from .. import dtypes as dt
 from .. import views
 from ..primitives import check_storage_only, sum_dtype
-from .core import as_array, node_of
+from .core import array_arg, as_array, node_of
 from .library import Library, call
 
 
@@ -138,7 +138,7 @@ SORT = Library("sort", _sort_abstract,
 
 
 def _sorted(op, x, axis, descending):
-    x = as_array(x)
+    x = array_arg(x, f"{op}: x")
     _real(op, "x", x._node)
     moved, axis = _last_axis(op, x, axis)
     values, indices = call(SORT, [moved], descending=bool(descending))
@@ -181,7 +181,11 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None):
     A Triton binary-search kernel."""
     from .indexing import take
     from .manipulation import reshape
-    x1, x2 = as_array(x1), as_array(x2)
+    x1 = array_arg(x1, "searchsorted: x1")
+    if isinstance(x2, (bool, int, float)):  # a Python scalar x2 (array API 2024.12)
+        from .creation import asarray
+        x2 = asarray(x2, dtype=dt.result_type(x1.dtype, x2), device=x1.device)
+    x2 = array_arg(x2, "searchsorted: x2")
     if side not in ("left", "right"):
         raise ValueError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
     if x1.ndim != 1:
