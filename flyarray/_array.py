@@ -214,9 +214,9 @@ class Array:
         return At(self)
 
     # ---- conversions ------------------------------------------------------------------------------
-    def astype(self, dtype, copy=True):
+    def astype(self, dtype, copy=True, device=None):
         """This array cast to ``dtype`` (any dtype to any dtype); see ``fa.astype``."""
-        return _ops().astype(self, dtype, copy=copy)
+        return _ops().astype(self, dtype, copy=copy, device=device)
 
     def to_device(self, device, stream=None):
         """A copy of this array on ``device`` (a torch device or string); ``stream`` is ignored."""

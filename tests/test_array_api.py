@@ -402,3 +402,15 @@ def test_decompositions_return_the_array_api_named_tuples():
     assert fa.linalg.svd(a).Vh.shape == (2, 2) and fa.linalg.eig(a).eigenvectors.shape == (2, 2)
     sign, logabsdet = fa.linalg.slogdet(a)
     assert float(fa.linalg.slogdet(a).logabsdet) == pytest.approx(np.log(5.0), rel=1e-5) and float(sign) == 1.0
+
+
+def test_astype_takes_the_array_api_device_keyword(backend):
+    x = fa.asarray(np.array([1.5, -2.0], np.float32))
+    y = fa.astype(x, fa.float64, device=x.device)
+    assert y.device == x.device and str(y.dtype) == "fa.float64"
+    assert_matches(x.astype(fa.int32, device="cpu"), np.array([1, -2], np.int32))
+
+
+def test_sum_with_a_real_dtype_refuses_a_complex_input():
+    with pytest.raises(TypeError, match="sum: dtype=fa.float32 would drop the imaginary part"):
+        fa.sum(fa.asarray(np.array([1j, 2j])), dtype=fa.float32)

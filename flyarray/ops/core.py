@@ -231,9 +231,14 @@ def where(cond, x, y) -> Array:
     return Array(ir.Node(ELEMENTWISE["where"], (c, *branches), None, shape, d, device))
 
 
-def astype(x, dtype, copy=True) -> Array:
+def astype(x, dtype, /, *, copy=True, device=None) -> Array:
     """``x`` cast to ``dtype`` (any dtype to any dtype, torch's conversion rules: float -> int truncates).
-    ``copy=False`` returns ``x`` itself when the dtype already matches."""
+    ``copy=False`` returns ``x`` itself when the dtype already matches; ``device`` (the array API's) moves
+    the result there as ``to_device``."""
+    node_of(x)  # an Array, or a TypeError before anything moves
+    if device is not None:
+        from .creation import asarray
+        x = asarray(x, device=device)
     d = dt.dtype(dtype)
     node = node_of(x)
     if node.dtype == d and not copy:
@@ -259,6 +264,9 @@ def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     if name in ("any", "all"):
         node = cast_node(node, dt.bool_)
     elif dtype is not None:
+        if node.dtype.kind == "c" and dt.dtype(dtype).kind != "c":
+            raise TypeError(f"{name}: dtype={dt.dtype(dtype)} would drop the imaginary part of a {node.dtype} "
+                            "array, which the array API does not permit; take fa.real(x) first")
         node = cast_node(node, dt.dtype(dtype))
     elif prim.out == "sum" and node.dtype.kind in "biu":
         node = cast_node(node, sum_dtype(node.dtype))
