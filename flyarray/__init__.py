@@ -45,8 +45,17 @@ def result_type(*args):
     """The dtype an op over ``args`` (Arrays, DTypes, Python scalars) computes in: the array API's
     promotion table, with JAX's rules across kinds (int + float -> the float) and weak Python scalars."""
     import builtins  # this module's ``bool`` is fa.bool (a DType), not the Python type
-    return _dtypes.result_type(*[a.dtype if isinstance(a, Array) else _dtypes.dtype(a)
-                                 if not isinstance(a, (int, float, complex, builtins.bool)) else a for a in args])
+
+    import numpy
+    import torch
+
+    def dtype_of(a):
+        if isinstance(a, (int, float, complex, builtins.bool)):
+            return a
+        if isinstance(a, (Array, numpy.ndarray, numpy.generic, torch.Tensor)):  # arrays, as asarray takes them
+            return _dtypes.dtype(a.dtype)
+        return _dtypes.dtype(a)
+    return _dtypes.result_type(*[dtype_of(a) for a in args])
 
 
 def can_cast(from_, to):

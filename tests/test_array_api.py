@@ -414,3 +414,20 @@ def test_astype_takes_the_array_api_device_keyword(backend):
 def test_sum_with_a_real_dtype_refuses_a_complex_input():
     with pytest.raises(TypeError, match="sum: dtype=fa.float32 would drop the imaginary part"):
         fa.sum(fa.asarray(np.array([1j, 2j])), dtype=fa.float32)
+
+
+def test_result_type_takes_numpy_arrays_and_torch_tensors():
+    assert fa.result_type(np.ones(2, np.float32), fa.int8) == fa.float32
+    assert fa.result_type(torch.ones(2, dtype=torch.bfloat16), 1.0) == fa.bfloat16
+    assert fa.result_type(np.int8(3), fa.int16) == fa.int16
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("ord", [2, 3, 1, 0.5])
+def test_vector_norm_of_a_narrow_float_does_not_overflow(backend, dtype, ord):
+    """Squares (cubes) of 300 overflow float16; the norm is computed in float32 and rounded once, as torch."""
+    t = torch.tensor([300.0, 400.0, -30.0], dtype=getattr(torch, dtype))
+    got = fa.linalg.vector_norm(fa.asarray(t), ord=ord)
+    assert str(got.dtype) == f"fa.{dtype}"
+    want = torch.linalg.vector_norm(t.float(), ord=ord).to(t.dtype).double().item()
+    assert float(got) == want

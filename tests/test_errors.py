@@ -187,3 +187,12 @@ def test_a_one_element_1d_array_is_no_python_index():
 def test_clip_of_an_integer_array_refuses_a_nan_bound():
     with pytest.raises(TypeError, match="clip: max is NaN.*int64"):
         fa.clip(fa.asarray(np.array([1, 2])), 0, float("nan"))
+
+
+@pytest.mark.parametrize("make", [lambda d: fa.zeros((2,), device=d), lambda d: fa.arange(3, device=d),
+                                  lambda d: fa.asarray(np.ones(2), device=d), lambda d: fa.ones(2).to_device(d)])
+def test_a_device_arrays_cannot_live_on_is_refused_when_recorded(make):
+    absent = f"cuda:{torch.cuda.device_count()}"  # one past the last visible GPU (cuda:0 on a CPU machine)
+    for device in ("meta", absent):
+        with pytest.raises(ValueError, match=f"device '{device}' is not available here; arrays can live on: cpu"):
+            make(device)

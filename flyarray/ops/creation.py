@@ -18,9 +18,23 @@ def _device(device) -> torch.device:
         from ..runtime import default_device
         return default_device()
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"unknown device {device!r}") from exc
+    return _available(dev, device)
+
+
+def _available(dev: torch.device, asked) -> torch.device:
+    """``dev`` if arrays can live there (the CPU, a visible CUDA/ROCm device), else a ValueError now:
+    a 'meta' or absent device would otherwise fail later, at evaluation, with an unrelated error."""
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda" and torch.cuda.is_available():
+        if dev.index is None or dev.index < torch.cuda.device_count():
+            return dev
+    from ..namespace_info import __array_namespace_info__
+    names = ", ".join(str(d) for d in __array_namespace_info__().devices())
+    raise ValueError(f"device {asked!r} is not available here; arrays can live on: {names}")
 
 
 def asarray(obj, dtype=None, device=None, copy=None) -> Array:

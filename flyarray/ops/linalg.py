@@ -314,6 +314,8 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         x = x.astype(dt.default_float())
     if not isinstance(ord, (int, float)) or isinstance(ord, bool):
         raise TypeError(f"vector_norm: ord must be a real number, got {ord!r}")
+    if x.dtype in (dt.float16, dt.bfloat16):  # squares of 300 overflow float16: float32 inside, as torch
+        return vector_norm(x.astype(dt.float32), axis=axis, keepdims=keepdims, ord=ord).astype(x.dtype)
     a = _abs(x)
     if ord == 2:
         return sqrt(R.sum(a * a, axis=axis, keepdims=keepdims))
