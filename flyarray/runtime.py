@@ -76,6 +76,9 @@ def _choose_backend(device: torch.device) -> str:
             raise RuntimeError("FLYARRAY_BACKEND=gpu, but the data lives on the CPU; move it with "
                                "fa.asarray(x, device='cuda')")
         return name or "reference"
+    if device.type == "meta":
+        raise RuntimeError("arrays on the 'meta' device have shapes and dtypes but no values, so they can be "
+                           "recorded (a dry run) but not evaluated")
     if name == "interpret":
         raise RuntimeError(f"FLYARRAY_BACKEND=interpret runs on the CPU, but the data lives on {device}")
     return name or "gpu"

@@ -193,6 +193,14 @@ def test_clip_of_an_integer_array_refuses_a_nan_bound():
                                   lambda d: fa.asarray(np.ones(2), device=d), lambda d: fa.ones(2).to_device(d)])
 def test_a_device_arrays_cannot_live_on_is_refused_when_recorded(make):
     absent = f"cuda:{torch.cuda.device_count()}"  # one past the last visible GPU (cuda:0 on a CPU machine)
-    for device in ("meta", absent):
-        with pytest.raises(ValueError, match=f"device '{device}' is not available here; arrays can live on: cpu"):
-            make(device)
+    with pytest.raises(ValueError, match=f"device '{absent}' is not available here; arrays can live on: cpu"):
+        make(absent)
+
+
+def test_a_meta_array_records_but_refuses_evaluation_by_name():
+    """'meta' arrays are for dry runs (the torch backend records regions with them): shapes and dtypes,
+    no values, so evaluation says so instead of failing inside torch."""
+    y = fa.zeros((2, 3), device="meta") * 2 + 1
+    assert y.shape == (2, 3) and y.device.type == "meta"
+    with pytest.raises(RuntimeError, match="'meta' device have shapes and dtypes but no values"):
+        y.torch()

@@ -25,9 +25,10 @@ def _device(device) -> torch.device:
 
 
 def _available(dev: torch.device, asked) -> torch.device:
-    """``dev`` if arrays can live there (the CPU, a visible CUDA/ROCm device), else a ValueError now:
-    a 'meta' or absent device would otherwise fail later, at evaluation, with an unrelated error."""
-    if dev.type == "cpu":
+    """``dev`` if arrays can live there (the CPU, a visible CUDA/ROCm device, and 'meta' for dry runs
+    that record without evaluating, as the torch backend's), else a ValueError now: an absent device
+    would otherwise fail later, at evaluation, with an unrelated error."""
+    if dev.type in ("cpu", "meta"):
         return dev
     if dev.type == "cuda" and torch.cuda.is_available():
         if dev.index is None or dev.index < torch.cuda.device_count():
