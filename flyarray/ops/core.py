@@ -235,12 +235,12 @@ def astype(x, dtype, /, *, copy=True, device=None) -> Array:
     """``x`` cast to ``dtype`` (any dtype to any dtype, torch's conversion rules: float -> int truncates).
     ``copy=False`` returns ``x`` itself when the dtype already matches; ``device`` (the array API's) moves
     the result there as ``to_device``."""
-    node_of(x)  # an Array, or a TypeError before anything moves
+    node = node_of(x)  # an Array, or a TypeError before anything moves
     if device is not None:
         from .creation import asarray
         x = asarray(x, device=device)
+        node = x._node
     d = dt.dtype(dtype)
-    node = node_of(x)
     if node.dtype == d and not copy:
         return x
     if node.dtype.kind == "c" and d.kind not in "bc":

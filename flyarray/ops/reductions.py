@@ -80,6 +80,7 @@ def _float_input(name, x):
     are computed in float32 and rounded once at the end, so every backend gives the same answer
     (the reference backend rounds each op to its dtype: a float16 sum of large values overflows)."""
     from ..primitives import check_storage_only
+    x = array_arg(x, f"{name}: x")
     check_storage_only(name, x.dtype)
     if x.dtype.kind == "c" and name != "mean":
         raise TypeError(f"{name} does not accept {x.dtype} inputs (the array API defines it for real floats only)")
@@ -90,9 +91,8 @@ def _float_input(name, x):
 def mean(x, /, *, axis=None, keepdims=False):
     """Arithmetic mean over ``axis``. Float inputs keep their dtype (float16/bfloat16 computed in float32);
     integer/bool inputs give float32 (numpy gives float64). An empty axis gives NaN."""
-    x = array_arg(x, "mean: x")
     xf, out = _float_input("mean", x)
-    n = _count(x, axis)
+    n = _count(xf, axis)
     m = sum(xf, axis=axis, keepdims=keepdims) * (1.0 / n if n else float("nan"))
     return astype(m, out, copy=False)
 
@@ -108,7 +108,6 @@ def _var(xf, axis, correction, keepdims):
 def var(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Variance over ``axis``, dividing by N - ``correction`` (numpy's ddof). Float inputs keep their dtype;
     integer/bool inputs give float32 (numpy: float64). N - correction <= 0 gives NaN."""
-    x = array_arg(x, "var: x")
     xf, out = _float_input("var", x)
     return astype(_var(xf, axis, correction, keepdims), out, copy=False)
 
@@ -116,7 +115,6 @@ def var(x, /, *, axis=None, correction=0.0, keepdims=False):
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Standard deviation, sqrt of ``var`` (``correction`` is numpy's ddof). Float inputs keep their dtype;
     integer/bool inputs give float32 (numpy: float64)."""
-    x = array_arg(x, "std: x")
     from .core import elementwise
     xf, out = _float_input("std", x)
     return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims)), out, copy=False)
