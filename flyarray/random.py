@@ -96,10 +96,11 @@ def _threefry(prim, k, shape):
 
 def split(k, num=2) -> Array:
     """``num`` new keys, shape (num, 2): key i is threefry2x32(k, (0, i)), as JAX."""
-    if isinstance(num, tuple):
-        shape = num
-    else:
-        shape = (int(num),)
+    shape = num if isinstance(num, tuple) else (num,)
+    if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in shape):
+        raise TypeError(f"split: num must be an integer (or a tuple of them), got {num!r}")
+    if any(n < 0 for n in shape):
+        raise ValueError(f"split: num must not be negative, got {num!r}")
     words = [_threefry(p, k, shape) for p in ("threefry2x32_0", "threefry2x32_1")]
     return manipulation.stack(words, axis=-1)  # a concat: the keys get a buffer, never recomputed per element
 
@@ -109,7 +110,12 @@ def fold_in(k, data) -> Array:
     threefry2x32(k, (0, data)), JAX's fold_in (and key ``data`` of ``split(k, n)``)."""
     k0, k1 = _check_key(k, "fold_in")
     if isinstance(data, Array):
+        if data.ndim != 0 or data.dtype.kind not in "iu":
+            raise TypeError(f"fold_in: data must be an integer or a 0-d integer array, got {data.dtype}"
+                            f"{list(data.shape)}")
         hi, lo = 0, ew.bitwise_and(data.astype(dt.int64), _M32)
+    elif isinstance(data, bool) or not isinstance(data, numbers.Integral):
+        raise TypeError(f"fold_in: data must be an integer or a 0-d integer array, got {data!r}")
     else:
         hi, lo = 0, int(data) & _M32
     words = [core.elementwise(p, k0, k1, hi, lo) for p in ("threefry2x32_0", "threefry2x32_1")]

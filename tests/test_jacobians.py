@@ -152,3 +152,28 @@ def test_float64_gemm_epilogue_keeps_float64():
         np.testing.assert_allclose(np.asarray(got), A @ B + V[:2], rtol=1e-14)
     finally:
         fa.set_backend(None)
+
+
+@pytest.mark.parametrize("fn, tfn", [
+    (lambda a: fa.sum(fa.abs(a)), lambda a: a.abs().sum()),                  # abs's rules use sign: zero tangent
+    (lambda a: fa.sum(fa.abs(a) ** 3), lambda a: (a.abs() ** 3).sum()),
+    (lambda a: fa.sum(fa.floor(a) * a ** 2), lambda a: (a.floor() * a ** 2).sum()),
+])
+def test_hessian_through_zero_derivative_ops(fn, tfn):
+    v = np.array([-0.5, 1.5, 2.25])
+    _close(fa.hessian(fn)(fa.asarray(v)), torch.func.hessian(tfn)(torch.from_numpy(v)))
+
+
+def test_jvp_of_vmap_over_a_zero_tangent_op_on_an_unbatched_value():
+    v = fa.asarray(V)
+    out, tangent = fa.jvp(lambda a: fa.vmap(lambda c, a: fa.sign(a) * c, in_axes=(0, None))(
+        fa.ones((2,), dtype=fa.float64), a), (v,), (v,))
+    np.testing.assert_array_equal(np.asarray(out), np.ones((2, 5)))
+    np.testing.assert_array_equal(np.asarray(tangent), np.zeros((2, 5)))
+
+
+@pytest.mark.parametrize("transform", [fa.grad, fa.value_and_grad, fa.jacrev, fa.jacfwd])
+def test_an_argument_named_twice_in_argnums_is_refused(transform):
+    f = lambda a, b: fa.sum(a * b)  # noqa: E731
+    with pytest.raises(ValueError, match=r"argnums \(1, 0, -1\) names an argument more than once"):
+        transform(f, argnums=(1, 0, -1))(fa.asarray(V), fa.asarray(V))

@@ -345,3 +345,17 @@ def test_errors():
         R.randint(k, (3,), 0, 5, fa.float32)
     with pytest.raises(ValueError):
         R.randint(k, (3,), 0, 2 ** 40, fa.int64)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda k: R.split(k, -1), ValueError, "split: num must not be negative"),
+    (lambda k: R.split(k, (2, -3)), ValueError, "must not be negative"),
+    (lambda k: R.split(k, 2.0), TypeError, "split: num must be an integer"),
+    (lambda k: R.fold_in(k, 1.5), TypeError, "fold_in: data must be an integer"),
+    (lambda k: R.fold_in(k, True), TypeError, "fold_in: data must be an integer"),
+    (lambda k: R.fold_in(k, fa.asarray([1, 2])), TypeError, "0-d integer array"),
+    (lambda k: R.fold_in(k, fa.asarray(1.0)), TypeError, "0-d integer array"),
+])
+def test_split_and_fold_in_refuse_what_is_not_a_count_or_an_integer(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(R.key(0))

@@ -274,7 +274,13 @@ def jvp_flat(fn, primals, tangents):
         t = [tan.get(i.id) for i in e.inputs]
         kind = e.prim.kind
         if kind in ("output", "custom_output"):
-            res = multi[e.inputs[0].id][e.params]
+            parent = multi[e.inputs[0].id]
+            res = None if parent is None else parent[e.params]
+        elif all(ti is None for ti in t):
+            # every input's tangent is zero (e.g. downstream of sign or floor): so is this node's, and
+            # rules need not handle the all-zero case
+            multi[e.node.id] = None
+            continue
         elif kind == "custom":
             multi[e.node.id] = e.params.jvp(t, e)
             continue
@@ -373,7 +379,12 @@ def _argnums(argnums, n, where):
         if not -n <= i < n:
             raise ValueError(f"{where}: argnums {argnums} names argument {i}, but the function was called with "
                              f"{n} positional argument(s)")
-    return single, [i % n for i in nums]
+    idx = [i % n for i in nums]
+    if len(set(idx)) != len(idx):
+        # one argument differentiated twice would need two independent copies of it in the graph;
+        # refused rather than giving one copy a zero gradient
+        raise ValueError(f"{where}: argnums {argnums} names an argument more than once")
+    return single, idx
 
 
 def _prepare(fun, args, kwargs, argnums, where):
