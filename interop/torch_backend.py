@@ -574,6 +574,10 @@ def _sdpa_ok(node):
         return False
     if v.shape[-1] != q.shape[-1]:   # torch allows value's head_dim to differ; our kernels take one head_dim
         return False
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
+        return False                  # float64 and mixed dtypes stay torch's (our kernels are fp16/bf16/fp32)
+    if k.shape != v.shape or k.shape[0] != q.shape[0]:
+        return False                  # torch broadcasts batch and kv-head dims; our kernels take them equal
     causal = _example(node, "is_causal", 5)
     return (_example(node, "attn_mask", 3) is None and not _example(node, "dropout_p", 4)
             and not _example(node, "enable_gqa", 7) and k.shape[1] == q.shape[1]

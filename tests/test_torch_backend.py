@@ -476,11 +476,25 @@ def test_addmm_with_beta_zero_ignores_the_input():
     torch.testing.assert_close(torch.compile(f, backend="flyarray")(*args), f(*args))
 
 
-def test_sdpa_whose_value_head_dim_differs_stays_torchs():
+@pytest.mark.parametrize("q, k, v", [
+    ((1, 2, 5, 4), (1, 2, 7, 4), (1, 2, 7, 8)),      # value's head_dim differs
+    ((2, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),      # torch broadcasts the batch of k and v
+    ((1, 2, 4, 8), (2, 2, 4, 8), (2, 2, 4, 8)),      # ... and of q
+    ((2, 2, 4, 8), (2, 2, 4, 8), (1, 2, 4, 8)),      # ... and of v alone
+    ((1, 2, 4, 8), (1, 2, 4, 8), (1, 1, 4, 8)),      # ... and v's heads
+])
+def test_sdpa_our_kernels_do_not_take_stays_torchs(q, k, v):
     torch._dynamo.reset()
     f = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
-    args = (torch.randn(1, 2, 5, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 8))
+    args = tuple(torch.randn(s) for s in (q, k, v))
     torch.testing.assert_close(torch.compile(f, backend="flyarray")(*args), f(*args))
+
+
+def test_float64_sdpa_stays_torchs():
+    torch._dynamo.reset()
+    f = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    args = tuple(torch.randn(1, 2, 4, 8, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(torch.compile(f, backend="flyarray")(*args), f(*args), rtol=1e-12, atol=1e-12)
 
 
 def test_addmm_is_one_gemm_with_its_bias_fused():
