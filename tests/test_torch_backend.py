@@ -622,3 +622,32 @@ def test_block_backward_merges_the_qkv_select_backwards():
     _, backward = graphs
     lowered = [str(n.target) for _, (region, *_) in backward.steps for n in region.nodes]
     assert "aten.select_backward.default" not in lowered and "aten.cat.default" in lowered
+
+
+def _mx_pair(rows_lhs=4, rows_rhs=5, fmt_rhs="e4m3"):
+    (lhs, lhs_s), (rhs, rhs_s) = _mx(rows_lhs, "e4m3"), _mx(rows_rhs, fmt_rhs)
+    return lhs, rhs, lhs_s, rhs_s
+
+
+@pytest.mark.parametrize("change, exc, message", [
+    (lambda a, b, sa, sb: (a, b, sa, sb[:, :1].contiguous(), torch.float32), ValueError,
+     r"rhs_scales must have shape \(5, 2\)"),
+    (lambda a, b, sa, sb: (a, b, sa.t().contiguous(), sb, torch.float32), ValueError,
+     r"lhs_scales must have shape \(4, 2\)"),
+    (lambda a, b, sa, sb: (a, b[:, :32].contiguous(), sa, sb[:, :1].contiguous(), torch.float32), ValueError,
+     "lhs .* holds K=64 but rhs .* holds K=32"),
+    (lambda a, b, sa, sb: (a, b, sa, sb, torch.int32), TypeError, "preferred_element_type must be a floating"),
+    (lambda a, b, sa, sb: (a, b, None, sb, torch.float32), TypeError, "MX data needs its lhs_scales"),
+])
+def test_scaled_matmul_checks_k_and_the_scales_shapes_before_any_work(change, exc, message):
+    args = change(*_mx_pair())
+    fa.reset_stats()
+    with pytest.raises(exc, match=message):
+        fat.scaled_matmul(*args)
+    assert fa.stats()["evaluations"] == 0 and fa.stats()["kernels_launched"] == 0
+
+
+def test_scaled_matmul_k_counts_two_e2m1_values_a_byte():
+    lhs, rhs, lhs_s, rhs_s = _mx_pair(fmt_rhs="e2m1")
+    assert rhs.shape == (5, 32) and rhs.dtype == torch.uint8
+    assert fat.scaled_matmul(lhs, rhs, lhs_s, rhs_s, torch.float32).shape == (4, 5)

@@ -214,15 +214,36 @@ def _scaled_matmul_abstract(lhs, rhs, *scales, preferred_element_type, has_lhs_s
     if rhs.dtype not in _MX_STORAGE:
         raise TypeError(f"scaled_matmul: rhs must hold MX data (float8_e4m3fn, float8_e5m2, or uint8 packed "
                         f"e2m1), got {rhs.dtype}")
-    allowed_lhs = set(_MX_STORAGE) | ({dt.bfloat16, dt.float16} if not has_lhs_scales else set())
-    if lhs.dtype not in allowed_lhs:
-        raise TypeError(f"scaled_matmul: lhs of dtype {lhs.dtype} is not supported "
-                        f"({'MX data' if has_lhs_scales else 'MX data or bf16/fp16 with lhs_scales=None'})")
-    for s in scales:
+    if has_lhs_scales and lhs.dtype not in _MX_STORAGE:
+        raise TypeError(f"scaled_matmul: lhs of dtype {lhs.dtype} with lhs_scales is not supported (lhs_scales "
+                        "go with MX data: float8_e4m3fn, float8_e5m2 or uint8 packed e2m1; pass lhs_scales=None "
+                        "for bf16/fp16 activations)")
+    if not has_lhs_scales and lhs.dtype not in (dt.bfloat16, dt.float16):
+        raise TypeError(f"scaled_matmul: lhs of dtype {lhs.dtype} with lhs_scales=None is not supported "
+                        f"({'MX data needs its lhs_scales' if lhs.dtype in _MX_STORAGE else 'bf16 or fp16'})")
+    k = _logical_k(lhs)
+    if _logical_k(rhs) != k:
+        raise ValueError(f"scaled_matmul: lhs {lhs.shape} ({lhs.dtype}) holds K={k} but rhs {rhs.shape} "
+                         f"({rhs.dtype}) holds K={_logical_k(rhs)} (uint8 packs two e2m1 values a byte)")
+    if k % block_size:
+        raise ValueError(f"scaled_matmul: K={k} is not a multiple of the block size {block_size}")
+    names = ("lhs_scales", "rhs_scales") if has_lhs_scales else ("rhs_scales",)
+    operands = (lhs, rhs) if has_lhs_scales else (rhs,)
+    for name, s, x in zip(names, scales, operands):
         if s.dtype != dt.uint8:
-            raise TypeError(f"scaled_matmul: scales must be E8M0 codes stored as uint8, got {s.dtype}")
+            raise TypeError(f"scaled_matmul: {name} must be E8M0 codes stored as uint8, got {s.dtype}")
+        if tuple(s.shape) != (x.shape[0], k // block_size):
+            raise ValueError(f"scaled_matmul: {name} must have shape {(x.shape[0], k // block_size)} (one scale "
+                             f"per {block_size} values of K), got {tuple(s.shape)}")
     out = dt.dtype(preferred_element_type)
+    if out.kind != "f":
+        raise TypeError(f"scaled_matmul: preferred_element_type must be a floating dtype, got {out}")
     return [((lhs.shape[0], rhs.shape[0]), out)]
+
+
+def _logical_k(x):
+    """K of an operand: uint8 storage packs two e2m1 values a byte."""
+    return x.shape[1] * 2 if x.dtype == dt.uint8 else x.shape[1]
 
 
 def _scales_args(scales, has_lhs_scales):
