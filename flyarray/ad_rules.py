@@ -592,6 +592,32 @@ def _not_differentiable(name, why):
     return rule
 
 
+# ---- scaled_matmul: differentiable in a bf16/fp16 lhs (weight-only MX); MX storage operands are not -----
+def _mx_rhs_values(e):
+    """The MX weights (rhs, [N, K]) as float32 values."""
+    from .ops.library_ops import _MX_STORAGE
+    from .quant import mx_dequantize
+    rhs, rhs_scales = e.x[1], e.x[-1]
+    return mx_dequantize(rhs, rhs_scales, _MX_STORAGE[rhs.dtype], axis=-1, dtype=dt.float32)
+
+
+def _scaled_matmul_vjp(g, e):
+    if e.params["kwargs"]["has_lhs_scales"] and e.active[0]:
+        raise TypeError("scaled_matmul is not differentiable in an lhs of MX data (fp8/packed fp4 storage); "
+                        "only a bf16/fp16 lhs with lhs_scales=None has a gradient")
+    out = [None] * len(e.x)
+    if e.active[0]:
+        lhs = e.x[0]
+        out[0] = F.matmul(g[0].astype(dt.float32), _mx_rhs_values(e)).astype(lhs.dtype)
+    return out
+
+
+def _scaled_matmul_jvp(t, e):
+    if e.params["kwargs"]["has_lhs_scales"] or t[0] is None:
+        return [None]
+    return [F.matmul(t[0].astype(dt.float32), F.matrix_transpose(_mx_rhs_values(e))).astype(e.y[0].dtype)]
+
+
 def core_call(prim, inputs, **params):
     from .ops.library import call
     return call(prim, inputs, **params)
@@ -601,8 +627,8 @@ ATTENTION.vjp = _attention_vjp
 SOFTMAX.vjp = _softmax_vjp
 TOP_K.vjp = _top_k_vjp
 RAGGED_DOT.vjp = _ragged_dot_vjp
-SCALED_MATMUL.vjp = _not_differentiable("scaled_matmul", "its operands are fp8/MX storage formats")
-SCALED_MATMUL.jvp = SCALED_MATMUL.vjp
+SCALED_MATMUL.vjp = _scaled_matmul_vjp
+SCALED_MATMUL.jvp = _scaled_matmul_jvp
 # matmul_epilogue and softmax_top_k: differentiated through their formulations (FORMULATIONS).
 
 

@@ -126,8 +126,13 @@ def _top_k(x, *, k):
     return fa.top_k(x, k)
 
 
+def _scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, *, out_dtype):
+    return fa.nn.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=dt.dtype(out_dtype))
+
+
 FORWARD = {"rms_norm": _rms_norm, "add_rms_norm": _add_rms_norm, "softmax": _softmax,
-           "dot_product_attention": _attention, "matmul": _matmul, "ragged_dot": _ragged_dot, "top_k": _top_k}
+           "dot_product_attention": _attention, "matmul": _matmul, "ragged_dot": _ragged_dot, "top_k": _top_k,
+           "scaled_matmul": _scaled_matmul}
 
 
 # ---- rms_norm / add_rms_norm ----------------------------------------------------------------------------
@@ -495,6 +500,8 @@ _register_autograd(dot_product_attention, "dot_product_attention", 5, ("scale", 
 _register_autograd(matmul, "matmul", 4, ("activation", "out_dtype"), {0, 1, 2, 3})
 _register_autograd(ragged_dot, "ragged_dot", 3, (), {0, 1})
 _register_autograd(top_k, "top_k", 1, ("k",), {0})
+# a bf16/fp16 lhs (weight-only MX: accelerate(mx=...)) has a gradient; MX storage operands have none
+_register_autograd(scaled_matmul, "scaled_matmul", 4, ("out_dtype",), {0})
 
 OPS = ("rms_norm", "add_rms_norm", "softmax", "dot_product_attention", "attention_forward", "attention_backward",
        "matmul", "ragged_dot", "top_k", "scaled_matmul", "mx_quantize", "vjp")

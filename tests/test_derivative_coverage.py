@@ -285,17 +285,32 @@ def _attention_bwd(data):
             lambda q, k, v: torch.func.grad(lambda a: (tf(a, k, v) ** 2 * torch.from_numpy(w)).sum())(q), shapes)
 
 
+def _scaled_matmul(data):
+    """Weight-only MX: a bf16/fp16 lhs (differentiable) times fixed MX weights (not)."""
+    m, n = _sizes(data, 2, 4)
+    fmt = data.draw(st.sampled_from(["e4m3", "e2m1"]), label="weight format")
+    w = fa.asarray(np.random.default_rng(m * 10 + n).uniform(-1, 1, (n, 64)).astype(np.float32))
+    w_data, w_scales = fa.quant.mx_quantize(w, fmt)
+    w_values = torch.from_numpy(np.asarray(fa.quant.mx_dequantize(w_data, w_scales, fmt)).astype(np.float64))
+
+    def f(a):
+        y = fa.nn.scaled_matmul(a.astype(fa.float16), w_data, None, w_scales, preferred_element_type=fa.float32)
+        return y.astype(a.dtype)
+    return f, (lambda a: a @ w_values.T), [(m, 64)]
+
+
 LIBRARY_CASES = {"matmul": _matmul, "gather": _gather, "scatter": _scatter, "top_k": _top_k, "scan": _scan,
                  "sort": _sort,
                  "softmax_top_k": _softmax_top_k, "softmax": _softmax, "attention": _attention,
                  "ragged_dot": _ragged_dot, "matmul_epilogue": _matmul_epilogue, "softmax_bwd": _softmax_bwd,
-                 "attention_bwd": _attention_bwd}
+                 "attention_bwd": _attention_bwd, "scaled_matmul": _scaled_matmul}
+HALF_PRECISION = {"scaled_matmul"}
 FLOAT32_ONLY = {"attention", "attention_bwd", "ragged_dot", "softmax", "softmax_bwd", "softmax_top_k", "top_k"}  # their kernels take no float64
 # Collectives need a process group: their VJPs/JVPs are checked against one device on 2 gloo processes
 # in tests/test_distributed.py (tests/distributed_checks.py), not here.
 CHECKED_ELSEWHERE = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute"}
 NO_DERIVATIVE = {  # library op -> why it has none (each raises a clear error when differentiated)
-    "scaled_matmul": "fp8/MX storage operands", "mx_quantize": "quantization (integer codes)",
+    "mx_quantize": "quantization (integer codes)",
     "mx_dequantize": "reads integer codes", "searchsorted": "integer insertion indices",
     **{p.name: "torch.linalg call: no derivative rules yet" for p in DECOMPOSITIONS},
     **{name: "complex values: derivatives of complex functions raise TypeError (tests/test_complex.py)"
@@ -309,7 +324,11 @@ NO_DERIVATIVE = {  # library op -> why it has none (each raises a clear error wh
 def test_library_op(name, data):
     f, tf, shapes = LIBRARY_CASES[name](data)
     xs = _values(data.draw(st.integers(0, 2 ** 16), label="seed"), shapes, [(-1.0, 1.0)] * len(shapes))
-    if name in FLOAT32_ONLY:  # float32 against torch's float64
+    if name in HALF_PRECISION:  # the op rounds its differentiable input to fp16
+        xs = [x.astype(np.float32) for x in xs]
+        _check_grad(f, tf, xs, rtol=2e-3, atol=2e-3)
+        _check_jvp_torch(f, tf, xs, rtol=2e-3, atol=2e-3)
+    elif name in FLOAT32_ONLY:  # float32 against torch's float64
         xs = [x.astype(np.float32) for x in xs]
         _check_grad(f, tf, xs, rtol=1e-4, atol=1e-5)
         _check_jvp_torch(f, tf, xs, rtol=1e-4, atol=1e-5)

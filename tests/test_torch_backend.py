@@ -544,6 +544,32 @@ def test_accelerate_with_mx_weights(mx, fmt):
     assert type(model[0]).__name__ == "MXLinear"
 
 
+@pytest.mark.parametrize("mx, fmt", [("mxfp8", "e4m3"), ("mxfp4", "e2m1")])
+def test_accelerate_with_mx_weights_has_gradients_for_what_comes_before(mx, fmt):
+    """MX layers are frozen, but a trainable layer before one (here a LayerNorm) gets its gradient, and so
+    does the input: scaled_matmul differentiates in its bf16/fp16 lhs, as x @ dequantized(W)^T."""
+    from .interpreter_probe import INTERPRETER_PROBLEM
+    if INTERPRETER_PROBLEM:
+        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)).eval()
+    dense = copy.deepcopy(model)   # the same layers with the dequantized weights, in float64
+    compiled = fat.accelerate(model, mx=mx)
+    for mx_layer, linear in ((model[0], dense[0]), (model[2], dense[2])):
+        w = fa.quant.mx_dequantize(fa.asarray(mx_layer.weight_data), fa.asarray(mx_layer.weight_scales), fmt)
+        linear.weight.data = torch.from_dlpack(w).clone()
+    dense.double()
+    x = torch.randn(3, 64)
+    x_ours, x_dense = x.clone().requires_grad_(), x.double().requires_grad_()
+    compiled(x_ours).square().sum().backward()     # no torch.no_grad(): autograd traces the backward
+    dense(x_dense).square().sum().backward()
+    # the activations are rounded to bf16/fp16 before each MX GEMM (4e-4 by norm here)
+    for got, want in ((x_ours.grad, x_dense.grad), (model[1].weight.grad, dense[1].weight.grad)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
+    assert model[0].bias.grad is None    # the MX layers themselves are frozen
+
+
 def test_backend_is_an_installed_entry_point():
     from importlib.metadata import PackageNotFoundError, distribution, entry_points
     try:
