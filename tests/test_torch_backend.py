@@ -677,3 +677,23 @@ def test_scaled_matmul_k_counts_two_e2m1_values_a_byte():
     lhs, rhs, lhs_s, rhs_s = _mx_pair(fmt_rhs="e2m1")
     assert rhs.shape == (5, 32) and rhs.dtype == torch.uint8
     assert fat.scaled_matmul(lhs, rhs, lhs_s, rhs_s, torch.float32).shape == (4, 5)
+
+
+@pytest.mark.parametrize("norm", [torch.nn.RMSNorm, torch.nn.LayerNorm])
+def test_float64_norms_keep_float64_precision_forward_and_backward(norm):
+    """Statistics in fp32 for fp16/bf16/fp32 inputs, but fp64 for fp64 ones (torch's accumulation type)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = norm(8).double()
+    compiled = torch.compile(copy.deepcopy(model), backend="flyarray")
+    x = torch.randn(3, 8, dtype=torch.float64)
+    weights = torch.randn(3, 8, dtype=torch.float64)
+    x_eager, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_eager, y_ours = model(x_eager), compiled(x_ours)
+    (y_eager * weights).sum().backward()
+    (y_ours * weights).sum().backward()
+    torch.testing.assert_close(y_ours, y_eager, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(x_ours.grad, x_eager.grad, rtol=1e-12, atol=1e-12)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    torch.testing.assert_close(fat.rms_norm(x, None, eps=1e-6),
+                               x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6), rtol=1e-14, atol=1e-14)

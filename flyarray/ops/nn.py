@@ -65,7 +65,7 @@ def _long_rows(x, axis) -> bool:
 
 
 def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
-    """x / sqrt(mean(x^2) + eps) * weight over the last axis, statistics in fp32, result in x's dtype.
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, statistics in fp32 (fp64 for float64 x), result in x's dtype.
 
     With ``residual``: h = x + residual, returns (rms_norm(h) * weight, h) -- the pre-norm residual
     of LLM blocks, computed in one pass: one fused kernel writes both, whichever is read first.
@@ -98,10 +98,11 @@ def _rms_norm(x, *rest, eps, has_weight, has_residual):
     weight = rest[0] if has_weight else None
     residual = rest[-1] if has_residual else None
     h = x + residual if residual is not None else x
-    hf = h.astype(dtypes.float32, copy=False)
+    acc = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32   # torch's accumulation type
+    hf = h.astype(acc, copy=False)
     y = hf * elementwise("rsqrt", mean(hf * hf, axis=-1, keepdims=True) + eps)
     if weight is not None:
-        y = y * weight.astype(dtypes.float32, copy=False)
+        y = y * weight.astype(acc, copy=False)
     y = y.astype(x.dtype, copy=False)
     return (y, h) if residual is not None else (y,)
 
