@@ -36,11 +36,16 @@ def _bench_distributed(args) -> int:
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 
 
+def _suite_names() -> list:
+    from flyarray.bench.harness import SUITES
+    return SUITES + ["distributed"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flyarray")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="compare flyarray with torch eager and torch.compile")
-    bench.add_argument("--suite", action="append",
+    bench.add_argument("--suite", action="append", choices=_suite_names(), metavar="SUITE",
                        help="only these suites (elementwise, norms, topk, gemm, attention, mx, overhead, training, torch; "
                             "distributed, alone, under torchrun: docs/distributed.md); repeatable")
     bench.add_argument("--json", default=None, metavar="PATH",

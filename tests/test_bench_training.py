@@ -59,3 +59,12 @@ def test_the_check_catches_a_wrong_update():
     params, ours, eager = _loops(lr_fa=2 * training.LR)
     err = training.make_check(params, fp32=True)(ours(), eager())
     assert err > 0.1
+
+
+@pytest.mark.parametrize("suite", ["bogus", "Elementwise", "plot"])
+def test_an_unknown_suite_is_a_usage_error_naming_the_suites(suite, capsys):
+    from flyarray.__main__ import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--suite", suite])
+    assert exit_info.value.code == 2
+    assert f"invalid choice: '{suite}'" in capsys.readouterr().err
