@@ -555,3 +555,23 @@ def test_an_attacker_in_another_process_runs_nothing_and_writes_nothing_outside(
     assert not marker.exists(), "foreign code ran"
     assert victim.read_text() == "precious", "a file outside the cache was written"
     assert sorted(p.name for p in outside.iterdir()) == ["evil_source.py", "victim"]
+
+
+# ---- the tuning table ------------------------------------------------------------------------------------
+def test_a_deeply_nested_tuning_table_is_ignored_with_a_warning(cache):
+    (cache / "v1" / "tuning").mkdir(mode=0o700, parents=True)
+    (cache / "v1" / "tuning" / "gemm.json").write_bytes(b"[" * 200_000)
+    with pytest.warns(UserWarning, match="ignoring corrupt tuning file"):
+        assert tuning.load("gemm") == {}
+
+
+def test_a_stored_tuning_choice_is_used_only_while_it_is_a_candidate(cache, monkeypatch):
+    """The table on disk picks among the configs the code offers; anything else (a tampered or stale entry)
+    is ignored: timed again on a GPU, the default without one."""
+    default, other = {"BLOCK_M": 64}, {"BLOCK_M": 128}
+    tuning.save("gemm", "key", other)
+    assert tuning.tune("gemm", "key", [default, other], run=None, default=default) == other
+    monkeypatch.setattr(tuning.torch.cuda, "is_available", lambda: False)   # no timing: the default
+    for stored in ({}, {"BLOCK_M": 4096}, {"BLOCK_M": 64, "num_warps": 64}):
+        tuning.save("gemm", "key", stored)
+        assert tuning.tune("gemm", "key", [default, other], run=None, default=default) == default

@@ -70,7 +70,7 @@ def load(kernel: str) -> dict:
                 table = json.loads(data)
                 if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
                     raise ValueError("expected an object of objects")
-        except (ValueError, OSError) as exc:  # diskcache.BadEntry is an OSError
+        except (ValueError, OSError, RecursionError) as exc:  # BadEntry is an OSError; deep nesting recurses
             warnings.warn(f"flyarray: ignoring corrupt tuning file {path} ({exc}); it will be rewritten")
             table = {}
     _memory[kernel] = table
@@ -106,8 +106,8 @@ def tune(kernel: str, key: str, candidates: list, run: Callable[[dict], None], d
     whatever the final launch (with the winning config) writes.
     """
     table = load(kernel)
-    if key in table:
-        return table[key]
+    if key in table and (table[key] in candidates or table[key] == default):
+        return table[key]   # a stored choice is used only if it is still one of the candidates (disk is untrusted)
     if not torch.cuda.is_available():
         return default  # never tune on the CPU / interpreter
     timings = []
