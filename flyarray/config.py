@@ -24,7 +24,7 @@ def cache_dir() -> pathlib.Path:
     Only the path: flyarray.diskcache creates and checks it at first use (never at import).
     """
     root = os.environ.get("FLYARRAY_CACHE_DIR")
-    base = pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "flyarray"
+    base = pathlib.Path(root).expanduser() if root else pathlib.Path.home() / ".cache" / "flyarray"
     return base / f"v{CACHE_VERSION}"
 
 

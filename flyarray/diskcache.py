@@ -235,7 +235,12 @@ def write_atomic(folder: pathlib.Path, filename: str, data: bytes) -> bool:
         try:
             os.replace(tmp, target)
         except IsADirectoryError:  # a directory where the entry belongs: an empty one can go
-            os.rmdir(target)
+            try:
+                os.rmdir(target)
+            except OSError as exc:  # a non-empty one stays (never removed recursively): only this entry is lost
+                warn_once(f"cannot write the cache entry {target}: a directory is in its place "
+                          f"({exc.strerror or exc}); remove it to cache this kernel on disk again")
+                return False
             os.replace(tmp, target)
         tmp = None
         return True

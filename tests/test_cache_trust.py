@@ -575,3 +575,33 @@ def test_a_stored_tuning_choice_is_used_only_while_it_is_a_candidate(cache, monk
     for stored in ({}, {"BLOCK_M": 4096}, {"BLOCK_M": 64, "num_warps": 64}):
         tuning.save("gemm", "key", stored)
         assert tuning.tune("gemm", "key", [default, other], run=None, default=default) == default
+
+
+def test_a_directory_in_one_entrys_place_costs_that_entry_only(cache):
+    """A non-empty directory where an entry belongs is left alone (never removed recursively) and that
+    kernel is not cached; an empty one is replaced; the other entries are still written."""
+    evaluate(fa.exp, np.exp)
+    evaluate(fa.sin, np.sin)
+    first, second = entries(cache)
+    first.unlink()
+    (first / "sub").mkdir(parents=True)
+    second.unlink()
+    second.mkdir()
+    _forget_kernels_in_memory()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate(fa.exp, np.exp)
+        evaluate(fa.sin, np.sin)
+        evaluate(fa.cos, np.cos)
+    assert (first / "sub").is_dir()
+    assert second.is_file()
+    assert len([e for e in entries(cache) if e.is_file()]) == 2  # second rewritten, and cos's new entry
+    messages = flyarray_warnings(caught)
+    assert any(str(first) in m and "a directory is in its place" in m for m in messages), messages
+
+
+def test_the_cache_dir_setting_expands_the_home_directory(monkeypatch, tmp_path):
+    from flyarray import config
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("FLYARRAY_CACHE_DIR", "~/flyarray-cache")
+    assert config.cache_dir() == tmp_path / "flyarray-cache" / f"v{config.CACHE_VERSION}"
