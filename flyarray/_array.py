@@ -108,6 +108,8 @@ class Array:
         return buffer if buffer is not None else self._tensor()
 
     def __repr__(self):
+        if self.device.type == "meta":   # shapes and dtypes, no values: nothing to evaluate (torch's form)
+            return f"Array(..., shape={tuple(self.shape)}, dtype={self.dtype.name}, device='meta')"
         t = self._tensor().detach().cpu()
         text = repr(t)
         inner = text[len("tensor("):text.rindex(")")]

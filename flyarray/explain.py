@@ -120,8 +120,10 @@ def explain(*arrays) -> Explanation:
             return Explanation(states, [])
         if plan._companions:
             roots = plan._with_companions(roots)
-        backend = runtime.backend_for(roots[0].device)
-        cached = plan.Walk(roots, backend).key in plan._plans
+        device = roots[0].device
+        # a meta array (the torch backend's dry run) is never evaluated: no backend, no plan to hit
+        backend = "meta" if device.type == "meta" else runtime.backend_for(device)
+        cached = backend != "meta" and plan.Walk(roots, backend).key in plan._plans
         to_primitives(roots)
         steps = schedule(roots)
     return Explanation(states, _describe(steps, backend), backend, cached)
@@ -192,8 +194,8 @@ def _output(node) -> Buffer:
 
 
 def _compiled_state(kernel, backend):
-    if backend == "reference":
-        return "n/a (reference backend)", ""
+    if backend in ("reference", "meta"):
+        return f"n/a ({backend} {'backend' if backend == 'reference' else 'device: no values'})", ""
     try:
         spec = codegen.launch_spec(kernel)  # generates source (structure only); compiles nothing
     except Exception as exc:  # pragma: no cover - explain must not fail where evaluation would report

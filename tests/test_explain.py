@@ -177,3 +177,15 @@ def test_notebook_display_of_a_lazy_array_runs_nothing(backend):
     fa.eval(x)
     data, _ = formatters.DisplayFormatter().format(x)  # evaluated: the values, as repr shows them
     assert set(data) == {"text/plain"} and data["text/plain"] == repr(x) and data["text/plain"].startswith("Array(")
+
+
+def test_meta_arrays_explain_and_display_without_evaluating():
+    """'meta' arrays (the torch backend's dry run) have no values: explain, the notebook display and repr
+    describe them; only evaluation refuses."""
+    a = fa.ones((2, 3), device="meta") * 2
+    e = fa.explain(a)
+    assert e.backend == "meta" and not e.plan_cached and e.n_kernels == 1
+    assert "lazy fa.Array float32[2, 3]" in a._repr_mimebundle_()["text/plain"]
+    assert repr(a) == str(a) == "Array(..., shape=(2, 3), dtype=float32, device='meta')"
+    with pytest.raises(RuntimeError, match="'meta' device"):
+        a.torch()
