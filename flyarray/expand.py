@@ -9,6 +9,8 @@ scheduler sees one graph and fuses it as if it had been recorded op by op.
 """
 from __future__ import annotations
 
+import contextlib
+
 from . import ir
 from .primitives import ELEMENTWISE
 
@@ -19,6 +21,28 @@ def to_primitives(roots: list):
     from .complex_lowering import lower_complex
     expand_composites(roots)
     lower_complex(roots)
+
+
+@contextlib.contextmanager
+def rewrites_undone(roots: list):
+    """For looking without evaluating (fa.explain, fa.inspect): the nodes under ``roots`` get their
+    (prim, inputs, params) back when the block ends, so what to_primitives and the scheduler rewrote in
+    place (composites expanded, epilogues moved into a GEMM) is undone. Otherwise the user's graph
+    would key differently afterwards and its evaluation would miss the plan its twins share."""
+    saved, stack = {}, list(roots)
+    while stack:
+        node = stack.pop()
+        if node in saved or node.buffer is not None:
+            continue
+        saved[node] = (node.prim, node.inputs, node.params)
+        stack.extend(node.inputs)
+        if isinstance(node.params, dict):   # a library or composite node: its OUTPUT children are rewritten too
+            stack.extend(node.params.get("outputs", ()))
+    try:
+        yield
+    finally:
+        for node, (prim, inputs, params) in saved.items():
+            node.prim, node.inputs, node.params = prim, inputs, params
 
 
 def expand_composites(roots: list):

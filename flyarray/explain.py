@@ -17,7 +17,7 @@ import html
 import math
 
 from . import codegen, plan, runtime, tables
-from .expand import to_primitives
+from .expand import rewrites_undone, to_primitives
 from .kernel_ir import Elementwise, Iota, Reduce
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
@@ -124,9 +124,10 @@ def explain(*arrays) -> Explanation:
         # a meta array (the torch backend's dry run) is never evaluated: no backend, no plan to hit
         backend = "meta" if device.type == "meta" else runtime.backend_for(device)
         cached = backend != "meta" and plan.Walk(roots, backend).key in plan._plans
-        to_primitives(roots)
-        steps = schedule(roots)
-    return Explanation(states, _describe(steps, backend), backend, cached)
+        with rewrites_undone(roots):
+            to_primitives(roots)
+            described = _describe(schedule(roots), backend)
+    return Explanation(states, described, backend, cached)
 
 
 def notebook_bundle(array):

@@ -13,9 +13,9 @@ import html
 import importlib
 import inspect as pyinspect
 
-from . import codegen, runtime, tables, tree_util
+from . import codegen, plan, runtime, tables, tree_util
 from ._array import Array
-from .expand import to_primitives
+from .expand import rewrites_undone, to_primitives
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
 from .targets import TARGETS, KernelSpec, compile_for
@@ -76,19 +76,19 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     with recording.recording():   # an fa.jit function records inline, as under a transform: nothing runs
         out = fn(*args, **kwargs)
     outs = [leaf for leaf in tree_util.tree_leaves(out) if isinstance(leaf, Array)]   # any pytree of outputs
-    reports, kinds = [], []
-    roots = unrealized_bases(outs)
-    to_primitives(roots)
-    for step in schedule(roots):
-        if isinstance(step, KernelStep):
-            reports.append(compile_for(fused_spec(step), target))
-            kinds.append("fused kernel")
-        elif isinstance(step, LibraryCall):
-            name = step.node.prim.name
-            for spec in matching_specs(step.node, target):
-                reports.append(compile_for(spec, target))
-                kinds.append(f"{name} (representative spec)")
-    return Inspection(target, reports, kinds)
+    planned = []   # (spec, kind): what to compile, taken from the schedule as explain takes it
+    with plan._lock:
+        roots = unrealized_bases(outs)
+        with rewrites_undone(roots):   # fn may return the caller's arrays: leave their graph as it was
+            to_primitives(roots)
+            for step in schedule(roots):
+                if isinstance(step, KernelStep):
+                    planned.append((fused_spec(step), "fused kernel"))
+                elif isinstance(step, LibraryCall):
+                    planned += [(spec, f"{step.node.prim.name} (representative spec)")
+                                for spec in matching_specs(step.node, target)]
+    reports = [compile_for(spec, target) for spec, _ in planned]   # outside the lock: compiles take seconds
+    return Inspection(target, reports, [kind for _, kind in planned])
 
 
 def fused_spec(step: KernelStep) -> KernelSpec:

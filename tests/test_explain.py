@@ -189,3 +189,22 @@ def test_meta_arrays_explain_and_display_without_evaluating():
     assert repr(a) == str(a) == "Array(..., shape=(2, 3), dtype=float32, device='meta')"
     with pytest.raises(RuntimeError, match="'meta' device"):
         a.torch()
+
+
+_X = np.arange(32, dtype=np.float32).reshape(4, 8) / 7
+
+
+@pytest.mark.parametrize("make", [
+    lambda: fa.relu(fa.asarray(_X) @ fa.asarray(_X.T.copy()) + 1.0),            # epilogue moved into the GEMM
+    lambda: fa.nn.rms_norm(fa.asarray(_X), fa.asarray(np.ones(8, np.float32))) * 2,   # a composite expanded
+    lambda: fa.real(fa.sqrt(fa.asarray(_X).astype(fa.complex64) * 1j)),            # complex lowered
+], ids=["epilogue", "composite", "complex"])
+def test_explain_leaves_the_graph_as_it_was_so_its_evaluation_hits_the_plan(make):
+    """explain schedules the graph to describe it; what scheduling rewrites in place is undone, so
+    'plan cached: yes' holds for the evaluation that follows (it missed: explain had rewritten the key)."""
+    want = np.asarray(make())   # a twin fills the plan cache
+    y = make()
+    assert fa.explain(y).plan_cached
+    fa.reset_stats()
+    np.testing.assert_array_equal(np.asarray(y), want)
+    assert fa.stats()["plan_misses"] == 0 and fa.stats()["plan_hits"] == 1

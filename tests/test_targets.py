@@ -77,6 +77,14 @@ def test_inspect_records_a_jitted_function_and_any_pytree_of_outputs():
     assert fa.stats()["kernels_launched"] == 0
 
 
+def test_inspect_of_a_jitted_function_takes_torch_tensors_as_its_call_does():
+    """Inlined under inspect's recording, fa.jit turns tensor arguments into arrays as a traced call does
+    (the body ran torch math on the raw tensor: 0 kernels)."""
+    f = fa.jit(lambda a, scale: a * scale, static_argnums=1)
+    assert len(fa.inspect(f, torch.ones(3), 2.0, target="sm_90").kernels) == 1
+    assert len(fa.inspect(fa.jit(lambda d: d["a"] + 1), {"a": torch.ones(3)}, target="sm_90").kernels) == 1
+
+
 def test_inspect_unknown_target_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown target"):
         fa.inspect(lambda x: x + 1, _x((4,)), target="gfx1100")

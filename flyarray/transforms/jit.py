@@ -49,8 +49,9 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        if _inside_a_transform():
-            return fn(*args, **kwargs)  # inlined into the enclosing trace, as JAX does (see _inside_a_transform)
+        if _inside_a_transform():  # inlined into the enclosing trace, as JAX does (see _inside_a_transform)
+            args, kwargs = _tensors_as_arrays(args, kwargs, static_argnums, static_argnames)
+            return fn(*args, **kwargs)
         tensors = []
         key = (_flatten_args(args, kwargs, static_argnums, static_argnames, tensors), runtime.backend_name())
         trace = cache.get(key)
@@ -63,6 +64,23 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
 
     wrapped.cache = cache
     return wrapped
+
+
+def _tensors_as_arrays(args, kwargs, static_argnums, static_argnames):
+    """The arguments with their torch tensor leaves as arrays (statics untouched): what a traced call's
+    body sees, so an inlined call records the same graph (not torch math on the raw tensors)."""
+    def leaf_array(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        return Array(ir.source(leaf.detach() if leaf.requires_grad else leaf))   # as _flatten takes it
+
+    def convert(value):
+        return tree_util.tree_map(leaf_array, value)
+    n = len(args)
+    statics = {i % n for i in static_argnums if -n <= i < n}
+    args = tuple(a if i in statics else convert(a) for i, a in enumerate(args))
+    kwargs = {k: v if k in static_argnames else convert(v) for k, v in kwargs.items()}
+    return args, kwargs
 
 
 def _inside_a_transform() -> bool:
