@@ -85,8 +85,9 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
                 if isinstance(step, KernelStep):
                     planned.append((fused_spec(step), "fused kernel"))
                 elif isinstance(step, LibraryCall):
-                    planned += [(spec, f"{step.node.prim.name} (representative spec)")
-                                for spec in matching_specs(step.node, target)]
+                    specs, of_its_dtype = matching_specs(step.node, target)
+                    kind = "representative spec" if of_its_dtype else "representative spec, none of the call's dtype"
+                    planned += [(spec, f"{step.node.prim.name} ({kind})") for spec in specs]
     reports = [compile_for(spec, target) for spec, _ in planned]   # outside the lock: compiles take seconds
     return Inspection(target, reports, [kind for _, kind in planned])
 
@@ -163,15 +164,15 @@ def module_specs(module: str, target: str | None = None) -> list:
 KERNEL_MODULES = tuple(sorted(set(_LIBRARY_MODULES.values())))
 
 
-def matching_specs(node, target: str | None = None) -> list:
-    """The specs of a library node's op that match the call: its first input's dtype, then (where some
-    spec has them) the features its kwargs ask for (an epilogue activation, a causal mask). All specs
-    where none matches the dtype: the op is shown, not hidden."""
+def matching_specs(node, target: str | None = None) -> tuple:
+    """(specs, whether they have the call's dtype): the specs of a library node's op that match the call:
+    its first input's dtype, then (where some spec has them) the features its kwargs ask for (an epilogue
+    activation, a causal mask). All specs where none matches the dtype: the op is shown, not hidden."""
     specs = library_specs(node.prim.name, target)
     pointer = _POINTER.get(node.inputs[0].dtype.name) if node.inputs else None
     same = [s for s in specs if _first_pointer(s) == pointer]
     if not same:
-        return specs
+        return specs, False
     kwargs = node.params.get("kwargs", {}) if isinstance(node.params, dict) else {}
     tests = [lambda name: "bwd" not in name]  # the call is a forward op; backward kernels are their own ops
     if node.prim.name == "scaled_matmul":  # the MX formats of both operands, as the spec names spell them
@@ -183,7 +184,7 @@ def matching_specs(node, target: str | None = None) -> list:
         narrowed = [s for s in same if wanted(s.name)]
         if narrowed:
             same = narrowed
-    return same
+    return same, True
 
 
 def _first_pointer(spec) -> str | None:
