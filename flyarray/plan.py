@@ -5,7 +5,7 @@ Every evaluation (a trigger, ``fa.eval``, a ``fa.jit`` trace) goes through ``rea
   1. **walk** the graph under the requested arrays once, iteratively (depth-first pre-order), into
      a structural key: each node's (primitive, static params, shape, dtype) and the positions of its
      inputs (so sharing is part of the key), and for each realized leaf exactly what Triton
-     specializes on (dtype, shape, strides, storage offset, 16-byte alignment, device). Leaf buffers
+     specializes on (dtype, shape, strides, 16-byte alignment, device). Leaf buffers
      and the values of Python scalars (constant nodes) are collected beside the key, in walk order:
      they are *bound* into the plan, never part of it.
   2. **look up** the key in the plan cache (LRU, ``PLAN_CACHE_SIZE`` entries). On a miss, and only
@@ -87,8 +87,9 @@ class Walk:
             if buffer is not None:
                 leaves.append(buffer)
                 leaf_nodes.append(node)
-                add_entry(("leaf", node.dtype, node.shape, buffer.stride(), buffer.storage_offset(),
-                           buffer.data_ptr() % 16, node.device))
+                # no storage offset: kernels address a leaf from its data pointer (which includes it), so
+                # rows t[i] of one tensor share a plan; the 16-byte alignment Triton specializes on is kept
+                add_entry(("leaf", node.dtype, node.shape, buffer.stride(), buffer.data_ptr() % 16, node.device))
                 continue
             prim = node.prim
             if prim is constant:
@@ -383,7 +384,7 @@ def _miss_reason(key) -> str:
     return f"node {best_common} ({what}) differs from a cached plan's: {_short(old)} -> {_short(new)}"
 
 
-_LEAF_FIELDS = ("", "dtype", "shape", "strides", "storage offset", "16-byte alignment (ptr % 16)", "device")
+_LEAF_FIELDS = ("", "dtype", "shape", "strides", "16-byte alignment (ptr % 16)", "device")
 
 
 def _short(entry) -> str:

@@ -172,6 +172,31 @@ def test_int_scalars_of_any_width_share_a_plan(backend):
     np.testing.assert_array_equal(np.asarray(fa.asarray(x) + 16), x.numpy() + 16)
 
 
+def test_rows_of_one_tensor_share_a_plan_and_a_trace(backend):
+    """Leaves key on what kernels specialize on: not the storage offset (a kernel reads a leaf from its
+    data pointer), so t[i] for every i is one plan and one fa.jit trace (each row missed them before)."""
+    t = torch.randn(8, 16)
+    fa.reset_stats()
+    for i in range(8):
+        torch.testing.assert_close((fa.asarray(t[i]) * 2).torch(), t[i] * 2)
+    assert fa.stats()["plan_misses"] == 1 and fa.stats()["plan_hits"] == 7
+    f = fa.jit(lambda a: a * 2 + 1)
+    for i in range(8):
+        torch.testing.assert_close(f(t[i]).torch(), t[i] * 2 + 1)
+    assert len(f.cache) == 1
+    keys = fa.random.split(fa.random.key(0), 4)
+    g = fa.jit(lambda k: fa.random.uniform(k, (3,)))
+    draws = [np.asarray(g(keys[i])) for i in range(4)]
+    assert len(g.cache) == 1 and len({d.tobytes() for d in draws}) == 4
+    for i in range(4):
+        np.testing.assert_array_equal(draws[i], np.asarray(fa.random.uniform(keys[i], (3,))))
+    t8 = torch.randn(40)   # a 4-byte offset changes the 16-byte alignment: that still keys apart
+    fa.reset_stats()
+    for start in (0, 1, 4):
+        torch.testing.assert_close((fa.asarray(t8[start:start + 8]) + 1).torch(), t8[start:start + 8] + 1)
+    assert fa.stats()["plan_misses"] == 2
+
+
 def test_float64_scalars_keep_their_bits(backend):
     x = torch.zeros(2, dtype=torch.float64)
     for value in (0.0, 1e-300, 0.1, -2.5e300):

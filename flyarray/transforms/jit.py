@@ -8,7 +8,7 @@ recording, no graph walk, no scheduling.
 
 The signature is the structure of the arguments (pytrees, flattened with ``fa.tree_util``: tuples,
 lists, dicts, None, namedtuples and classes registered with ``register_pytree_node``), for each array
-exactly what the plan's launches specialize on (shape, dtype, strides, storage offset, 16-byte
+exactly what the plan's launches specialize on (shape, dtype, strides, 16-byte
 alignment, device), and the type and value of every other argument: a non-array argument is
 static, as if named in ``static_argnums``, so it must be hashable. Outputs are pytrees of arrays
 too, rebuilt with ``tree_unflatten`` on every replay. As in JAX, Python values the
@@ -125,7 +125,7 @@ def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tup
 
 def _leaf_key(t):
     """What a plan's launches specialize on for one array leaf."""
-    return (t.shape, t.stride(), t.dtype, t.device, t.storage_offset(), t.data_ptr() % 16)
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)   # as the plan's leaf key: no offset
 
 
 def _flatten(value, tensors, where):
