@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from . import dtypes as dt
+from .ops import accepting_arrays
 from .ops.library import Library, call
 
 BLOCK_SIZE = 32
@@ -50,6 +51,7 @@ def _quantize_kernel(x, *, fmt, axis, block_size):
 MX_QUANTIZE = Library("mx_quantize", _quantize_abstract, _quantize_kernel, _quantize_kernel)
 
 
+@accepting_arrays
 def mx_quantize(x, fmt, axis=-1, block_size=BLOCK_SIZE):
     """(data, scales) of ``x`` in MX format ``fmt`` along ``axis`` (OCP MX v1.0)."""
     return tuple(call(MX_QUANTIZE, [x], fmt=fmt, axis=axis, block_size=block_size))
@@ -80,6 +82,7 @@ def _dequantize_kernel(data, scales, *, fmt, axis, block_size, dtype):
 MX_DEQUANTIZE = Library("mx_dequantize", _dequantize_abstract, _dequantize_kernel, _dequantize_kernel)
 
 
+@accepting_arrays
 def mx_dequantize(data, scales, fmt, axis=-1, block_size=BLOCK_SIZE, dtype=dt.float32):
     """The values of an MX tensor (data, scales) as ``dtype``."""
     return call(MX_DEQUANTIZE, [data, scales], fmt=fmt, axis=axis, block_size=block_size,

@@ -276,7 +276,11 @@ def categorical(k, logits, axis=-1) -> Array:
     row kernel."""
     if not isinstance(logits, Array):
         logits = creation.asarray(logits)
-    axis = axis % logits.ndim
+    if logits.ndim == 0:
+        raise ValueError("categorical: logits must have at least one axis (the categories)")
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -logits.ndim <= axis < logits.ndim:
+        raise ValueError(f"categorical: axis {axis!r} is out of range for logits of shape {logits.shape}")
+    axis = int(axis) % logits.ndim
     g = gumbel(k, logits.shape, logits.dtype if logits.dtype.kind == "f" else dt.float32)
     return reductions.argmax(g + logits, axis=axis)
 

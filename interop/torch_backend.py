@@ -573,7 +573,7 @@ def _sdpa_ok(node):
     q, k, v = (_example(node, name, i) for i, name in enumerate(("query", "key", "value")))
     if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
         return False
-    if v.shape[-1] != q.shape[-1]:   # torch allows value's head_dim to differ; our kernels take one head_dim
+    if v.shape[-1] != q.shape[-1] or q.shape[-1] == 0:   # torch allows value's head_dim to differ (or be 0)
         return False
     if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
         return False                  # float64 and mixed dtypes stay torch's (our kernels are fp16/bf16/fp32)

@@ -325,6 +325,28 @@ def test_fa_functions_take_numpy_and_torch():
     assert_matches(fa.zeros_like(t), np.zeros_like(Y))
 
 
+def test_fa_nn_and_fa_quant_take_numpy_and_torch_positionally_and_by_keyword():
+    t = torch.from_numpy(X.copy())
+    assert_matches(fa.nn.softmax(X), np.asarray(fa.nn.softmax(fa.asarray(X))))
+    assert_matches(fa.nn.rms_norm(t, torch.ones(4)), np.asarray(fa.nn.rms_norm(fa.asarray(X), fa.ones(4))))
+    assert_matches(fa.nn.layer_norm(X, weight=np.ones(4, np.float32)), np.asarray(fa.nn.layer_norm(fa.asarray(X))))
+    q = torch.randn(1, 3, 2, 4)
+    mask = torch.ones(1, 2, 3, 3, dtype=torch.bool)
+    want = np.asarray(fa.nn.dot_product_attention(fa.asarray(q), fa.asarray(q), fa.asarray(q)))
+    assert_matches(fa.nn.dot_product_attention(q, q, q, mask=mask), want, rtol=1e-6, atol=1e-6)
+    data, scales = fa.quant.mx_quantize(torch.randn(2, 64), "e4m3")
+    assert fa.quant.mx_dequantize(data.torch(), scales.torch(), "e4m3").shape == (2, 64)
+
+
+def test_later_positional_ints_stay_ints_when_the_first_argument_is_numpy():
+    """Only arrays after the first argument are converted (k was made a 0-d array: 'k must be an int')."""
+    values, indices = fa.top_k(X, 2)
+    want = np.sort(X, axis=-1)[:, ::-1][:, :2]
+    assert_matches(values, want)
+    assert_matches(fa.top_k(fa.asarray(X), np.int64(2))[0], want)
+    assert_matches(fa.roll(X, 1, axis=1), np.roll(X, 1, axis=1))
+
+
 def test_python_scalars_where_arrays_go():
     assert_matches(fa.sum(3), np.int64(3))
     assert_matches(fa.exp(0.0), np.float32(1))

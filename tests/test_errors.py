@@ -204,3 +204,16 @@ def test_a_meta_array_records_but_refuses_evaluation_by_name():
     assert y.shape == (2, 3) and y.device.type == "meta"
     with pytest.raises(RuntimeError, match="'meta' device have shapes and dtypes but no values"):
         y.torch()
+
+
+def test_attention_with_head_dim_zero_is_refused_at_record_time(no_evaluation):
+    with pytest.raises(ValueError, match="head_dim is 0"):
+        fa.nn.dot_product_attention(*[fa.zeros((1, 3, 2, 0))] * 3)
+
+
+def test_mx_with_zero_rows_quantizes_dequantizes_and_multiplies():
+    for fmt in ("e4m3", "e2m1"):
+        data, scales = fa.quant.mx_quantize(fa.zeros((0, 64)), fmt)
+        assert fa.quant.mx_dequantize(data, scales, fmt).shape == (0, 64)
+        out = fa.nn.scaled_matmul(fa.zeros((3, 64), dtype=fa.float16), data, None, scales)
+        assert out.shape == (3, 0) and out.tolist() == [[], [], []]

@@ -359,3 +359,9 @@ def test_errors():
 def test_split_and_fold_in_refuse_what_is_not_a_count_or_an_integer(call, exc, match):
     with pytest.raises(exc, match=match):
         call(R.key(0))
+
+
+@pytest.mark.parametrize("logits, axis", [((2, 5), 2), ((2, 5), -3), ((2, 5), 1.0), ((), -1)])
+def test_categorical_refuses_an_axis_out_of_range(logits, axis):
+    with pytest.raises(ValueError, match="categorical: (axis .* is out of range|logits must have at least one axis)"):
+        R.categorical(R.key(0), fa.zeros(logits), axis=axis)

@@ -93,7 +93,7 @@ def quantize(x: np.ndarray, fmt: str, axis: int = -1):
     codes = element_codes(scaled, fmt)
     codes[special] = 0
     scales = np.where(special, E8M0_NAN, safe_exp + E8M0_BIAS).astype(np.uint8)
-    codes = codes.reshape(codes.shape[:-2] + (-1,))
+    codes = codes.reshape(codes.shape[:-2] + (codes.shape[-2] * codes.shape[-1],))
     if fmt == "e2m1":
         codes = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
     return np.moveaxis(codes, -1, axis), np.moveaxis(scales, -1, axis)
@@ -122,5 +122,6 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, fmt: str, axis: int = -1) 
     codes = np.moveaxis(np.asarray(codes), axis, -1)
     scales = np.moveaxis(np.asarray(scales), axis, -1)
     values = decode_elements(codes, fmt)
-    values = values.reshape(values.shape[:-1] + (-1, BLOCK)) * decode_scales(scales)[..., None]
-    return np.moveaxis(values.reshape(values.shape[:-2] + (-1,)), -1, axis)
+    blocks = values.shape[-1] // BLOCK   # spelled out: -1 cannot be inferred when another axis is 0
+    values = values.reshape(values.shape[:-1] + (blocks, BLOCK)) * decode_scales(scales)[..., None]
+    return np.moveaxis(values.reshape(values.shape[:-2] + (blocks * BLOCK,)), -1, axis)

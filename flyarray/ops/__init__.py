@@ -36,16 +36,22 @@ def _convert(a, nested):
     return as_array(a)
 
 
+def _later(a):
+    """An argument after the first: numpy arrays and tensors become arrays; anything else (k, axis, shift,
+    numpy scalars among them) stays as given."""
+    return _convert(a, False) if isinstance(a, (_np.ndarray, _torch.Tensor)) else a
+
+
 def _accepting_foreign(fn, first_only=False, nested=False):
     """``fn`` taking numpy arrays and torch tensors wherever it takes Arrays (converted by fa.asarray, zero
-    copy where possible), and a Python scalar as its first argument (a 0-d array). ``first_only``: only the first argument is an array (indices stay as given, so
-    known ones are range-checked); ``nested``: the first argument is a sequence of arrays (concat, stack)."""
+    copy where possible), and a Python or numpy scalar as its first argument (a 0-d array). ``first_only``:
+    only the first argument is an array (indices stay as given, so known ones are range-checked); ``nested``:
+    the first argument is a sequence of arrays (concat, stack)."""
     @_functools.wraps(fn)
     def wrapper(*args, **kwargs):
         for i, a in enumerate(args[:1] if first_only or nested else args):  # a loop, not any(): the hot path
             if isinstance(a, _FOREIGN) or nested or i == 0 and isinstance(a, (bool, int, float, complex)):
-                args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else (_convert(a, False)
-                                                                                          for a in args[1:]))
+                args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else map(_later, args[1:]))
                 break
         return fn(*args, **kwargs)
     return wrapper
@@ -61,6 +67,30 @@ for _name in [n for n, v in list(globals().items()) if callable(v) and not isins
     globals()[_name] = _accepting_foreign(_fn, first_only=_name in ("getitem", "take", "take_along_axis"),
                                          nested=_name in ("concat", "stack"))
 
+def accepting_arrays(fn):
+    """``fn`` (an fa.nn or fa.quant function: arrays in, positional or keyword) taking numpy arrays and torch
+    tensors wherever it takes Arrays, converted by fa.asarray (zero copy where possible)."""
+    foreign = (_np.ndarray, _torch.Tensor)
+
+    @_functools.wraps(fn)
+    def wrapper(*args, **kwargs):   # (this module's any() is fa.any: plain loops)
+        for a in args:
+            if isinstance(a, foreign):
+                args = tuple(map(_later, args))
+                break
+        for v in kwargs.values():
+            if isinstance(v, foreign):
+                kwargs = {k: _later(v) for k, v in kwargs.items()}
+                break
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+for _name in ("dot_product_attention", "layer_norm", "log_softmax", "long_row_softmax", "rms_norm", "scaled_matmul",
+              "softmax", "softmax_top_k"):
+    setattr(nn, _name, accepting_arrays(getattr(nn, _name)))
+
 # The public functions (``from .ops import *`` in flyarray/__init__ takes these and no submodules).
-__all__ = sorted(n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, _types.ModuleType)) \
+__all__ = sorted(n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, _types.ModuleType)
+                 and n != "accepting_arrays") \
     + ["nn"]

@@ -7,6 +7,7 @@ kernels/*.reference_*) on the reference backend.
 from __future__ import annotations
 
 import importlib
+import numbers
 
 import torch
 
@@ -48,6 +49,8 @@ TOP_K = Library("top_k", _top_k_abstract, lambda x, *, k: _kernels("top_k").top_
 def top_k(x, k):
     """(values, indices) of the k largest entries along the last axis, as jax.lax.top_k:
     values descending, ties broken by the lower index, NaN ranks above +inf; indices int32."""
+    if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+        k = int(k)   # numpy integers too: k is a static parameter, keyed as a Python int
     return tuple(call(TOP_K, [x], k=k))
 
 
@@ -109,6 +112,8 @@ def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
         raise ValueError(f"dot_product_attention: key {k.shape} and value {v.shape} shapes differ")
     if k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"dot_product_attention: query {q.shape} and key {k.shape} differ in batch or head_dim")
+    if D == 0:   # the default scale 1/sqrt(head_dim) has no value, and no head_dim-0 model exists
+        raise ValueError(f"dot_product_attention: head_dim is 0 (query {q.shape}); it must be at least 1")
     Hkv = k.shape[2]
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"dot_product_attention: key/value heads ({Hkv}) must divide query heads ({Hq})")
