@@ -68,10 +68,11 @@ def can_cast(from_, to):
 
 
 def eval(*arrays):
-    """Compute the given arrays now (one schedule for all of them, so shared work runs once)."""
+    """Compute the given arrays now -- each argument an array or a pytree of them (a dict of parameters,
+    a tuple of state), as JAX's block_until_ready takes -- in one schedule, so shared work runs once.
+    Leaves that are not arrays (numbers, None, strings) are left alone. Returns the arguments."""
     from .plan import realize
-    flat = [a for a in arrays if isinstance(a, Array)]
-    realize(flat)
+    realize([a for a in tree_util.tree_leaves(arrays) if isinstance(a, Array)])
     return arrays[0] if len(arrays) == 1 else arrays
 
 

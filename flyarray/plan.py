@@ -33,6 +33,7 @@ from . import codegen, config, ir, profiling, runtime
 from .kernel_ir import Kernel
 from .kernels._triton import empty_template
 from .expand import to_primitives
+from .primitives import ELEMENTWISE
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
 PLAN_CACHE_SIZE = 4096
@@ -199,6 +200,19 @@ class Plan:
                 node.prim, node.params = ir.SOURCE, None
 
 
+_ASTYPE = ELEMENTWISE["astype"]
+
+
+def _copied(node):
+    """The node a same-dtype astype copies (unevaluated, not a view), else None."""
+    if node.prim is not _ASTYPE or node.params is not None:
+        return None
+    base = node.inputs[0]
+    if base.buffer is not None or base.prim is ir.VIEW or base.dtype != node.dtype or base.shape != node.shape:
+        return None
+    return base
+
+
 class _Builder:
     """Schedule a walk's roots and turn the steps into a Plan."""
 
@@ -213,12 +227,18 @@ class _Builder:
         self.steps, self.labels, self.binds, self.description = [], [], [], []
 
     def new_slot(self, node) -> int:
-        self.slot[node.id] = self.n_slots
+        slot = self.slot[node.id] = self.n_slots
         self.n_slots += 1
         position = self.walk.position.get(node)
         if position is not None:
-            self.binds.append((position, self.slot[node.id]))
-        return self.slot[node.id]
+            self.binds.append((position, slot))
+            base = _copied(node)
+            if base is not None and base.id not in self.slot and base in self.walk.position:
+                # the copy's value is its base's: the base gets the buffer too, so a lazy array that a
+                # transform read through a copy (grad's stand-in for a primal) is computed once, not its
+                # whole history again at the next evaluation
+                self.binds.append((self.walk.position[base], slot))
+        return slot
 
     def build(self) -> Plan:
         to_primitives(self.roots)
