@@ -692,3 +692,11 @@ def _graph_size(node) -> int:
             seen.add(n)
             stack.extend(n.inputs)
     return len(seen)
+
+
+def test_jit_takes_numpy_arrays_as_array_leaves(backend):
+    f = fa.jit(lambda p, x: p["w"] * x + 1)
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(f({"w": np.ones(3, np.float32)}, x)), x + 1)
+    np.testing.assert_array_equal(np.asarray(f({"w": np.full(3, 2, np.float32)}, x + 1)), 2 * (x + 1) + 1)
+    assert len(f.cache) == 1   # new values, same signature: one trace

@@ -22,6 +22,7 @@ import functools
 import inspect
 import threading
 
+import numpy as np
 import torch
 
 from .. import graphs, ir, plan, runtime, tree_util
@@ -131,6 +132,8 @@ def _leaf_key(t):
 def _flatten(value, tensors, where):
     """The signature of one argument (a pytree, flattened with fa.tree_util): its structure and, per
     leaf, the array signature or the static key; its array leaves are appended to ``tensors``."""
+    if type(value) is np.ndarray:
+        value = _numpy_leaf(value)
     if type(value) is Array:  # the common cases first: one array, no tree to walk
         value = value._tensor()
     if type(value) is torch.Tensor:
@@ -141,6 +144,8 @@ def _flatten(value, tensors, where):
     leaves, treedef = tree_util.tree_flatten(value)
     keys = []
     for leaf in leaves:
+        if isinstance(leaf, np.ndarray):   # an array leaf as grad and vmap take it (fa.asarray: no copy)
+            leaf = _numpy_leaf(leaf)
         if isinstance(leaf, Array):
             leaf = leaf._tensor()
         if isinstance(leaf, torch.Tensor):
@@ -175,14 +180,22 @@ def _static_key(value, where):
                         "registered classes), and other arguments as hashable values") from None
 
 
+def _numpy_leaf(leaf):
+    from ..ops import asarray
+    return asarray(leaf)
+
+
+_ARRAY_LEAVES = (Array, torch.Tensor, np.ndarray)
+
+
 def _rebuild(value, it):
     """``value`` with every array leaf replaced by the next abstract array from ``it`` (same order
     as ``_flatten``)."""
-    if isinstance(value, (Array, torch.Tensor)):
+    if isinstance(value, _ARRAY_LEAVES):
         return next(it)
     leaves, treedef = tree_util.tree_flatten(value)
     return tree_util.tree_unflatten(
-        treedef, [next(it) if isinstance(leaf, (Array, torch.Tensor)) else leaf for leaf in leaves])
+        treedef, [next(it) if isinstance(leaf, _ARRAY_LEAVES) else leaf for leaf in leaves])
 
 
 # ---- trace and replay -----------------------------------------------------------------------------
