@@ -700,3 +700,20 @@ def test_jit_takes_numpy_arrays_as_array_leaves(backend):
     np.testing.assert_array_equal(np.asarray(f({"w": np.ones(3, np.float32)}, x)), x + 1)
     np.testing.assert_array_equal(np.asarray(f({"w": np.full(3, 2, np.float32)}, x + 1)), 2 * (x + 1) + 1)
     assert len(f.cache) == 1   # new values, same signature: one trace
+
+
+def test_jit_keeps_a_bounded_number_of_traces_and_says_why_it_retraces(backend):
+    """A static argument that changes every call (a decaying Python float) traces every call: the
+    cache stays bounded and a warning names the remedy once."""
+    import importlib
+    jit_module = importlib.import_module("flyarray.transforms.jit")   # (the package re-exports jit, the function)
+    f = fa.jit(lambda x, lr: x * lr)
+    x = fa.ones(3)
+    with pytest.warns(UserWarning, match=r"traced 16 times.*fa.asarray\(lr\)"):
+        for i in range(jit_module.MAX_TRACES + 6):
+            np.testing.assert_allclose(np.asarray(f(x, 0.5 + i)), np.full(3, 0.5 + i))
+    assert len(f.cache) == jit_module.MAX_TRACES and f.cache.recorded == jit_module.MAX_TRACES + 6
+    g = fa.jit(lambda x, lr: x * lr)
+    for i in range(20):
+        g(x, fa.asarray(0.5 + i))
+    assert len(g.cache) == 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
     static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     _check_static_names(fn, static_argnums, static_argnames)
-    cache = {}
+    cache = _Traces()
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -59,12 +60,39 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
         if trace is None:
             trace, result = _Trace.record(fn, args, kwargs, tensors, static_argnums, static_argnames)
             trace.cuda_graph = cuda_graph
-            cache[key] = trace
+            _remember(cache, key, trace, fn)
             return result
         return trace.replay(tensors)
 
     wrapped.cache = cache
     return wrapped
+
+
+MAX_TRACES = 64   # traces kept per jitted function (the oldest goes first)
+_WARN_AFTER = 16  # traces of one function before saying why it keeps tracing
+
+
+class _Traces(dict):
+    """A jitted function's traces by signature, and how many it has recorded in all."""
+    __slots__ = ("recorded",)
+
+    def __init__(self):
+        super().__init__()
+        self.recorded = 0
+
+
+def _remember(cache: _Traces, key, trace, fn):
+    """Keep ``trace``; the cache is bounded (a static argument that changes every call, such as a Python
+    float learning rate, would otherwise grow it forever) and says once why it keeps growing."""
+    if len(cache) >= MAX_TRACES:
+        del cache[next(iter(cache))]
+    cache[key] = trace
+    cache.recorded += 1
+    if cache.recorded == _WARN_AFTER:
+        warnings.warn(f"fa.jit: {getattr(fn, '__name__', 'the function')} has been traced {cache.recorded} times. "
+                      "Arguments other than arrays are static: each new value (a Python float learning rate, "
+                      "a step counter) traces again. Pass values that change as arrays (fa.asarray(lr)) to "
+                      "trace once.", stacklevel=3)
 
 
 def _tensors_as_arrays(args, kwargs, static_argnums, static_argnames):
