@@ -622,11 +622,34 @@ def merge_select_backward_sums(gm: torch.fx.GraphModule) -> int:
         for n in [node, *inner, *leaves]:
             if not n.users:
                 gm.graph.erase_node(n)
+        _permute_parts_instead(gm.graph, new)
         merged += 1
     if merged:
         gm.graph.lint()
         gm.recompile()
     return merged
+
+
+def _permute_parts_instead(graph, cat):
+    """cat(parts, d) whose one user is permute(., p) -> cat(permute(part, p) for each part, p.index(d)): the
+    stacked gradient is written once, straight in the layout its consumer reads (the qkv projection's
+    backward reshapes it to (tokens, 3 * hidden)), instead of stacked and then copied into that layout."""
+    (user,) = cat.users if len(cat.users) == 1 else (None,)
+    if user is None or user.target is not aten.permute.default or user.args[0] is not cat:
+        return
+    parts, dim = cat.args
+    perm = [p % len(user.args[1]) for p in user.args[1]]
+    with graph.inserting_before(user):
+        moved = []
+        for part in parts:
+            m = graph.call_function(aten.permute.default, (part, perm))
+            m.meta["val"] = part.meta["val"].permute(perm)
+            moved.append(m)
+        out = graph.call_function(aten.cat.default, (moved, perm.index(dim)))
+        out.meta["val"] = user.meta["val"].new_empty(tuple(user.meta["val"].shape))
+    user.replace_all_uses_with(out)
+    graph.erase_node(user)
+    graph.erase_node(cat)
 
 
 def _plain_add(node) -> bool:

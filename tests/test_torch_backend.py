@@ -640,6 +640,47 @@ def test_sums_of_select_backward_become_one_cat(indices, merged):
     torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, g(*grads))
 
 
+def test_a_permute_of_the_merged_cat_permutes_its_parts_instead():
+    """The stacked gradient is written in the layout its one consumer (a permute) reads: no permute is
+    left after the cat, and the result is the same."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    grads = [torch.randn(2, 5) for _ in range(3)]
+
+    def g(*gs):
+        return _select_backward_sum((0, 1, 2))(*gs).permute(1, 0, 2) * 2.0
+    gm = make_fx(g, tracing_mode="fake")(*grads)
+    assert torch_backend.merge_select_backward_sums(gm) == 1
+    cat = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.cat.default)
+    assert cat.args[1] == 1 and all(p.target is torch.ops.aten.permute.default for p in cat.args[0])
+    assert not any(u.target is torch.ops.aten.permute.default for u in cat.users)
+    torch.testing.assert_close(gm(*grads), g(*grads))
+    compiled = torch_backend.CompiledGraph(gm, torch_backend.lowerings())
+    out = compiled(*grads)
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, g(*grads))
+
+
+def test_block_backward_writes_the_qkv_gradient_once():
+    """dq, dk, dv are written into the qkv gradient in the layout the qkv projection's backward reads:
+    three copies (one per piece) and no fourth that moved the stacked result into that layout."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Block()
+    compiled = fat.accelerate(model)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    compiled(x).sum().backward()
+    x_eager = x.detach().clone().requires_grad_()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with fa.profile() as profile:
+        compiled(x).sum().backward()
+    copies = [r for r in profile.rows if r.name in ("fused: copy", "fused: astype")]
+    assert sum(r.calls for r in copies) == 3, [r.name for r in profile.rows]
+    model.zero_grad()
+    model(x_eager).sum().backward()
+    for got, p in zip(want, model.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_block_backward_merges_the_qkv_select_backwards():
     torch._dynamo.reset()
     model, graphs = Block(), []
