@@ -201,10 +201,24 @@ SCATTER.batch = _scatter
 # ---- torch.linalg calls: they take leading batch axes (solve's vector right-hand side becomes a batch of them) ---
 def _linalg(b):
     xs = [b.full(i) for i in range(len(b.x))]
-    if b.node.prim.name == "solve" and len(b.node.inputs[1].shape) == 1:  # a vector per example: a column
-        (out,) = call(b.node.prim, [xs[0], F.expand_dims(xs[1], -1)])
-        return [out[..., 0]]
+    if b.node.prim.name == "solve":
+        return _solve(b, *xs)
     return call(b.node.prim, xs, **_kwargs(b))
+
+
+def _solve(b, a, rhs):
+    """solve(a, rhs) with the batch axis in front of both: the one with fewer stack axes per example gets
+    size-1 axes just after the batch axis, so torch's right-aligned broadcast of the stack axes lines the
+    batch up with the batch (not with a stack axis). A vector per example is solved as a column."""
+    a_shape, rhs_shape = b.node.inputs[0].shape, b.node.inputs[1].shape
+    vector = len(rhs_shape) == 1
+    if vector:
+        rhs, rhs_shape = F.expand_dims(rhs, -1), rhs_shape + (1,)
+    stacks = max(len(a_shape), len(rhs_shape)) - 2
+    a = F.reshape(a, (b.n,) + (1,) * (stacks - len(a_shape) + 2) + a_shape)
+    rhs = F.reshape(rhs, (b.n,) + (1,) * (stacks - len(rhs_shape) + 2) + rhs_shape)
+    (out,) = call(b.node.prim, [a, rhs])
+    return [out[..., 0]] if vector else [out]
 
 
 for _prim in DECOMPOSITIONS:

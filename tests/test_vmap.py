@@ -325,3 +325,29 @@ def test_interpret_backend(interpret):
     got = fa.vmap(fa.grad(lambda a: fa.sum(fa.nn.softmax(a) * a)))(fa.asarray(x))
     want = torch.func.vmap(torch.func.grad(lambda a: (torch.softmax(a, -1) * a).sum()))(torch.from_numpy(x))
     np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _spd(rng, shape):
+    s = rng.normal(size=shape + (3, 3))
+    return s @ np.swapaxes(s, -1, -2) + 3 * np.eye(3)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, in_axes", [
+    ((2, 2), (2, 3), (0, 0)),          # a stack of two matrices per example, one vector: batch 2 == stack 2
+    ((3, 2), (3, 3), (0, 0)),          # batch 3 != stack 2 (this raised a broadcast error)
+    ((2,), (2, 2, 3, 1), (0, 0)),      # one matrix, a stack of columns per example
+    ((2,), (2, 3, 2), (0, 0)),
+    ((2,), (5, 3, 2), (None, 0)),      # an unbatched stack against batched right-hand sides
+    ((2,), (5, 3), (None, 0)),
+    ((5, 2), (3, 2), (0, None)),
+])
+def test_vmap_of_solve_lines_the_batch_up_with_the_batch(a_shape, b_shape, in_axes):
+    """torch broadcasts stack axes from the right: the operand with fewer of them gets size-1 axes after
+    the batch axis, or the batch lines up against a stack axis (silently wrong when the sizes agreed)."""
+    rng = np.random.default_rng(0)
+    a, b = _spd(rng, a_shape), rng.normal(size=b_shape)
+    got = np.asarray(fa.vmap(fa.linalg.solve, in_axes=in_axes)(fa.asarray(a), fa.asarray(b)))
+    n = (a if in_axes[0] == 0 else b).shape[0]
+    loop = np.stack([np.asarray(fa.linalg.solve(fa.asarray(a[i] if in_axes[0] == 0 else a),
+                                                fa.asarray(b[i] if in_axes[1] == 0 else b))) for i in range(n)])
+    np.testing.assert_allclose(got, loop, rtol=1e-12, atol=1e-12)
