@@ -738,3 +738,17 @@ def test_float64_norms_keep_float64_precision_forward_and_backward(norm):
     x = torch.randn(3, 8, dtype=torch.float64)
     torch.testing.assert_close(fat.rms_norm(x, None, eps=1e-6),
                                x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6), rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_layer_norm_keeps_fp32_statistics(dtype):
+    """As torch's: mean and variance in fp32, so the only error is the output's rounding (they were computed
+    in fp16/bf16: 2-3 units in the last place more, 11x where the rows have a large mean)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(32).to(dtype)
+    x = (torch.randn(3, 8, 32) * 100 + 1000).to(dtype)
+    want = torch.nn.functional.layer_norm(x.double(), (32,), ln.weight.double(), ln.bias.double())
+    eager_error = (ln(x).double() - want).abs().max()
+    ours = torch.compile(ln, backend="flyarray")(x)
+    assert ours.dtype == dtype and (ours.double() - want).abs().max() <= eager_error * 1.01

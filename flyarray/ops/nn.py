@@ -112,7 +112,8 @@ RMS_NORM = Composite("rms_norm", expansion(_rms_norm))
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance, as torch's).
-    Float x, weight and bias (weight/bias of the last axis's size); the result is their promoted dtype.
+    Float x, weight and bias (weight/bias of the last axis's size); the result is their promoted dtype;
+    statistics in fp32 (fp64 for a float64 result), as torch.
     Recorded as one node and fused into one row kernel."""
     checks.check_norm("layer_norm", x, weight=weight, bias=bias, eps=eps)
     inputs = [x] + [a for a in (weight, bias) if a is not None]
@@ -128,14 +129,19 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 def _layer_norm(x, *rest, eps, has_weight, has_bias):
     weight = rest[0] if has_weight else None
     bias = rest[-1] if has_bias else None
-    mu = mean(x, axis=-1, keepdims=True)
-    centered = x - mu
+    out = x.dtype
+    for t in (weight, bias):
+        out = out if t is None else dtypes.promote(out, t.dtype)
+    acc = dtypes.float64 if out == dtypes.float64 else dtypes.float32   # statistics as torch's: fp32 for fp16/bf16
+    xf = x.astype(acc, copy=False)
+    mu = mean(xf, axis=-1, keepdims=True)
+    centered = xf - mu
     y = centered * elementwise("rsqrt", mean(centered * centered, axis=-1, keepdims=True) + eps)
     if weight is not None:
-        y = y * weight
+        y = y * weight.astype(acc, copy=False)
     if bias is not None:
-        y = y + bias
-    return (y,)
+        y = y + bias.astype(acc, copy=False)
+    return (y.astype(out, copy=False),)
 
 
 LAYER_NORM = Composite("layer_norm", expansion(_layer_norm))
