@@ -151,8 +151,12 @@ def _families(ops):
             raise ValueError(f"accelerate: unknown op families {sorted(unknown)}; expected some of "
                              f"{torch_backend.FAMILIES}")
         return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
-    if isinstance(ops, str):
-        raise TypeError("accelerate: ops must be a collection of family names or a dict, not a str")
+    if isinstance(ops, str) or not isinstance(ops, (list, tuple, set, frozenset)):
+        raise TypeError(f"accelerate: ops must be a collection of family names or a dict, got {ops!r}")
+    unknown = set(ops) - set(torch_backend.FAMILIES)
+    if unknown:
+        raise ValueError(f"accelerate: unknown op families {sorted(map(str, unknown))}; expected some of "
+                         f"{torch_backend.FAMILIES}")
     return set(ops)
 
 

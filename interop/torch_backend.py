@@ -117,6 +117,16 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
+def _pow_scalar(x, exponent):
+    """torch computes x ** 0.5 as sqrt and x ** -0.5 as rsqrt (sqrt(-0.0) = -0.0, sqrt(-inf) = nan), where
+    IEEE pow gives +0 and +inf: the same ops here, so the special values match eager."""
+    if exponent == 0.5 and x.dtype.kind == "f":
+        return fa.sqrt(x)
+    if exponent == -0.5 and x.dtype.kind == "f":
+        return fa.rsqrt(x)
+    return fa.pow(x, exponent)
+
+
 def _addmm(bias, a, b, *, beta=1, alpha=1):
     y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
     if beta == 0:   # torch ignores the input then: NaN and inf in it do not propagate
@@ -152,7 +162,7 @@ _EW = {
     aten.tanh.default: fa.tanh, aten.sigmoid.default: fa.sigmoid, aten.relu.default: fa.relu,
     aten.silu.default: fa.silu, aten.gelu.default: _gelu, aten.sin.default: fa.sin, aten.cos.default: fa.cos,
     aten.erf.default: fa.erf, aten.reciprocal.default: fa.reciprocal, aten.log1p.default: fa.log1p,
-    aten.expm1.default: fa.expm1, aten.pow.Tensor_Scalar: fa.pow, aten.pow.Tensor_Tensor: fa.pow,
+    aten.expm1.default: fa.expm1, aten.pow.Tensor_Scalar: _pow_scalar, aten.pow.Tensor_Tensor: fa.pow,
     aten.maximum.default: fa.maximum, aten.minimum.default: fa.minimum,
     aten.where.self: fa.where, aten.eq.Tensor: fa.equal, aten.eq.Scalar: fa.equal,
     aten.ne.Tensor: fa.not_equal, aten.ne.Scalar: fa.not_equal, aten.lt.Tensor: fa.less,
