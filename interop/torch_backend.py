@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import threading
 
 import torch
 import torch.fx
@@ -571,6 +572,9 @@ def rewrite_library_calls(gm: torch.fx.GraphModule, families) -> int:
         if node.target in _SDPA_TARGETS and "attention" in families and _sdpa_ok(node):
             node.target = _sdpa
             count += 1
+        elif node.target is torch.nn.functional.multi_head_attention_forward and "attention" in families:
+            node.target = _mha_forward
+            count += 1
         elif node.target in _RMS_TARGETS and "norm" in families and _rms_ok(node):
             node.target = _rms_norm
             count += 1
@@ -580,7 +584,12 @@ def rewrite_library_calls(gm: torch.fx.GraphModule, families) -> int:
 
 
 def _sdpa_ok(node):
-    q, k, v = (_example(node, name, i) for i, name in enumerate(("query", "key", "value")))
+    return _sdpa_takes(*(_example(node, name, i) for i, name in enumerate(
+        ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"))))
+
+
+def _sdpa_takes(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Whether an SDPA call with these arguments (tensors or fake tensors) is one our kernels compute."""
     if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
         return False
     if v.shape[-1] != q.shape[-1] or q.shape[-1] == 0:   # torch allows value's head_dim to differ (or be 0)
@@ -589,10 +598,37 @@ def _sdpa_ok(node):
         return False                  # float64 and mixed dtypes stay torch's (our kernels are fp16/bf16/fp32)
     if k.shape != v.shape or k.shape[0] != q.shape[0]:
         return False                  # torch broadcasts batch and kv-head dims; our kernels take them equal
-    causal = _example(node, "is_causal", 5)
-    return (_example(node, "attn_mask", 3) is None and not _example(node, "dropout_p", 4)
-            and not _example(node, "enable_gqa", 7) and k.shape[1] == q.shape[1]
-            and not (causal and q.shape[2] != k.shape[2]))  # where the causal diagonal sits differs
+    return (attn_mask is None and not dropout_p and not enable_gqa and k.shape[1] == q.shape[1]
+            and not (is_causal and q.shape[2] != k.shape[2]))  # where the causal diagonal sits differs
+
+
+# nn.MultiheadAttention (and the Transformer layers on it) reaches Dynamo as one call of
+# F.multi_head_attention_forward, which AOTAutograd traces into torch's own SDPA kernels. Traced through
+# _mha_forward instead, its SDPA call (need_weights=False, no mask, no dropout) becomes ours.
+_mha_routing = threading.local()
+_torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+
+def _routed_sdpa(*args, **kwargs):
+    if getattr(_mha_routing, "on", False) and _sdpa_takes(*args, **kwargs):
+        return _sdpa(*args, **kwargs)
+    return _torch_sdpa(*args, **kwargs)
+
+
+def _mha_forward(*args, **kwargs):
+    """F.multi_head_attention_forward with the SDPA it calls routed to _sdpa where our kernels take it."""
+    functional = torch.nn.functional
+    with _MHA_LOCK:   # the module global is swapped while this thread traces (other threads: torch's SDPA)
+        previous, functional.scaled_dot_product_attention = functional.scaled_dot_product_attention, _routed_sdpa
+        _mha_routing.on = True
+        try:
+            return functional.multi_head_attention_forward(*args, **kwargs)
+        finally:
+            _mha_routing.on = False
+            functional.scaled_dot_product_attention = previous
+
+
+_MHA_LOCK = threading.RLock()
 
 
 def _rms_ok(node):

@@ -767,3 +767,32 @@ def test_pow_by_a_scalar_matches_eager_at_special_values(exponent):
     got, want = torch.compile(f, backend="flyarray")(x), f(x)
     numbers = ~want.isnan()   # (a NaN's sign bit is not specified)
     assert torch.equal(got[numbers].signbit(), want[numbers].signbit())
+
+
+@pytest.mark.parametrize("kind", ["encoder_layer", "mha", "mha_with_weights", "encoder_layer_with_mask"])
+def test_multihead_attention_modules_reach_our_attention_where_it_applies(kind):
+    """nn.MultiheadAttention reaches Dynamo as one F.multi_head_attention_forward call; its SDPA (no weights
+    asked, no mask, no dropout) runs as our attention, forward and backward; the rest stays torch's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    if kind.startswith("encoder_layer"):
+        module = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(8) if kind.endswith("mask") else None
+        run = lambda m, x: m(x, src_mask=mask)  # noqa: E731
+    else:
+        module = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        run = lambda m, x: m(x, x, x, need_weights=kind.endswith("weights"))[0]  # noqa: E731
+    reference = copy.deepcopy(module)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    with fa.profile() as profile:
+        y = run(torch.compile(module, backend="flyarray"), x)
+        y.square().sum().backward()
+    y_ref = run(reference, x_ref)
+    y_ref.square().sum().backward()
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    for p, q in zip(module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    ours = sorted(r.name for r in profile.rows if r.name.startswith("attention"))
+    assert ours == ([] if kind in ("mha_with_weights", "encoder_layer_with_mask") else ["attention", "attention_bwd"])
