@@ -324,22 +324,26 @@ def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
 
 def permutation(k, x, axis=0) -> Array:
     """A random permutation of ``arange(x)`` (an int) or of ``x`` along ``axis``, as
-    ``jax.random.permutation`` (its stable sort of random bits, 3*log2(n)/32 rounds). This one
-    evaluates: flyarray has no sort, so the argsort runs in torch (not traceable by fa.jit)."""
+    ``jax.random.permutation`` (its stable sort of random bits, 3*log2(n)/32 rounds). Lazy: the sorts are
+    fa.argsort, so it traces under fa.jit and batches under fa.vmap."""
+    from .ops import indexing, sorting
     if isinstance(x, numbers.Integral) and not isinstance(x, bool):
         n, values = int(x), None
+        if n < 0:
+            raise ValueError(f"permutation: x must be a non-negative size or an array, got {x}")
     else:
         values = x if isinstance(x, Array) else creation.asarray(x)
-        axis = axis % values.ndim
+        if values.ndim == 0:
+            raise ValueError("permutation: x must be a size or an array with at least one axis")
+        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -values.ndim <= axis < values.ndim:
+            raise ValueError(f"permutation: axis {axis!r} is out of range for an array of shape {values.shape}")
+        axis = int(axis) % values.ndim
         n = values.shape[axis]
-    perm = torch.arange(n, dtype=torch.int64, device=k.device)
+    perm = creation.arange(n, dtype=dt.int64, device=k.device)
     rounds = math.ceil(3 * math.log(max(1, n)) / math.log(2 ** 32 - 1))
     for _ in range(rounds):
         ks = split(k)
         k, sub = ks[0], ks[1]
-        sort_keys = _threefry("random_bits", sub, (n,))._tensor()
-        perm = perm[torch.argsort(sort_keys, stable=True)]
-    if values is None:
-        return creation.asarray(perm)
-    t = values._tensor()
-    return creation.asarray(torch.index_select(t, axis, perm.to(t.device)))
+        sort_keys = _threefry("random_bits", sub, (n,))
+        perm = indexing.take(perm, sorting.argsort(sort_keys, stable=True))
+    return perm if values is None else indexing.take(values, perm, axis=axis)

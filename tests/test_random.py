@@ -365,3 +365,21 @@ def test_split_and_fold_in_refuse_what_is_not_a_count_or_an_integer(call, exc, m
 def test_categorical_refuses_an_axis_out_of_range(logits, axis):
     with pytest.raises(ValueError, match="categorical: (axis .* is out of range|logits must have at least one axis)"):
         R.categorical(R.key(0), fa.zeros(logits), axis=axis)
+
+
+def test_permutation_traces_under_jit_and_batches_under_vmap():
+    """Lazy (fa.argsort, fa.take): the same permutations jitted, vmapped over keys and one by one."""
+    keys = R.split(R.key(0), 3)
+    x = fa.asarray(np.arange(12.0).reshape(3, 4))
+    one_by_one = np.stack([_np(R.permutation(keys[i], x[i])) for i in range(3)])
+    np.testing.assert_array_equal(_np(fa.vmap(R.permutation)(keys, x)), one_by_one)
+    jitted = fa.jit(lambda k, v: R.permutation(k, v, axis=1))
+    np.testing.assert_array_equal(_np(jitted(keys[1], x)), _np(R.permutation(keys[1], x, axis=1)))
+    assert sorted(_np(jitted(keys[2], x))[0].tolist()) == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("x, axis, match", [(-1, 0, "non-negative size"), (np.float32(2.0), 0, "at least one axis"),
+                                            (np.zeros((2, 3)), 2, "axis 2 is out of range")])
+def test_permutation_refuses_what_it_cannot_permute(x, axis, match):
+    with pytest.raises(ValueError, match=match):
+        R.permutation(R.key(0), x, axis=axis)
