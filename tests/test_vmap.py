@@ -351,3 +351,16 @@ def test_vmap_of_solve_lines_the_batch_up_with_the_batch(a_shape, b_shape, in_ax
     loop = np.stack([np.asarray(fa.linalg.solve(fa.asarray(a[i] if in_axes[0] == 0 else a),
                                                 fa.asarray(b[i] if in_axes[1] == 0 else b))) for i in range(n)])
     np.testing.assert_allclose(got, loop, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda x: fa.vmap(lambda a, mode: a)(x, "relu"), TypeError,
+     r"vmap: argument 1 is batched at axis 0, but cannot make an array from str.*give it in_axes None"),
+    (lambda x: fa.vmap(lambda a, s=1.0: a * s, in_axes=(0,))(x, s=2.0), ValueError,
+     r"vmap: keyword 's' is batched at axis 0, but in_axes 0 is out of range .*pass it positionally"),
+    (lambda x: fa.vmap(lambda a: a, in_axes=2)(x), ValueError,
+     r"vmap: argument 0: in_axes 2 is out of range for an argument of shape \(3, 2\)"),
+])
+def test_an_argument_that_cannot_be_batched_is_named(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(fa.ones((3, 2)))

@@ -62,6 +62,28 @@ def _axes_per_leaf(prefix, tree, what):
     return axes
 
 
+def _unbatchable(name, ax, exc) -> str:
+    """The message for an argument that cannot be batched at ``ax``: which one, why, and what to do."""
+    why = str(exc).removeprefix("vmap: ")
+    if name.startswith("keyword"):
+        fix = "keyword arguments are always batched at axis 0: pass it positionally with in_axes None, or close over it"
+    elif isinstance(exc, TypeError):
+        fix = "give it in_axes None"
+    else:
+        return f"vmap: {name}: {why}"
+    return f"vmap: {name} is batched at axis {ax}, but {why}; {fix}"
+
+
+def _leaf_names(args, kwargs) -> list:
+    """What each leaf of tree_flatten((args, kwargs)) is, for messages: 'argument 1', "keyword 'scale'"."""
+    names = []
+    for i, a in enumerate(args):
+        names += [f"argument {i}"] * len(tu.tree_leaves(a))
+    for key in sorted(kwargs):   # tree_util flattens a dict in sorted key order
+        names += [f"keyword {key!r}"] * len(tu.tree_leaves(kwargs[key]))
+    return names
+
+
 def _normalize(ax, ndim, what, shape):
     if not -ndim <= ax < ndim:
         raise ValueError(f"vmap: {what} {ax} is out of range for {'an argument' if what == 'in_axes' else 'an output'}"
@@ -176,8 +198,11 @@ def vmap(fun, in_axes=0, out_axes=0):
         for i, (leaf, ax) in enumerate(zip(leaves, axes)):
             if ax is None:
                 continue
-            x = leaf if isinstance(leaf, Array) else asarray(leaf)
-            ax = _normalize(ax, x.ndim, "in_axes", x.shape)
+            try:
+                x = leaf if isinstance(leaf, Array) else asarray(leaf)
+                ax = _normalize(ax, x.ndim, "in_axes", x.shape)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(_unbatchable(_leaf_names(args, kwargs)[i], ax, exc)) from None
             sizes.append((x.shape[ax], x.shape, ax))
             batched[i] = moveaxis(x, ax, 0) if ax else x
         if not sizes:
