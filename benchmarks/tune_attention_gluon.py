@@ -32,6 +32,11 @@ CONFIGS = [
     dict(GLUON=True, BLOCK_M=128, BLOCK_N=128, num_warps=8, STAGES=3),
     dict(GLUON=True, BLOCK_M=64, BLOCK_N=64, num_warps=4, STAGES=3),
     dict(GLUON=True, BLOCK_M=64, BLOCK_N=128, num_warps=4, STAGES=3),
+    # warp-specialized (a TMA producer warp, a consumer warpgroup per 64 rows): untimed until this runs
+    dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=240, PRODUCER_REGS=40),
+    dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=3, CONSUMER_REGS=240, PRODUCER_REGS=40),
+    dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=4, CONSUMER_REGS=240, PRODUCER_REGS=40),
+    dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=232, PRODUCER_REGS=24),
 ]
 # (name, B, Hq, Hkv, Sq, Sk, D, causal)
 CHECKS = [

@@ -116,6 +116,15 @@ _SM90 = {
                   128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
     "fwd_gluon_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3),
                          128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
+    # The warp-specialized Gluon forward (attention_hopper._attn_fwd_hopper_ws_kernel: a TMA producer
+    # warp and a consumer warpgroup per 64 rows, no CTA barrier in the consumers' loops). Written and
+    # cross-compiled in the thirteenth session without a GPU (Triton 3.6 and 3.9, 0 spills; 168
+    # registers at launch, setmaxnreg moves them to the consumers): off, and only forced by
+    # config=dict(GLUON=True, WS=True, ...) until benchmarks/tune_attention_gluon.py has checked and timed it.
+    "fwd_gluon_ws": {64: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
+                              CONSUMER_REGS=240, PRODUCER_REGS=40),
+                     128: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
+                               CONSUMER_REGS=240, PRODUCER_REGS=40)},
     # The Gluon dk/dv kernel (multi-head only), on for the head dims timed on the H200: at hd128
     # (benchmarks/tune_attention_gluon.py, 2026-12-05, 3 tiles x 3 shapes) every tile beat the Triton
     # dk/dv and 32 x 64 / 4 warps most: the whole backward 1.29-1.45x faster. At hd128 the dk, dv
@@ -914,15 +923,22 @@ def _slice_fwd_args(q, k, v, out, lse, scale) -> tuple:
 
 def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
     """The Hopper forward in Gluon (``attention_hopper``): the same descriptors and preconditions as
-    the TMA kernel (``_tma_fwd_ok``), asynchronous wgmma overlapping the softmax with the matmuls."""
-    from flyarray.kernels.attention_hopper import _attn_fwd_hopper_kernel
+    the TMA kernel (``_tma_fwd_ok``), asynchronous wgmma overlapping the softmax with the matmuls.
+    ``cfg["WS"]``: the warp-specialized kernel (a TMA producer warp, a consumer warpgroup per 64 rows;
+    BLOCK_M 128, num_warps 4 for the first consumer, CONSUMER_REGS/PRODUCER_REGS for setmaxnreg)."""
+    from flyarray.kernels import attention_hopper
 
     B, Sq, Hq, D = q.shape
     ensure_tma_allocator()
     grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
-    _launch(_attn_fwd_hopper_kernel, grid, q.device, *_slice_fwd_args(q, k, v, out, lse, scale),
+    extra = {}
+    kernel = attention_hopper._attn_fwd_hopper_kernel
+    if cfg.get("WS"):
+        kernel = attention_hopper._attn_fwd_hopper_ws_kernel
+        extra = dict(CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), PRODUCER_REGS=cfg.get("PRODUCER_REGS", 40))
+    _launch(kernel, grid, q.device, *_slice_fwd_args(q, k, v, out, lse, scale),
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        STAGES=cfg["STAGES"], num_warps=cfg["num_warps"],
+        STAGES=cfg["STAGES"], num_warps=cfg["num_warps"], **extra,
     )
     return out, lse
 
@@ -1190,6 +1206,8 @@ def _gluon_spec(name: str, kernel_name: str, dtype: str, D: int, causal: bool, c
 
     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                  STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+    if cfg.get("WS"):
+        const.update(CONSUMER_REGS=cfg["CONSUMER_REGS"], PRODUCER_REGS=cfg["PRODUCER_REGS"])
     return _spec(name, getattr(attention_hopper, kernel_name), dtype, const,
                  dict(num_warps=cfg["num_warps"], num_stages=1))
 
@@ -1205,10 +1223,12 @@ def _specs_for_arch(arch: str) -> list:
                          DOT_PREC=None, FUSE_SCALE=True, **tiles(cfg))
             specs.append(_spec(f"attn_fwd_{dtype}_d{D}{'_causal' if causal else ''}",
                                _attn_fwd_kernel, dtype, const, cfg))
-            if "fwd_gluon" in table:  # sm_90: the Gluon forward as well
+            if "fwd_gluon" in table:  # sm_90: the Gluon forwards as well
                 specs.append(_gluon_spec(f"attn_fwd_gluon_{dtype}_d{D}{'_causal' if causal else ''}",
                                          "_attn_fwd_hopper_kernel", dtype, D, causal,
                                          table["fwd_gluon_causal" if causal else "fwd_gluon"][D]))
+                specs.append(_gluon_spec(f"attn_fwd_gluon_ws_{dtype}_d{D}{'_causal' if causal else ''}",
+                                         "_attn_fwd_hopper_ws_kernel", dtype, D, causal, table["fwd_gluon_ws"][D]))
             if "fwd_tma" in table and HAS_TENSOR_DESCRIPTORS:  # sm_90: the TMA forward as well
                 for variant, cfg in _tma_variants(table["fwd_tma_causal" if causal else "fwd_tma"][D]):
                     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],

@@ -204,6 +204,159 @@ def _attn_fwd_hopper_kernel(
 
 
 # ---------------------------------------------------------------------------
+# Forward, warp-specialized (FlashAttention-3's structure; opt-in, not yet run on a GPU)
+# ---------------------------------------------------------------------------
+# The forward above holds its two warpgroups in step: its main loop has five CTA-wide barriers a key
+# block (docs/kernels.md). Here a one-warp producer partition alone issues the TMA loads, and each
+# 64-row half of the query block is its own consumer partition (four warps, one warpgroup): a consumer
+# waits only on the "ready" mbarrier of a slot and arrives on its "empty" one (two arrivals free it),
+# so nothing in a consumer's loop waits for the other warpgroup.
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, ready, empty, m0, n_blocks):
+    HALF: gl.constexpr = q_smem.shape[1]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    for h in gl.static_range(2):
+        mbarrier.expect(q_bars.index(h), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [m0 + h * HALF, 0], q_bars.index(h), q_smem.index(h))
+    for j in range(0, n_blocks):
+        slot = j % STAGES
+        # the slot's previous block (j - STAGES) must be released by both consumers; the first round
+        # of waits passes at once (parity 1 of a fresh barrier)
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        bar = ready.index(slot)
+        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
+        _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
+
+
+@gluon.jit
+def _ws_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, pid_bh, m0, Sq, Sk, n_blocks,
+                 first_masked, qk_scale_log2, causal, half_index):
+    """One 64-row half (``half_index``) of the query block: _attn_fwd_hopper_kernel's loop for one
+    warpgroup, with the slot handed back through ``empty`` instead of a CTA barrier. Sizes come from the
+    shared buffers' shapes and the flags as run-time values (a partition takes no constexpr arguments)."""
+    HALF: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+    q_tile = q_smem.index(half_index)
+    mbarrier.wait(q_bars.index(half_index), 0)
+
+    first = m0 + half_index * HALF
+    rows = first + gl.arange(0, HALF, s_rows)
+    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    causal_offset = Sk - Sq
+    m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
+    l_i = gl.zeros([HALF], gl.float32, s_rows)
+    acc = warpgroup_mma_init(gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout))
+    p_op = gl.zeros([HALF, BLOCK_N], dtype, p_layout)
+
+    s = _issue_scores(q_tile, k_smem, ready, 0, n_blocks, s_layout, HALF, BLOCK_N, STAGES)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    for j in range(0, n_blocks):
+        s_next = _issue_scores(q_tile, k_smem, ready, j + 1, n_blocks, s_layout, HALF, BLOCK_N, STAGES)
+        if j >= first_masked:
+            cols = j * BLOCK_N + offs_n
+            keep = (cols[None, :] < Sk) & ((cols[None, :] <= rows[:, None] + causal_offset) | (causal == 0))
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+
+        acc, p_op = warpgroup_mma_wait(1, deps=(acc, p_op))     # pv_{j-1} done: its slot is free
+        mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), pred=j >= 1)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, v_smem.index(j % STAGES), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_next,))
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+    out = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+    q_tile.store(out.to(dtype))    # this half's q is no longer read: it stages the output for TMA
+    fence_async_shared()
+    _tma_store(o_desc, [first, 0], q_tile)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_fwd_hopper_ws_kernel(
+    Q, K, V, Out, Lse,
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+    Hq, Sq, Sk, kv_group, qk_scale_log2,
+    IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """_attn_fwd_hopper_kernel's semantics (BLOCK_M = 128: two 64-row halves), warp-specialized:
+    launched with num_warps=4 (the first consumer); the second consumer (4 warps) and the producer
+    (1 warp) are worker partitions."""
+    gl.static_assert(BLOCK_M == 128, "two consumer warpgroups of 64 rows")
+    gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
+    gl.static_assert(STAGES >= 3, "a consumer waits for block j+1 before it releases block j-1")
+    HALF: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = Q.dtype.element_ty
+
+    pid_m = gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = (pid_bh // Hq).to(gl.int64)
+    h = pid_bh % Hq
+    hk = (h // kv_group).to(gl.int64)
+    h = h.to(gl.int64)
+    m0 = pid_m * BLOCK_M
+
+    q_desc = _slice_descriptor(Q + b * sqb + h * sqh, Sq, sqs, HALF, HEAD_DIM)
+    k_desc = _slice_descriptor(K + b * skb + hk * skh, Sk, sks, BLOCK_N, HEAD_DIM)
+    v_desc = _slice_descriptor(V + b * svb + hk * svh, Sk, svs, BLOCK_N, HEAD_DIM)
+    o_desc = _slice_descriptor(Out + b * sob + h * soh, Sq, sos, HALF, HEAD_DIM)
+
+    causal_offset = Sk - Sq
+    hi = Sk
+    if IS_CAUSAL:
+        hi = gl.maximum(gl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+    first_masked = Sk // BLOCK_N
+    if IS_CAUSAL:
+        first_masked = gl.minimum(first_masked, gl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)   # one arrival from each consumer
+    fence_async_shared()
+
+    consumer_args = (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, pid_bh, m0, Sq, Sk, n_blocks,
+                     first_masked, qk_scale_log2)
+    causal = gl.to_tensor(IS_CAUSAL).to(gl.int32)
+    gl.warp_specialize([
+        (_ws_consumer, consumer_args + (causal, gl.to_tensor(0))),
+        (_ws_consumer, consumer_args + (causal, gl.to_tensor(1))),
+        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, ready, empty, m0, n_blocks)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------
 # Backward, dk/dv (multi-head attention: one query head per kv head)
 # ---------------------------------------------------------------------------
 @gluon.jit
