@@ -717,3 +717,18 @@ def test_jit_keeps_a_bounded_number_of_traces_and_says_why_it_retraces(backend):
     for i in range(20):
         g(x, fa.asarray(0.5 + i))
     assert len(g.cache) == 1
+
+
+@pytest.mark.parametrize("body", [
+    lambda x: x * float(x[0]),                 # a traced argument's own value (it was read and baked in)
+    lambda x: x if float(x[0]) > 0 else -x,    # ... in a Python branch
+    lambda x: x[x > 1],                        # a mask of it
+    lambda x: fa.nonzero(x)[0],
+    lambda x: x.torch() * 2,
+    lambda x: np.asarray(x),
+], ids=["float", "branch", "mask", "nonzero", "torch", "numpy"])
+def test_jit_refuses_the_value_of_a_traced_argument_itself(backend, body):
+    """The traced arguments have no value while the function records, as anything computed from them:
+    reading one raises instead of baking the first call's values into every later call."""
+    with pytest.raises(fa.ConcretizationError, match="fa.jit: the line"):
+        fa.jit(body)(fa.ones(3))

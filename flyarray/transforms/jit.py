@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import torch
 
-from .. import graphs, ir, plan, runtime, tree_util
+from .. import dtypes, graphs, ir, plan, runtime, tree_util
 from .._array import Array
 from . import recording
 
@@ -248,7 +248,11 @@ class _Trace:
 
     @classmethod
     def record(cls, fn, args, kwargs, tensors, static_argnums, static_argnames):
-        sources = [ir.source(t) for t in tensors]
+        # the traced arguments have no buffer while fn records: reading one's value (float(x), x[m],
+        # print) then asks for an evaluation, which plan._refuse_traced refuses, instead of reading this
+        # call's values into the trace for every later call
+        sources = [ir.Node(ir.SOURCE, (), ir.version_of(t), tuple(t.shape), dtypes.from_torch(t.dtype), t.device)
+                   for t in tensors]
         it = iter(Array(n) for n in sources)
         n = len(args)
         statics = {i % n for i in static_argnums if -n <= i < n}
@@ -263,6 +267,8 @@ class _Trace:
                 out = fn(*call_args, **call_kwargs)
         finally:
             plan._trace.sources = previous
+            for node, t in zip(sources, tensors):   # the values, for this call's evaluation of the trace
+                node.buffer = t
         leaves, treedef = _flatten_outputs(out)
         arg_of = {node.id: i for i, node in enumerate(sources)}
         with plan._lock:
