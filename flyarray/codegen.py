@@ -136,7 +136,9 @@ def _iremainder(a, b):
 @triton.jit
 def _fremainder(a, b):
     r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    r = tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    zero = tl.abs(r)   # a zero result takes the divisor's sign (the array API's rule)
+    return tl.where(r == 0, tl.where(b < 0, -zero, zero), r)
 
 
 @triton.jit

@@ -59,6 +59,9 @@ def _as_complex_abstract(x):
 
 
 def _as_complex(t):
+    if t.numel() == 0:   # an empty tensor's strides may be anything: view_as_complex would refuse them
+        return torch.empty(t.shape[:-1], dtype=torch.complex128 if t.dtype == torch.float64 else torch.complex64,
+                           device=t.device)
     if t.stride(-1) != 1 or t.storage_offset() % 2 or any(s % 2 for s in t.stride()[:-1]):
         t = t.contiguous()
     return torch.view_as_complex(t)

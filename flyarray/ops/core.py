@@ -70,8 +70,23 @@ def constant(value, shape, d: dt.DType, device) -> ir.Node:
     elif d.kind in "iu":
         value = int(value)
     else:
-        value = float(value)
+        value = as_float_of(value, d)
     return ir.constant(value, tuple(shape), d, device)
+
+
+_FLOAT_MAX = {}
+
+
+def as_float_of(value, d: dt.DType) -> float:
+    """A Python number as the float it is in ``d``: past d's range, +-inf (``x < 1e300`` on float32 compares
+    with inf, as numpy's float32(1e300); torch refuses such a scalar and Triton cannot pack it)."""
+    value = float(value)
+    limit = _FLOAT_MAX.get(d)
+    if limit is None:
+        limit = _FLOAT_MAX[d] = float(torch.finfo(d.torch).max)
+    if -limit <= value <= limit or value != value or d is dt.float64:
+        return value
+    return float(torch.tensor(value, dtype=torch.float64).to(d.torch))
 
 
 def broadcast_node(node: ir.Node, shape: tuple) -> ir.Node:
@@ -179,7 +194,7 @@ def _with_scalar(prim, a, b):
     node = array._node
     d = node.dtype
     if d.kind == "f" and d not in dt.STORAGE_ONLY:  # a float array takes any Python number as its float
-        const = ir.Node(ir.CONSTANT, (), float(scalar), node.shape, d, node.device)
+        const = ir.Node(ir.CONSTANT, (), as_float_of(scalar, d), node.shape, d, node.device)
     elif kind is float:
         return None
     elif d.kind not in "iuf" or d in dt.STORAGE_ONLY or (prim.accepts == "float" or prim.out == "float") \

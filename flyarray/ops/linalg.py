@@ -97,11 +97,12 @@ def _complex_matmul(a, b):
 
 def vecdot(x1, x2, /, *, axis=-1):
     """``sum(conj(x1) * x2, axis=axis)`` with broadcasting (the array API conjugates the first argument;
-    real arrays are their own conjugates). Numeric dtypes; unlike the array API, integer and bool inputs give
-    sum's dtype (int64; uint64 for unsigned ones)."""
+    real arrays are their own conjugates). The result has the operands' promoted dtype, integers included
+    (the array API's rule, as matmul); bool inputs give sum's int64."""
     from .elementwise import conj
     from .reductions import sum
-    return sum(conj(x1) * x2, axis=axis)
+    product = conj(x1) * x2
+    return sum(product, axis=axis, dtype=product.dtype if product.dtype.kind in "iu" else None)
 
 
 # ---- epilogue fusion: matmul followed by bias / activation / residual / cast --------------------------------
@@ -242,9 +243,9 @@ def tensordot(x1, x2, /, *, axes=2):
     free2 = [i for i in range(len(b.shape)) if i not in ax2]
     out_shape = tuple(a.shape[i] for i in free1) + tuple(b.shape[i] for i in free2)
     size = math.prod(a.shape[i] for i in ax1)
-    lhs = reshape(permute_dims(x1, free1 + ax1), (-1, size))
-    rhs = reshape(permute_dims(x2, ax2 + free2), (size, -1)) if math.prod(b.shape) else \
-        reshape(permute_dims(x2, ax2 + free2), (size, math.prod(b.shape[i] for i in free2)))
+    rows, cols = math.prod(a.shape[i] for i in free1), math.prod(b.shape[i] for i in free2)
+    lhs = reshape(permute_dims(x1, free1 + ax1), (rows, size))   # sizes spelled out: -1 is ambiguous at 0
+    rhs = reshape(permute_dims(x2, ax2 + free2), (size, cols))
     return reshape(contract(lhs, rhs), out_shape)
 
 
