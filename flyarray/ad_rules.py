@@ -431,8 +431,13 @@ def _softmax_top_k_formulation(x, *, k, renormalize):
 
 
 def _softmax_formulation(x, *, axis, log):
+    """The long-row softmax on primitives (fa.nn.softmax would record the long-row library op again, for
+    rows past its threshold: forward mode recursed)."""
     xf = x.astype(dt.float32, copy=False)
-    out = F.nn.log_softmax(xf, axis=axis) if log else F.nn.softmax(xf, axis=axis)
+    shifted = xf - F.max(xf, axis=axis, keepdims=True)
+    e = F.exp(shifted)
+    total = F.sum(e, axis=axis, keepdims=True)
+    out = shifted - F.log(total) if log else e / total
     return [out.astype(x.dtype, copy=False)]
 
 

@@ -177,3 +177,16 @@ def test_an_argument_named_twice_in_argnums_is_refused(transform):
     f = lambda a, b: fa.sum(a * b)  # noqa: E731
     with pytest.raises(ValueError, match=r"argnums \(1, 0, -1\) names an argument more than once"):
         transform(f, argnums=(1, 0, -1))(fa.asarray(V), fa.asarray(V))
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_forward_mode_through_long_row_softmax(log):
+    """Rows past the long-row threshold (16384) record the softmax library op; its forward-mode formulation
+    is written on primitives (it called fa.nn.softmax, which recorded the library op again: RecursionError)."""
+    rng = np.random.default_rng(0)
+    x, t = (rng.normal(size=(2, 20000)).astype(np.float32) for _ in range(2))
+    f = fa.nn.log_softmax if log else fa.nn.softmax
+    tf = (lambda a: torch.log_softmax(a, -1)) if log else (lambda a: torch.softmax(a, -1))
+    _, tangent = fa.jvp(f, (fa.asarray(x),), (fa.asarray(t),))
+    _, want = torch.func.jvp(tf, (torch.from_numpy(x).double(),), (torch.from_numpy(t).double(),))
+    np.testing.assert_allclose(np.asarray(tangent), want.numpy(), rtol=1e-4, atol=1e-6 * np.abs(want.numpy()).max())
