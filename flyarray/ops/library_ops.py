@@ -198,7 +198,7 @@ RAGGED_DOT = Library("ragged_dot", _ragged_dot_abstract,
 
 
 def ragged_dot(lhs, rhs, group_sizes):
-    """jax.lax.ragged_dot: rows of group i of lhs [m, k] times rhs[i] [k, n] -> [m, n], one launch.
+    """jax.lax.ragged_dot: rows of group i of lhs ``[m, k]`` times ``rhs[i]`` ``[k, n]`` -> ``[m, n]``, one launch.
 
     group_sizes stays on the device (no host synchronization); empty groups are allowed;
     rows past sum(group_sizes) are zero. Sizes that are negative or sum past m are the
