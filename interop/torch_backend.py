@@ -794,6 +794,8 @@ _DEFAULT = make_backend()
 
 def register():
     """Register the backend under the name "flyarray" (the entry point does this on a pip install)."""
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
-    if "flyarray" not in _BACKENDS or _BACKENDS["flyarray"] is None:
-        register_backend(name="flyarray")(flyarray_backend)
+    from torch._dynamo.backends import registry
+    # torch keeps registered compilers in _COMPILER_FNS (the entry point's lookup lands there too); a second
+    # register_backend under the same name is an AssertionError
+    if "flyarray" not in getattr(registry, "_COMPILER_FNS", {}):
+        registry.register_backend(name="flyarray")(flyarray_backend)

@@ -796,3 +796,19 @@ def test_multihead_attention_modules_reach_our_attention_where_it_applies(kind):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
     ours = sorted(r.name for r in profile.rows if r.name.startswith("attention"))
     assert ours == ([] if kind in ("mha_with_weights", "encoder_layer_with_mask") else ["attention", "attention_bwd"])
+
+
+def test_importing_the_interop_after_the_entry_point_loaded_the_backend():
+    """torch.compile(backend="flyarray") loads the entry point before anything imports flyarray.interop.torch;
+    that import then registers nothing twice (torch's registry raised 'duplicate name: flyarray')."""
+    import subprocess
+    import sys
+    code = ("import torch\n"
+            "from torch._dynamo.backends import registry\n"
+            "import flyarray.interop.torch_backend as tb\n"
+            "registry.register_backend(name='flyarray')(tb.flyarray_backend)   # as the entry point's lookup\n"
+            "tb.register()\n"
+            "import flyarray.interop.torch\n"
+            "print(torch.compile(lambda x: x * 2, backend='flyarray')(torch.ones(2)).tolist())\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "[2.0, 2.0]" in run.stdout, run.stderr[-2000:]
