@@ -87,9 +87,9 @@ def _choose_backend(device: torch.device) -> str:
 # ---- stats ------------------------------------------------------------------------------------------
 def stats() -> dict:
     """Counters since the last reset: kernels_compiled, kernels_launched, cache_hits, disk_cache_hits,
-    library_calls, evaluations, plan_hits, plan_misses, ..."""
+    library_calls, evaluations, plan_hits, plan_misses, graph_replays (CUDA/HIP graphs), ..."""
     keys = ("kernels_compiled", "kernels_launched", "cache_hits", "disk_cache_hits", "library_calls", "evaluations",
-            "plan_hits", "plan_misses")
+            "plan_hits", "plan_misses", "graph_replays")
     out = {k: _stats.get(k, 0) for k in keys}
     out.update({k: v for k, v in _stats.items() if k not in out})
     return out
