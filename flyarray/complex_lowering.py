@@ -408,10 +408,11 @@ def _scale(z: Parts, k: float) -> Parts:
 
 
 def _pow(z: Parts, w: Parts) -> Parts:
-    """exp(w log z); 0 ** w is 0 for Re(w) > 0 (as numpy)."""
+    """exp(w log z); 0 ** w is 0 for Re(w) > 0, and z ** 0 is 1 for every z, 0 included (as numpy and Python)."""
     r = cexp(cmul(w, clog(z)))
     zero = z.re.equal(0) & z.im.equal(0) & w.re.greater(0)
-    return Parts(where(zero, 0.0, r.re), where(zero, 0.0, r.im))
+    one = w.re.equal(0) & w.im.equal(0)
+    return Parts(where(one, 1.0, where(zero, 0.0, r.re)), where(one, 0.0, where(zero, 0.0, r.im)))
 
 
 def _sign(z: Parts) -> Parts:

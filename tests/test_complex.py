@@ -599,3 +599,10 @@ def test_gpu_unary_functions_match_the_reference_backend(dtype):
             continue
         np.testing.assert_allclose(got, want, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10, equal_nan=True,
                                    err_msg=name)
+
+
+def test_complex_power_zero_is_one_everywhere():
+    z = np.array([0j, 1 + 2j, np.inf + 0j, np.nan + 0j], np.complex64)
+    np.testing.assert_array_equal(np.asarray(fa.asarray(z) ** 0), np.ones(4, np.complex64))
+    np.testing.assert_array_equal(np.asarray(fa.pow(fa.asarray(z), fa.asarray(np.zeros(4, np.complex64)))),
+                                  np.ones(4, np.complex64))
