@@ -57,8 +57,14 @@ def mx_quantize(x, fmt, axis=-1, block_size=BLOCK_SIZE):
     return tuple(call(MX_QUANTIZE, [x], fmt=fmt, axis=axis, block_size=block_size))
 
 
+_STORAGE_OF = {"e4m3": dt.float8_e4m3fn, "e5m2": dt.float8_e5m2, "e2m1": dt.uint8}
+
+
 def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
-    _mx().mx_format(fmt)
+    name = _mx().mx_format(fmt).name
+    if name in _STORAGE_OF and data.dtype != _STORAGE_OF[name]:
+        raise TypeError(f"mx_dequantize: {name} data is stored as {_STORAGE_OF[name]}, got {data.dtype} "
+                        "(the format must be the one the data was quantized to)")
     if block_size != BLOCK_SIZE:
         raise ValueError(f"mx_dequantize: block_size must be {BLOCK_SIZE} (OCP MX), got {block_size}")
     if scales.dtype != dt.uint8:

@@ -217,3 +217,9 @@ def test_mx_with_zero_rows_quantizes_dequantizes_and_multiplies():
         assert fa.quant.mx_dequantize(data, scales, fmt).shape == (0, 64)
         out = fa.nn.scaled_matmul(fa.zeros((3, 64), dtype=fa.float16), data, None, scales)
         assert out.shape == (3, 0) and out.tolist() == [[], [], []]
+
+
+def test_mx_dequantize_refuses_data_of_another_format_when_recorded(no_evaluation):
+    data, scales = fa.quant.mx_quantize(fa.ones((2, 64)), "e4m3")
+    with pytest.raises(TypeError, match="e5m2 data is stored as fa.float8_e5m2, got fa.float8_e4m3fn"):
+        fa.quant.mx_dequantize(data, scales, "e5m2")
