@@ -27,6 +27,22 @@ from .primitives import ELEMENTWISE, REDUCE
 ROW_BLOCK_LIMIT = 16384  # widest row kept in registers in one pass
 COLUMN_TILE = 64  # kept x reduced tile side of column-major row kernels (reductions over a strided axis)
 
+# float64 transcendental functions (libdevice's sin, exp, log, ... in double) take many registers each: a
+# kernel with one keeps few elements a thread, or it spills (the sm_90 cross-compile of complex128 tan: 552
+# bytes at 8 elements a thread). Elementwise: 256 a program on 4 warps (2 a thread); row kernels: tiles of
+# 1024 elements and enough warps for 2 a thread (benchmarks/xc_generated.py finds such spills).
+HEAVY_F64_EW_BLOCK = 256
+HEAVY_F64_ROW_TILE = 1024
+_HEAVY = frozenset(("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "sinh", "cosh",
+                    "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "pow", "hypot",
+                    "logaddexp", "sigmoid", "gelu", "silu"))
+
+
+def _heavy_float64(kernel) -> bool:
+    return any(isinstance(op, Elementwise) and op.prim in _HEAVY and "float64" in (op.dtype.name, op.in_dtype.name)
+               for op in kernel.ops)
+
+
 # Launch shapes (per-arch tuned values replace these in launch_shape; benchmarks/tune_fused.py explores them).
 TUNING = {
     "ew_block": 1024,  # elements per program, elementwise kernels
@@ -404,11 +420,12 @@ class _Emitter:
 
     def launch_shape(self):
         lay = self.lay
+        heavy = _heavy_float64(self.k)
         if not self.rows:
-            block = TUNING["ew_block"]
+            block = TUNING["ew_block"] if not heavy else HEAVY_F64_EW_BLOCK
             if lay.M < block:
                 block = max(16, 1 << max(lay.M - 1, 0).bit_length())
-            warps = TUNING["ew_warps"] if block >= 1024 else max(1, block // 256)
+            warps = TUNING["ew_warps"] if block >= 1024 or heavy else max(1, block // 256)
             return {"BLOCK": block}, (max(1, -(-lay.M // block)),), warps
         n = max(lay.N, 1)
         if self.t:  # column-major: a narrow kept strip (more programs), a deeper reduced chunk
@@ -420,10 +437,12 @@ class _Emitter:
             block_n = TUNING["reduce_block_n"]
         else:
             block_n = TUNING["loop_block_n"]
-        block_m = max(1, min(64, TUNING["row_tile"] // block_n))
+        block_m = max(1, min(64, (TUNING["row_tile"] if not heavy else HEAVY_F64_ROW_TILE) // block_n))
         block_m = 1 << (block_m.bit_length() - 1)
         tile = block_n * block_m
         warps = TUNING["row_warps"] or (4 if tile <= 4096 else (8 if tile <= 8192 else 16))
+        if heavy:   # at most 2 elements a thread (16 warps is the most a program has)
+            warps = max(warps, min(16, tile // 64))
         return {"BLOCK_M": block_m, "BLOCK_N": block_n}, (max(1, -(-lay.M // block_m)),), warps
 
     def size_params(self):
