@@ -100,6 +100,58 @@ def _issue_scores(q_smem, k_smem, ready, block, n_blocks, s_layout: gl.constexpr
 
 
 @gluon.jit
+def _fwd_slices(Q, K, V, Out, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, Hq, Sq, Sk, kv_group,
+                IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, Q_ROWS: gl.constexpr,
+                BLOCK_N: gl.constexpr):
+    """This program's (batch * head, first query row, q/k/v/out descriptors fetching Q_ROWS query rows and
+    BLOCK_N key rows a box); causal programs run the heaviest query blocks first."""
+    pid_m = gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = (pid_bh // Hq).to(gl.int64)
+    h = pid_bh % Hq
+    hk = (h // kv_group).to(gl.int64)
+    h = h.to(gl.int64)
+    q_desc = _slice_descriptor(Q + b * sqb + h * sqh, Sq, sqs, Q_ROWS, HEAD_DIM)
+    k_desc = _slice_descriptor(K + b * skb + hk * skh, Sk, sks, BLOCK_N, HEAD_DIM)
+    v_desc = _slice_descriptor(V + b * svb + hk * svh, Sk, svs, BLOCK_N, HEAD_DIM)
+    o_desc = _slice_descriptor(Out + b * sob + h * soh, Sq, sos, Q_ROWS, HEAD_DIM)
+    return pid_bh, pid_m * BLOCK_M, q_desc, k_desc, v_desc, o_desc
+
+
+@gluon.jit
+def _fwd_key_blocks(m0, Sq, Sk, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(key blocks the query block [m0, m0 + BLOCK_M) reads, the first of them that needs the bounds or
+    causal mask): causal aligns bottom-right (query i sees keys <= i + Sk - Sq)."""
+    causal_offset = Sk - Sq
+    hi = Sk
+    if IS_CAUSAL:
+        hi = gl.maximum(gl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
+    first_masked = Sk // BLOCK_N
+    if IS_CAUSAL:
+        first_masked = gl.minimum(first_masked, gl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N)
+    return gl.cdiv(hi, BLOCK_N), first_masked
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk, causal_offset, causal, qk_scale_log2,
+                    BLOCK_N: gl.constexpr):
+    """Key block j's step of the online softmax: (p, alpha, m_i, l_i) from its scores ``s``, masked from
+    block ``first_masked`` on (keys past Sk; with ``causal``, a constexpr or a run-time flag, keys past
+    each row's diagonal)."""
+    if j >= first_masked:
+        cols = j * BLOCK_N + offs_n
+        keep = (cols[None, :] < Sk) & ((cols[None, :] <= rows[:, None] + causal_offset) | (not causal))
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet: exp2 -> 0, not NaN
+    p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
 def _attn_fwd_hopper_kernel(
     Q, K, V, Out, Lse,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
@@ -115,32 +167,11 @@ def _attn_fwd_hopper_kernel(
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = Q.dtype.element_ty
 
-    # program -> (query block, batch, head); causal runs the heaviest query blocks first
-    pid_m = gl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
-    b = (pid_bh // Hq).to(gl.int64)
-    h = pid_bh % Hq
-    hk = (h // kv_group).to(gl.int64)
-    h = h.to(gl.int64)
-    m0 = pid_m * BLOCK_M
-
-    q_desc = _slice_descriptor(Q + b * sqb + h * sqh, Sq, sqs, BLOCK_M, HEAD_DIM)
-    k_desc = _slice_descriptor(K + b * skb + hk * skh, Sk, sks, BLOCK_N, HEAD_DIM)
-    v_desc = _slice_descriptor(V + b * svb + hk * svh, Sk, svs, BLOCK_N, HEAD_DIM)
-    o_desc = _slice_descriptor(Out + b * sob + h * soh, Sq, sos, BLOCK_M, HEAD_DIM)
-
-    # keys [0, hi): causal aligns bottom-right (query i sees keys <= i + Sk - Sq)
+    pid_bh, m0, q_desc, k_desc, v_desc, o_desc = _fwd_slices(
+        Q, K, V, Out, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, Hq, Sq, Sk, kv_group,
+        IS_CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_M, BLOCK_N)
+    n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, IS_CAUSAL, BLOCK_M, BLOCK_N)
     causal_offset = Sk - Sq
-    hi = Sk
-    if IS_CAUSAL:
-        hi = gl.maximum(gl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
-    n_blocks = gl.cdiv(hi, BLOCK_N)
-    # blocks from here on need the bounds/causal mask
-    first_masked = Sk // BLOCK_N
-    if IS_CAUSAL:
-        first_masked = gl.minimum(first_masked, gl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -167,18 +198,8 @@ def _attn_fwd_hopper_kernel(
     for j in range(0, n_blocks):
         s_next = _issue_scores(q_smem, k_smem, ready, j + 1, n_blocks, s_layout, BLOCK_M, BLOCK_N, STAGES)
 
-        if j >= first_masked:
-            cols = j * BLOCK_N + offs_n
-            keep = cols[None, :] < Sk
-            if IS_CAUSAL:
-                keep = keep & (cols[None, :] <= rows[:, None] + causal_offset)
-            s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet: exp2 -> 0, not NaN
-        p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
-        alpha = gl.exp2(m_i - m_use)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk, causal_offset,
+                                             IS_CAUSAL, qk_scale_log2, BLOCK_N)
 
         acc, p_op = warpgroup_mma_wait(1, deps=(acc, p_op))     # pv_{j-1} done; s_{j+1} may run on
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
@@ -262,16 +283,8 @@ def _ws_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, pid_
     s = warpgroup_mma_wait(0, deps=(s,))
     for j in range(0, n_blocks):
         s_next = _issue_scores(q_tile, k_smem, ready, j + 1, n_blocks, s_layout, HALF, BLOCK_N, STAGES)
-        if j >= first_masked:
-            cols = j * BLOCK_N + offs_n
-            keep = (cols[None, :] < Sk) & ((cols[None, :] <= rows[:, None] + causal_offset) | (causal == 0))
-            s = gl.where(keep, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s * qk_scale_log2 - m_use[:, None])
-        alpha = gl.exp2(m_i - m_use)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk, causal_offset,
+                                             causal != 0, qk_scale_log2, BLOCK_N)
 
         acc, p_op = warpgroup_mma_wait(1, deps=(acc, p_op))     # pv_{j-1} done: its slot is free
         mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), pred=j >= 1)
@@ -309,29 +322,10 @@ def _attn_fwd_hopper_ws_kernel(
     HALF: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
 
-    pid_m = gl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
-    b = (pid_bh // Hq).to(gl.int64)
-    h = pid_bh % Hq
-    hk = (h // kv_group).to(gl.int64)
-    h = h.to(gl.int64)
-    m0 = pid_m * BLOCK_M
-
-    q_desc = _slice_descriptor(Q + b * sqb + h * sqh, Sq, sqs, HALF, HEAD_DIM)
-    k_desc = _slice_descriptor(K + b * skb + hk * skh, Sk, sks, BLOCK_N, HEAD_DIM)
-    v_desc = _slice_descriptor(V + b * svb + hk * svh, Sk, svs, BLOCK_N, HEAD_DIM)
-    o_desc = _slice_descriptor(Out + b * sob + h * soh, Sq, sos, HALF, HEAD_DIM)
-
-    causal_offset = Sk - Sq
-    hi = Sk
-    if IS_CAUSAL:
-        hi = gl.maximum(gl.minimum(Sk, m0 + BLOCK_M + causal_offset), 0)
-    n_blocks = gl.cdiv(hi, BLOCK_N)
-    first_masked = Sk // BLOCK_N
-    if IS_CAUSAL:
-        first_masked = gl.minimum(first_masked, gl.maximum(m0 + causal_offset + 1, 0) // BLOCK_N)
+    pid_bh, m0, q_desc, k_desc, v_desc, o_desc = _fwd_slices(
+        Q, K, V, Out, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, Hq, Sq, Sk, kv_group,
+        IS_CAUSAL, HEAD_DIM, BLOCK_M, HALF, BLOCK_N)
+    n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, IS_CAUSAL, BLOCK_M, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
