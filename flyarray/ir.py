@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -24,6 +25,10 @@ import torch
 from . import dtypes as _dt
 
 _ids = itertools.count()
+# Copies that stand for an array inside a transform (autodiff's primal stand-ins): when the plan computes one,
+# the array it copies gets the same buffer (same values; nobody can write into a stand-in), so its history is
+# not recomputed later. A user's own copy (astype, asarray(copy=True)) is never in here: it must own its memory.
+stand_ins: "weakref.WeakSet" = weakref.WeakSet()
 
 
 class Primitive:

@@ -160,14 +160,18 @@ def freeze(value):
 # ---- 2. plans -----------------------------------------------------------------------------------
 class Plan:
     """Slots 0..n_leaves-1 hold the bound leaves; every step reads and fills slots."""
-    __slots__ = ("steps", "labels", "n_slots", "n_leaves", "binds", "description", "static_scalars", "fresh_slots")
+    __slots__ = ("steps", "labels", "n_slots", "n_leaves", "binds", "copy_binds", "description", "static_scalars",
+                 "fresh_slots")
 
-    def __init__(self, steps, labels, n_slots, n_leaves, binds, description, static_scalars=()):
+    def __init__(self, steps, labels, n_slots, n_leaves, binds, description, static_scalars=(), copy_binds=()):
         self.steps = steps
         self.labels = labels  # per step, what a profiler shows: fa::fused(exp,add) or fa::rms_norm+residual
         self.n_slots = n_slots
         self.n_leaves = n_leaves
         self.binds = binds  # (walk position, slot) or (library position, output index, slot)
+        # (copy's walk position, its base's, slot): the base gets the slot too when the copy is a stand-in
+        # (ir.stand_ins); decided per evaluation, as the key does not say which copies are stand-ins
+        self.copy_binds = copy_binds
         self.description = description  # structure only: what FLYARRAY_PLAN_CHECK compares
         self.static_scalars = list(static_scalars)
         self.fresh_slots = [None] * (n_slots - n_leaves)  # copied by leaves + fresh_slots, never written
@@ -198,6 +202,10 @@ class Plan:
             node.inputs = ()
             if node.prim is ir.VIEW:  # a view computed alone (schedule.py): a buffer of its own now
                 node.prim, node.params = ir.SOURCE, None
+        for copy, base, slot in self.copy_binds:
+            base = nodes[base]
+            if nodes[copy] in ir.stand_ins and base.buffer is None:
+                base.buffer, base.inputs = slots[slot], ()
 
 
 _ASTYPE = ELEMENTWISE["astype"]
@@ -224,7 +232,7 @@ class _Builder:
         self.n_slots = len(walk.leaf_nodes)
         self.allocated = set()  # slots of contiguous buffers this plan makes (not library outputs)
         self.static_scalars = []  # constants made by expanding composites: structure, so the plan keeps them
-        self.steps, self.labels, self.binds, self.description = [], [], [], []
+        self.steps, self.labels, self.binds, self.description, self.copy_binds = [], [], [], [], []
 
     def new_slot(self, node) -> int:
         slot = self.slot[node.id] = self.n_slots
@@ -234,10 +242,10 @@ class _Builder:
             self.binds.append((position, slot))
             base = _copied(node)
             if base is not None and base.id not in self.slot and base in self.walk.position:
-                # the copy's value is its base's: the base gets the buffer too, so a lazy array that a
-                # transform read through a copy (grad's stand-in for a primal) is computed once, not its
-                # whole history again at the next evaluation
-                self.binds.append((self.walk.position[base], slot))
+                # the copy's value is its base's: if the copy is a transform's stand-in (grad's for a primal),
+                # the base gets the buffer too, so a lazy array read through it is computed once, not its
+                # whole history again at the next evaluation (Plan.bind decides, per evaluation)
+                self.copy_binds.append((position, self.walk.position[base], slot))
         return slot
 
     def build(self) -> Plan:
@@ -250,7 +258,7 @@ class _Builder:
             else:
                 self.add_allocation(step)
         return Plan(self.steps, self.labels, self.n_slots, len(self.walk.leaf_nodes), self.binds, tuple(self.description),
-                    self.static_scalars)
+                    self.static_scalars, tuple(self.copy_binds))
 
     def add_allocation(self, step: Allocate):
         node = step.node

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import collections.abc
+
 import torch
 
 import flyarray as fa
@@ -151,9 +153,10 @@ def _families(ops):
             raise ValueError(f"accelerate: unknown op families {sorted(unknown)}; expected some of "
                              f"{torch_backend.FAMILIES}")
         return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
-    if isinstance(ops, str) or not isinstance(ops, (list, tuple, set, frozenset)):
+    if isinstance(ops, (str, bytes)) or not isinstance(ops, collections.abc.Iterable):
         raise TypeError(f"accelerate: ops must be a collection of family names or a dict, got {ops!r}")
-    unknown = set(ops) - set(torch_backend.FAMILIES)
+    ops = set(ops)
+    unknown = ops - set(torch_backend.FAMILIES)
     if unknown:
         raise ValueError(f"accelerate: unknown op families {sorted(map(str, unknown))}; expected some of "
                          f"{torch_backend.FAMILIES}")

@@ -732,3 +732,22 @@ def test_jit_refuses_the_value_of_a_traced_argument_itself(backend, body):
     reading one raises instead of baking the first call's values into every later call."""
     with pytest.raises(fa.ConcretizationError, match="fa.jit: the line"):
         fa.jit(body)(fa.ones(3))
+
+
+def test_a_users_copy_owns_its_memory_while_grads_stand_in_shares(backend):
+    """Only autodiff's stand-in copies hand their buffer to the array they copy: an astype or
+    asarray(copy=True) the user asked for must not alias the original (writing into it changed x)."""
+    for make in (lambda x: x.astype(fa.float32), lambda x: fa.asarray(x, copy=True)):
+        x = fa.asarray(np.arange(4, dtype=np.float32)) + 1
+        y = make(x)
+        fa.eval(y)
+        y.torch().add_(100)
+        np.testing.assert_array_equal(np.asarray(x), [1, 2, 3, 4])
+
+
+def test_a_jitted_function_inlined_under_a_transform_takes_numpy_arguments(backend):
+    b = np.arange(3, dtype=np.float32)
+    x = fa.asarray(np.ones((2, 3), np.float32))
+    g = fa.jit(lambda a, b: a * b.astype(fa.float32))
+    np.testing.assert_array_equal(np.asarray(fa.vmap(lambda r: g(r, b))(x)), np.ones((2, 3)) * b)
+    np.testing.assert_array_equal(np.asarray(fa.grad(lambda r: fa.sum(g(r, b)))(x[0])), b)

@@ -525,6 +525,8 @@ def test_accelerate_can_turn_op_families_off():
         fat.accelerate(model, ops=["attn", "matmul"])
     with pytest.raises(TypeError, match="ops must be a collection of family names or a dict, got 5"):
         fat.accelerate(model, ops=5)
+    fat.accelerate(model, ops={"norm": True, "matmul": True}.keys())   # any iterable of names
+    fat.accelerate(model, ops=iter(["norm"]))
     with pytest.raises(ValueError, match="mx must be one of"):
         fat.accelerate(model, mx="int4")
 

@@ -99,6 +99,8 @@ def _tensors_as_arrays(args, kwargs, static_argnums, static_argnames):
     """The arguments with their torch tensor leaves as arrays (statics untouched): what a traced call's
     body sees, so an inlined call records the same graph (not torch math on the raw tensors)."""
     def leaf_array(leaf):
+        if isinstance(leaf, np.ndarray):
+            return _numpy_leaf(leaf)
         if not isinstance(leaf, torch.Tensor):
             return leaf
         return Array(ir.source(leaf.detach() if leaf.requires_grad else leaf))   # as _flatten takes it
