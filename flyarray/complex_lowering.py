@@ -287,7 +287,15 @@ def _finite_or_one(v: F, b: F) -> F:
 
 
 def clog(z: Parts) -> Parts:
-    return Parts(z.re.hypot(z.im).log(), z.im.atan2(z.re))
+    """log|z| + i arg z. Where |z| overflows with finite parts (both near the float's maximum), log|z| is
+    log(max) + log1p((min / max)^2) / 2, which does not (log(hypot) gave inf there)."""
+    a, b = z.re.abs(), z.im.abs()
+    h = a.hypot(b)
+    big, small = where(a.greater_equal(b), a, b), where(a.greater_equal(b), b, a)
+    ratio = small / big
+    scaled = big.log() + 0.5 * (ratio * ratio).log1p()
+    overflowed = h.isinf() & a.isfinite() & b.isfinite()
+    return Parts(where(overflowed, scaled, h.log()), z.im.atan2(z.re))
 
 
 def clog1p(z: Parts) -> Parts:

@@ -606,3 +606,12 @@ def test_complex_power_zero_is_one_everywhere():
     np.testing.assert_array_equal(np.asarray(fa.asarray(z) ** 0), np.ones(4, np.complex64))
     np.testing.assert_array_equal(np.asarray(fa.pow(fa.asarray(z), fa.asarray(np.zeros(4, np.complex64)))),
                                   np.ones(4, np.complex64))
+
+
+def test_complex_log_does_not_overflow_near_the_floats_maximum(backend):
+    z = np.array([3.4028235e38 + 3.4028235e38j, -2e38 + 3e38j, 1 + 1j, 0j, np.inf + 1j], np.complex64)
+    with np.errstate(all="ignore"):
+        want = np.log(z.astype(np.complex128))
+    got = np.asarray(fa.log(fa.asarray(z))).astype(np.complex128)
+    np.testing.assert_allclose(got.real, want.real, rtol=1e-6)
+    np.testing.assert_allclose(got.imag, want.imag, rtol=1e-6)
