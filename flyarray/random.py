@@ -270,6 +270,13 @@ def bernoulli(k, p=0.5, shape=None) -> Array:
     return uniform(k, shape, _float_dtype(d, "bernoulli")) < p
 
 
+def _axis_in(axis, shape, fn, what) -> int:
+    """``axis`` of an array of ``shape`` (at least one axis), normalized; a ValueError naming ``fn`` else."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -len(shape) <= axis < len(shape):
+        raise ValueError(f"{fn}: axis {axis!r} is out of range for {what} of shape {shape}")
+    return int(axis) % len(shape)
+
+
 def categorical(k, logits, axis=-1) -> Array:
     """Samples of the categorical distributions exp(logits) (normalized along ``axis``), as
     ``jax.random.categorical``: argmax(logits + gumbel). The noise, the add and the argmax are one
@@ -278,9 +285,7 @@ def categorical(k, logits, axis=-1) -> Array:
         logits = creation.asarray(logits)
     if logits.ndim == 0:
         raise ValueError("categorical: logits must have at least one axis (the categories)")
-    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -logits.ndim <= axis < logits.ndim:
-        raise ValueError(f"categorical: axis {axis!r} is out of range for logits of shape {logits.shape}")
-    axis = int(axis) % logits.ndim
+    axis = _axis_in(axis, logits.shape, "categorical", "logits")
     g = gumbel(k, logits.shape, logits.dtype if logits.dtype.kind == "f" else dt.float32)
     return reductions.argmax(g + logits, axis=axis)
 
@@ -335,9 +340,7 @@ def permutation(k, x, axis=0) -> Array:
         values = x if isinstance(x, Array) else creation.asarray(x)
         if values.ndim == 0:
             raise ValueError("permutation: x must be a size or an array with at least one axis")
-        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -values.ndim <= axis < values.ndim:
-            raise ValueError(f"permutation: axis {axis!r} is out of range for an array of shape {values.shape}")
-        axis = int(axis) % values.ndim
+        axis = _axis_in(axis, values.shape, "permutation", "an array")
         n = values.shape[axis]
     perm = creation.arange(n, dtype=dt.int64, device=k.device)
     rounds = math.ceil(3 * math.log(max(1, n)) / math.log(2 ** 32 - 1))

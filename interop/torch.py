@@ -147,19 +147,14 @@ def accelerate(model: torch.nn.Module, ops=None, mx=None, sample_input=None, **c
 def _families(ops):
     if ops is None:
         return None
-    if isinstance(ops, dict):
-        unknown = set(ops) - set(torch_backend.FAMILIES)
-        if unknown:
-            raise ValueError(f"accelerate: unknown op families {sorted(unknown)}; expected some of "
-                             f"{torch_backend.FAMILIES}")
-        return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
     if isinstance(ops, (str, bytes)) or not isinstance(ops, collections.abc.Iterable):
         raise TypeError(f"accelerate: ops must be a collection of family names or a dict, got {ops!r}")
-    ops = set(ops)
-    unknown = ops - set(torch_backend.FAMILIES)
+    unknown = set(ops) - set(torch_backend.FAMILIES)   # a dict's keys, or the collection's names
     if unknown:
         raise ValueError(f"accelerate: unknown op families {sorted(map(str, unknown))}; expected some of "
                          f"{torch_backend.FAMILIES}")
+    if isinstance(ops, dict):
+        return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
     return set(ops)
 
 

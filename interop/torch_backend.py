@@ -112,7 +112,7 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     """(out, mean, rstd) of aten.native_layer_norm over the last axis; statistics in fp32 (fp64 for a
     float64 x: torch's accumulation type)."""
     out = fa.nn.layer_norm(x, weight, bias, eps)
-    xf = x.astype(fa.float64 if x.dtype == fa.float64 else fa.float32)
+    xf = x.astype(fa.dtypes.compute_dtype(x.dtype))
     mean = fa.mean(xf, axis=-1, keepdims=True)
     rstd = fa.rsqrt(fa.mean(fa.square(xf - mean), axis=-1, keepdims=True) + eps)
     return out, mean, rstd

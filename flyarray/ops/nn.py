@@ -98,7 +98,7 @@ def _rms_norm(x, *rest, eps, has_weight, has_residual):
     weight = rest[0] if has_weight else None
     residual = rest[-1] if has_residual else None
     h = x + residual if residual is not None else x
-    acc = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32   # torch's accumulation type
+    acc = dtypes.compute_dtype(x.dtype)   # torch's accumulation type: fp32 for fp16/bf16, else x's own
     hf = h.astype(acc, copy=False)
     y = hf * elementwise("rsqrt", mean(hf * hf, axis=-1, keepdims=True) + eps)
     if weight is not None:
@@ -117,22 +117,25 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     Recorded as one node and fused into one row kernel."""
     checks.check_norm("layer_norm", x, weight=weight, bias=bias, eps=eps)
     inputs = [x] + [a for a in (weight, bias) if a is not None]
-    d = x.dtype
-    for p in (weight, bias):
-        if p is not None:
-            d = dtypes.result_type(d, p.dtype)
-    (y,) = composite(LAYER_NORM, inputs, [(x.shape, d)], eps=float(eps), has_weight=weight is not None,
-                     has_bias=bias is not None)
+    (y,) = composite(LAYER_NORM, inputs, [(x.shape, _promoted(x, weight, bias))], eps=float(eps),
+                     has_weight=weight is not None, has_bias=bias is not None)
     return y
+
+
+def _promoted(*arrays):
+    """The result dtype of layer_norm's operands (None where absent)."""
+    d = arrays[0].dtype
+    for a in arrays[1:]:
+        if a is not None:
+            d = dtypes.result_type(d, a.dtype)
+    return d
 
 
 def _layer_norm(x, *rest, eps, has_weight, has_bias):
     weight = rest[0] if has_weight else None
     bias = rest[-1] if has_bias else None
-    out = x.dtype
-    for t in (weight, bias):
-        out = out if t is None else dtypes.promote(out, t.dtype)
-    acc = dtypes.float64 if out == dtypes.float64 else dtypes.float32   # statistics as torch's: fp32 for fp16/bf16
+    out = _promoted(x, weight, bias)
+    acc = dtypes.compute_dtype(out)   # statistics as torch's: fp32 for fp16/bf16, else the dtype itself
     xf = x.astype(acc, copy=False)
     mu = mean(xf, axis=-1, keepdims=True)
     centered = xf - mu

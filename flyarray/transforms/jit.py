@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import torch
 
-from .. import dtypes, graphs, ir, plan, runtime, tree_util
+from .. import graphs, ir, plan, runtime, tree_util
 from .._array import Array
 from . import recording
 
@@ -253,8 +253,9 @@ class _Trace:
         # the traced arguments have no buffer while fn records: reading one's value (float(x), x[m],
         # print) then asks for an evaluation, which plan._refuse_traced refuses, instead of reading this
         # call's values into the trace for every later call
-        sources = [ir.Node(ir.SOURCE, (), ir.version_of(t), tuple(t.shape), dtypes.from_torch(t.dtype), t.device)
-                   for t in tensors]
+        sources = [ir.source(t) for t in tensors]
+        for node in sources:
+            node.buffer = None
         it = iter(Array(n) for n in sources)
         n = len(args)
         statics = {i % n for i in static_argnums if -n <= i < n}
