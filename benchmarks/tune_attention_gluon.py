@@ -11,9 +11,12 @@
 3. The Gluon dk/dv kernel the same way: checked against the Triton backward, then the whole backward
    timed with it beside the Triton one and SDPA's backward (multi-head shapes).
 Rows are JSON lines on stdout and all of them go to argv[1] as they are made (a hang keeps the rest).
+GLUON_ONLY=ws keeps only the warp-specialized forward configs (and the best plain one, 128x128); GLUON_BWD=0
+skips part 3: a short call for the forward alone.
 """
 import json
 import math
+import os
 import sys
 import time
 
@@ -38,6 +41,8 @@ CONFIGS = [
     dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=4, CONSUMER_REGS=240, PRODUCER_REGS=40),
     dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=232, PRODUCER_REGS=24),
 ]
+if os.environ.get("GLUON_ONLY") == "ws":
+    CONFIGS = [c for c in CONFIGS if c.get("WS") or (c["BLOCK_M"], c["BLOCK_N"]) == (128, 128)]
 # (name, B, Hq, Hkv, Sq, Sk, D, causal)
 CHECKS = [
     ("causal_square", 2, 4, 4, 384, 384, 128, True),
@@ -178,7 +183,8 @@ def main():
                       tflops=flops(B, Hq, Sq, Sk, D, causal) / ms / 1e9,
                       vs_sdpa=median["sdpa"] / ms,
                       config=good[int(label[5:])] if label.startswith("gluon") else None))
-    backward(t0)
+    if os.environ.get("GLUON_BWD", "1") != "0":
+        backward(t0)
     emit(dict(kind="done", seconds=time.time() - t0))
 
 
