@@ -203,7 +203,19 @@ def _linalg(b):
     xs = [b.full(i) for i in range(len(b.x))]
     if b.node.prim.name == "solve":
         return _solve(b, *xs)
+    if len(xs) == 2:  # pinv / matrix_rank with an array rtol
+        return _array_rtol(b, *xs)
     return call(b.node.prim, xs, **_kwargs(b))
+
+
+def _array_rtol(b, x, rtol):
+    """pinv / matrix_rank(x, rtol=array) with the batch axis in front of both: size-1 axes after it on the one
+    with fewer stack axes, so the batch lines up with the batch under torch's right-aligned broadcast."""
+    x_shape, rtol_shape = b.node.inputs[0].shape, b.node.inputs[1].shape
+    stacks = max(len(x_shape) - 2, len(rtol_shape))
+    x = F.reshape(x, (b.n,) + (1,) * (stacks - len(x_shape) + 2) + x_shape)
+    rtol = F.reshape(rtol, (b.n,) + (1,) * (stacks - len(rtol_shape)) + rtol_shape)
+    return call(b.node.prim, [x, rtol])
 
 
 def _solve(b, a, rhs):

@@ -110,6 +110,8 @@ def _axis(op, x, axis):
 
 def _axes_and_sizes(op, x, s, axes):
     if axes is None:
+        if s is not None and len(s) > x.ndim:
+            raise ValueError(f"fft.{op}: s {tuple(s)} has more entries than x has axes (shape {x.shape})")
         axes = tuple(range(x.ndim)) if s is None else tuple(range(x.ndim - len(s), x.ndim))
     else:
         axes = tuple(_axis(op, x, a) for a in axes)

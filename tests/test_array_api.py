@@ -177,6 +177,31 @@ def test_decompositions_match_numpy():
         assert_matches(la.matrix_power(fa.asarray(m), n), np.linalg.matrix_power(m, n))
 
 
+def test_solve_promotes_and_pinv_matrix_rank_take_an_array_rtol():
+    """The standard's type promotion in solve; rtol as an array broadcast against the stack (also under
+    vmap, batched on either argument), as numpy does."""
+    la = fa.linalg
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((3, 4, 4))
+    rhs = rng.standard_normal((3, 4, 2)).astype(np.float32)
+    x = la.solve(fa.asarray(m), fa.asarray(rhs))
+    assert x.dtype == fa.float64
+    assert_matches(x, np.linalg.solve(m, rhs.astype(np.float64)))
+    rtol = np.array([0.1, 0.5, 0.9])
+    assert_matches(la.matrix_rank(fa.asarray(m), rtol=fa.asarray(rtol)), np.linalg.matrix_rank(m, rtol=rtol))
+    assert_matches(la.pinv(fa.asarray(m), rtol=rtol), np.linalg.pinv(m, rtol=rtol))
+    per_rtol = fa.vmap(lambda t: la.matrix_rank(fa.asarray(m), rtol=t))(fa.asarray(rtol))
+    assert_matches(per_rtol, np.stack([np.linalg.matrix_rank(m, rtol=t) for t in rtol]))
+    both = fa.vmap(lambda a, t: la.pinv(a, rtol=t))(fa.asarray(m), fa.asarray(rtol))
+    assert_matches(both, np.linalg.pinv(m, rtol=rtol))
+    with pytest.raises(ValueError, match="does not broadcast against the stack"):
+        la.pinv(fa.asarray(m), rtol=np.ones(2))
+    with pytest.raises(TypeError, match="must be real floating point"):
+        la.matrix_rank(fa.asarray(m), rtol=np.ones(3, np.int64))
+    with pytest.raises(TypeError, match="rtol must be None"):
+        la.pinv(fa.asarray(m), rtol="small")
+
+
 def test_linalg_errors_and_vmap(no_evaluation):
     with pytest.raises(ValueError, match="square"):
         fa.linalg.inv(lazy((2, 3)))

@@ -101,6 +101,7 @@ def test_fft_is_lazy():
     (lambda: fa.fft.fft(fa.asarray(R.astype(np.float16))), TypeError, "complex64 or complex128"),
     (lambda: fa.fft.fftn(fa.asarray(Z), s=(2, 2), axes=(0,)), ValueError, "different lengths"),
     (lambda: fa.fft.fftn(fa.asarray(Z), axes=(0, 0)), ValueError, "repeat an axis"),
+    (lambda: fa.fft.fftn(fa.asarray(Z), s=(2, 2, 2, 2, 2)), ValueError, "more entries than x has axes"),
     (lambda: fa.fft.irfft(fa.asarray(Z[..., :1])), ValueError, "pass n"),
     (lambda: fa.fft.fftfreq(0), ValueError, "at least 1"),
     (lambda: fa.fft.fftfreq(4, d=0), ValueError, "nonzero"),

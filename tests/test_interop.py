@@ -183,3 +183,34 @@ def test_interop_torch_ops_are_differentiable_and_function_round_trips():
     f = fat.function(lambda a, b: fa.silu(a) * b)
     a, b = torch.randn(5), torch.randn(5)
     torch.testing.assert_close(f(a, b), torch.nn.functional.silu(a) * b)
+
+
+def test_torch_conjugate_and_negative_views_keep_their_values_every_way_out(backend):
+    """torch's conj()/neg views carry a bit DLPack cannot describe: flyarray takes their values (asarray and
+    from_dlpack alike) and hands values out (numpy, DLPack), copying only such views; copy=False says so."""
+    im = torch.tensor([1 + 2j, 3 - 4j]).conj().imag          # a negative-bit view: [-2, 4]
+    assert fa.from_dlpack(im).tolist() == fa.asarray(im).tolist() == [-2.0, 4.0]
+    neg = fa.asarray(torch._neg_view(torch.tensor([1.0, 2.0, 3.0])))
+    for out in (torch.from_dlpack(neg), np.from_dlpack(neg), np.asarray(neg)):
+        assert out.tolist() == [-1.0, -2.0, -3.0]
+    conj = fa.asarray(torch.tensor([1 + 2j, 3 - 4j]).conj())
+    want = [1 - 2j, 3 + 4j]
+    for out in (np.asarray(conj), torch.from_dlpack(conj), np.from_dlpack(conj)):
+        assert out.tolist() == want
+    assert fa.from_dlpack(torch.tensor([1 + 2j]).conj()).tolist() == [1 - 2j]
+    with pytest.raises(BufferError, match="conjugate/negative view"):
+        conj.__dlpack__(copy=False)
+
+
+def test_from_dlpack_copy_true_copies_every_source(backend):
+    a = np.ones(3)
+    snapshot = fa.from_dlpack(a, copy=True)
+    shared = fa.from_dlpack(a)
+    a[0] = 5
+    assert snapshot.tolist() == [1.0, 1.0, 1.0] and shared.tolist() == [5.0, 1.0, 1.0]
+    x = fa.asarray(torch.ones(3))
+    copied = fa.from_dlpack(x, copy=True)
+    assert copied is not x
+    copied.torch()[0] = 5
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    assert fa.from_dlpack(x) is x

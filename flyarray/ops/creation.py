@@ -133,12 +133,16 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
     if not hasattr(x, "__dlpack__"):
         raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
     if isinstance(x, Array):
-        return x
+        return asarray(x, device=device, copy=copy)
     if isinstance(x, np.ndarray):
-        return Array(ir.source(_from_numpy(x, copy)))
-    if isinstance(x, torch.Tensor):
-        x = x.detach()  # torch refuses to export a tensor that requires grad; same memory either way
-    t = torch.from_dlpack(x)
+        t = _from_numpy(x, copy)
+        copy = copy and np.may_share_memory(x, t.numpy())  # a copy already made (read-only memory) is not made twice
+    elif isinstance(x, torch.Tensor):
+        # taken as asarray takes it, not through torch's own export: that refuses a tensor that requires
+        # grad or has the conjugate bit, and drops the negative bit (the values would change sign)
+        t = x.detach()
+    else:
+        t = torch.from_dlpack(x)
     _check_supported(t.dtype)
     if copy:
         t = t.clone()

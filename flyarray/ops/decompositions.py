@@ -128,7 +128,8 @@ EIGVALS = _op("eigvals", lambda x: _eig_abstract(x)[:1], lambda x: torch.linalg.
 def _solve_abstract(a, b):
     _matrix("solve", a)
     _square("solve", a)
-    if a.dtype != b.dtype:
+    _float("solve", b)
+    if a.dtype != b.dtype:  # solve() promotes first: this is a direct call(SOLVE, ...)
         raise TypeError(f"solve: x1 and x2 have dtypes {a.dtype} and {b.dtype}; cast one with astype")
     n = a.shape[-1]
     if len(b.shape) == 1:
@@ -164,7 +165,44 @@ def _rank_abstract(x, *, rtol):
 
 RANK = _op("matrix_rank", _rank_abstract, lambda x, *, rtol: torch.linalg.matrix_rank(x, rtol=rtol))
 
-DECOMPOSITIONS = (CHOLESKY, INV, DET, SLOGDET, QR, SVD, SVDVALS, EIGH, EIGVALSH, EIG, EIGVALS, SOLVE, PINV, RANK)
+
+def _array_rtol_abstract(op, result):
+    """pinv / matrix_rank with an array ``rtol`` (the standard allows one per matrix, broadcast against the
+    stack x[..., 0, 0]): a second input, since an array cannot be a node's parameter."""
+    def abstract(x, rtol):
+        _matrix(op, x)
+        if rtol.dtype.kind != "f":
+            raise TypeError(f"{op}: an array rtol must be real floating point, got {rtol.dtype}")
+        try:
+            batch = views.broadcast_shapes(x.shape[:-2], rtol.shape)
+        except ValueError:
+            raise ValueError(f"{op}: rtol's shape {rtol.shape} does not broadcast against the stack of matrices "
+                             f"{x.shape[:-2]} (x has shape {x.shape})") from None
+        return [result(x, batch)]
+    return abstract
+
+
+PINV_ARRAY_RTOL = _op("pinv", _array_rtol_abstract("pinv", lambda x, b: (b + (x.shape[-1], x.shape[-2]), x.dtype)),
+                      lambda x, rtol: torch.linalg.pinv(x, rtol=rtol.to(x.real.dtype)))
+RANK_ARRAY_RTOL = _op("matrix_rank", _array_rtol_abstract("matrix_rank", lambda x, b: (b, dt.int64)),
+                      lambda x, rtol: torch.linalg.matrix_rank(x, rtol=rtol.to(x.real.dtype)))
+
+
+def _rtol(op, rtol):
+    """None, a Python float (a parameter), or an Array (an input: numpy arrays and tensors converted)."""
+    from .core import as_array
+    from .._array import Array
+    rtol = as_array(rtol)
+    if rtol is None or isinstance(rtol, Array):
+        return rtol
+    try:
+        return float(rtol)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: rtol must be None, a real number or a real floating-point array, "
+                        f"got {type(rtol).__name__}") from None
+
+DECOMPOSITIONS = (CHOLESKY, INV, DET, SLOGDET, QR, SVD, SVDVALS, EIGH, EIGVALSH, EIG, EIGVALS, SOLVE, PINV, RANK,
+                  PINV_ARRAY_RTOL, RANK_ARRAY_RTOL)
 
 
 def cholesky(x, /, *, upper=False):
@@ -252,6 +290,11 @@ def inv(x, /):
 def solve(x1, x2, /):
     """The solution X of x1 X = x2 (x2 a stack of matrices, or one vector); float32/64 or complex64/128. A lazy call to
     torch.linalg.solve."""
+    from .core import array_arg
+    x1, x2 = array_arg(x1, "solve: x1"), array_arg(x2, "solve: x2")
+    if x1.dtype != x2.dtype and x1.dtype in _FLOATS and x2.dtype in _FLOATS:  # the array API's promotion
+        d = dt.promote(x1.dtype, x2.dtype)
+        x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
     return call(SOLVE, [x1, x2])[0]
 
 
@@ -268,12 +311,18 @@ def slogdet(x, /):
 def pinv(x, /, *, rtol=None):
     """The Moore-Penrose pseudo-inverse (singular values below ``rtol`` times the largest are dropped);
     float32/64 or complex64/128. A lazy call to torch.linalg.pinv."""
+    rtol = _rtol("pinv", rtol)
+    if rtol is not None and not isinstance(rtol, float):
+        return call(PINV_ARRAY_RTOL, [x, rtol])[0]
     return call(PINV, [x], rtol=rtol)[0]
 
 
 def matrix_rank(x, /, *, rtol=None):
     """The rank (singular values above ``rtol`` times the largest), int64; float32/64 or complex64/128 input.
     A lazy call to torch.linalg.matrix_rank."""
+    rtol = _rtol("matrix_rank", rtol)
+    if rtol is not None and not isinstance(rtol, float):
+        return call(RANK_ARRAY_RTOL, [x, rtol])[0]
     return call(RANK, [x], rtol=rtol)[0]
 
 

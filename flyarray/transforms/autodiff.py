@@ -100,7 +100,9 @@ def _trace(roots, inputs, start):
         if not any(flags):
             continue
         if node.dtype.kind == "c" or any(i.dtype.kind == "c" for i in inputs_):
-            raise TypeError(f"cannot differentiate through {prim.name} of {node.dtype}{list(node.shape)}: derivatives "
+            # a library node's own shape is () (its outputs are its projections): name its inputs instead
+            of = ", ".join(f"{i.dtype}{list(i.shape)}" for i in (inputs_ if prim.kind == "library" else (node,)))
+            raise TypeError(f"cannot differentiate through {prim.name} of {of}: derivatives "
                             "of complex-valued functions are not implemented (complex values are supported "
                             "outside fa.grad/vjp/jvp); differentiate a real function of real parts instead")
         if prim.kind not in ("library", "custom") and not _differentiable(node.dtype):
