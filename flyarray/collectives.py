@@ -50,8 +50,27 @@ _REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
 # ---- torch.distributed calls (the kernel and the reference: both backends run the same call) -------
+def _group_positions(m, axes):
+    """Where the rank at each index along ``axes`` (as the caller ordered them: axis_index's and ppermute's
+    order) sits in the process group (whose order is the mesh's); None where the two agree."""
+    in_mesh_order = tuple(sorted(axes, key=m.axis_names.index))
+    if in_mesh_order == tuple(axes):
+        return None
+    group = m.group_ranks(in_mesh_order)
+    return [group.index(r) for r in m.group_ranks(axes)]
+
+
+def _inverse(positions):
+    inverse = [0] * len(positions)
+    for k, j in enumerate(positions):
+        inverse[j] = k
+    return inverse
+
+
 def _all_reduce(x, *, mesh, axes, op, grad):
     out = x.contiguous().clone()  # torch.distributed reduces in place; the input buffer stays the input's
+    if mesh_of(mesh).size(axes) == 1:  # no axes, or axes of one rank: nothing to reduce with
+        return out
     _dist().all_reduce(out, op=getattr(_dist().ReduceOp, _REDUCE_OPS[op]), group=mesh_of(mesh).group(axes))
     return out
 
@@ -60,8 +79,13 @@ def _all_gather(x, *, mesh, axes, axis, tiled, grad):
     m = mesh_of(mesh)
     n = m.size(axes)
     src = (x if tiled else x.unsqueeze(axis)).movedim(axis, 0).contiguous()
+    if n == 1:
+        return src.movedim(0, axis).contiguous()
     out = torch.empty((n * src.shape[0],) + tuple(src.shape[1:]), dtype=x.dtype, device=x.device)
     _dist().all_gather_into_tensor(out, src, group=m.group(axes))
+    pos = _group_positions(m, axes)
+    if pos is not None:  # block k: from index k along axes as given
+        out = out.view((n, -1) + tuple(src.shape[1:]))[pos].flatten(0, 1)
     return out.movedim(0, axis).contiguous()
 
 
@@ -69,6 +93,11 @@ def _reduce_scatter(x, *, mesh, axes, axis, tiled):
     m = mesh_of(mesh)
     n = m.size(axes)
     src = x.movedim(axis, 0).contiguous()
+    if n == 1:
+        return (x if tiled else x.squeeze(axis)).contiguous().clone()
+    pos = _group_positions(m, axes)
+    if pos is not None:  # group position j keeps block k, the one of its index k along axes as given
+        src = src.view((n, -1) + tuple(src.shape[1:]))[_inverse(pos)].flatten(0, 1).contiguous()
     out = torch.empty((src.shape[0] // n,) + tuple(src.shape[1:]), dtype=x.dtype, device=x.device)
     _dist().reduce_scatter_tensor(out, src, group=m.group(axes))
     out = out.movedim(0, axis)
@@ -78,9 +107,16 @@ def _reduce_scatter(x, *, mesh, axes, axis, tiled):
 def _all_to_all(x, *, mesh, axes, split_axis, concat_axis):
     m = mesh_of(mesh)
     n = m.size(axes)
+    if n == 1:
+        return x.clone()
     src = torch.stack(x.chunk(n, split_axis)).contiguous()  # [n, ...]: chunk i goes to index i
+    pos = _group_positions(m, axes)
+    if pos is not None:  # the group sends chunk j to group position j: put index k's chunk at pos[k]
+        src = src[_inverse(pos)].contiguous()
     out = torch.empty_like(src)
     _dist().all_to_all_single(out, src, group=m.group(axes))
+    if pos is not None:  # received from group position j = index inverse[j]: back in index order
+        out = out[pos]
     return torch.cat(out.unbind(0), dim=concat_axis).contiguous()
 
 
@@ -100,9 +136,12 @@ def _ppermute(x, *, mesh, axes, perm):
 
 # ---- shape rules (record time: bad axes fail before anything runs) ----------------------------------------
 def _axis(name, axis, ndim):
-    if not isinstance(axis, int) or not -ndim <= axis < max(ndim, 1):
+    if ndim == 0:
+        raise ValueError(f"{name}: needs an array with at least one dimension here (got a 0-d array); "
+                         "reshape it to (1,) first")
+    if not isinstance(axis, int) or not -ndim <= axis < ndim:
         raise ValueError(f"{name}: axis {axis!r} is out of range for {ndim} dims")
-    return axis % max(ndim, 1)
+    return axis % ndim
 
 
 def _same(x, **kw):
@@ -265,6 +304,7 @@ def broadcast_boundary(mesh_uid, axes):
     def pbroadcast(x):
         return x
     pbroadcast.defvjp(lambda x: (x, None), lambda _, g: (psum(g, mesh_of(mesh_uid), axes),))
+    pbroadcast.linear_tangent = lambda t: t  # forward mode: the replicated tangent meets every rank's work
     return pbroadcast
 
 
@@ -279,4 +319,5 @@ def split_boundary(mesh_uid, axes):
     def unbroadcast(x):
         return x
     unbroadcast.defvjp(lambda x: (x, None), lambda _, g: (g / n if g.dtype.kind == "f" else g,))
+    unbroadcast.linear_tangent = lambda t: t
     return unbroadcast

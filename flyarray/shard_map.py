@@ -17,7 +17,7 @@ import contextlib
 import threading
 
 from . import collectives as C
-from . import tree_util
+from . import ir, tree_util
 from ._array import Array
 from .sharded import ShardedArray, _block, _ordered, gather
 from .sharding import Mesh, NamedSharding, PartitionSpec
@@ -67,17 +67,61 @@ def shard_map(f, mesh: Mesh, in_specs, out_specs):
     output (a single spec for a single output, else a tuple/list matching f's returned tuple/list)."""
     if not isinstance(mesh, Mesh):
         raise TypeError(f"shard_map: mesh must be an fa.sharding.Mesh, got {type(mesh).__name__}")
-    in_specs = tuple(_as_spec(s, "in_specs") for s in (in_specs if isinstance(in_specs, (tuple, list))
-                                                        else (in_specs,)))
+    one = isinstance(in_specs, PartitionSpec) or not isinstance(in_specs, (tuple, list))  # P is a tuple too
+    in_specs = tuple(_as_spec(s, "in_specs") for s in ((in_specs,) if one else in_specs))
 
     def wrapped(*args):
         if len(args) != len(in_specs):
             raise TypeError(f"shard_map: {len(args)} arguments for {len(in_specs)} in_specs")
         locals_ = [_enter(a, mesh, spec, i) for i, (a, spec) in enumerate(zip(args, in_specs))]
+        start = next(ir._ids)  # every node f makes has a larger id
         with _inside(mesh, locals_[0].device if locals_ else None):
             out = f(*locals_)
+        _check_closures(out, start, {x._node.id for x in locals_})
         return _leave(out, mesh, out_specs)
     return wrapped
+
+
+def _check_closures(out, start, entered):
+    """Refuse what would be a silently wrong gradient: under fa.grad/vjp, ``f`` closing over an array that
+    depends on what is differentiated. Its per-rank cotangents are never summed over the ranks (an argument's
+    are, at the boundary), so each rank would get a different, partial gradient."""
+    from .transforms.autodiff import differentiated_nodes
+    targets = differentiated_nodes()
+    if not targets:
+        return
+    lowest = min(n.id for n in targets)
+    target_ids = {n.id for n in targets}
+    seen, stack = set(), [leaf._node for leaf in tree_util.tree_leaves(out) if isinstance(leaf, Array)]
+    closed = []
+    while stack:  # the body's own nodes (ids >= start) down to the values from outside it
+        node = stack.pop()
+        if node.id in seen:
+            continue
+        seen.add(node.id)
+        if node.id < start:
+            if node.id not in entered:
+                closed.append(node)
+        else:
+            stack.extend(node.inputs)
+    for node in closed:
+        if _depends_on(node, target_ids, lowest):
+            raise ValueError(f"shard_map: f closes over an array ({node.dtype}{list(node.shape)}) that depends on "
+                             "what fa.grad/vjp differentiates; its gradient would miss the other ranks' parts. "
+                             "Pass it to f as an argument (in_spec P() for a replicated value)")
+
+
+def _depends_on(node, target_ids, lowest):
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n.id in target_ids:
+            return True
+        if n.id < lowest or n.id in seen:  # made before every target: cannot depend on one
+            continue
+        seen.add(n.id)
+        stack.extend(n.inputs)
+    return False
 
 
 def _enter(x, mesh, spec, i):
@@ -102,8 +146,10 @@ def _enter(x, mesh, spec, i):
 
 def _leave(out, mesh, out_specs):
     leaves, tree = tree_util.tree_flatten(out)
-    specs = tree_util.tree_leaves(out_specs, is_leaf=lambda s: isinstance(s, PartitionSpec) or s is None) \
-        if isinstance(out_specs, (tuple, list)) else [out_specs] * len(leaves)
+    if isinstance(out_specs, PartitionSpec) or out_specs is None:  # one spec for every output
+        specs = [out_specs] * len(leaves)
+    else:  # a tree of specs like f's result (tuple, list, dict)
+        specs = tree_util.tree_leaves(out_specs, is_leaf=lambda s: isinstance(s, PartitionSpec) or s is None)
     if len(specs) != len(leaves):
         raise ValueError(f"shard_map: f returned {len(leaves)} arrays but out_specs has {len(specs)} specs")
     wrapped = []

@@ -25,7 +25,7 @@ import math
 import torch
 
 from . import collectives as C
-from . import tree_util
+from . import tree_util, views
 from ._array import Array
 from .sharding import NamedSharding, PartitionSpec
 
@@ -54,6 +54,10 @@ class ShardedArray:
 
     def __bool__(self):
         raise TypeError("the truth value of a ShardedArray is ambiguous across ranks; use fa.device_get(x) first")
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("a ShardedArray holds only this rank's shard; use np.asarray(fa.device_get(x)) for the "
+                        "whole array")
 
     # ---- ops (the propagation rules below) ---------------------------------------------------------
     def __matmul__(self, other):
@@ -100,6 +104,8 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne"):
 ShardedArray.__hash__ = object.__hash__
 ShardedArray.__neg__ = lambda self: elementwise(lambda a: -a, self)
 ShardedArray.__abs__ = lambda self: elementwise(abs, self)
+ShardedArray.__pos__ = lambda self: elementwise(lambda a: +a, self)
+ShardedArray.__invert__ = lambda self: elementwise(lambda a: ~a, self)
 
 # fa.jit and fa.grad see a ShardedArray as its local shard; the sharding rides in the tree structure.
 tree_util.register_pytree_node(ShardedArray, lambda s: ([s.local], s.sharding),
@@ -107,7 +113,12 @@ tree_util.register_pytree_node(ShardedArray, lambda s: ([s.local], s.sharding),
 
 
 def _spec(dim_axes):
-    return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else a) for a in dim_axes])
+    """The PartitionSpec of per-dimension mesh axes, without trailing Nones: a replicated result's spec is
+    P(), which fits any number of dimensions (fa.vmap can batch it)."""
+    parts = [None if not a else (a[0] if len(a) == 1 else a) for a in dim_axes]
+    while parts and parts[-1] is None:
+        parts.pop()
+    return PartitionSpec(*parts)
 
 
 # ---- in and out -------------------------------------------------------------------------------------------
@@ -227,6 +238,7 @@ def _block(local, mesh, names, d):
         return x[index]
     block.defvjp(lambda x: (x[index], None),
                  lambda _, g: (C.all_gather(g, mesh, names, axis=d, tiled=True, grad="full"),))
+    block.linear_tangent = lambda t: t[index]  # forward mode: this rank's block of the tangent
     return block(local)
 
 
@@ -234,8 +246,17 @@ def elementwise(fn, *args):
     """``fn`` (an elementwise fa function of Arrays and scalars) on sharded operands, per shard.
 
     Operands with the same sharding, replicated ones (plain fa.Arrays count as replicated) and Python
-    scalars need no communication; operands split differently are all-gathered first."""
+    scalars need no communication; operands split differently are all-gathered first. numpy arrays and
+    torch tensors are whole arrays (replicated), as fa.Arrays; shapes broadcast as the global arrays'."""
+    args = [_as_array(a) if _is_foreign_array(a) else a for a in args]
+    if not any(isinstance(a, ShardedArray) for a in args):
+        return fn(*args)  # nothing sharded: the plain op
     mesh = _mesh_of(args)
+    shapes = [a.shape for a in args if isinstance(a, (ShardedArray, Array))]
+    try:
+        views.broadcast_shapes(*shapes)
+    except ValueError as exc:
+        raise ValueError(f"sharded elementwise op: the operands' (global) {exc}") from None
     ndim = max(a.ndim for a in args if isinstance(a, (ShardedArray, Array)))
     out_axes = _out_axes(args, ndim)
     if out_axes is None:  # conflicting shardings: gather everything, then run replicated
@@ -299,6 +320,11 @@ def matmul(a, b) -> ShardedArray:
 def _as_array(x):
     from .ops import asarray
     return asarray(x)
+
+
+def _is_foreign_array(x):
+    import numpy as np
+    return isinstance(x, (np.ndarray, torch.Tensor))
 
 
 # ---- anything else -----------------------------------------------------------------------------------------

@@ -88,8 +88,15 @@ class Mesh:
         return idx
 
     def check_axes(self, names) -> tuple:
-        names = (names,) if isinstance(names, str) else tuple(names)
+        if isinstance(names, str):
+            names = (names,)
+        elif isinstance(names, (tuple, list)):
+            names = tuple(names)
+        else:
+            raise TypeError(f"mesh axes must be a name or a tuple of names of {self.axis_names}, got {names!r}")
         for a in names:
+            if not isinstance(a, str):
+                raise TypeError(f"mesh axes must be a name or a tuple of names of {self.axis_names}, got {names!r}")
             if a not in self.axis_names:
                 raise ValueError(f"mesh axis {a!r} is not in this mesh's axes {self.axis_names}")
         if len(set(names)) != len(names):

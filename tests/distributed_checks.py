@@ -340,6 +340,106 @@ def check_forward_mode():
         _close(t, np.ones((4, 6)), what="all_gather jvp")
 
 
+def check_forward_mode_through_the_boundaries():
+    """fa.jvp / jacfwd through device_put, a replicated operand meeting split work and shard_map's replicated
+    inputs and outputs (identities and slices at the boundaries) equals the single-device tangent."""
+    mesh = _mesh()
+    x, w = _randn(4, 3, seed=40), _randn(3, seed=41)
+    xn = np.asarray(x)
+    xs = fa.device_put(x, NamedSharding(mesh, P("x")))
+    ones3 = fa.ones(3, device=DEVICE)
+    _, t = fa.jvp(lambda r: (xs * r).sum().local, (w,), (ones3,))
+    _close(t, xn.sum(), atol=1e-4, what="jvp: replicated operand times a split one")
+    _, t = fa.jvp(lambda a: fa.device_put(a, NamedSharding(mesh, P("x"))).sum().local, (x,),
+                  (fa.ones((4, 3), device=DEVICE),))
+    _close(t, 12.0, what="jvp through device_put")
+    body = fa.shard_map(lambda b, r: fa.lax.psum((b * r).sum(), "x"), mesh, (P("x"), P()), P())
+    _, t = fa.jvp(lambda r: body(xs, r).local, (w,), (ones3,))
+    _close(t, xn.sum(), atol=1e-4, what="jvp through shard_map's replicated input and output")
+    h = fa.hessian(lambda r: ((xs @ r[:, None]) ** 2).sum().local)(w)
+    _close(h, 2 * xn.T @ xn, atol=1e-4, what="hessian through a sharded matmul")
+
+
+def check_shard_map_closure_under_grad():
+    """A value fa.grad differentiates, closed over by a shard_map body, would get each rank's partial
+    gradient: refused with what to do; passed as an argument it is right; forward values may be closed over."""
+    mesh = _mesh()
+    x, w = _randn(4, 2, seed=42), _randn(2, seed=43)
+    xs = fa.device_put(x, NamedSharding(mesh, P("x")))
+    want = fa.grad(lambda r: ((x * r) ** 2).sum())(w)
+    by_arg = fa.grad(lambda r: fa.shard_map(lambda b, rb: fa.lax.psum(((b * rb) ** 2).sum(), "x"), mesh,
+                                            (P("x"), P()), P())(xs, r).local)(w)
+    _close(by_arg, np.asarray(want), atol=1e-4, what="grad of a replicated argument")
+    try:
+        fa.grad(lambda r: fa.shard_map(lambda b: fa.lax.psum(((b * r) ** 2).sum(), "x"), mesh, P("x"), P())(xs)
+                .local)(w)
+    except ValueError as e:
+        assert "closes over" in str(e) and "as an argument" in str(e), e
+    else:
+        raise AssertionError("a differentiated closure was accepted")
+    y = fa.shard_map(lambda b: fa.lax.psum((b * w).sum(), "x"), mesh, P("x"), P())(xs)  # no grad: fine
+    _close(y, (np.asarray(x) * np.asarray(w)).sum(), atol=1e-4, what="closure without grad")
+    g = fa.grad(lambda b0: fa.shard_map(lambda b: fa.lax.psum((b * w).sum(), "x"), mesh, P("x"), P())(
+        fa.device_put(b0, NamedSharding(mesh, P("x")))).local)(x)  # w closed over but not differentiated
+    _close(g, np.broadcast_to(np.asarray(w), (4, 2)), atol=1e-5, what="grad with a constant closure")
+
+
+def check_sharded_operands_and_errors():
+    """Global shapes broadcast (or fail with numpy's message); numpy operands are whole arrays; vmap refuses
+    ShardedArrays; shard_map takes one bare spec and dict out_specs; psum over no axes is the identity;
+    bad axis names and 0-d tiled gathers fail at the call."""
+    mesh = _mesh()
+    a = _randn(4, 6, seed=44)
+    an = np.asarray(a)
+    s = fa.device_put(a, NamedSharding(mesh, P("x")))
+    for bad in (fa.ones((2, 6), device=DEVICE), fa.ones((2, 1), device=DEVICE), fa.ones(3, device=DEVICE)):
+        try:
+            s + bad
+        except ValueError as e:
+            assert "do not broadcast" in str(e), e
+        else:
+            raise AssertionError(f"(4, 6) + {bad.shape} was accepted")
+    row = np.arange(6, dtype=np.float32)
+    _close(s + row, an + row, what="numpy row operand")
+    _close(s * an, an * an, what="numpy operand of the global shape")
+    _close(fa.sharding.elementwise(fa.exp, a), np.exp(an), atol=1e-5, what="elementwise of plain arrays")
+    _close(+s, an, what="+s")
+    for call in (lambda: fa.vmap(lambda r: r.sum())(s), lambda: fa.vmap(lambda c: s * c)(fa.arange(4.0))):
+        try:
+            call()
+        except NotImplementedError as e:
+            assert "ShardedArray" in str(e), e
+        else:
+            raise AssertionError("vmap batched a ShardedArray")
+    try:
+        np.asarray(s)
+    except TypeError as e:
+        assert "device_get" in str(e)
+    else:
+        raise AssertionError("np.asarray of a ShardedArray")
+    y = fa.shard_map(lambda b: b * 2.0, mesh, P("x"), P("x"))(s)
+    _close(y, 2 * an, what="a bare in_specs spec")
+    out = fa.shard_map(lambda b: {"m": b.sum(axis=0)[None], "t": b}, mesh, P("x"), {"m": P("x"), "t": P("x")})(s)
+    _close(out["t"], an, what="dict out_specs")
+    with _Inside(mesh):
+        b = s.local
+        _close(fa.lax.psum(b, ()), np.asarray(b), what="psum over no axes")
+        _close(fa.lax.all_gather(b, (), tiled=True), np.asarray(b), what="all_gather over no axes")
+        for axes in (0, None, ("x", 1)):
+            try:
+                fa.lax.psum(b, axes)
+            except TypeError as e:
+                assert "mesh axes must be" in str(e), e
+            else:
+                raise AssertionError(f"psum over {axes!r} was accepted")
+        try:
+            fa.lax.all_gather(fa.ones((), device=DEVICE), "x", tiled=True)
+        except ValueError as e:
+            assert "0-d" in str(e), e
+        else:
+            raise AssertionError("a tiled all_gather of a 0-d array was accepted")
+
+
 def check_two_d_mesh():
     """A (1, 2) mesh: collectives over one axis, the other (one rank per group), and both; DP x TP grads."""
     mesh = Mesh(("dp", "tp"), (1, 2))
@@ -383,6 +483,24 @@ def check_mesh_2x2():
     y = fa.shard_map(lambda b: fa.lax.psum(b, ("dp", "tp")), mesh, (P("dp", "tp"),), P())(s)
     _close(y, an[:2, :3] + an[:2, 3:] + an[2:, :3] + an[2:, 3:], what="psum over both")
     _close(s.sum(axis=0), an.sum(axis=0), atol=1e-4, what="sum over dp")
+    rank = float(torch.distributed.get_rank())
+
+    def tp_major(b):  # collectives over ("tp", "dp"), out of the mesh's order: indexed as axis_index is
+        idx = fa.lax.axis_index(("tp", "dp")).astype(fa.float32)
+        mine = fa.full((1,), rank, device=DEVICE)
+        gathered = fa.lax.all_gather(mine, ("tp", "dp"), tiled=True)
+        blocks = fa.lax.psum_scatter(fa.arange(4.0, device=DEVICE) * 10 + rank, ("tp", "dp"), tiled=True)
+        swapped = fa.lax.all_to_all(fa.arange(4.0, device=DEVICE) + 10 * rank, ("tp", "dp"), 0, 0)
+        return fa.concat([gathered, fa.reshape(idx, (1,)), blocks, swapped])[None]
+    out = np.asarray(fa.device_get(fa.shard_map(tp_major, mesh, P(), P(("dp", "tp")))(fa.zeros(1, device=DEVICE))))
+    index_of = {r: int(out[r, 4]) for r in range(4)}
+    rank_at = {i: r for r, i in index_of.items()}
+    assert sorted(index_of.values()) == [0, 1, 2, 3], out
+    for r in range(4):
+        i = index_of[r]
+        assert list(out[r, :4]) == [rank_at[k] for k in range(4)], ("all_gather order", out)
+        assert out[r, 5] == 10 * i * 4 + 6, ("psum_scatter keeps the block of the index", out)
+        assert list(out[r, 6:]) == [i + 10 * rank_at[k] for k in range(4)], ("all_to_all order", out)
     x, w1, w2 = _randn(8, 4, seed=28), _randn(4, 6, seed=29), _randn(6, 3, seed=30)
     want = fa.grad(_loss, argnums=(0, 1, 2))(x, w1, w2)
     args = [fa.device_put(t, NamedSharding(mesh, sp)) for t, sp in ((x, P("dp")), (w1, P(None, "tp")), (w2, P("tp")))]

@@ -144,20 +144,30 @@ def _fresh(node, taken):
 
 class _Depth(threading.local):
     value = 0
+    differentiated = ()  # the nodes reverse mode differentiates, of the transforms recording on this thread
 
 
 _depth = _Depth()  # how many transforms are recording their function on this thread
 
 
-def _call(fn, nodes):
+def differentiated_nodes() -> tuple:
+    """The input nodes that reverse-mode calls (grad/vjp) recording on this thread differentiate with respect
+    to (fa.shard_map checks that its function closes over none of their descendants)."""
+    return _depth.differentiated
+
+
+def _call(fn, nodes, diff):
     # Python values of the primals stay allowed (JAX's grad: `if x < 3:` picks a branch, and a float()
     # is a constant of the derivative); under vmap and jit they are refused (plan._refuse_traced)
     _depth.value += 1
+    outer = _depth.differentiated
+    _depth.differentiated = outer + tuple(n for n, d in zip(nodes, diff) if d)  # (zip: () adds none)
     try:
         with recording.recording():  # a jitted fn is inlined (fa.jit reads this)
             return list(fn(*[Array(n) for n in nodes]))
     finally:
         _depth.value -= 1
+        _depth.differentiated = outer
 
 
 def _start():
@@ -180,7 +190,7 @@ def vjp_flat(fn, primals, diff):
     None where ``diff`` is False or no derivative flows)."""
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = _call(fn, nodes)
+    outs = _call(fn, nodes, diff)
     roots = [o._node for o in outs]
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     targets = [n for n, d in zip(nodes, diff) if d]
@@ -268,7 +278,7 @@ def jvp_flat(fn, primals, tangents):
     diff = [t is not None for t in tangents]
     start = _start()
     nodes = _inputs(primals, diff, start)
-    outs = _call(fn, nodes)
+    outs = _call(fn, nodes, ())  # forward mode: shard_map closures are fine (differentiated_nodes)
     roots = [o._node for o in outs]
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     eqns, _ = _trace(roots, [n for n, d in zip(nodes, diff) if d], start)
@@ -560,6 +570,8 @@ class custom_vjp:
     *other* argument. Use it as ``@functools.partial(fa.custom_vjp, nondiff_argnums=(0,))``.
     """
 
+    linear_tangent = None  # internal: where fun is linear, its map of tangents (forward mode through it)
+
     def __init__(self, fun, nondiff_argnums=()):
         functools.update_wrapper(self, fun)
         self.fun, self.fwd, self.bwd = fun, None, None
@@ -618,6 +630,9 @@ class custom_vjp:
         return [flat[i] for i in call.array_positions]
 
     def _jvp(self, call, t, e):
+        if self.linear_tangent is not None:  # the sharding boundaries: identities and slices
+            t = [ti if ti is not None else ad_rules.zeros(p.shape, p.dtype, p.device) for ti, p in zip(t, e.x)]
+            return tu._flatten_up_to(call.out_tree, self.linear_tangent(*t), 2)
         raise TypeError(f"can't apply forward-mode autodiff (jvp) to a custom_vjp function ({self.__name__}); "
                         "use custom_jvp")
 

@@ -173,6 +173,18 @@ def _batch_custom(call, values, n):
     return tu.tree_leaves(batched(*args))
 
 
+def _refuse_sharded(value, where):
+    """vmap batches plain arrays: a ShardedArray's spec names its dimensions, which a batch axis would shift
+    (its local shard would be batched under the old spec: wrong shapes and values), so one is refused unless
+    its spec is P() (replicated, any number of dimensions: a loss under fa.hessian, say)."""
+    from ..sharded import ShardedArray
+    if any(isinstance(x, ShardedArray) and len(x.sharding.spec)
+           for x in tu.tree_leaves(value, is_leaf=lambda x: isinstance(x, ShardedArray))):
+        raise NotImplementedError(f"vmap: {where} include a ShardedArray, which vmap cannot batch (the batch axis "
+                                  "would shift its sharding); vmap inside fa.shard_map over the local blocks, or "
+                                  "fa.device_get the array first")
+
+
 def vmap(fun, in_axes=0, out_axes=0):
     """Vectorize ``fun`` over an axis of its arguments (JAX's jax.vmap).
 
@@ -191,6 +203,7 @@ def vmap(fun, in_axes=0, out_axes=0):
         if isinstance(in_axes, tuple) and len(in_axes) != len(args):
             raise ValueError(f"vmap: in_axes {in_axes} has {len(in_axes)} entries, but the function was called "
                              f"with {len(args)} positional argument(s)")
+        _refuse_sharded((args, kwargs), "the arguments")
         leaves, tree = tu.tree_flatten((args, kwargs))
         axes = _axes_per_leaf(in_axes, args, "in_axes")
         axes += [0] * (len(leaves) - len(axes))  # keyword arguments are batched at axis 0, as in JAX
@@ -219,6 +232,7 @@ def vmap(fun, in_axes=0, out_axes=0):
         inner_args, inner_kwargs = tu.tree_unflatten(tree, inner)
         with recording.recording(), plan.batched_stand_ins(inner[i]._node.id for i in batched):
             out = fun(*inner_args, **inner_kwargs)   # a jitted fun is inlined (fa.jit reads recording)
+        _refuse_sharded(out, "the results")
         out_leaves, out_tree = tu.tree_flatten(out)
         out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
         expand_composites([o._node for o in out_leaves])  # fa.nn's composites batch through their primitives
