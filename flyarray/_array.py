@@ -339,9 +339,7 @@ def _operand_ok(x) -> bool:
 
 
 def _numpy_view(t: torch.Tensor):
-    """A CPU tensor as a numpy array over the same memory (a copy for a torch conjugate/negative view,
-    whose bit numpy cannot carry); bfloat16 through ml_dtypes' dtype."""
-    t = t.resolve_conj().resolve_neg()
+    """A CPU tensor as a numpy array over the same memory; bfloat16 through ml_dtypes' dtype."""
     if t.dtype != torch.bfloat16:
         return t.numpy()
     try:

@@ -20,7 +20,7 @@ from . import ir, ops as F, views
 from ._array import Array
 from .ad_rules import ATTENTION_BWD, SOFTMAX_BWD
 from .ops import core
-from .ops.decompositions import DECOMPOSITIONS
+from .ops.decompositions import DECOMPOSITIONS, PINV_ARRAY_RTOL, RANK_ARRAY_RTOL, SOLVE
 from .ops.indexing import GATHER, SCATTER
 from .ops.library import call
 from .collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, PPERMUTE, REDUCE_SCATTER
@@ -200,38 +200,35 @@ SCATTER.batch = _scatter
 
 # ---- torch.linalg calls: they take leading batch axes (solve's vector right-hand side becomes a batch of them) ---
 def _linalg(b):
-    xs = [b.full(i) for i in range(len(b.x))]
-    if b.node.prim.name == "solve":
-        return _solve(b, *xs)
-    if len(xs) == 2:  # pinv / matrix_rank with an array rtol
-        return _array_rtol(b, *xs)
-    return call(b.node.prim, xs, **_kwargs(b))
+    return call(b.node.prim, [b.full(i) for i in range(len(b.x))], **_kwargs(b))
 
 
-def _array_rtol(b, x, rtol):
-    """pinv / matrix_rank(x, rtol=array) with the batch axis in front of both: size-1 axes after it on the one
-    with fewer stack axes, so the batch lines up with the batch under torch's right-aligned broadcast."""
-    x_shape, rtol_shape = b.node.inputs[0].shape, b.node.inputs[1].shape
-    stacks = max(len(x_shape) - 2, len(rtol_shape))
-    x = F.reshape(x, (b.n,) + (1,) * (stacks - len(x_shape) + 2) + x_shape)
-    rtol = F.reshape(rtol, (b.n,) + (1,) * (stacks - len(rtol_shape)) + rtol_shape)
-    return call(b.node.prim, [x, rtol])
+def _stacks_aligned(b, values, shapes, cores):
+    """Batched ``values`` (batch axis in front; per example ``shapes``, whose trailing ``cores`` axes are not
+    stack axes), each given size-1 axes just after the batch axis up to the most stack axes of any, so torch's
+    right-aligned broadcast of the stacks lines the batch up with the batch, not with a stack axis."""
+    stacks = max(len(s) - c for s, c in zip(shapes, cores))
+    return [F.reshape(v, (b.n,) + (1,) * (stacks - len(s) + c) + tuple(s)) for v, s, c in zip(values, shapes, cores)]
 
 
-def _solve(b, a, rhs):
-    """solve(a, rhs) with the batch axis in front of both: the one with fewer stack axes per example gets
-    size-1 axes just after the batch axis, so torch's right-aligned broadcast of the stack axes lines the
-    batch up with the batch (not with a stack axis). A vector per example is solved as a column."""
+def _solve(b):
+    """solve(a, rhs) with the batch axis in front of both; a vector per example is solved as a column."""
     a_shape, rhs_shape = b.node.inputs[0].shape, b.node.inputs[1].shape
+    a, rhs = b.full(0), b.full(1)
     vector = len(rhs_shape) == 1
     if vector:
         rhs, rhs_shape = F.expand_dims(rhs, -1), rhs_shape + (1,)
-    stacks = max(len(a_shape), len(rhs_shape)) - 2
-    a = F.reshape(a, (b.n,) + (1,) * (stacks - len(a_shape) + 2) + a_shape)
-    rhs = F.reshape(rhs, (b.n,) + (1,) * (stacks - len(rhs_shape) + 2) + rhs_shape)
-    (out,) = call(b.node.prim, [a, rhs])
+    (out,) = call(b.node.prim, _stacks_aligned(b, [a, rhs], [a_shape, rhs_shape], [2, 2]))
     return [out[..., 0]] if vector else [out]
+
+
+def _array_rtol(b):
+    """pinv / matrix_rank(x, rtol=array): every axis of rtol is a stack axis."""
+    shapes = [i.shape for i in b.node.inputs]
+    return call(b.node.prim, _stacks_aligned(b, [b.full(0), b.full(1)], shapes, [2, 0]))
 
 
 for _prim in DECOMPOSITIONS:
     _prim.batch = _linalg
+SOLVE.batch = _solve
+PINV_ARRAY_RTOL.batch = RANK_ARRAY_RTOL.batch = _array_rtol

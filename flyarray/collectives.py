@@ -79,8 +79,8 @@ def _all_gather(x, *, mesh, axes, axis, tiled, grad):
     m = mesh_of(mesh)
     n = m.size(axes)
     src = (x if tiled else x.unsqueeze(axis)).movedim(axis, 0).contiguous()
-    if n == 1:
-        return src.movedim(0, axis).contiguous()
+    if n == 1:  # a new buffer, as every collective's result
+        return src.movedim(0, axis).clone(memory_format=torch.contiguous_format)
     out = torch.empty((n * src.shape[0],) + tuple(src.shape[1:]), dtype=x.dtype, device=x.device)
     _dist().all_gather_into_tensor(out, src, group=m.group(axes))
     pos = _group_positions(m, axes)

@@ -42,10 +42,6 @@ def buffer_capsule(buffer: torch.Tensor, stream, max_version):
             return _TO_VERSIONED(buffer)
         if max_version is None and _TO_UNVERSIONED is not None:
             return _TO_UNVERSIONED(buffer)
-    if buffer.is_conj() or buffer.is_neg():
-        # DLPack has no conjugate or negative bit: torch refuses the first and drops the second (the
-        # consumer would read the unconjugated / unnegated memory), so such a view leaves as its values
-        buffer = buffer.resolve_conj().resolve_neg()
     if max_version is None or not _TORCH_MAX_VERSION:
         return buffer.__dlpack__(stream=stream)
     return buffer.__dlpack__(stream=stream, max_version=max_version)
@@ -90,7 +86,4 @@ def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=
         tensor, copy = tensor.cpu(), False
     if copy:
         tensor = tensor.clone()
-    elif copy is False and (tensor.is_conj() or tensor.is_neg()):
-        raise BufferError("copy=False, but the array is a torch conjugate/negative view, which DLPack cannot "
-                          "describe: its values must be copied")
     return buffer_capsule(tensor, stream, max_version)

@@ -112,12 +112,15 @@ def _check_closures(out, start, entered):
 
 
 def _depends_on(node, target_ids, lowest):
+    """Whether a derivative flows from ``node`` back to a target (not past stop_gradient, integer or bool
+    values, or the sharding boundaries, which sum over the ranks themselves)."""
+    from .transforms.autodiff import passes_derivative
     seen, stack = set(), [node]
     while stack:
         n = stack.pop()
         if n.id in target_ids:
             return True
-        if n.id < lowest or n.id in seen:  # made before every target: cannot depend on one
+        if n.id < lowest or n.id in seen or not passes_derivative(n):  # (made before every target: no path)
             continue
         seen.add(n.id)
         stack.extend(n.inputs)

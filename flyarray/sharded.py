@@ -107,8 +107,17 @@ ShardedArray.__abs__ = lambda self: elementwise(abs, self)
 ShardedArray.__pos__ = lambda self: elementwise(lambda a: +a, self)
 ShardedArray.__invert__ = lambda self: elementwise(lambda a: ~a, self)
 
+def _tree_sharding(s):
+    """The sharding the tree structure holds: a replicated one as P(), which fits the local shard whatever
+    dimensions a transform (vmap) adds or removes."""
+    sharding = s.sharding
+    if sharding.spec and sharding.is_replicated:
+        return NamedSharding(sharding.mesh, PartitionSpec())
+    return sharding
+
+
 # fa.jit and fa.grad see a ShardedArray as its local shard; the sharding rides in the tree structure.
-tree_util.register_pytree_node(ShardedArray, lambda s: ([s.local], s.sharding),
+tree_util.register_pytree_node(ShardedArray, lambda s: ([s.local], _tree_sharding(s)),
                                lambda sharding, leaves: ShardedArray(leaves[0], sharding))
 
 

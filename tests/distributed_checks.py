@@ -382,6 +382,27 @@ def check_shard_map_closure_under_grad():
     g = fa.grad(lambda b0: fa.shard_map(lambda b: fa.lax.psum((b * w).sum(), "x"), mesh, P("x"), P())(
         fa.device_put(b0, NamedSharding(mesh, P("x")))).local)(x)  # w closed over but not differentiated
     _close(g, np.broadcast_to(np.asarray(w), (4, 2)), atol=1e-5, what="grad with a constant closure")
+    # closures no derivative flows through (stop_gradient, a mask) or whose boundary sums over the ranks
+    # itself (a block of a split array) are allowed, and their gradients are the single-device ones
+    for closure, loss in ((lambda r: fa.stop_gradient(r), lambda r, c: ((x * r) ** 2).sum() + (x * c).sum()),
+                          (lambda r: r > 0, lambda r, c: ((x * r) ** 2).sum() + fa.where(c, x, 0.0).sum())):
+        want = fa.grad(lambda r: loss(r, closure(r)))(w)
+
+        def sharded(r, closure=closure):
+            c = closure(r)
+            body = fa.shard_map(lambda b, rb: fa.lax.psum(((b * rb) ** 2).sum() + fa.where(c, b, 0.0).sum()
+                                                          if c.dtype == fa.bool else
+                                                          ((b * rb) ** 2).sum() + (b * c).sum(), "x"),
+                                mesh, (P("x"), P()), P())
+            return body(xs, r).local
+        _close(fa.grad(sharded)(w), np.asarray(want), atol=1e-4, what="grad with a closure no derivative crosses")
+    want = fa.grad(lambda v: (x * v * 3.0).sum())(x)
+
+    def through_block(v):
+        block = fa.device_put(v * 3.0, NamedSharding(mesh, P("x"))).local  # made outside the body
+        return fa.shard_map(lambda b: fa.lax.psum((b * block).sum(), "x"), mesh, P("x"), P())(xs).local
+    got = fa.grad(through_block)(x)
+    _close(got, np.asarray(want), atol=1e-4, what="grad through a closed-over block of a split array")
 
 
 def check_sharded_operands_and_errors():
@@ -417,6 +438,8 @@ def check_sharded_operands_and_errors():
         assert "device_get" in str(e)
     else:
         raise AssertionError("np.asarray of a ShardedArray")
+    rep = fa.device_put(a, NamedSharding(mesh, P(None)))  # replicated, spelled with an entry: vmap takes it
+    _close(fa.vmap(lambda r: r.sum())(rep).local, an.sum(axis=1), atol=1e-5, what="vmap over a replicated array")
     y = fa.shard_map(lambda b: b * 2.0, mesh, P("x"), P("x"))(s)
     _close(y, 2 * an, what="a bare in_specs spec")
     out = fa.shard_map(lambda b: {"m": b.sum(axis=0)[None], "t": b}, mesh, P("x"), {"m": P("x"), "t": P("x")})(s)
@@ -452,6 +475,10 @@ def check_two_d_mesh():
             _close(y, an, what="psum over a size-1 axis")
         else:
             _close(fa.device_get(y)[:, :3], want, what=f"psum over {axes}")
+    with _Inside(mesh):
+        local = s.local + 0
+        gathered = fa.lax.all_gather(local, "dp", tiled=True)
+        assert gathered.torch().data_ptr() != local.torch().data_ptr(), "a one-rank all_gather aliased its input"
     try:
         NamedSharding(mesh, P(("tp", "dp")))
     except ValueError as e:

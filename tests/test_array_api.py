@@ -200,6 +200,10 @@ def test_solve_promotes_and_pinv_matrix_rank_take_an_array_rtol():
         la.matrix_rank(fa.asarray(m), rtol=np.ones(3, np.int64))
     with pytest.raises(TypeError, match="rtol must be None"):
         la.pinv(fa.asarray(m), rtol="small")
+    for scalar in (0.5, np.float32(0.5), np.array(0.5), torch.tensor(0.5)):  # scalars stay parameters
+        assert_matches(la.matrix_rank(fa.asarray(m), rtol=scalar), np.linalg.matrix_rank(m, rtol=0.5))
+    with pytest.raises(TypeError, match="solve: x2 has dtype"):
+        la.solve(fa.asarray(m), fa.asarray(np.ones((3, 4, 2), np.int64)))
 
 
 def test_linalg_errors_and_vmap(no_evaluation):

@@ -186,20 +186,25 @@ def test_interop_torch_ops_are_differentiable_and_function_round_trips():
 
 
 def test_torch_conjugate_and_negative_views_keep_their_values_every_way_out(backend):
-    """torch's conj()/neg views carry a bit DLPack cannot describe: flyarray takes their values (asarray and
-    from_dlpack alike) and hands values out (numpy, DLPack), copying only such views; copy=False says so."""
+    """torch's conj()/neg views carry a bit that kernels (reading memory) and DLPack cannot see: flyarray takes
+    their values (asarray and from_dlpack alike, a copy only for such views), so computations and exports agree."""
     im = torch.tensor([1 + 2j, 3 - 4j]).conj().imag          # a negative-bit view: [-2, 4]
-    assert fa.from_dlpack(im).tolist() == fa.asarray(im).tolist() == [-2.0, 4.0]
+    for take in (fa.from_dlpack, fa.asarray):
+        a = take(im)
+        assert a.tolist() == [-2.0, 4.0]
+        assert (a + 1).tolist() == [-1.0, 5.0] and float(fa.sum(a * 2)) == 4.0
     neg = fa.asarray(torch._neg_view(torch.tensor([1.0, 2.0, 3.0])))
-    for out in (torch.from_dlpack(neg), np.from_dlpack(neg), np.asarray(neg)):
+    for out in (torch.from_dlpack(neg), np.from_dlpack(neg), np.asarray(neg), (neg + 0).torch()):
         assert out.tolist() == [-1.0, -2.0, -3.0]
     conj = fa.asarray(torch.tensor([1 + 2j, 3 - 4j]).conj())
     want = [1 - 2j, 3 + 4j]
-    for out in (np.asarray(conj), torch.from_dlpack(conj), np.from_dlpack(conj)):
+    for out in (np.asarray(conj), torch.from_dlpack(conj), np.from_dlpack(conj), (conj * 1).torch()):
         assert out.tolist() == want
     assert fa.from_dlpack(torch.tensor([1 + 2j]).conj()).tolist() == [1 - 2j]
-    with pytest.raises(BufferError, match="conjugate/negative view"):
-        conj.__dlpack__(copy=False)
+    with pytest.raises(ValueError, match="conjugate/negative view"):
+        fa.asarray(torch.tensor([1 + 2j]).conj(), copy=False)
+    with pytest.raises(TypeError, match="dense"):
+        fa.from_dlpack(torch.eye(2).to_sparse())
 
 
 def test_from_dlpack_copy_true_copies_every_source(backend):

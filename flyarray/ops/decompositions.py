@@ -37,6 +37,11 @@ def _matrix(op, x):
         raise ValueError(f"{op}: x must have at least 2 dimensions, got shape {x.shape}")
 
 
+def _array_arg(x, where):
+    from .core import array_arg
+    return array_arg(x, where)
+
+
 def _op(name, abstract, fn):
     """A library primitive whose kernel and reference are both ``fn`` (torch.linalg, on the array's device)."""
     return Library(name, abstract, fn, fn)
@@ -128,7 +133,9 @@ EIGVALS = _op("eigvals", lambda x: _eig_abstract(x)[:1], lambda x: torch.linalg.
 def _solve_abstract(a, b):
     _matrix("solve", a)
     _square("solve", a)
-    _float("solve", b)
+    if b.dtype not in _FLOATS:
+        raise TypeError(f"solve: x2 has dtype {b.dtype}; torch.linalg takes float32, float64, complex64 or "
+                        "complex128 (cast with astype)")
     if a.dtype != b.dtype:  # solve() promotes first: this is a direct call(SOLVE, ...)
         raise TypeError(f"solve: x1 and x2 have dtypes {a.dtype} and {b.dtype}; cast one with astype")
     n = a.shape[-1]
@@ -182,19 +189,31 @@ def _array_rtol_abstract(op, result):
     return abstract
 
 
+def _with_array_rtol(fn):
+    """torch's ``fn(x, rtol=tensor)`` with x and rtol broadcast to one stack first (torch would resize its
+    output where rtol's stack is the larger, which it deprecates)."""
+    def run(x, rtol):
+        batch = torch.broadcast_shapes(x.shape[:-2], rtol.shape)
+        return fn(x.expand(batch + x.shape[-2:]), rtol=rtol.to(x.real.dtype).expand(batch))
+    return run
+
+
 PINV_ARRAY_RTOL = _op("pinv", _array_rtol_abstract("pinv", lambda x, b: (b + (x.shape[-1], x.shape[-2]), x.dtype)),
-                      lambda x, rtol: torch.linalg.pinv(x, rtol=rtol.to(x.real.dtype)))
+                      _with_array_rtol(torch.linalg.pinv))
 RANK_ARRAY_RTOL = _op("matrix_rank", _array_rtol_abstract("matrix_rank", lambda x, b: (b, dt.int64)),
-                      lambda x, rtol: torch.linalg.matrix_rank(x, rtol=rtol.to(x.real.dtype)))
+                      _with_array_rtol(torch.linalg.matrix_rank))
 
 
-def _rtol(op, rtol):
-    """None, a Python float (a parameter), or an Array (an input: numpy arrays and tensors converted)."""
-    from .core import as_array
+def _rtol(op, rtol, x):
+    """None, a float (a parameter: Python, numpy and 0-d numpy/torch scalars), or an Array input (an fa.Array
+    as it is; a numpy array or torch tensor with dimensions taken onto x's device)."""
+    import numpy as np
     from .._array import Array
-    rtol = as_array(rtol)
     if rtol is None or isinstance(rtol, Array):
         return rtol
+    if isinstance(rtol, (np.ndarray, torch.Tensor)) and rtol.ndim:
+        from .creation import asarray
+        return asarray(rtol, device=x.device)
     try:
         return float(rtol)
     except (TypeError, ValueError):
@@ -290,8 +309,7 @@ def inv(x, /):
 def solve(x1, x2, /):
     """The solution X of x1 X = x2 (x2 a stack of matrices, or one vector); float32/64 or complex64/128. A lazy call to
     torch.linalg.solve."""
-    from .core import array_arg
-    x1, x2 = array_arg(x1, "solve: x1"), array_arg(x2, "solve: x2")
+    x1, x2 = _array_arg(x1, "solve: x1"), _array_arg(x2, "solve: x2")
     if x1.dtype != x2.dtype and x1.dtype in _FLOATS and x2.dtype in _FLOATS:  # the array API's promotion
         d = dt.promote(x1.dtype, x2.dtype)
         x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
@@ -311,7 +329,8 @@ def slogdet(x, /):
 def pinv(x, /, *, rtol=None):
     """The Moore-Penrose pseudo-inverse (singular values below ``rtol`` times the largest are dropped);
     float32/64 or complex64/128. A lazy call to torch.linalg.pinv."""
-    rtol = _rtol("pinv", rtol)
+    x = _array_arg(x, "pinv: x")
+    rtol = _rtol("pinv", rtol, x)
     if rtol is not None and not isinstance(rtol, float):
         return call(PINV_ARRAY_RTOL, [x, rtol])[0]
     return call(PINV, [x], rtol=rtol)[0]
@@ -320,7 +339,8 @@ def pinv(x, /, *, rtol=None):
 def matrix_rank(x, /, *, rtol=None):
     """The rank (singular values above ``rtol`` times the largest), int64; float32/64 or complex64/128 input.
     A lazy call to torch.linalg.matrix_rank."""
-    rtol = _rtol("matrix_rank", rtol)
+    x = _array_arg(x, "matrix_rank: x")
+    rtol = _rtol("matrix_rank", rtol, x)
     if rtol is not None and not isinstance(rtol, float):
         return call(RANK_ARRAY_RTOL, [x, rtol])[0]
     return call(RANK, [x], rtol=rtol)[0]

@@ -150,6 +150,16 @@ class _Depth(threading.local):
 _depth = _Depth()  # how many transforms are recording their function on this thread
 
 
+def passes_derivative(node) -> bool:
+    """Whether a cotangent reaching ``node`` flows on to its inputs: not through stop_gradient, a value of
+    a dtype without derivatives, or the output of a custom_vjp with a linear_tangent (the sharding
+    boundaries, whose VJPs make the cross-rank sums themselves)."""
+    if node in _STOPPED or not _differentiable(node.dtype):
+        return False
+    hit = _CUSTOM.get(node)
+    return hit is None or getattr(hit[0].params.owner, "linear_tangent", None) is None
+
+
 def differentiated_nodes() -> tuple:
     """The input nodes that reverse-mode calls (grad/vjp) recording on this thread differentiate with respect
     to (fa.shard_map checks that its function closes over none of their descendants)."""

@@ -176,9 +176,9 @@ def _batch_custom(call, values, n):
 def _refuse_sharded(value, where):
     """vmap batches plain arrays: a ShardedArray's spec names its dimensions, which a batch axis would shift
     (its local shard would be batched under the old spec: wrong shapes and values), so one is refused unless
-    its spec is P() (replicated, any number of dimensions: a loss under fa.hessian, say)."""
+    it is replicated (a loss under fa.hessian, say: its tree structure holds P(), for any number of dims)."""
     from ..sharded import ShardedArray
-    if any(isinstance(x, ShardedArray) and len(x.sharding.spec)
+    if any(isinstance(x, ShardedArray) and not x.sharding.is_replicated
            for x in tu.tree_leaves(value, is_leaf=lambda x: isinstance(x, ShardedArray))):
         raise NotImplementedError(f"vmap: {where} include a ShardedArray, which vmap cannot batch (the batch axis "
                                   "would shift its sharding); vmap inside fa.shard_map over the local blocks, or "
