@@ -274,3 +274,41 @@ def test_gather_and_scatter_keep_every_dtype(dtype):
     assert_matches(fa.asarray(x).at[fa.asarray(idx)].add(fa.asarray(v)), want)
     assert_matches(fa.asarray(x).at[1:, ::2].set(v[0, 0]), np.where(
         (np.arange(3)[:, None] >= 1) & (np.arange(4) % 2 == 0), v[0, 0], x))
+
+
+def test_at_update_over_reversed_whole_axes_keeps_the_key_order(backend):
+    """x.at[::-1] selects every element in reverse: the values land reversed (as numpy's x[::-1] = v),
+    also through grad; partial reversed regions the same."""
+    v = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    want = np.zeros(4, np.float32)
+    want[::-1] = v
+    assert_matches(fa.zeros(4).at[::-1].set(fa.asarray(v)), want)
+    assert_matches(fa.zeros(4).at[::-1].add(fa.asarray(v)), want)
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for key, vals in (((slice(None), slice(None, None, -1)), w), ((slice(None, None, -1),) * 2, w),
+                      ((slice(None, None, -1), slice(1, None)), w[:, :2]), ((slice(None), slice(None, None, -2)), w[:, :2])):
+        want = np.zeros((2, 3), np.float32)
+        want[key] = vals
+        assert_matches(fa.zeros((2, 3)).at[key].set(fa.asarray(vals)), want)
+    g = fa.grad(lambda t: fa.sum(fa.zeros(4).at[::-1].set(t) * fa.arange(4.0)))(fa.asarray(v))
+    assert_matches(g, np.array([3.0, 2.0, 1.0, 0.0], np.float32))
+
+
+def test_at_update_casts_a_python_scalar_first_whatever_the_key(backend):
+    """JAX's rule, one for every key kind: the value is cast to x's dtype before the op."""
+    x = fa.asarray(np.array([-5, 3, 7], np.int32))
+    for key in (0, [0], np.array([True, False, False]), slice(0, 1)):
+        assert_matches(x.at[key].add(2.5), np.array([-3, 3, 7], np.int32))
+    for key in (1, [1]):
+        assert_matches(x.at[key].multiply(2.5), np.array([-5, 6, 7], np.int32))
+    with pytest.raises(ValueError, match="cannot cast the update value"):
+        x.at[0].set(float("nan"))
+
+
+def test_uint64_indices_past_int64_are_out_of_range_not_negative(backend):
+    x = fa.asarray(np.arange(5.0))
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[np.array([2**64 - 1], np.uint64)]
+    lazy = fa.asarray(np.array([2**64 - 1, 3], np.uint64))
+    assert_matches(x.at[lazy].set(-1.0), np.array([0.0, 1.0, 2.0, -1.0, 4.0]))  # out of range: dropped
+    assert_matches(x[lazy], np.array([4.0, 3.0]))  # reads clamp, as documented

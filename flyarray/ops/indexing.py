@@ -136,6 +136,8 @@ def _classify(k):
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"index arrays must have an integer or bool dtype, got {arr.dtype}")
+        if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:  # would wrap negative
+            raise IndexError(f"index {arr.max()} is out of bounds (beyond any axis)")
         return "array", arr.astype(np.int64)
     if hasattr(k, "__index__"):
         return "int", operator.index(k)
@@ -276,7 +278,11 @@ def _index_arrays(x, slots, adv, clamp):
         if isinstance(s.value, np.ndarray):
             out.append(asarray(s.value, device=x.device))
             continue
-        idx = s.value.astype(dt.int64, copy=False)
+        idx = s.value
+        if idx.dtype == dt.uint64:  # past int64's range it would wrap negative: saturate (out of range)
+            from .elementwise import minimum
+            idx = minimum(idx, np.iinfo(np.int64).max)
+        idx = idx.astype(dt.int64, copy=False)
         ok = (idx >= -n) & (idx < n)
         idx = where(idx < 0, idx + n, idx)
         if clamp:
@@ -465,7 +471,7 @@ def update(x, key, values, mode) -> Array:
     if mode in ("min", "max") and node.dtype == dt.bool_:
         raise TypeError(f"at[].{mode} does not accept bool arrays (use add for or, multiply for and)")
     v = values if isinstance(values, Array) else asarray(values, device=node.device) \
-        if not isinstance(values, (bool, int, float)) else values
+        if not isinstance(values, (bool, int, float)) else _scalar_of(values, node.dtype)
     if isinstance(v, Array) and v.dtype != node.dtype:
         v = v.astype(node.dtype)
     slots = parse(node.shape, key, masks="keep")
@@ -479,6 +485,18 @@ def update(x, key, values, mode) -> Array:
     if any(s.kind == "array" for s in slots):
         return _scatter(x, slots, v, mode)
     return _region_update(x, slots, v, mode)
+
+
+def _scalar_of(value, dtype):
+    """A Python scalar update value cast to the array's dtype first (JAX's rule, and what an integer-array
+    key's scatter does): x.at[i].add(2.5) on int32 adds 2, whatever the key's kind."""
+    if dtype == dt.bool_:
+        return bool(value)
+    if dtype.kind in "iu" and isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"at[]: cannot cast the update value {value} to {dtype}")
+        return int(value)  # truncates toward zero, as astype
+    return value
 
 
 def _masked_update(x, slot, v, mode):
@@ -507,7 +525,9 @@ def _region_update(x, slots, v, mode):
         # one axis per axis of x (an int's axis has size 1, new axes go): the region in x's rank
         v = reshape(v, tuple(1 if s.kind == "int" else s.value[2] for s in slots if s.kind != "none"))
     mask = _region_mask(x, slots)
-    if mask is None:  # the whole array
+    if mask is None:  # the whole array (reversed slices included: v still in the key's order)
+        if isinstance(v, Array) and v.size != 1:
+            v = _in_array_order(v, slots)
         out = _combine(mode, x, v)
         return out.astype(x.dtype, copy=False) if isinstance(out, Array) else full(x.shape, out, dtype=x.dtype,
                                                                                    device=x.device)
@@ -547,17 +567,23 @@ def _region_mask(x, slots):
     return mask
 
 
+def _in_array_order(v, slots):
+    """``v`` (in x's rank, in the key's order) flipped along the axes a negative-step slice reverses."""
+    from .manipulation import flip
+    axes = tuple(s.axis for s in slots if s.kind == "slice" and s.value[1] < 0)
+    return flip(v, axis=axes) if axes else v
+
+
 def _embed(x, slots, v):
     """``v`` (the region's shape) laid over ``x``'s shape at the region's positions, zeros elsewhere."""
-    from .manipulation import concat, flip, reshape
+    from .manipulation import concat, reshape
     from .creation import zeros
+    v = _in_array_order(v, slots)
     for s in slots:
         if s.kind == "none":
             continue
         first, step, count = _ascending(s)
         a, n = s.axis, x.shape[s.axis]
-        if s.kind == "slice" and s.value[1] < 0:
-            v = flip(v, axis=a)
         if step > 1 and count > 1:  # interleave step-1 zeros after each element, then drop the tail
             spread = reshape(v, v.shape[:a + 1] + (1,) + v.shape[a + 1:])
             gap = zeros(spread.shape[:a + 1] + (step - 1,) + spread.shape[a + 2:], dtype=v.dtype, device=v.device)
