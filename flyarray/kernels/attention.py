@@ -117,10 +117,13 @@ _SM90 = {
     "fwd_gluon_causal": {64: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3),
                          128: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, STAGES=3)},
     # The warp-specialized Gluon forward (attention_hopper._attn_fwd_hopper_ws_kernel: a TMA producer
-    # warp and a consumer warpgroup per 64 rows, no CTA barrier in the consumers' loops). Written and
-    # cross-compiled in the thirteenth session without a GPU (Triton 3.6 and 3.9, 0 spills; 168
-    # registers at launch, setmaxnreg moves them to the consumers): off, and only forced by
-    # config=dict(GLUON=True, WS=True, ...) until benchmarks/tune_attention_gluon.py has checked and timed it.
+    # warp and a consumer warpgroup per 64 rows, no CTA barrier in the consumers' loops). Checked and
+    # timed on the H200 (benchmarks/tune_attention_gluon.py, 2026-12-05, fourteenth session; bf16 hd128):
+    # 1.03-1.17x faster than the pointer kernel from 4096 keys (S8192 2.04 ms vs 2.38; B8 S4096 causal
+    # 2.55 vs 2.62; GQA 4096 causal 1.28 vs 1.28-1.24), 0.84x at B2 S2048 causal (0.213 vs 0.179): the
+    # default at hd128 from fwd_gluon_ws_min_keys keys; hd64 untimed, so off.
+    "fwd_gluon_ws_head_dims": (128,),
+    "fwd_gluon_ws_min_keys": 4096,
     "fwd_gluon_ws": {64: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
                               CONSUMER_REGS=240, PRODUCER_REGS=40),
                      128: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
@@ -831,6 +834,8 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
                              "with fp16/bf16, head_dim 64/128, no bias/mask, scale > 0, unit head-dim strides, "
                              "16-byte aligned pointers and strides")
         return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, config)
+    if config is None and _gluon_ws_fwd_default(q, D, Sk) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
+        return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, _table(q.device)["fwd_gluon_ws"][D])
     if config is None and _gluon_fwd_default(q) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
         table = _table(q.device)
         return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal,
@@ -862,6 +867,14 @@ def _tma_fwd_default(q) -> bool:
 def _gluon_fwd_default(q) -> bool:
     """Whether q's device takes the Gluon forward by default: sm_90 with the table's flag on."""
     return _on_sm90(q) and bool(_table(q.device).get("fwd_gluon_enabled", False))
+
+
+def _gluon_ws_fwd_default(q, D, Sk) -> bool:
+    """Whether the warp-specialized Gluon forward is q's default: sm_90, a timed head dim, enough keys."""
+    if not _on_sm90(q):
+        return False
+    table = _table(q.device)
+    return D in table.get("fwd_gluon_ws_head_dims", ()) and Sk >= table.get("fwd_gluon_ws_min_keys", 1 << 62)
 
 
 def _on_sm90(t) -> bool:
