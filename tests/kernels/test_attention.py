@@ -535,3 +535,16 @@ def test_gpu_gluon_backward_vs_triton_kernels(cfg, causal, shape, dtype):
     _sdpa(*ref, causal).backward(do.float())
     assert _rel(dk, ref[1].grad) < 2e-2 and _rel(dv, ref[2].grad) < 2e-2
     assert _rel(dq, ref[0].grad) < 2e-2
+
+
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_default_forward_from_the_warp_specialized_threshold(causal):
+    """From fwd_gluon_ws_min_keys keys at hd128 the default is the warp-specialized Gluon kernel: checked
+    against fp32 SDPA at the threshold (ragged query count, GQA) as a user reaches it, with no config."""
+    from flyarray.kernels import attention as attn
+    Sk = attn._SM90["fwd_gluon_ws_min_keys"]
+    q, k, v = _qkv(1, Sk - 3, Sk, 4, 2, 128, torch.bfloat16, device="cuda", bhsd=True)
+    assert attn._gluon_ws_fwd_default(q, 128, Sk) and not attn._gluon_ws_fwd_default(q, 128, Sk - 1)
+    out, lse = attention_fwd(q, k, v, is_causal=causal)
+    _check_gpu_forward(q, k, v, causal, out, lse)
