@@ -354,7 +354,7 @@ MATMUL.jvp = _matmul_jvp
 
 # Formulations: library ops written on primitives. A library op with no dedicated backward kernel is
 # differentiated through its formulation (autodiff records it, then takes its VJP or JVP).
-def _epilogue_formulation(a, b, *extras, activation, has_bias, has_residual, out_dtype):
+def _epilogue_formulation(a, b, *extras, activation, has_bias, has_residual, out_dtype, out_shape=None):
     it = iter(extras)
     f32 = dt.float32 if a.dtype != dt.float64 else dt.float64
     acc = F.matmul(a.astype(f32, copy=False), b.astype(f32, copy=False))
@@ -362,6 +362,8 @@ def _epilogue_formulation(a, b, *extras, activation, has_bias, has_residual, out
         acc = acc + next(it).astype(f32, copy=False)
     if activation is not None:
         acc = core.elementwise(activation, acc)
+    if out_shape is not None:  # the product viewed back before the residual add (fuse_epilogue's reshape)
+        acc = F.reshape(acc, out_shape)
     if has_residual:
         acc = acc + next(it).astype(f32, copy=False)
     return [acc.astype(dt.dtype(out_dtype), copy=False)]

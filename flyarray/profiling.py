@@ -253,10 +253,17 @@ def _op_signatures(signature) -> tuple:
 
 def _kwargs(description) -> dict:
     frozen = description[2]  # plan.freeze(kwargs): (dict, ((name, (type, value)), ...))
-    out = {}
-    for name, value in frozen[1]:
-        out[name] = value[1] if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], type) else value
-    return out
+    return {name: _thawed(value) for name, value in frozen[1]}
+
+
+def _thawed(value):
+    """A value as plan.freeze gave it, (type, value) pairs nested in tuples and lists, back as it was."""
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], type)):
+        return value
+    kind, inner = value
+    if kind in (tuple, list):
+        return kind(_thawed(v) for v in inner)
+    return inner
 
 
 def _tensors(description, slots):

@@ -165,8 +165,15 @@ class _Scheduler:
         yield self.build_kernel(node)
 
     def fuse_into_library(self, node) -> bool:
-        """Elementwise epilogues move into library kernels that take them (matmul: bias, act, residual, cast)."""
-        return any(prim.epilogue(node, self.uses, self.wanted) for prim in LIBRARY.values() if prim.epilogue)
+        """Elementwise epilogues move into library kernels that take them (matmul: bias, act, residual, cast).
+        The new call's inputs are library inputs from now on (must_store): a kernel that meets one (a residual
+        a norm also reads) stores it instead of recomputing it inline, which would leave the call to compute
+        it again (the GEMM under it twice)."""
+        if not any(prim.epilogue(node, self.uses, self.wanted) for prim in LIBRARY.values() if prim.epilogue):
+            return False
+        lib = node.inputs[0]
+        self.library_inputs.update((i.inputs[0] if i.kind == "view" else i).id for i in lib.inputs)
+        return True
 
     def ensure_materialized_input(self, node: ir.Node):
         """Library kernels take buffers: realize the base of a view (the view itself is strided)."""

@@ -814,3 +814,34 @@ def test_importing_the_interop_after_the_entry_point_loaded_the_backend():
             "print(torch.compile(lambda x: x * 2, backend='flyarray')(torch.ones(2)).tolist())\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "[2.0, 2.0]" in run.stdout, run.stderr[-2000:]
+
+
+def _forward_rows(model, x):
+    compiled = fat.accelerate(model)
+    with torch.no_grad():
+        compiled(x)
+        with fa.profile() as profile:
+            out = compiled(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    return profile.rows
+
+
+def test_linear_on_3d_input_takes_its_residual_in_the_gemm_epilogue():
+    """x + Linear(h) on (batch, seq, features) is a 2-D GEMM viewed back before the add: the bias and the
+    residual still ride in the GEMM (the seed block's forward: norm, qkv, attention, out+residual)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    rows = _forward_rows(torch_models.Block(64, 2), torch.randn(2, 16, 64))
+    assert sum(r.calls for r in rows) == 4, [r.name for r in rows]
+    assert any("has_residual" in r.name and "out_shape=(2, 16, 64)" in r.name for r in rows), [r.name for r in rows]
+
+
+def test_llama_block_forward_computes_each_gemm_once():
+    """The residual the down projection takes is stored by the norm kernel that meets it, not recomputed
+    there and again (with its GEMM) for the epilogue: 5 GEMMs for 5 projections."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    rows = _forward_rows(torch_models.LlamaBlock(64, 2, 176), torch.randn(2, 16, 64))
+    gemms = [r for r in rows if r.name.startswith(("matmul", "matmul_epilogue"))]
+    assert sum(r.calls for r in gemms) == 5, [(r.name, r.calls) for r in rows]
+    assert not any(r.name.startswith("fused: add") and r.name.count(",") == 0 for r in rows)

@@ -109,8 +109,16 @@ def vecdot(x1, x2, /, *, axis=-1):
 ACTIVATIONS = {"relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_tanh"}
 
 
-def _fused_abstract(a, b, *extras, activation, has_bias, has_residual, out_dtype):
-    return [(_matmul_abstract(a, b)[0][0], dt.dtype(out_dtype))]
+def _fused_abstract(a, b, *extras, activation, has_bias, has_residual, out_dtype, out_shape=None):
+    return [(out_shape or _matmul_abstract(a, b)[0][0], dt.dtype(out_dtype))]
+
+
+def _as_product(residual, product_shape, out_shape):
+    """The residual (of the output's shape, when a reshape sits between the product and the add: a torch
+    Linear on a 3-D input is a 2-D GEMM) in the product's shape: a view of a contiguous residual."""
+    if out_shape is None or residual is None:
+        return residual
+    return residual.expand(out_shape).reshape(product_shape)
 
 
 def _fused_args(extras, has_bias, has_residual):
@@ -118,15 +126,24 @@ def _fused_args(extras, has_bias, has_residual):
     return (next(it) if has_bias else None), (next(it) if has_residual else None)
 
 
-def _fused_kernel(a, b, *extras, activation, has_bias, has_residual, out_dtype):
+def _product_shape(a, b):
+    return torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+
+
+def _fused_kernel(a, b, *extras, activation, has_bias, has_residual, out_dtype, out_shape=None):
     from ..kernels import gemm
     bias, residual = _fused_args(extras, has_bias, has_residual)
-    return gemm.matmul(a, b, bias=bias, activation=activation, residual=residual,
-                       out_dtype=dt.dtype(out_dtype).torch)
+    residual = _as_product(residual, _product_shape(a, b), out_shape)
+    out = gemm.matmul(a, b, bias=bias, activation=activation, residual=residual, out_dtype=dt.dtype(out_dtype).torch)
+    return out if out_shape is None else out.reshape(out_shape)
 
 
-def _fused_reference(a, b, *extras, activation, has_bias, has_residual, out_dtype):
+def _fused_reference(a, b, *extras, activation, has_bias, has_residual, out_dtype, out_shape=None):
     bias, residual = _fused_args(extras, has_bias, has_residual)
+    residual = _as_product(residual, _product_shape(a, b), out_shape)
+    if out_shape is not None:
+        return _fused_reference(a, b, *[t for t in (bias, residual) if t is not None], activation=activation,
+                                has_bias=has_bias, has_residual=has_residual, out_dtype=out_dtype).reshape(out_shape)
     # float32 accumulation, as the kernel's; float64 operands keep float64 (the unfused matmul does)
     acc_dtype = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
     acc = torch.matmul(a.to(acc_dtype), b.to(acc_dtype))
@@ -144,7 +161,9 @@ MATMUL_EPILOGUE = Library("matmul_epilogue", _fused_abstract, _fused_kernel, _fu
 
 
 def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
-    """If ``root`` is [cast]( [residual +] [act]( matmul [+ bias] ) ), turn it into one GEMM call.
+    """If ``root`` is [cast]( [residual +] [reshape]( [act]( matmul [+ bias] ) ) ), turn it into one GEMM call
+    (the reshape: torch's Linear on (batch, seq, features) is a 2-D GEMM whose output is viewed back before the
+    residual add; the kernel reads the residual as the product's shape and its output is viewed back).
 
     Every value between the matmul and ``root`` must be used only there (and not held by the
     user): the fused kernel never writes them. Returns whether ``root`` was rewritten.
@@ -178,10 +197,16 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
         node = node.inputs[0]
         if not private(node):
             return False
-    match, residual = peel(node), None
+    match, residual, reshaped = peel(node), None, False
     if match is None and node.kind == "elementwise" and node.prim.name == "add" and (node is root or private(node)):
         for i in (0, 1):
             inner = node.inputs[i]
+            reshaped = _is_reshape(inner) and private(inner)
+            if reshaped:
+                inner = inner.inputs[0]
+                if matmul_output(inner):  # residual + reshape(matmul): Llama's projections, no bias
+                    match, residual = (inner, None, None), node.inputs[1 - i]
+                    break
             if inner.kind == "elementwise" and private(inner):
                 match = peel(inner)
                 if match is not None and match[1:] != (None, None):
@@ -196,10 +221,18 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     a, b = mm.inputs[0].inputs
     extras = tuple(x for x in (bias, residual) if x is not None)
     lib = ir.Node(MATMUL_EPILOGUE, (a, b) + extras, None, (), out_dtype, root.device)
-    lib.params = {"outputs": [root], "kwargs": dict(activation=act, has_bias=bias is not None,
-                                                     has_residual=residual is not None, out_dtype=out_dtype.name)}
+    kwargs = dict(activation=act, has_bias=bias is not None, has_residual=residual is not None,
+                  out_dtype=out_dtype.name)
+    if reshaped and residual is not None:
+        kwargs["out_shape"] = tuple(root.shape)
+    lib.params = {"outputs": [root], "kwargs": kwargs}
     root.prim, root.inputs, root.params = ir.OUTPUT, (lib,), 0
     return True
+
+
+def _is_reshape(n) -> bool:
+    """A view that only reshapes its (freshly computed, so contiguous) base: free on the GEMM's output."""
+    return n.kind == "view" and len(n.params) == 1 and n.params[0][0] == "reshape"
 
 
 MATMUL.epilogue = fuse_epilogue
