@@ -225,3 +225,16 @@ def test_zero_dim_axis_out_of_range(backend):
             fa.sum(x, axis=bad)
     assert_matches(fa.nn.softmax(x), np.float32(1.0))
     assert_matches(fa.flip(x, axis=0), np.float32(1.0))
+
+
+def test_reducing_an_elementwise_value_over_axes_it_was_broadcast_along(backend):
+    """sum/prod/mean of op(x) broadcast along the reduced axis count every copy (the reference backend
+    reduced the unbroadcast value: sum gave [1, 2], and fa.grad of sum(X + b) half the bias gradient)."""
+    x = np.array([[1.0], [2.0]])
+    xa = fa.asarray(x)
+    assert_matches(fa.sum(fa.broadcast_to(xa * 1.0, (2, 3)), axis=1), np.array([3.0, 6.0]))
+    assert_matches(fa.prod(fa.broadcast_to(xa * 2.0, (2, 3)), axis=1), np.array([8.0, 64.0]))
+    assert_matches(fa.mean(fa.broadcast_to(xa + 1.0, (2, 3)), axis=0), np.full(3, 2.5))
+    assert_matches(fa.max(fa.broadcast_to(xa * 1.0, (2, 3)), axis=1), np.array([1.0, 2.0]))
+    bias = fa.grad(lambda b: fa.sum(fa.asarray(np.ones((2, 3))) + b) * 0.7)(fa.asarray(np.zeros(3)))
+    assert_matches(bias, np.full(3, 1.4))

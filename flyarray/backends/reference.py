@@ -106,9 +106,14 @@ def _kernel_body(kernel: Kernel, input_views, names: _Names):
     if any(isinstance(op, (Const, Iota)) for i, op in enumerate(kernel.ops) if i not in skip):
         body.append(f"dev = {names.inputs[0]}.device" if names.inputs else "dev = None")
     reuse = _reusable_results(kernel)
+    values = _value_shapes(kernel)
     for i, op in enumerate(kernel.ops):
         if i not in skip:
-            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env, names, reuse.get(i))
+            # an elementwise value over broadcast inputs can be smaller than the kernel's domain: a reduction
+            # reduces it over the domain (a sum over an axis it was broadcast along counts every copy)
+            short = isinstance(op, Reduce) and values[op.arg] != tuple(kernel.full_shape)
+            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env, names, reuse.get(i),
+                             expand_to=tuple(kernel.full_shape) if short else None)
     return env, body
 
 
@@ -233,7 +238,7 @@ def _value_shapes(kernel) -> list:
     return shapes
 
 
-def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None) -> list:
+def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None, expand_to=None) -> list:
     """Source lines computing ``v{i}``; the objects they name go into ``env``; ``names`` says how they
     read inputs and scalars. ``into``: an earlier result this one may be written into
     (``_reusable_results``)."""
@@ -257,7 +262,11 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None) -> li
     env[f"dtype{i}"] = op.dtype.torch
     if isinstance(op, Reduce):
         env[f"fn{i}"], env[f"axes{i}"] = REDUCE[op.prim].reference_for(ops[op.arg].dtype), axes
-        return [f"v{i} = fn{i}(v{op.arg}, axes{i})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
+        arg = f"v{op.arg}"
+        if expand_to is not None:  # (``expand_to``: the domain, where the argument's value is smaller)
+            env[f"full{i}"] = expand_to
+            arg = f"v{op.arg}.expand(full{i})"
+        return [f"v{i} = fn{i}({arg}, axes{i})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
     if not isinstance(op, Elementwise):
         raise TypeError(f"unknown op {op}")
     if op.prim == "astype":
