@@ -717,6 +717,10 @@ def test_jit_keeps_a_bounded_number_of_traces_and_says_why_it_retraces(backend):
     for i in range(20):
         g(x, fa.asarray(0.5 + i))
     assert len(g.cache) == 1
+    h = fa.jit(lambda x, lr: x * lr)   # numpy scalars are 0-d arrays, as in JAX: no retrace per value
+    for i in range(20):
+        np.testing.assert_allclose(np.asarray(h(x, np.float32(0.5 + i))), np.full(3, 0.5 + i))
+    assert len(h.cache) == 1
 
 
 @pytest.mark.parametrize("body", [

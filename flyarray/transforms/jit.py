@@ -166,6 +166,8 @@ def _flatten(value, tensors, where):
         value = _numpy_leaf(value)
     if type(value) is Array:  # the common cases first: one array, no tree to walk
         value = value._tensor()
+    if isinstance(value, np.generic):  # a numpy scalar is a 0-d array (as in JAX), not a static value that
+        value = _numpy_leaf(value)      # would retrace for every new learning rate
     if type(value) is torch.Tensor:
         if value.requires_grad:  # taken detached, as fa.asarray does (arrays carry no autograd)
             value = value.detach()
@@ -174,7 +176,7 @@ def _flatten(value, tensors, where):
     leaves, treedef = tree_util.tree_flatten(value)
     keys = []
     for leaf in leaves:
-        if isinstance(leaf, np.ndarray):   # an array leaf as grad and vmap take it (fa.asarray: no copy)
+        if isinstance(leaf, (np.ndarray, np.generic)):   # an array leaf as grad and vmap take it (no copy)
             leaf = _numpy_leaf(leaf)
         if isinstance(leaf, Array):
             leaf = leaf._tensor()
@@ -212,10 +214,10 @@ def _static_key(value, where):
 
 def _numpy_leaf(leaf):
     from ..ops import asarray
-    return asarray(leaf)
+    return asarray(np.asarray(leaf) if isinstance(leaf, np.generic) else leaf)
 
 
-_ARRAY_LEAVES = (Array, torch.Tensor, np.ndarray)
+_ARRAY_LEAVES = (Array, torch.Tensor, np.ndarray, np.generic)
 
 
 def _rebuild(value, it):
