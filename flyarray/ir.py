@@ -125,6 +125,17 @@ def view(base: Node, ops: tuple, shape: tuple) -> Node:
     return Node(VIEW, (base,), tuple(ops), shape, base.dtype, base.device)
 
 
+def copied(node: Node):
+    """The node a same-dtype astype copies (unevaluated, not a view), else None: the shape of fa.grad's
+    stand-in for a lazy primal (autodiff._fresh), which the schedule stores and the plan binds to it."""
+    if node.params is not None or not node.inputs or node.prim.name != "astype" or node.kind != "elementwise":
+        return None
+    base = node.inputs[0]
+    if base.buffer is not None or base.prim is VIEW or base.dtype != node.dtype or base.shape != node.shape:
+        return None
+    return base
+
+
 def toposort(roots, inputs_of=None) -> list:
     """Nodes reachable from ``roots``, inputs before users (iteratively: graphs are deep).
 

@@ -33,7 +33,6 @@ from . import codegen, config, ir, profiling, runtime
 from .kernel_ir import Kernel
 from .kernels._triton import empty_template
 from .expand import to_primitives
-from .primitives import ELEMENTWISE
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
 PLAN_CACHE_SIZE = 4096
@@ -208,19 +207,6 @@ class Plan:
                 base.buffer, base.inputs = slots[slot], ()
 
 
-_ASTYPE = ELEMENTWISE["astype"]
-
-
-def _copied(node):
-    """The node a same-dtype astype copies (unevaluated, not a view), else None."""
-    if node.prim is not _ASTYPE or node.params is not None:
-        return None
-    base = node.inputs[0]
-    if base.buffer is not None or base.prim is ir.VIEW or base.dtype != node.dtype or base.shape != node.shape:
-        return None
-    return base
-
-
 class _Builder:
     """Schedule a walk's roots and turn the steps into a Plan."""
 
@@ -240,7 +226,7 @@ class _Builder:
         position = self.walk.position.get(node)
         if position is not None:
             self.binds.append((position, slot))
-            base = _copied(node)
+            base = ir.copied(node)
             if base is not None and base.id not in self.slot and base in self.walk.position:
                 # the copy's value is its base's: if the copy is a transform's stand-in (grad's for a primal),
                 # the base gets the buffer too, so a lazy array read through it is computed once, not its

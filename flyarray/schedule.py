@@ -111,6 +111,11 @@ class _Scheduler:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
             if node.kind == "library":
                 self.library_inputs.update((i.inputs[0] if i.kind == "view" else i).id for i in node.inputs)
+            elif ir.copied(node) is not None:
+                # a same-dtype copy of a lazy value: fa.grad's stand-in for a lazy primal is one. Stored, its
+                # buffer goes to the primal too (plan.Plan.bind), so a training loop that reads only the loss
+                # does not carry every parameter's update history into the next step's graph
+                self.library_inputs.add(node.id)
 
     def must_store(self, node) -> bool:
         """Whether ``node`` gets a buffer whatever kernel computes it: the user holds it, or a library
