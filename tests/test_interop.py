@@ -100,7 +100,8 @@ def test_basic_index_views_export_without_copy(backend, key):
     assert torch.equal(out, want)
     if want.numel():
         assert out.data_ptr() == want.data_ptr()
-        assert out.stride() == want.stride() or want.numel() == 1
+        assert [s for s, n in zip(out.stride(), out.shape) if n > 1] == \
+            [s for s, n in zip(want.stride(), want.shape) if n > 1]   # (a size-1 axis' stride is never used)
 
 
 def test_views_of_computed_arrays_export_without_copy(backend):

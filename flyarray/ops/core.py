@@ -408,6 +408,10 @@ def movement(x, ops, shape) -> Array:
     if folded is None:
         node = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)  # a copy
         folded = views.apply_all(views.View.contiguous(node.shape), ops)
+    else:
+        leaf = _leaf_over_buffer(node, folded)
+        if leaf is not None:
+            return Array(leaf)
     if node.kind == "view" and len(ops) == 1 and ops[0][0] == "permute" and node.params[-1][0] == "permute":
         out = _merge_permutes(node, ops[0][1], tuple(shape))  # x.T.T...: keep the chain short
     else:
@@ -415,6 +419,19 @@ def movement(x, ops, shape) -> Array:
     if out.kind == "view":
         _FOLDED[out] = (ir.buffer_view(out.inputs[0]), folded)
     return Array(out)
+
+
+def _leaf_over_buffer(node: ir.Node, folded) -> "ir.Node | None":
+    """A view of a computed buffer as a leaf over the torch view (``x[i]`` of an evaluated array): the plan key
+    then holds its shape and strides, not where it starts, so a loop over rows reuses one plan (a view node
+    keyed its slice start: a plan miss for every new i). Not while a transform records (its derivative or
+    batch rule needs the view of the traced value) and not for negative strides (torch has none)."""
+    from ..transforms.recording import depth
+    base = node.inputs[0] if node.kind == "view" else node
+    buffer = base.buffer
+    if buffer is None or depth.value or any(st < 0 for st in folded.strides):
+        return None
+    return ir.source(buffer.as_strided(folded.shape, folded.strides, buffer.storage_offset() + folded.offset))
 
 
 def _merge_permutes(node: ir.Node, perm: tuple, shape: tuple) -> ir.Node:
