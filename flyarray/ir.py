@@ -125,10 +125,14 @@ def view(base: Node, ops: tuple, shape: tuple) -> Node:
     return Node(VIEW, (base,), tuple(ops), shape, base.dtype, base.device)
 
 
+STAND_IN = "stand-in"  # the params of fa.grad's copy of a lazy primal: in the plan key, unlike ``stand_ins``
+
+
 def copied(node: Node):
-    """The node a same-dtype astype copies (unevaluated, not a view), else None: the shape of fa.grad's
-    stand-in for a lazy primal (autodiff._fresh), which the schedule stores and the plan binds to it."""
-    if node.params is not None or not node.inputs or node.prim.name != "astype" or node.kind != "elementwise":
+    """The lazy value fa.grad's stand-in copy (autodiff._fresh) copies, else None: the schedule stores such a
+    copy and the plan binds its buffer to that value too. A user's own copy (astype, asarray(copy=True)) is
+    not one: it fuses as any elementwise op."""
+    if node.params != STAND_IN or not node.inputs or node.kind != "elementwise":
         return None
     base = node.inputs[0]
     if base.buffer is not None or base.prim is VIEW or base.dtype != node.dtype or base.shape != node.shape:

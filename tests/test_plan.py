@@ -790,3 +790,37 @@ def test_rows_of_an_evaluated_array_share_one_plan(backend):
     np.testing.assert_array_equal(np.asarray(s[::-1][0]), seq[-1].numpy())   # negative strides: still a view
     g = fa.grad(lambda x: fa.sum(x[1] * 2))(s)   # under a transform the view stays a view of the traced value
     np.testing.assert_array_equal(np.asarray(g)[:, 0], [0, 2] + [0] * 8)
+
+
+def test_jit_takes_numpy_scalars_as_eager_ops_do(backend):
+    """np.float32 / np.int64 / np.bool_ are 0-d arrays (no retrace per value); np.float64 subclasses float
+    and stays a weak Python scalar, under jit as in eager code (x * np.float64(.5) keeps x's float32)."""
+    x = fa.ones(3)
+    f = fa.jit(lambda x, lr: x * lr)
+    assert f(x, np.float64(0.5)).dtype == (x * np.float64(0.5)).dtype == fa.float32
+    assert f(x, np.float32(0.5)).dtype == (x * np.float32(0.5)).dtype
+    g = fa.jit(lambda x, tag: x + len(tag))
+    assert np.asarray(g(x, np.str_("ab"))).tolist() == [3.0] * 3   # not a number: a static value
+
+
+def test_user_copies_fuse_and_only_grads_stand_ins_are_stored(backend):
+    """The schedule stores fa.grad's copies of lazy primals (so the primals keep the value), never a user's
+    own same-dtype copy in the middle of a chain: that stays one fused kernel."""
+    x = fa.asarray(np.arange(4.0, dtype=np.float32))
+    with fa.profile() as profile:
+        fa.eval(fa.tanh(x + (x * 2).astype(fa.float32)), fa.sum(x * fa.asarray(x + 1, copy=True)))
+    assert sum(r.calls for r in profile.rows) == 2, [r.name for r in profile.rows]
+
+
+def test_check_mode_sees_a_write_before_a_view_of_a_source_is_taken(backend, monkeypatch):
+    monkeypatch.setenv("FLYARRAY_CHECK", "1")
+    fa.clear_caches()
+    try:
+        t = torch.ones(3, 4)
+        x = fa.asarray(t)
+        t.add_(1)
+        with pytest.raises(RuntimeError, match="modified in place"):
+            np.asarray(x[0] * 2)
+    finally:
+        monkeypatch.delenv("FLYARRAY_CHECK")
+        fa.clear_caches()

@@ -119,9 +119,10 @@ _SM90 = {
     # The warp-specialized Gluon forward (attention_hopper._attn_fwd_hopper_ws_kernel: a TMA producer
     # warp and a consumer warpgroup per 64 rows, no CTA barrier in the consumers' loops). Checked and
     # timed on the H200 (benchmarks/tune_attention_gluon.py, 2026-12-05, fourteenth session; bf16 hd128):
-    # 1.03-1.17x faster than the pointer kernel from 4096 keys (S8192 2.04 ms vs 2.38; B8 S4096 causal
-    # 2.55 vs 2.62; GQA 4096 causal 1.28 vs 1.28-1.24), 0.84x at B2 S2048 causal (0.213 vs 0.179): the
-    # default at hd128 from fwd_gluon_ws_min_keys keys; hd64 untimed, so off.
+    # faster than the pointer kernel from 4096 keys (S8192 2.04 ms vs 2.38: 1.17x; B8 S4096 causal 2.55 vs
+    # 2.62: 1.03x; GQA 32q/8kv S4096 causal 1.275 vs 1.283: even), 0.84x at B2 S2048 causal (0.213 vs 0.179):
+    # the default at hd128 from fwd_gluon_ws_min_keys keys (its own switch: fwd_gluon_enabled is the plain
+    # Gluon forward's); hd64 untimed, so off.
     "fwd_gluon_ws_head_dims": (128,),
     "fwd_gluon_ws_min_keys": 4096,
     "fwd_gluon_ws": {64: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,

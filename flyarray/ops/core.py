@@ -431,7 +431,10 @@ def _leaf_over_buffer(node: ir.Node, folded) -> "ir.Node | None":
     buffer = base.buffer
     if buffer is None or depth.value or any(st < 0 for st in folded.strides):
         return None
-    return ir.source(buffer.as_strided(folded.shape, folded.strides, buffer.storage_offset() + folded.offset))
+    leaf = ir.source(buffer.as_strided(folded.shape, folded.strides, buffer.storage_offset() + folded.offset))
+    if base.prim is ir.SOURCE:  # the version fa.asarray recorded (FLYARRAY_CHECK), not the one of now
+        leaf.params = base.params
+    return leaf
 
 
 def _merge_permutes(node: ir.Node, perm: tuple, shape: tuple) -> ir.Node:

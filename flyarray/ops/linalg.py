@@ -110,7 +110,7 @@ ACTIVATIONS = {"relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_tanh": "gel
 
 
 def _fused_abstract(a, b, *extras, activation, has_bias, has_residual, out_dtype, out_shape=None):
-    return [(out_shape or _matmul_abstract(a, b)[0][0], dt.dtype(out_dtype))]
+    return [(out_shape if out_shape is not None else _matmul_abstract(a, b)[0][0], dt.dtype(out_dtype))]
 
 
 def _as_product(residual, product_shape, out_shape):

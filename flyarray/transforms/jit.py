@@ -166,8 +166,8 @@ def _flatten(value, tensors, where):
         value = _numpy_leaf(value)
     if type(value) is Array:  # the common cases first: one array, no tree to walk
         value = value._tensor()
-    if isinstance(value, np.generic):  # a numpy scalar is a 0-d array (as in JAX), not a static value that
-        value = _numpy_leaf(value)      # would retrace for every new learning rate
+    if _numpy_scalar(value):  # a 0-d array (as in JAX and as eager ops take it), not a static value that
+        value = _numpy_leaf(value)  # would retrace for every new learning rate
     if type(value) is torch.Tensor:
         if value.requires_grad:  # taken detached, as fa.asarray does (arrays carry no autograd)
             value = value.detach()
@@ -176,7 +176,7 @@ def _flatten(value, tensors, where):
     leaves, treedef = tree_util.tree_flatten(value)
     keys = []
     for leaf in leaves:
-        if isinstance(leaf, (np.ndarray, np.generic)):   # an array leaf as grad and vmap take it (no copy)
+        if isinstance(leaf, np.ndarray) or _numpy_scalar(leaf):   # an array leaf as grad and vmap take it
             leaf = _numpy_leaf(leaf)
         if isinstance(leaf, Array):
             leaf = leaf._tensor()
@@ -217,17 +217,26 @@ def _numpy_leaf(leaf):
     return asarray(np.asarray(leaf) if isinstance(leaf, np.generic) else leaf)
 
 
-_ARRAY_LEAVES = (Array, torch.Tensor, np.ndarray, np.generic)
+def _numpy_scalar(value) -> bool:
+    """A numpy number or bool that eager ops take as a 0-d array (ops.core.as_array): not np.float64 and
+    np.complex128, which subclass Python's float and complex and stay weak scalars (static here too)."""
+    return isinstance(value, (np.number, np.bool_)) and not isinstance(value, (float, complex))
+
+
+_ARRAY_LEAVES = (Array, torch.Tensor, np.ndarray)
+
+
+def _is_array_leaf(value) -> bool:
+    return isinstance(value, _ARRAY_LEAVES) or _numpy_scalar(value)
 
 
 def _rebuild(value, it):
     """``value`` with every array leaf replaced by the next abstract array from ``it`` (same order
     as ``_flatten``)."""
-    if isinstance(value, _ARRAY_LEAVES):
+    if _is_array_leaf(value):
         return next(it)
     leaves, treedef = tree_util.tree_flatten(value)
-    return tree_util.tree_unflatten(
-        treedef, [next(it) if isinstance(leaf, _ARRAY_LEAVES) else leaf for leaf in leaves])
+    return tree_util.tree_unflatten(treedef, [next(it) if _is_array_leaf(leaf) else leaf for leaf in leaves])
 
 
 # ---- trace and replay -----------------------------------------------------------------------------
