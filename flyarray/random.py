@@ -86,12 +86,21 @@ def _check_key(k, fn):
 
 def _threefry(prim, k, shape):
     """threefry2x32 primitive ``prim`` over key ``k`` and the flat index of ``shape`` (JAX's counter)."""
+    return _threefry_words((prim,), k, shape)[0]
+
+
+def _threefry_words(prims, k, shape) -> list:
+    """The threefry2x32 primitives ``prims`` over one key and counter: the key's words and the counter
+    recorded once for all of them (a split's two words: half the recording)."""
     k0, k1 = _check_key(k, "fa.random")
     shape = tuple(shape)
     n = math.prod(shape)
     idx = manipulation.reshape(creation.arange(n, dtype=dt.int64, device=k.device), shape)
     hi, lo = (0, idx) if n <= 2 ** 32 else (ew.bitwise_right_shift(idx, 32), ew.bitwise_and(idx, _M32))
-    return core.elementwise(prim, k0, k1, hi, lo)
+    return [core.elementwise(prim, k0, k1, hi, lo) for prim in prims]
+
+
+_BOTH_WORDS = ("threefry2x32_0", "threefry2x32_1")
 
 
 def split(k, num=2) -> Array:
@@ -101,7 +110,7 @@ def split(k, num=2) -> Array:
         raise TypeError(f"split: num must be an integer (or a tuple of them), got {num!r}")
     if any(n < 0 for n in shape):
         raise ValueError(f"split: num must not be negative, got {num!r}")
-    words = [_threefry(p, k, shape) for p in ("threefry2x32_0", "threefry2x32_1")]
+    words = _threefry_words(_BOTH_WORDS, k, shape)
     return manipulation.stack(words, axis=-1)  # a concat: the keys get a buffer, never recomputed per element
 
 
@@ -130,8 +139,8 @@ def bits(k, shape=(), dtype=None) -> Array:
     shape = _shape(shape)
     d = dt.int64 if dtype is None else dt.dtype(dtype)
     if dtype is not None and d in (dt.int64, dt.uint64):
-        x0 = _threefry("threefry2x32_0", k, shape)
-        out = ew.bitwise_or(ew.bitwise_left_shift(x0, 32), _threefry("threefry2x32_1", k, shape))
+        x0, x1 = _threefry_words(_BOTH_WORDS, k, shape)
+        out = ew.bitwise_or(ew.bitwise_left_shift(x0, 32), x1)
         return out if d is dt.int64 else out.astype(d)
     if d.kind not in "iu":
         raise TypeError(f"bits: dtype must be an integer type, got {d}")
@@ -170,7 +179,7 @@ def _unit(k, shape, d) -> Array:
     exactly JAX's bitcast((bits >> shift) | bits(1.0)) - 1.0, with no bitcast."""
     nbits, nmant = _NMANT[d.name]
     if nbits == 64:
-        x0, x1 = _threefry("threefry2x32_0", k, shape), _threefry("threefry2x32_1", k, shape)
+        x0, x1 = _threefry_words(_BOTH_WORDS, k, shape)
         m = ew.bitwise_or(ew.bitwise_left_shift(x0, 20), ew.bitwise_right_shift(x1, 12))
         return m.astype(dt.float64) * 2.0 ** -52
     m = ew.bitwise_right_shift(_low_bits(k, shape, nbits), nbits - nmant)
