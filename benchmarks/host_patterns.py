@@ -10,9 +10,11 @@ import timeit
 
 import numpy as np
 import torch
+
 torch.set_num_threads(1)
 
-import flyarray as fa  # noqa: E402 (after set_num_threads)
+import flyarray as fa
+
 
 def best(fn, n):
     fn()
@@ -50,6 +52,7 @@ for i in range(30):
     t0 = time.perf_counter(); step(); times.append((time.perf_counter() - t0) * 1e6)
 out["lazy MLP step reading only the loss, step 30"] = times[-1]
 out["lazy MLP step, median of steps 20-30"] = sorted(times[20:])[5]
-json.dump(out, open(sys.argv[1], "w"), indent=1)
+with open(sys.argv[1], "w") as f_out:
+    json.dump(out, f_out, indent=1)
 for k_, v in out.items():
     print(f"{v:10.1f}  {k_}")
