@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from . import dtypes as _dt
+from .views import View as _View
 
 _ids = itertools.count()
 # Copies that stand for an array inside a transform (autodiff's primal stand-ins): when the plan computes one,
@@ -89,11 +90,10 @@ class Node:
 
 def buffer_view(node: Node):
     """How a non-view node's elements lie in memory: a buffer's real strides, else contiguous."""
-    from .views import View
     t = node.buffer
     if t is not None:
-        return View(tuple(t.shape), tuple(t.stride()), 0)
-    return View.contiguous(node.shape)
+        return _View(tuple(t.shape), tuple(t.stride()), 0)
+    return _View.contiguous(node.shape)
 
 
 def source(tensor: torch.Tensor) -> Node:

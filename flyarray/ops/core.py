@@ -403,11 +403,14 @@ def movement(x, ops, shape) -> Array:
     if node.kind == "view":
         parent = folded_view(node)
         folded = views.apply_all(parent, ops) if parent is not None else None
+        start = None
     else:
-        folded = views.apply_all(ir.buffer_view(node), ops)
+        start = ir.buffer_view(node)
+        folded = views.apply_all(start, ops)
     if folded is None:
         node = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)  # a copy
-        folded = views.apply_all(views.View.contiguous(node.shape), ops)
+        start = views.View.contiguous(node.shape)
+        folded = views.apply_all(start, ops)
     else:
         leaf = _leaf_over_buffer(node, folded)
         if leaf is not None:
@@ -417,8 +420,19 @@ def movement(x, ops, shape) -> Array:
     else:
         out = ir.view(node, ops, tuple(shape))
     if out.kind == "view":
-        _FOLDED[out] = (ir.buffer_view(out.inputs[0]), folded)
+        base = out.inputs[0]
+        _FOLDED[out] = (start if base is node and start is not None else ir.buffer_view(base), folded)
     return Array(out)
+
+
+_DEPTH = []  # transforms.recording.depth, once imported (the transforms package imports this module)
+
+
+def _transforms_recording() -> int:
+    if not _DEPTH:
+        from ..transforms.recording import depth
+        _DEPTH.append(depth)
+    return _DEPTH[0].value
 
 
 def _leaf_over_buffer(node: ir.Node, folded) -> "ir.Node | None":
@@ -426,10 +440,11 @@ def _leaf_over_buffer(node: ir.Node, folded) -> "ir.Node | None":
     then holds its shape and strides, not where it starts, so a loop over rows reuses one plan (a view node
     keyed its slice start: a plan miss for every new i). Not while a transform records (its derivative or
     batch rule needs the view of the traced value) and not for negative strides (torch has none)."""
-    from ..transforms.recording import depth
     base = node.inputs[0] if node.kind == "view" else node
     buffer = base.buffer
-    if buffer is None or depth.value or any(st < 0 for st in folded.strides):
+    if buffer is None:  # the common case of a lazy value: decided before anything else
+        return None
+    if _transforms_recording() or any(st < 0 for st in folded.strides):
         return None
     leaf = ir.source(buffer.as_strided(folded.shape, folded.strides, buffer.storage_offset() + folded.offset))
     if base.prim is ir.SOURCE:  # the version fa.asarray recorded (FLYARRAY_CHECK), not the one of now
