@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import weakref
 from typing import Any, Optional
 
 import torch
@@ -26,10 +25,6 @@ from . import dtypes as _dt
 from .views import View as _View
 
 _ids = itertools.count()
-# Copies that stand for an array inside a transform (autodiff's primal stand-ins): when the plan computes one,
-# the array it copies gets the same buffer (same values; nobody can write into a stand-in), so its history is
-# not recomputed later. A user's own copy (astype, asarray(copy=True)) is never in here: it must own its memory.
-stand_ins: "weakref.WeakSet" = weakref.WeakSet()
 
 
 class Primitive:
@@ -125,7 +120,11 @@ def view(base: Node, ops: tuple, shape: tuple) -> Node:
     return Node(VIEW, (base,), tuple(ops), shape, base.dtype, base.device)
 
 
-STAND_IN = "stand-in"  # the params of fa.grad's copy of a lazy primal: in the plan key, unlike ``stand_ins``
+# The params of a copy that stands for an array inside a transform (autodiff's primal stand-in): when the plan
+# computes one, the array it copies gets the same buffer (same values; nobody can write into a stand-in), so
+# its history is not recomputed later. A user's own copy (astype, asarray(copy=True)) has params None: it
+# must own its memory. Being params, it is part of the plan key.
+STAND_IN = "stand-in"
 
 
 def copied(node: Node):

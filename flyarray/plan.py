@@ -168,8 +168,7 @@ class Plan:
         self.n_slots = n_slots
         self.n_leaves = n_leaves
         self.binds = binds  # (walk position, slot) or (library position, output index, slot)
-        # (copy's walk position, its base's, slot): the base gets the slot too when the copy is a stand-in
-        # (ir.stand_ins); decided per evaluation, as the key does not say which copies are stand-ins
+        # (stand-in copy's walk position, its base's, slot): the base gets the slot too (ir.STAND_IN, ir.copied)
         self.copy_binds = copy_binds
         self.description = description  # structure only: what FLYARRAY_PLAN_CHECK compares
         self.static_scalars = list(static_scalars)
@@ -203,7 +202,7 @@ class Plan:
                 node.prim, node.params = ir.SOURCE, None
         for copy, base, slot in self.copy_binds:
             base = nodes[base]
-            if nodes[copy] in ir.stand_ins and base.buffer is None:
+            if base.buffer is None:
                 base.buffer, base.inputs = slots[slot], ()
 
 
@@ -228,9 +227,9 @@ class _Builder:
             self.binds.append((position, slot))
             base = ir.copied(node)
             if base is not None and base.id not in self.slot and base in self.walk.position:
-                # the copy's value is its base's: if the copy is a transform's stand-in (grad's for a primal),
-                # the base gets the buffer too, so a lazy array read through it is computed once, not its
-                # whole history again at the next evaluation (Plan.bind decides, per evaluation)
+                # the copy is a transform's stand-in (grad's for a primal), its value its base's: the base gets
+                # the buffer too, so a lazy array read through it is computed once, not its whole history
+                # again at the next evaluation
                 self.copy_binds.append((position, self.walk.position[base], slot))
         return slot
 

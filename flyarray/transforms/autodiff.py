@@ -137,8 +137,8 @@ def _fresh(node, taken):
     if node.prim is ir.SOURCE and node.buffer is not None and not traced and not _depth.value:
         # a fresh leaf over the same buffer (free); not under an outer transform, which must see the link
         return ir.Node(ir.SOURCE, (), node.params, node.shape, node.dtype, node.device, node.buffer)
-    copy = ir.Node(ELEMENTWISE["astype"], (node,), ir.STAND_IN, node.shape, node.dtype, node.device)  # a free copy
-    ir.stand_ins.add(copy)   # computing it hands its buffer to ``node`` too (plan.Plan.bind)
+    # a free copy; computing it hands its buffer to ``node`` too (ir.STAND_IN, plan.Plan.bind)
+    copy = ir.Node(ELEMENTWISE["astype"], (node,), ir.STAND_IN, node.shape, node.dtype, node.device)
     return copy
 
 
