@@ -152,6 +152,17 @@ def _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk, causal_offse
 
 
 @gluon.jit
+def _store_lse(Lse, pid_bh, Sq, rows, m_i, l_i):
+    """The rows' log-sum-exp stored (natural log; -inf for a row that saw no key) and the divisor of their
+    output (1 where no key: the output stays 0)."""
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+    return l_safe
+
+
+@gluon.jit
 def _attn_fwd_hopper_kernel(
     Q, K, V, Out, Lse,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
@@ -213,10 +224,7 @@ def _attn_fwd_hopper_kernel(
 
     _invalidate_barriers(q_bar, ready, STAGES)
 
-    seen = l_i > 0.0
-    l_safe = gl.where(seen, l_i, 1.0)
-    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+    l_safe = _store_lse(Lse, pid_bh, Sq, rows, m_i, l_i)
     out = acc / gl.convert_layout(l_safe, o_rows)[:, None]
     q_smem.store(out.to(dtype))    # q is no longer read: its buffer stages the output for TMA
     fence_async_shared()
@@ -294,10 +302,7 @@ def _ws_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, pid_
         s = warpgroup_mma_wait(1, deps=(s_next,))
     acc = warpgroup_mma_wait(0, deps=(acc,))
 
-    seen = l_i > 0.0
-    l_safe = gl.where(seen, l_i, 1.0)
-    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+    l_safe = _store_lse(Lse, pid_bh, Sq, rows, m_i, l_i)
     out = acc / gl.convert_layout(l_safe, o_rows)[:, None]
     q_tile.store(out.to(dtype))    # this half's q is no longer read: it stages the output for TMA
     fence_async_shared()
