@@ -1,7 +1,8 @@
 """Host overheads: recording cost per op, and evaluating a cached small graph (lazy and jit).
 
     PYTHONPATH=$PWD python benchmarks/overhead.py [--json out.json]
-Goals (issue 2): recording <= 5 us per op; a cached small graph <= 30 us.
+Goals (issue 2): recording <= 5 us per op; a cached small graph <= 30 us. The comparison with a raw
+Triton launch of a hand-written kernel is `python -m flyarray bench --suite overhead` (its one home).
 """
 import json
 import sys
@@ -18,21 +19,6 @@ def _per_call_us(fn, n):
     for _ in range(n):
         fn()
     return (time.perf_counter() - t0) / n * 1e6
-
-
-def _bare_triton_launch(t):
-    """Host cost of launching the same generated kernel straight through Triton (our floor)."""
-    from flyarray import codegen, runtime
-    from flyarray.schedule import schedule
-    if runtime.backend_for(t.device) != "gpu":
-        return None
-    a = fa.asarray(t)
-    (kernel,) = schedule([(fa.silu(a) * a + 0.5 * a)._node])
-    plan = codegen.plan(kernel)
-    fn = runtime._compiled(plan, "gpu")[plan.grid]
-    out = torch.empty_like(t)
-    args = [t] + [out] + list(plan.args)
-    return lambda: fn(*args, num_warps=plan.num_warps, **plan.constexprs)
 
 
 def main():
@@ -59,7 +45,6 @@ def main():
     def jit_launch_only():
         jitted(t, t)  # host cost of a replay: no synchronization, the GPU runs behind
 
-    bare = _bare_triton_launch(t)
     out = {
         "device": device,
         "backend": fa.runtime.backend_for(torch.device(device)) if hasattr(fa, "runtime") else None,
@@ -67,7 +52,6 @@ def main():
         "lazy_record_schedule_launch_us": _per_call_us(lazy_eval, 300),
         "jit_cached_launch_us": _per_call_us(jit_eval, 300),
         "jit_replay_host_us": _per_call_us(jit_launch_only, 1000),
-        "bare_triton_launch_host_us": _per_call_us(bare, 1000) if bare else None,
     }
     sync()
     for k, v in out.items():

@@ -776,7 +776,12 @@ def make_backend(ops=None):
             merge_select_backward_sums(gm)
         return make_boxed_func(CompiledGraph(gm, table))
 
-    aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions())
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    # Inductor's partitioner, for the same reason Inductor uses it: we fuse elementwise ops too, so the
+    # forward saves what is cheapest to keep (matmul outputs) and the backward recomputes the cheap
+    # elementwise values from them (the SwiGLU forward no longer writes silu(gate) for the backward)
+    aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions(),
+                       partition_fn=min_cut_rematerialization_partition)
 
     def backend(gm, example_inputs, **kwargs):
         rewrite_library_calls(gm, families)

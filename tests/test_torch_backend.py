@@ -845,3 +845,30 @@ def test_llama_block_forward_computes_each_gemm_once():
     gemms = [r for r in rows if r.name.startswith(("matmul", "matmul_epilogue"))]
     assert sum(r.calls for r in gemms) == 5, [(r.name, r.calls) for r in rows]
     assert not any(r.name.startswith("fused: add") and r.name.count(",") == 0 for r in rows)
+
+
+def test_training_graphs_save_matmul_outputs_not_cheap_elementwise_values():
+    """The forward of a SwiGLU MLP writes silu(gate) * up and nothing else of that size: the backward
+    recomputes silu(gate) from gate (Inductor's min-cut partition), and the gradients match eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+
+    class SwiGLU(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up = torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(8, 16, bias=False)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.gate(x)) * self.up(x)
+    model = SwiGLU()
+    compiled = fat.accelerate(model)
+    x = torch.randn(4, 8, requires_grad=True)
+    compiled(x).sum().backward()
+    with fa.profile() as forward:
+        compiled(x)
+    swiglu = [r for r in forward.rows if r.name.startswith("fused") and "silu" in r.name]
+    assert len(swiglu) == 1 and swiglu[0].bytes == 3 * 4 * 16 * 4, [(r.name, r.bytes) for r in forward.rows]
+    got = torch.autograd.grad(compiled(x).sum(), [x, *model.parameters()])
+    want = torch.autograd.grad(model(x).sum(), [x, *model.parameters()])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
