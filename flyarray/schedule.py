@@ -105,10 +105,13 @@ class _Scheduler:
                 self.roots.append(r)
         self.wanted = ids
         self.uses = {}
+        self.users = {}  # node id -> the nodes that read it (finding siblings: see siblings)
+        self.filling = set()  # ids of concats whose parts are being planned: not yet readable
         self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         for node in ir.toposort(self.roots):
             for i in node.inputs:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
+                self.users.setdefault(i.id, []).append(node)
             if node.kind == "library":
                 self.library_inputs.update((i.inputs[0] if i.kind == "view" else i).id for i in node.inputs)
             elif ir.copied(node) is not None:
@@ -187,6 +190,7 @@ class _Scheduler:
 
     def plan_concat(self, node):
         self.planned[node.id] = node
+        self.filling.add(node.id)
         self.steps.append(Allocate(node))
         offset = 0
         axis = node.params
@@ -195,17 +199,76 @@ class _Scheduler:
             target = View(part.shape, full_strides, offset * full_strides[axis])
             yield self.build_kernel(part, target=(node, target))
             offset += part.shape[axis]
+        self.filling.discard(node.id)
 
     # ---- kernels -----------------------------------------------------------------------------------
     def build_kernel(self, root: ir.Node, target=None):
         full, axes = self.domain_of(root)
         builder = _KernelBuilder(self, full, axes)
         yield builder.add_root(root, target)
+        if target is None and not axes and root.shape == builder.full:
+            for sibling in self.siblings(builder):
+                yield builder.add_root(sibling)
+                builder.riders.append(sibling)
         if target is None:
             self.planned[root.id] = root
         for node in builder.riders:  # available from now on: their kernel is in the steps
             self.planned[node.id] = node
         self.steps.append(builder.finish())
+
+    # Horizontal fusion: two values needed as buffers (held by the user, or read by a library call) that
+    # read the same inputs are computed by one kernel, which reads those inputs once (a SwiGLU backward's
+    # two gradients: one pass over dy, gate and up instead of two).
+    MAX_SIBLINGS = 4      # extra stores a kernel takes on this way
+    SIBLING_NODES = 64    # the most nodes a sibling may add to a kernel
+
+    def siblings(self, builder) -> list:
+        """Values of the builder's (elementwise, full-domain) shape that must be stored, read what its
+        kernel reads or computes, and need nothing else that is not already available: adding them to
+        this kernel plans nothing new, so it cannot depend on this kernel's own results."""
+        found, seen = [], set()
+        stack = list(builder.inputs + builder.computed)
+        while stack and len(seen) <= self.SIBLING_NODES:   # up through the elementwise values they feed
+            for user in self.users.get(stack.pop().id, ()):
+                if user.id in seen or self.is_available(user) or user.id in builder.stored:
+                    continue
+                if user.kind == "view":   # (a reshape to the batch shape torch graphs put everywhere)
+                    seen.add(user.id)
+                    stack.append(user)
+                    continue
+                if user.kind != "elementwise" or user.shape != builder.full:
+                    continue
+                seen.add(user.id)
+                if not self.must_store(user):
+                    stack.append(user)
+                elif self.lowerable_in(builder, user):
+                    found.append(user)
+                    if len(found) == self.MAX_SIBLINGS:
+                        return found
+        return found
+
+    def lowerable_in(self, builder, node) -> bool:
+        """Whether ``node`` lowers inside ``builder``'s kernel from what is available or computed there,
+        through same-shape elementwise values nobody else stores, constants, and views of buffers."""
+        stack, seen = list(node.inputs), set()
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            if len(seen) > self.SIBLING_NODES:
+                return False
+            if n.id in builder.stored or (n.id, (), "full") in builder.memo or n.kind == "constant":
+                continue
+            if n.kind == "view" or self.is_available(n):   # a load (of a view: of an available base only)
+                base = n.inputs[0] if n.kind == "view" else n
+                if not self.is_available(base) or base.id in self.filling:
+                    return False
+                continue
+            if n.kind != "elementwise" or n.shape != builder.full or self.must_store(n):
+                return False
+            stack.extend(n.inputs)
+        return True
 
     def domain_of(self, root: ir.Node):
         if root.kind == "reduce":
@@ -353,6 +416,7 @@ class _KernelBuilder:
         # this one is finished: a kernel built while this one is still being lowered (an input it
         # must materialize first) runs before it, so it must not read them.
         self.riders = []
+        self.computed = []  # elementwise values this kernel computes over its whole domain (siblings')
 
     def add_root(self, root, target=None):
         self.stored.add(root.id)  # stored below, not as a ride-along
@@ -436,6 +500,8 @@ class _KernelBuilder:
             args.append((yield self.lower(i, chain, domain)))
         in_dtype = node.inputs[0].dtype if node.prim.name != "where" else node.inputs[1].dtype
         op = self.add(Elementwise(node.prim.name, tuple(args), domain, node.dtype, in_dtype))
+        if not chain and domain == "full":
+            self.computed.append(node)
         if wanted:  # ride along: store this user-held value from this kernel
             self.riders.append(node)
             self.stored.add(node.id)

@@ -229,3 +229,48 @@ def test_a_value_stored_along_the_way_is_not_read_before_its_kernel_runs():
     from flyarray.bench import torch_models
     (case,) = torch_models._llama_cases(torch.device("cpu"), small=True)
     torch.testing.assert_close(case.ours(), case.eager(), rtol=1e-4, atol=1e-4)
+
+
+def test_siblings_reading_the_same_inputs_are_one_kernel(backend):
+    """Two values evaluated together that read the same arrays: one kernel reads each input once and
+    stores both (horizontal fusion), inside fa.jit too."""
+    a, b = sample(rng(), (6, 9), "float32", -1, 1), sample(rng(), (6, 9), "float32", -1, 1)
+    x, y = fa.asarray(a), fa.asarray(b)
+    first, second = x * y + 1.0, fa.sin(x) * y
+    assert launched(first, second) == 1
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    assert_matches(first, (a64 * b64 + 1).astype(np.float32), rtol=1e-6)
+    assert_matches(second, (np.sin(a64) * b64).astype(np.float32), rtol=1e-5)
+    both = fa.jit(lambda p, q: (p * q + 1.0, fa.sin(p) * q))
+    fa.reset_stats()
+    outs = both(x, y)
+    fa.eval(*outs)
+    assert fa.stats()["kernels_launched"] == 1
+    assert_matches(outs[1], (np.sin(a64) * b64).astype(np.float32), rtol=1e-5)
+
+
+def test_a_sibling_that_needs_this_kernels_result_is_not_fused(backend):
+    """``second`` reads a matmul of ``first``: it cannot be computed by the kernel that makes ``first``
+    (the matmul runs between), so it gets a kernel of its own, and both are right."""
+    a, w = sample(rng(), (4, 4), "float32", -1, 1), sample(rng(), (4, 4), "float32", -1, 1)
+    x = fa.asarray(a)
+    first = x * 2.0
+    second = fa.sin(x) * (first @ fa.asarray(w))
+    assert launched(first, second) == 3    # first; the matmul; second
+    a64 = a.astype(np.float64)
+    assert_matches(second, (np.sin(a64) * ((2 * a64) @ w)).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_sibling_fusion_follows_reshapes_of_shared_inputs(backend):
+    """Torch graphs reshape to the batch shape around every op: siblings reached through such views of
+    a shared input still share one kernel (the SwiGLU backward's two gradients)."""
+    g, u, d = (sample(rng(), (8, 16), "float32", -2, 2) for _ in range(3))
+    gate, up, dy = (fa.asarray(t).reshape(1, 8, 16) for t in (g, u, d))
+    sig = 1.0 / (1.0 + fa.exp(-gate))
+    d_up = dy * gate * sig
+    d_gate = dy * up * sig * (1.0 + gate * (1.0 - sig))
+    assert launched(d_up, d_gate) == 1
+    g64, u64, d64 = (t.astype(np.float64) for t in (g, u, d))
+    s64 = 1 / (1 + np.exp(-g64))
+    assert_matches(d_gate, (d64 * u64 * s64 * (1 + g64 * (1 - s64))).reshape(1, 8, 16).astype(np.float32),
+                   rtol=1e-5, atol=1e-6)
