@@ -40,13 +40,6 @@ CONFIGS = [
     dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=3, CONSUMER_REGS=240, PRODUCER_REGS=40),
     dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=4, CONSUMER_REGS=240, PRODUCER_REGS=40),
     dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=232, PRODUCER_REGS=24),
-    # the ping-pong consumers (take turns at the tensor cores): untimed until this runs
-    dict(GLUON=True, WS=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=240,
-         PRODUCER_REGS=40),
-    dict(GLUON=True, WS=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=4, CONSUMER_REGS=240,
-         PRODUCER_REGS=40),
-    dict(GLUON=True, WS=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=2, CONSUMER_REGS=240,
-         PRODUCER_REGS=40),
 ]
 if os.environ.get("GLUON_ONLY") == "ws":
     CONFIGS = [c for c in CONFIGS if c.get("WS") or (c["BLOCK_M"], c["BLOCK_N"]) == (128, 128)]

@@ -949,8 +949,7 @@ def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
     kernel = attention_hopper._attn_fwd_hopper_kernel
     if cfg.get("WS"):
         kernel = attention_hopper._attn_fwd_hopper_ws_kernel
-        extra = dict(CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), PRODUCER_REGS=cfg.get("PRODUCER_REGS", 40),
-                     PINGPONG=bool(cfg.get("PINGPONG", False)))
+        extra = dict(CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), PRODUCER_REGS=cfg.get("PRODUCER_REGS", 40))
     _launch(kernel, grid, q.device, *_slice_fwd_args(q, k, v, out, lse, scale),
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         STAGES=cfg["STAGES"], num_warps=cfg["num_warps"], **extra,
@@ -1222,8 +1221,7 @@ def _gluon_spec(name: str, kernel_name: str, dtype: str, D: int, causal: bool, c
     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                  STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
     if cfg.get("WS"):
-        const.update(CONSUMER_REGS=cfg["CONSUMER_REGS"], PRODUCER_REGS=cfg["PRODUCER_REGS"],
-                     PINGPONG=bool(cfg.get("PINGPONG", False)))
+        const.update(CONSUMER_REGS=cfg["CONSUMER_REGS"], PRODUCER_REGS=cfg["PRODUCER_REGS"])
     return _spec(name, getattr(attention_hopper, kernel_name), dtype, const,
                  dict(num_warps=cfg["num_warps"], num_stages=1))
 
@@ -1245,10 +1243,6 @@ def _specs_for_arch(arch: str) -> list:
                                          table["fwd_gluon_causal" if causal else "fwd_gluon"][D]))
                 specs.append(_gluon_spec(f"attn_fwd_gluon_ws_{dtype}_d{D}{'_causal' if causal else ''}",
                                          "_attn_fwd_hopper_ws_kernel", dtype, D, causal, table["fwd_gluon_ws"][D]))
-                if dtype == "fp16":   # the ping-pong consumers (a candidate): the seed block's case
-                    specs.append(_gluon_spec(f"attn_fwd_gluon_pp_{dtype}_d{D}{'_causal' if causal else ''}",
-                                             "_attn_fwd_hopper_ws_kernel", dtype, D, causal,
-                                             dict(table["fwd_gluon_ws"][D], PINGPONG=True)))
             if "fwd_tma" in table and HAS_TENSOR_DESCRIPTORS:  # sm_90: the TMA forward as well
                 for variant, cfg in _tma_variants(table["fwd_tma_causal" if causal else "fwd_tma"][D]):
                     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],

@@ -260,38 +260,11 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, ready, 
 
 
 @gluon.jit
-def _ws_consumer_state(first, s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                       HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, dtype: gl.constexpr):
-    """A consumer's loop state before key block 0: (its rows, a block's key offsets, m_i, l_i, acc,
-    the p operand)."""
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows = first + gl.arange(0, HALF, s_rows)
-    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-    m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
-    l_i = gl.zeros([HALF], gl.float32, s_rows)
-    acc = warpgroup_mma_init(gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout))
-    p_op = gl.zeros([HALF, BLOCK_N], dtype, p_layout)
-    return rows, offs_n, m_i, l_i, acc, p_op
-
-
-@gluon.jit
-def _ws_finish(o_desc, Lse, q_tile, acc, pid_bh, Sq, rows, m_i, l_i, first, o_rows: gl.constexpr):
-    """A consumer's last steps: its rows' lse, and its output through its (no longer read) q tile."""
-    l_safe = _store_lse(Lse, pid_bh, Sq, rows, m_i, l_i)
-    out = acc / gl.convert_layout(l_safe, o_rows)[:, None]
-    q_tile.store(out.to(q_tile.dtype))
-    fence_async_shared()
-    _tma_store(o_desc, [first, 0], q_tile)
-    tma.store_wait(0)
-
-
-@gluon.jit
-def _ws_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, turn, pid_bh, m0, Sq, Sk, n_blocks,
+def _ws_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, pid_bh, m0, Sq, Sk, n_blocks,
                  first_masked, qk_scale_log2, causal, half_index):
     """One 64-row half (``half_index``) of the query block: _attn_fwd_hopper_kernel's loop for one
     warpgroup, with the slot handed back through ``empty`` instead of a CTA barrier. Sizes come from the
-    shared buffers' shapes and the flags as run-time values (a partition takes no constexpr arguments).
-    ``turn`` is the ping-pong consumer's; this one does not take turns."""
+    shared buffers' shapes and the flags as run-time values (a partition takes no constexpr arguments)."""
     HALF: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -299,14 +272,20 @@ def _ws_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, turn
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
     q_tile = q_smem.index(half_index)
     mbarrier.wait(q_bars.index(half_index), 0)
+
     first = m0 + half_index * HALF
-    rows, offs_n, m_i, l_i, acc, p_op = _ws_consumer_state(first, s_layout, o_layout, p_layout, HALF, HEAD_DIM,
-                                                           BLOCK_N, dtype)
+    rows = first + gl.arange(0, HALF, s_rows)
+    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
     causal_offset = Sk - Sq
+    m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
+    l_i = gl.zeros([HALF], gl.float32, s_rows)
+    acc = warpgroup_mma_init(gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout))
+    p_op = gl.zeros([HALF, BLOCK_N], dtype, p_layout)
 
     s = _issue_scores(q_tile, k_smem, ready, 0, n_blocks, s_layout, HALF, BLOCK_N, STAGES)
     s = warpgroup_mma_wait(0, deps=(s,))
@@ -322,59 +301,13 @@ def _ws_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, turn
         acc = warpgroup_mma(p_op, v_smem.index(j % STAGES), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_next,))
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    _ws_finish(o_desc, Lse, q_tile, acc, pid_bh, Sq, rows, m_i, l_i, first, o_rows)
 
-
-# The ping-pong consumer (FlashAttention-3's inter-warpgroup schedule): each consumer issues its two
-# matmuls of a step (s_{j+1} = q . k_{j+1}^T, then acc += p_j . v_j) only in its turn, then hands the
-# turn to the other consumer, so the tensor cores run one warpgroup's matmuls while the other
-# warpgroup's softmax (exp2 on the CUDA cores) runs. ``turn`` holds one mbarrier per consumer; half 0
-# starts (its first wait is on a fresh barrier's parity 1, which passes at once). Key block j's step,
-# with s_j in registers and pv_{j-1} in flight:
-#
-#     1. the online softmax of s_j -> p_j, alpha     (overlaps pv_{j-1} and the other half's matmuls)
-#     2. wait for pv_{j-1}: its slot is free; acc *= alpha
-#     3. wait for the turn; issue s_{j+1}, then pv_j; hand the turn over
-#     4. wait for s_{j+1}                            (pv_j stays in flight)
-@gluon.jit
-def _ws_pingpong_consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, turn, pid_bh, m0, Sq, Sk,
-                          n_blocks, first_masked, qk_scale_log2, causal, half_index):
-    HALF: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
-    o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    dtype: gl.constexpr = q_smem.dtype
-    q_tile = q_smem.index(half_index)
-    mbarrier.wait(q_bars.index(half_index), 0)
-    first = m0 + half_index * HALF
-    rows, offs_n, m_i, l_i, acc, p_op = _ws_consumer_state(first, s_layout, o_layout, p_layout, HALF, HEAD_DIM,
-                                                           BLOCK_N, dtype)
-    causal_offset = Sk - Sq
-    my_turn = turn.index(half_index)
-    their_turn = turn.index(1 - half_index)
-    leads = 1 - half_index      # half 0 waits on parity 1 first (passes on a fresh barrier)
-
-    s = _issue_scores(q_tile, k_smem, ready, 0, n_blocks, s_layout, HALF, BLOCK_N, STAGES)
-    s = warpgroup_mma_wait(0, deps=(s,))
-    for j in range(0, n_blocks):
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk, causal_offset,
-                                             causal != 0, qk_scale_log2, BLOCK_N)
-        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))     # pv_{j-1} done: its slot is free
-        mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), pred=j >= 1)
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        mbarrier.wait(my_turn, (j & 1) ^ leads)
-        s_next = _issue_scores(q_tile, k_smem, ready, j + 1, n_blocks, s_layout, HALF, BLOCK_N, STAGES)
-        acc = warpgroup_mma(p_op, v_smem.index(j % STAGES), acc, is_async=True)
-        mbarrier.arrive(their_turn)
-        s = warpgroup_mma_wait(1, deps=(s_next,))
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    _ws_finish(o_desc, Lse, q_tile, acc, pid_bh, Sq, rows, m_i, l_i, first, o_rows)
+    l_safe = _store_lse(Lse, pid_bh, Sq, rows, m_i, l_i)
+    out = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+    q_tile.store(out.to(dtype))    # this half's q is no longer read: it stages the output for TMA
+    fence_async_shared()
+    _tma_store(o_desc, [first, 0], q_tile)
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -384,17 +317,13 @@ def _attn_fwd_hopper_ws_kernel(
     Hq, Sq, Sk, kv_group, qk_scale_log2,
     IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    PINGPONG: gl.constexpr = False,
 ):
     """_attn_fwd_hopper_kernel's semantics (BLOCK_M = 128: two 64-row halves), warp-specialized:
     launched with num_warps=4 (the first consumer); the second consumer (4 warps) and the producer
-    (1 warp) are worker partitions. PINGPONG: the consumers take turns at the tensor cores
-    (``_ws_pingpong_consumer``)."""
+    (1 warp) are worker partitions."""
     gl.static_assert(BLOCK_M == 128, "two consumer warpgroups of 64 rows")
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
-    # the plain consumer waits for block j+1 before it releases block j-1; the ping-pong one releases
-    # block j-1 first
-    gl.static_assert(STAGES >= 3 or (PINGPONG and STAGES >= 2), "too few slots for the consumer's schedule")
+    gl.static_assert(STAGES >= 3, "a consumer waits for block j+1 before it releases block j-1")
     HALF: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
 
@@ -409,30 +338,21 @@ def _attn_fwd_hopper_ws_kernel(
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)   # one arrival from each consumer
     fence_async_shared()
 
-    consumer_args = (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, turn, pid_bh, m0, Sq, Sk,
-                     n_blocks, first_masked, qk_scale_log2, gl.to_tensor(IS_CAUSAL).to(gl.int32))
-    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, ready, empty, m0, n_blocks)
-    if PINGPONG:
-        gl.warp_specialize([
-            (_ws_pingpong_consumer, consumer_args + (gl.to_tensor(0),)),
-            (_ws_pingpong_consumer, consumer_args + (gl.to_tensor(1),)),
-            (_ws_producer, producer_args),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_ws_consumer, consumer_args + (gl.to_tensor(0),)),
-            (_ws_consumer, consumer_args + (gl.to_tensor(1),)),
-            (_ws_producer, producer_args),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    consumer_args = (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, ready, empty, pid_bh, m0, Sq, Sk, n_blocks,
+                     first_masked, qk_scale_log2)
+    causal = gl.to_tensor(IS_CAUSAL).to(gl.int32)
+    gl.warp_specialize([
+        (_ws_consumer, consumer_args + (causal, gl.to_tensor(0))),
+        (_ws_consumer, consumer_args + (causal, gl.to_tensor(1))),
+        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, ready, empty, m0, n_blocks)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------
