@@ -511,11 +511,11 @@ def _split(rest, has_bias, has_mask, has_dlse):
     return bias, mask, out, lse, do, next(it) if has_dlse else None
 
 
-def _attention_bwd_kernel(q, k, v, *rest, scale, is_causal, has_bias, has_mask, has_dlse):
+def _attention_bwd_kernel(q, k, v, *rest, scale, is_causal, has_bias, has_mask, has_dlse, into=None):
     from .kernels import attention
     bias, mask, out, lse, do, dlse = _split(rest, has_bias, has_mask, has_dlse)
     return attention.attention_bwd(do.contiguous(), q, k, v, out, lse, bias=bias, mask=mask, scale=scale,
-                                   is_causal=is_causal, dlse=dlse)
+                                   is_causal=is_causal, dlse=dlse, into=into)
 
 
 def _attention_bwd_reference(q, k, v, *rest, scale, is_causal, has_bias, has_mask, has_dlse):
@@ -525,7 +525,8 @@ def _attention_bwd_reference(q, k, v, *rest, scale, is_causal, has_bias, has_mas
     return [gr.to(t.dtype) for gr, t in zip(grads, (q, k, v))]
 
 
-ATTENTION_BWD = Library("attention_bwd", _attention_bwd_abstract, _attention_bwd_kernel, _attention_bwd_reference)
+ATTENTION_BWD = Library("attention_bwd", _attention_bwd_abstract, _attention_bwd_kernel, _attention_bwd_reference,
+                        writes_into=True)
 
 
 def _attention_vjp(gs, e):

@@ -239,7 +239,7 @@ class _Builder:
             if isinstance(step, KernelStep):
                 self.add_kernel(step)
             elif isinstance(step, LibraryCall):
-                self.add_library(step.node)
+                self.add_library(step.node, step.into)
             else:
                 self.add_allocation(step)
         return Plan(self.steps, self.labels, self.n_slots, len(self.walk.leaf_nodes), self.binds, tuple(self.description),
@@ -308,7 +308,8 @@ class _Builder:
                 out.append(None)  # a library kernel's output: its layout is the kernel's business
         return out
 
-    def add_library(self, lib):
+    def add_library(self, lib, into=None):
+        """A library call; ``into`` (LibraryCall.into): outputs it writes straight into a concat's buffer."""
         prim, kwargs, backend = lib.prim, lib.params["kwargs"], self.backend
         ins = []
         for node in lib.inputs:
@@ -323,18 +324,27 @@ class _Builder:
             outs.append(slot)
 
         counts = not prim.reinterpret  # view_as_real / view_as_complex (complex_lowering.py) are torch views
+        # (output index, concat slot, View): written in place, read by nothing else of this plan (schedule.py)
+        aimed = tuple((i, self.slot[concat.id], where) for i, (concat, where) in sorted((into or {}).items()))
 
         def run_library(slots, scalars):
             if counts:
                 runtime._stats["library_calls"] += 1
                 runtime._stats["kernels_launched"] += 1
             tensors = [runtime.apply_movement(slots[s], ops) if ops else slots[s] for s, ops in ins]
-            for slot, value in zip(outs, prim.run(backend, tensors, kwargs)):
-                # fused kernels read a library output as contiguous (its layout is planned before it exists)
-                slots[slot] = value if value.is_contiguous() else value.contiguous()
+            given = None
+            if aimed:
+                given = [None] * len(outs)
+                for i, concat, where in aimed:
+                    given[i] = slots[concat].as_strided(where.shape, where.strides, where.offset)
+            for slot, value, target in zip(outs, prim.run(backend, tensors, kwargs, given), given or outs):
+                # fused kernels read a library output as contiguous (its layout is planned before it exists);
+                # an output written into a concat is read by nothing else here
+                slots[slot] = value if value.is_contiguous() or target is value else value.contiguous()
         self.steps.append(run_library)
         self.labels.append(profiling.library_label(prim.name, kwargs))
-        self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs)))
+        self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs),
+                                 tuple((i, c, w.shape, w.strides, w.offset) for i, c, w in aimed)))
 
 
 def _empty_like_of(dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -85,18 +85,27 @@ class Library(Primitive):
     kind = "library"
     reinterpret = False  # a torch view of its input (view_as_real/view_as_complex): no launch, no kernel
 
-    def __init__(self, name, abstract, kernel, reference, epilogue=None):
+    def __init__(self, name, abstract, kernel, reference, epilogue=None, writes_into=False):
         super().__init__(name)
         self.abstract = abstract
         self.kernel = kernel
         self.reference = reference
         self.epilogue = epilogue
+        # ``kernel(*tensors, into=[tensor or None per output], **params)`` writes those outputs into the
+        # given (strided) tensors: the scheduler then lets the call write a concat's parts itself
+        self.writes_into = writes_into
         LIBRARY[name] = self
 
-    def run(self, backend: str, tensors: list, kwargs: dict) -> list:
-        fn = self.reference if backend == "reference" else self.kernel
-        out = fn(*tensors, **kwargs)
-        return list(out) if isinstance(out, (tuple, list)) else [out]
+    def run(self, backend: str, tensors: list, kwargs: dict, into=None) -> list:
+        """The outputs; ``into`` (writes_into ops): a tensor per output to write it into, or None."""
+        if into is not None and backend != "reference":
+            out = self.kernel(*tensors, into=into, **kwargs)
+        else:
+            out = (self.reference if backend == "reference" else self.kernel)(*tensors, **kwargs)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        if into is not None and backend == "reference":   # the reference has no kernel to aim
+            out = [result if given is None else given.copy_(result) for result, given in zip(out, into)]
+        return out
 
 
 class Composite(Primitive):

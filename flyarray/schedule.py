@@ -47,6 +47,9 @@ class KernelStep:
 @dataclasses.dataclass
 class LibraryCall:
     node: ir.Node  # a library node; its OUTPUT children receive the results
+    # output index -> (concat node, View of its buffer): that output is written there by the call itself
+    # (the library's ``writes_into``), instead of a kernel copying it in (see _Scheduler.write_in_place)
+    into: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -107,6 +110,7 @@ class _Scheduler:
         self.uses = {}
         self.users = {}  # node id -> the nodes that read it (finding siblings: see siblings)
         self.filling = set()  # ids of concats whose parts are being planned: not yet readable
+        self.into = {}  # library output id -> (concat node, View): written in place by its call
         self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         for node in ir.toposort(self.roots):
             for i in node.inputs:
@@ -160,9 +164,11 @@ class _Scheduler:
                 yield self.ensure_materialized_input(i)
             if lib.id not in self.planned:
                 self.planned[lib.id] = lib
-                for child in lib.params["outputs"]:
+                outputs = lib.params["outputs"]
+                for child in outputs:
                     self.planned[child.id] = child
-                self.steps.append(LibraryCall(lib))
+                into = {i: self.into[c.id] for i, c in enumerate(outputs) if c.id in self.into}
+                self.steps.append(LibraryCall(lib, into))
             return
         if kind == "concat":
             yield self.plan_concat(node)
@@ -192,14 +198,44 @@ class _Scheduler:
         self.planned[node.id] = node
         self.filling.add(node.id)
         self.steps.append(Allocate(node))
-        offset = 0
         axis = node.params
         full_strides = views.contiguous_strides(node.shape)
+        targets, offset = [], 0
         for part in node.inputs:
-            target = View(part.shape, full_strides, offset * full_strides[axis])
-            yield self.build_kernel(part, target=(node, target))
+            targets.append(View(part.shape, full_strides, offset * full_strides[axis]))
             offset += part.shape[axis]
+        # every part a library call can write itself is known before any call is planned: one call may
+        # make several parts (attention_bwd's dq, dk, dv of a qkv gradient)
+        in_place = [self.write_in_place(part, node, target) for part, target in zip(node.inputs, targets)]
+        for part, target, output in zip(node.inputs, targets, in_place):
+            if output is not None:
+                yield self.ensure(output)
+            else:
+                yield self.build_kernel(part, target=(node, target))
         self.filling.discard(node.id)
+
+    def write_in_place(self, part, concat, target):
+        """The library output a concat part moves (through views alone) when that output's call can write it
+        straight into the concat's buffer: the call is not planned yet, takes output buffers
+        (``writes_into``), and nothing else reads the output or the views between; else None."""
+        chain, node = [], part
+        while node.kind == "view":
+            if self.uses.get(node.id, 0) != 1 or node.id in self.wanted:
+                return None
+            chain.append(node.params)
+            node = node.inputs[0]
+        if (node.kind != "output" or node.dtype != concat.dtype or self.is_available(node)
+                or self.uses.get(node.id, 0) != 1 or node.id in self.wanted):
+            return None
+        lib = node.inputs[0]
+        if not lib.prim.writes_into or lib.id in self.planned:
+            return None
+        ops = tuple(op for params in reversed(chain) for op in params)
+        where = views.pulled_back(node.shape, ops, target)
+        if where is None:
+            return None
+        self.into[node.id] = (concat, where)
+        return node
 
     # ---- kernels -----------------------------------------------------------------------------------
     def build_kernel(self, root: ir.Node, target=None):

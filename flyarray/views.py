@@ -76,6 +76,30 @@ def apply_all(view: View, ops) -> Optional[View]:
     return view
 
 
+def pulled_back(shape: tuple, ops, target: View) -> Optional[View]:
+    """Where to write an array of ``shape`` so that the movement ``ops`` applied to it land on ``target``:
+    a View ``w`` of ``shape`` with ``apply_all(w, ops)`` addressing what ``target`` addresses. Only for
+    ops that move every element once (permutes, and reshapes that add or drop size-1 axes or otherwise
+    keep each axis whole); None for anything else (a slice, a broadcast, a merge of axes)."""
+    moved = apply_all(View.contiguous(shape), ops)
+    if moved is None or moved.offset != 0 or math.prod(moved.shape) != math.prod(shape):
+        return None
+    own = contiguous_strides(shape)
+    strides = [0] * len(shape)
+    placed = set()
+    for size, stride, goes_to in zip(moved.shape, moved.strides, target.strides):
+        if size == 1:
+            continue
+        axis = next((b for b in range(len(shape)) if shape[b] == size and own[b] == stride and b not in placed), None)
+        if axis is None:
+            return None
+        placed.add(axis)
+        strides[axis] = goes_to
+    if any(n > 1 and b not in placed for b, n in enumerate(shape)):
+        return None
+    return View(tuple(shape), tuple(strides), target.offset)
+
+
 def _reshape(view: View, shape: tuple) -> Optional[View]:
     """Strides for ``shape`` over the same elements, when some exist (torch's rule)."""
     shape = tuple(shape)

@@ -274,3 +274,53 @@ def test_sibling_fusion_follows_reshapes_of_shared_inputs(backend):
     s64 = 1 / (1 + np.exp(-g64))
     assert_matches(d_gate, (d64 * u64 * s64 * (1 + g64 * (1 - s64))).reshape(1, 8, 16).astype(np.float32),
                    rtol=1e-5, atol=1e-6)
+
+
+def _attention_grads_stacked(q, k, v, ct, also=None):
+    out, vjp = fa.vjp(lambda a, b, c: fa.nn.dot_product_attention(a, b, c, is_causal=True),
+                      *(fa.asarray(t) for t in (q, k, v)))
+    grads = vjp(fa.asarray(ct))
+    return fa.stack(grads, axis=2), (grads[0] * 2.0 if also else None)
+
+
+def _torch_attention_grads(q, k, v, ct):
+    import torch
+    ts = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in ts), is_causal=True)
+    out.transpose(1, 2).backward(ct)
+    return [t.grad for t in ts]
+
+
+def test_a_stack_of_library_outputs_is_written_by_the_library_call(backend):
+    """dq, dk, dv stacked (a qkv gradient): the attention backward writes each straight into its slice of
+    the stack (``Library.writes_into``), so no kernel copies them there; the values are torch's."""
+    import torch
+    torch.manual_seed(0)
+    q, k, v, ct = (torch.randn(2, 9, 2, 16) for _ in range(4))
+    fa.eval(_attention_grads_stacked(q, k, v, ct)[0])
+    with fa.profile() as profile:
+        stacked, _ = _attention_grads_stacked(q, k, v, ct)
+        fa.eval(stacked)
+    assert [r.name for r in profile.rows if r.name.startswith("fused")] == [], [r.name for r in profile.rows]
+    torch.testing.assert_close(stacked.torch(), torch.stack(_torch_attention_grads(q, k, v, ct), 2),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_library_output_read_elsewhere_is_still_copied_into_the_stack(backend):
+    """dq also feeds another value: it keeps a buffer of its own, and the call, planned for that value
+    before the stack is, writes every output to a buffer of its own: kernels copy them into the stack.
+    Both results are right."""
+    import torch
+    torch.manual_seed(1)
+    q, k, v, ct = (torch.randn(1, 7, 2, 16) for _ in range(4))
+    with fa.profile() as profile:
+        stacked, doubled = _attention_grads_stacked(q, k, v, ct, also=True)
+        fa.eval(stacked, doubled)
+    calls = {}
+    for r in profile.rows:
+        calls[r.name] = calls.get(r.name, 0) + r.calls
+    assert {name: n for name, n in calls.items() if name.startswith("fused")} == {"fused: copy": 3,
+                                                                                  "fused: multiply": 1}, calls
+    want = _torch_attention_grads(q, k, v, ct)
+    torch.testing.assert_close(stacked.torch(), torch.stack(want, 2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(doubled.torch(), 2 * want[0], rtol=1e-5, atol=1e-5)

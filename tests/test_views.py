@@ -243,3 +243,35 @@ def test_views_do_not_copy_realized_buffers(backend):
 def test_none_inserts_axes(backend, key):
     v = np.arange(6, dtype=np.float64).reshape(2, 3)
     assert_matches(make_array(v)[key], v[key])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_pulled_back_writes_land_where_the_moved_array_goes(data):
+    """views.pulled_back(shape, ops, target): writing an array through the returned view puts each element
+    where writing ``apply(ops)`` of it through ``target`` would (permutes and size-1 axes added or
+    dropped), checked on index arrays; ops that do not move every element once give None."""
+    from flyarray.views import View, apply_all, contiguous_strides, pulled_back
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    moved_shape = tuple(shape[p] for p in perm)
+    at = data.draw(st.integers(0, len(moved_shape)))
+    grown = moved_shape[:at] + (1,) + moved_shape[at:]
+    ops = (("permute", perm), ("reshape", grown))
+    buffer_shape = tuple(n + data.draw(st.integers(0, 2)) for n in grown)   # the target: a corner of a bigger buffer
+    target = View(grown, contiguous_strides(buffer_shape), data.draw(st.integers(0, 3)))
+    where = pulled_back(shape, ops, target)
+    assert where is not None
+    values = np.arange(int(np.prod(shape))).reshape(shape)
+    size = target.offset + sum((n - 1) * s for n, s in zip(buffer_shape, target.strides)) + 1
+    direct, through = np.full(size, -1), np.full(size, -1)
+    for index in np.ndindex(*shape):
+        direct[where.offset + int(np.dot(index, where.strides))] = values[index]
+    moved = values.transpose(perm).reshape(grown)
+    for index in np.ndindex(*grown):
+        through[target.offset + int(np.dot(index, target.strides))] = moved[index]
+    assert (direct == through).all()
+    assert apply_all(View.contiguous(shape), ops) is not None
+    if len(shape) > 1 and shape[0] > 1 and shape[1] > 1:   # merging axes is not a move of whole axes
+        assert pulled_back(shape, (("reshape", (shape[0] * shape[1],) + shape[2:]),),
+                           View.contiguous((shape[0] * shape[1],) + shape[2:])) is None

@@ -1001,8 +1001,11 @@ def attention_decode(q, k, v, *, scale=None, is_causal=False, num_splits=None):
 
 
 def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is_causal=False, dlse=None,
-                  config=None):
+                  config=None, into=None):
     """(dq, dk, dv) for attention_fwd's (out, lse); dk/dv summed over each GQA group.
+
+    ``into``: (dq, dk, dv), each a tensor to write that gradient into (any strides: a slice of a stacked
+    qkv gradient, say; shape, dtype and device of q, k, v) or None for a new one.
 
     ``dlse`` (B, Hq, Sq), where the log-sum-exp itself has a cotangent: d lse / d s is the row's softmax,
     so it adds dlse * p to the scores' cotangent p * (dp - delta), which is delta lowered by dlse.
@@ -1010,7 +1013,7 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     the Gluon Hopper kernel (ValueError where it cannot run: ``_gluon_bwd_ok``); ``config=dict(GLUON=False)``
     keeps the Triton kernels where the table would take the Gluon one."""
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = _gradient_buffers(q, k, v, into)
     extras = bias is not None or mask is not None
     gluon = config if config is not None and config.get("GLUON") else None
     if gluon is not None and not _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale):
@@ -1051,6 +1054,25 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
         Hq, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
     )
     return dq, dk, dv
+
+
+def _gradient_buffers(q, k, v, into) -> tuple:
+    """dq, dk, dv: the tensors ``into`` gives (checked: their input's shape, dtype and device), new ones
+    where it gives None."""
+    if into is None:
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if len(into) != 3:
+        raise ValueError(f"attention_bwd: into must hold 3 tensors or Nones (dq, dk, dv), got {len(into)}")
+    buffers = []
+    for name, given, like in zip(("dq", "dk", "dv"), into, (q, k, v)):
+        if given is None:
+            buffers.append(torch.empty_like(like))
+            continue
+        if given.shape != like.shape or given.dtype != like.dtype or given.device != like.device:
+            raise ValueError(f"attention_bwd: into's {name} is {tuple(given.shape)} {given.dtype} on {given.device}; "
+                             f"it must be {tuple(like.shape)} {like.dtype} on {like.device}")
+        buffers.append(given)
+    return tuple(buffers)
 
 
 def _dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, scale, is_causal, cfg):

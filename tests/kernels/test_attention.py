@@ -548,3 +548,23 @@ def test_gpu_default_forward_from_the_warp_specialized_threshold(causal):
     assert attn._gluon_ws_fwd_default(q, 128, Sk) and not attn._gluon_ws_fwd_default(q, 128, Sk - 1)
     out, lse = attention_fwd(q, k, v, is_causal=causal)
     _check_gpu_forward(q, k, v, causal, out, lse)
+
+
+def test_backward_into_checks_the_buffers_before_any_work():
+    """attention_bwd(into=...) writes the gradients into given (strided) tensors: a buffer of the wrong
+    shape or dtype is refused by name before anything runs; a right one receives the gradient."""
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, 5, 2, 16) for _ in range(4))
+    out, lse = attention_fwd(q, k, v, is_causal=True)
+    stacked = torch.zeros(1, 5, 3, 2, 16)
+    with pytest.raises(ValueError, match="into's dk is \\(1, 5, 2, 8\\)"):
+        attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(None, torch.zeros(1, 5, 2, 8), None))
+    with pytest.raises(ValueError, match="into.s dq is \\(1, 5, 2, 16\\) torch.float16"):
+        attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(stacked[:, :, 0].half(), None, None))
+    dq, dk, dv = attention_bwd(do, q, k, v, out, lse, is_causal=True,
+                               into=(stacked[:, :, 0], stacked[:, :, 1], None))
+    assert dq.data_ptr() == stacked[:, :, 0].data_ptr() and dk.data_ptr() == stacked[:, :, 1].data_ptr()
+    want = attention_bwd(do, q, k, v, out, lse, is_causal=True)
+    for got, ref in zip((stacked[:, :, 0], stacked[:, :, 1], dv), want):
+        torch.testing.assert_close(got, ref)
+    assert (stacked[:, :, 2] == 0).all()
