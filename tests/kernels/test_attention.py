@@ -568,3 +568,26 @@ def test_backward_into_checks_the_buffers_before_any_work():
     for got, ref in zip((stacked[:, :, 0], stacked[:, :, 1], dv), want):
         torch.testing.assert_close(got, ref)
     assert (stacked[:, :, 2] == 0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward_into_slices_of_a_stacked_gradient(head_dim, causal):
+    """On the GPU (sm_90: the Gluon dk/dv kernel, whose TMA stores then use the stack's row stride of
+    3 * heads * head_dim), dq, dk, dv written into the slices of a (B, S, 3, H, D) qkv gradient equal the
+    gradients written to buffers of their own, bit for bit (the same kernels), and nothing outside the
+    slices is touched."""
+    torch.manual_seed(0)
+    B, S, H = 2, 333, 4
+    qkv = torch.randn(B, S, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    do = torch.randn(B, S, H, head_dim, device="cuda", dtype=torch.bfloat16)
+    out, lse = attention_fwd(q, k, v, is_causal=causal)
+    want = attention_bwd(do, q, k, v, out, lse, is_causal=causal)
+    whole = torch.full((B, S + 1, 3, H, head_dim), 7.0, device="cuda", dtype=torch.bfloat16)
+    stacked = whole[:, :S]
+    attention_bwd(do, q, k, v, out, lse, is_causal=causal, into=stacked.unbind(2))
+    for i, w in enumerate(want):
+        assert torch.equal(stacked[:, :, i], w), i
+    assert (whole[:, S] == 7.0).all()
