@@ -1013,7 +1013,7 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     the Gluon Hopper kernel (ValueError where it cannot run: ``_gluon_bwd_ok``); ``config=dict(GLUON=False)``
     keeps the Triton kernels where the table would take the Gluon one."""
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
-    dq, dk, dv = _gradient_buffers(q, k, v, into)
+    dq, dk, dv = _gradient_buffers(q, k, v, into, (q, k, v, do, out, lse))
     extras = bias is not None or mask is not None
     gluon = config if config is not None and config.get("GLUON") else None
     if gluon is not None and not _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale):
@@ -1056,23 +1056,79 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     return dq, dk, dv
 
 
-def _gradient_buffers(q, k, v, into) -> tuple:
-    """dq, dk, dv: the tensors ``into`` gives (checked: their input's shape, dtype and device), new ones
-    where it gives None."""
+def _gradient_buffers(q, k, v, into, inputs) -> tuple:
+    """dq, dk, dv: the tensors ``into`` gives (checked: their input's shape, dtype and device, no element
+    written twice, none overlapping another or one of ``inputs``), new ones where it gives None."""
     if into is None:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if len(into) != 3:
-        raise ValueError(f"attention_bwd: into must hold 3 tensors or Nones (dq, dk, dv), got {len(into)}")
-    buffers = []
-    for name, given, like in zip(("dq", "dk", "dv"), into, (q, k, v)):
-        if given is None:
+    if not isinstance(into, (tuple, list)) or len(into) != 3:
+        raise ValueError("attention_bwd: into must be a tuple of 3 torch tensors or Nones (dq, dk, dv), got "
+                         f"{type(into).__name__}{'' if not isinstance(into, (tuple, list)) else f' of {len(into)}'}")
+    buffers, given = [], []
+    for name, target, like in zip(("dq", "dk", "dv"), into, (q, k, v)):
+        if target is None:
             buffers.append(torch.empty_like(like))
             continue
-        if given.shape != like.shape or given.dtype != like.dtype or given.device != like.device:
-            raise ValueError(f"attention_bwd: into's {name} is {tuple(given.shape)} {given.dtype} on {given.device}; "
+        if not isinstance(target, torch.Tensor):
+            raise ValueError(f"attention_bwd: into's {name} must be a torch tensor or None, got {type(target).__name__}")
+        if target.shape != like.shape or target.dtype != like.dtype or target.device != like.device:
+            raise ValueError(f"attention_bwd: into's {name} is {tuple(target.shape)} {target.dtype} on {target.device}; "
                              f"it must be {tuple(like.shape)} {like.dtype} on {like.device}")
-        buffers.append(given)
+        if not _nested_strides(target):
+            raise ValueError(f"attention_bwd: into's {name} (strides {target.stride()}) addresses some element more than "
+                             "once; give a tensor whose elements are distinct")
+        for other_name, other in given + [(n, t) for n, t in zip(("q", "k", "v", "do", "out", "lse"), inputs)]:
+            if _may_overlap(target, other):
+                raise ValueError(f"attention_bwd: into's {name} overlaps {other_name}; the gradients need memory "
+                                 "of their own")
+        given.append((name, target))
+        buffers.append(target)
     return tuple(buffers)
+
+
+def _nested_strides(t) -> bool:
+    """Whether no element of ``t`` is addressed twice, by a sufficient test: ordered by stride, each axis
+    steps past everything the smaller-stride axes span (true of any slice, permute or stack of one)."""
+    span = 0
+    for stride, size in sorted((abs(st), n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if stride <= span:
+            return False
+        span += (size - 1) * stride
+    return True
+
+
+def _may_overlap(a, b) -> bool:
+    """Whether ``a`` and ``b`` may share an element: not when their storages or byte ranges differ, nor
+    for equal nested strides whose offset difference no pair of their indices makes (the slices of one
+    stack); else assumed to."""
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    lo_a, hi_a, lo_b, hi_b = (*_byte_range(a), *_byte_range(b))
+    if hi_a <= lo_b or hi_b <= lo_a:
+        return False
+    delta = b.data_ptr() - a.data_ptr()
+    if a.stride() != b.stride() or a.shape != b.shape or a.element_size() != b.element_size() \
+            or delta % a.element_size() or not _nested_strides(a):
+        return True
+    axes = sorted((abs(st), n) for st, n in zip(a.stride(), a.shape) if n > 1)
+    return _reachable(delta // a.element_size(), axes)
+
+
+def _reachable(x, axes) -> bool:
+    """Whether x = sum c_i * stride_i with |c_i| < size_i over ``axes`` ((stride, size), nested, ascending
+    stride): the smaller axes span less than one step of the next, so each c_i is x / stride_i rounded
+    down or up."""
+    if not axes:
+        return x == 0
+    stride, size = axes[-1]
+    return any(abs(c) < size and _reachable(x - c * stride, axes[:-1]) for c in {x // stride, -(-x // stride)})
+
+
+def _byte_range(t) -> tuple:
+    low = sum((n - 1) * st for st, n in zip(t.stride(), t.shape) if st < 0)
+    high = sum((n - 1) * st for st, n in zip(t.stride(), t.shape) if st > 0)
+    size = t.element_size()
+    return t.data_ptr() + low * size, t.data_ptr() + (high + 1) * size
 
 
 def _dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, scale, is_causal, cfg):

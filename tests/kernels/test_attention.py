@@ -561,6 +561,19 @@ def test_backward_into_checks_the_buffers_before_any_work():
         attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(None, torch.zeros(1, 5, 2, 8), None))
     with pytest.raises(ValueError, match="into.s dq is \\(1, 5, 2, 16\\) torch.float16"):
         attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(stacked[:, :, 0].half(), None, None))
+    shared = torch.empty_like(q)
+    with pytest.raises(ValueError, match="into's dk overlaps dq"):
+        attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(shared, shared, None))
+    with pytest.raises(ValueError, match="into's dq overlaps k"):
+        attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(k, None, None))
+    with pytest.raises(ValueError, match="addresses some element more than once"):
+        repeated = torch.empty(2, 16).as_strided((1, 5, 2, 16), (0, 0, 16, 1))   # one row, five times
+        attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(repeated, None, None))
+    with pytest.raises(ValueError, match="into's dv must be a torch tensor or None, got ndarray"):
+        attention_bwd(do, q, k, v, out, lse, is_causal=True, into=(None, None, v.numpy()))
+    with pytest.raises(ValueError, match="into must be a tuple of 3"):
+        attention_bwd(do, q, k, v, out, lse, is_causal=True, into={0: None})
+    assert (stacked == 0).all()    # nothing was written by the refused calls
     dq, dk, dv = attention_bwd(do, q, k, v, out, lse, is_causal=True,
                                into=(stacked[:, :, 0], stacked[:, :, 1], None))
     assert dq.data_ptr() == stacked[:, :, 0].data_ptr() and dk.data_ptr() == stacked[:, :, 1].data_ptr()
@@ -591,3 +604,26 @@ def test_gpu_backward_into_slices_of_a_stacked_gradient(head_dim, causal):
     for i, w in enumerate(want):
         assert torch.equal(stacked[:, :, i], w), i
     assert (whole[:, S] == 7.0).all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_into_overlap_test_never_passes_views_that_share_an_element(data):
+    """attention_bwd's overlap test for ``into``: two views of one buffer it calls disjoint share no
+    element (checked by listing both address sets), and slices of one stacked axis are called disjoint."""
+    import numpy as np
+
+    from flyarray.kernels.attention import _may_overlap
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=2, max_size=4)))
+    base = torch.zeros(int(np.prod(shape)) * 3)
+    buffer = base.view(*shape[:-1], shape[-1] * 3) if data.draw(st.booleans()) else base.view(3, *shape)
+    def pick():
+        start = data.draw(st.integers(0, 2))
+        return buffer[..., start::3] if buffer.shape[-1] == shape[-1] * 3 else buffer[start]
+    a, b = pick(), pick()
+    def addresses(t):
+        return {t.storage_offset() + sum(i * s for i, s in zip(index, t.stride())) for index in np.ndindex(*t.shape)}
+    if not _may_overlap(a, b):
+        assert not addresses(a) & addresses(b)
+    if a.data_ptr() != b.data_ptr():
+        assert not _may_overlap(a, b)    # distinct slices of one stacked axis
