@@ -113,7 +113,9 @@ class Walk:
         self.nodes, self.position = nodes, position
         self.leaves, self.leaf_nodes = leaves, leaf_nodes
         self.scalars, self.scalar_nodes = scalars, scalar_nodes
-        self.key = (tuple(entries), tuple([position[r] for r in roots]), backend, _settings)
+        # the scheduler plans later-made roots first (schedule._Scheduler.run): that order is structure too
+        made = () if len(roots) < 2 else tuple(sorted(range(len(roots)), key=lambda i: -roots[i].id))
+        self.key = (tuple(entries), tuple([position[r] for r in roots]), backend, _settings, made)
 
 
 _PLAIN_PARAMS = frozenset(("elementwise", "view", "reduce", "output", "concat"))  # None or tuples of ints

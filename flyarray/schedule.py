@@ -100,12 +100,15 @@ class _Scheduler:
         roots = [r for r in roots if not r.realized]
         whole = {r.id for r in roots if r.kind != "view"}
         self.roots, ids = [], set()
-        for r in roots:
+        self.made = {}  # root id -> the id of the latest root (as the user made them) it stands for
+        for given in roots:
+            r = given
             if r.kind == "view" and not self.reads_part(r, whole):
                 r = r.inputs[0]
             if not r.realized and r.id not in ids:
                 ids.add(r.id)
                 self.roots.append(r)
+            self.made[r.id] = max(self.made.get(r.id, given.id), given.id)
         self.wanted = ids
         self.uses = {}
         self.users = {}  # node id -> the nodes that read it (finding siblings: see siblings)
@@ -142,7 +145,7 @@ class _Scheduler:
 
     def run(self) -> list:
         # Later roots first: they tend to consume earlier ones, which then ride along as extra outputs.
-        for root in sorted(self.roots, key=lambda n: -n.id):
+        for root in sorted(self.roots, key=lambda n: -self.made[n.id]):   # (the plan's key holds this order)
             _drive(self.ensure(root))
         return self.steps
 
@@ -455,7 +458,8 @@ class _KernelBuilder:
         self.computed = []  # elementwise values this kernel computes over its whole domain (siblings')
 
     def add_root(self, root, target=None):
-        self.stored.add(root.id)  # stored below, not as a ride-along
+        if not self.sched.is_available(root):  # (a concat part evaluated since it was recorded is loaded)
+            self.stored.add(root.id)  # stored below, not as a ride-along
         if root.shape == self.full and root.kind != "reduce":
             domain, chain = "full", ()
         else:
@@ -584,8 +588,10 @@ class _KernelBuilder:
 
     @staticmethod
     def is_identity(shape, chain, want) -> bool:
+        """Whether ``chain`` moves a contiguous ``shape`` onto a contiguous ``want`` element for element (a
+        slice that starts at 0 lands contiguously too, but leaves elements out)."""
         view = views.apply_all(View.contiguous(shape), chain)
-        if view is None or view.shape != tuple(want):
+        if view is None or view.shape != tuple(want) or math.prod(shape) != math.prod(want):
             return False
         ref = View.contiguous(want)
         return view.offset == 0 and all(a == b for a, b, s in zip(view.strides, ref.strides, want) if s != 1)

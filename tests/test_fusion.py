@@ -324,3 +324,43 @@ def test_a_library_output_read_elsewhere_is_still_copied_into_the_stack(backend)
     want = _torch_attention_grads(q, k, v, ct)
     torch.testing.assert_close(stacked.torch(), torch.stack(want, 2), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(doubled.torch(), 2 * want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_value_read_through_a_leading_slice_is_stored_whole(backend):
+    """``t`` is wanted and the kernel of ``t[0] + 1`` reads it through a slice that starts at 0: that
+    kernel must not store ``t`` along the way (it covers half of it; ``fa.jit(fa.grad)`` of a shared stack
+    once returned garbage or raised this way)."""
+    a = sample(rng(), (2, 3, 4), "float32", -1, 1)
+    t = fa.asarray(a) * 2.0
+    u = t[0] + 1.0
+    fa.eval(t, u)
+    assert_matches(t, (a.astype(np.float64) * 2).astype(np.float32), rtol=1e-6)
+    assert_matches(u, (a[0].astype(np.float64) * 2 + 1).astype(np.float32), rtol=1e-6)
+
+    def loss(x, d):
+        s = fa.stack([d, x], axis=0)
+        return fa.sum(d * 0.5) + fa.sum(s[1] - s[0])
+    ones = fa.asarray(np.ones((2, 2), np.float32))
+    gx, gd = fa.jit(fa.grad(loss, argnums=(0, 1)))(ones, ones)
+    assert_matches(gx, np.ones((2, 2), np.float32))
+    assert_matches(gd, np.full((2, 2), -0.5, np.float32))
+
+
+def test_a_concat_part_evaluated_after_recording_is_copied_in(backend):
+    """``a`` is recorded into a concat while lazy, then evaluated alone: the concat copies its buffer
+    (it once tried to recompute it from inputs the evaluation had dropped: IndexError)."""
+    x = fa.asarray(np.arange(4, dtype=np.float32))
+    a = x + 1.0
+    c = fa.concat([x, a])
+    assert_matches(a, np.arange(1, 5, dtype=np.float32))
+    assert_matches(c, np.array([0, 1, 2, 3, 1, 2, 3, 4], np.float32))
+
+
+def test_equal_expressions_evaluated_together_get_buffers_of_their_own(backend):
+    """``x + y`` twice, evaluated together, is one op in one kernel stored twice: the two arrays still
+    have separate buffers (a write through one array's torch tensor does not change the other)."""
+    x, y = (fa.asarray(np.ones((2, 2), np.float32)) for _ in range(2))
+    a, b = x + y, x + y
+    assert launched(a, b) == 1
+    a.torch()[0, 0] = 100.0
+    assert_matches(b, np.full((2, 2), 2, np.float32))

@@ -225,6 +225,30 @@ def test_plan_check_mode_rebuilds_and_compares(backend, monkeypatch):
         fa.clear_caches()
 
 
+def test_roots_made_in_another_order_get_a_plan_of_their_own(backend, monkeypatch):
+    """The scheduler plans later-made roots first, so the order the user made them in is part of the
+    plan's key: equal graphs made in the other order are not served the first order's plan (the plan
+    check, which rebuilds and compares, once failed here), and both orders compute the right values."""
+    monkeypatch.setenv("FLYARRAY_PLAN_CHECK", "1")
+    fa.clear_caches()
+    xn, yn = np.random.default_rng(0).random((2, 4, 4), dtype=np.float32)
+    try:
+        for sin_first in (True, False):
+            x, y = fa.asarray(xn), fa.asarray(yn)
+            if sin_first:
+                a = fa.sin(x) * 2.0
+                b = fa.cos(x) + y
+            else:
+                b = fa.cos(x) + y
+                a = fa.sin(x) * 2.0
+            fa.eval(a, b)
+            np.testing.assert_allclose(np.asarray(a), np.sin(xn) * 2, rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(b), np.cos(xn) + yn, rtol=1e-6)
+    finally:
+        monkeypatch.delenv("FLYARRAY_PLAN_CHECK")
+        fa.clear_caches()
+
+
 def test_log_says_why_a_plan_missed(backend, monkeypatch, capsys):
     monkeypatch.setenv("FLYARRAY_LOG", "1")
     fa.eval(fa.exp(fa.asarray(torch.randn(4, 5))) + 1)

@@ -121,7 +121,9 @@ def _store_call(env, kernel: Kernel, k: int, buffer_shape, out: str, inputs: str
     """The call writing store k's value into ``out`` (None: a buffer it makes, or the value itself:
     ``_store``); the function goes into env."""
     st = kernel.stores[k]
-    fresh = st.view.is_contiguous() and isinstance(kernel.ops[st.op], (Elementwise, Reduce))
+    # a value stored twice (equal expressions share an op) becomes the buffer of its first store only
+    fresh = st.view.is_contiguous() and isinstance(kernel.ops[st.op], (Elementwise, Reduce)) \
+        and all(earlier.op != st.op for earlier in kernel.stores[:k])
     env[f"store{k}"] = _store(_strided_reader(st.view), tuple(st.view.shape), tuple(buffer_shape),
                               st.dtype.torch, fresh)
     return f"store{k}(v{st.op}, {out}, {inputs})"
@@ -131,13 +133,16 @@ def _handed_over(kernel: Kernel, output_shapes) -> set:
     """Stores whose value can become the output buffer itself, checked here once: a tensor its torch
     call just allocated (``_allocating``: never an input, a view or an expanded constant), of the
     store's dtype and the buffer's shape, stored contiguously. Only whether torch laid it out
-    contiguously is left to the run (an op over a transposed input gives a transposed result)."""
+    contiguously is left to the run (an op over a transposed input gives a transposed result). One value
+    stored twice (two equal expressions evaluated together share an op) is handed over once: each array
+    gets a buffer of its own."""
     allocating, shapes = _allocating(kernel), _value_shapes(kernel)
-    found = set()
+    found, given = set(), set()
     for k, (st, buffer_shape) in enumerate(zip(kernel.stores, output_shapes)):
-        if st.op in allocating and kernel.ops[st.op].dtype is st.dtype and st.view.is_contiguous() \
-                and shapes[st.op] == tuple(st.view.shape) == tuple(buffer_shape):
+        if st.op in allocating and st.op not in given and kernel.ops[st.op].dtype is st.dtype \
+                and st.view.is_contiguous() and shapes[st.op] == tuple(st.view.shape) == tuple(buffer_shape):
             found.add(k)
+            given.add(st.op)
     return found
 
 
