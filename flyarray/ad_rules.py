@@ -292,6 +292,51 @@ def unslice(g, axis, start, step, full):
     return F.concat(pieces, axis=axis)
 
 
+def merged_pads(a, b):
+    """``a + b`` as one concatenation, where both are concatenations along one axis (``unslice``'s zero
+    padding) whose non-zero parts do not overlap: the cotangents of slices of one array (``qkv[:, :, 0]``,
+    ``[1]``, ``[2]``) then add up to a concat of the three gradients, written once, instead of three padded
+    copies and two additions. None where that does not apply (the caller adds). A part that is -0.0 stays
+    -0.0 (an addition would make it +0.0)."""
+    pieces_a, pieces_b = _nonzero_pieces(a), _nonzero_pieces(b)
+    if pieces_a is None or pieces_b is None or pieces_a[0] != pieces_b[0] or a.shape != b.shape \
+            or a.dtype != b.dtype:
+        return None
+    axis = pieces_a[0]
+    live = sorted(pieces_a[1] + pieces_b[1], key=lambda piece: piece[0])
+    if any(later[0] < earlier[1] for earlier, later in zip(live, live[1:])):
+        return None
+    parts, at = [], 0
+    for start, stop, part in live:
+        if start > at:
+            parts.append(_zeros_along(a, axis, start - at))
+        parts.append(part)
+        at = stop
+    if at < a.shape[axis]:
+        parts.append(_zeros_along(a, axis, a.shape[axis] - at))
+    return F.concat(parts, axis=axis) if len(parts) > 1 else parts[0]
+
+
+def _nonzero_pieces(x):
+    """(axis, [(start, stop, part)] of its parts that are not a zero constant) of an unevaluated concat."""
+    node = x._node
+    if node.kind != "concat" or node.realized:
+        return None
+    axis, pieces, at = node.params, [], 0
+    for part in node.inputs:
+        size = part.shape[axis]
+        if not (part.kind == "constant" and not part.realized and part.params == 0):
+            pieces.append((at, at + size, core.Array(part)))
+        at += size
+    return axis, pieces
+
+
+def _zeros_along(like, axis, size):
+    shape = list(like.shape)
+    shape[axis] = size
+    return zeros(tuple(shape), like.dtype, like.device)
+
+
 def _view_jvp(t, e):
     return core.movement(t[0], e.params, e.shape)
 

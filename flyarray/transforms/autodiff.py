@@ -216,7 +216,11 @@ def _backward(eqns, active, roots, cts, inputs, diff):
 
     def add(node, g):
         prev = ct.get(node.id)
-        ct[node.id] = g if prev is None else prev + g
+        if prev is None:
+            ct[node.id] = g
+        else:   # the padded cotangents of slices of one array join as one concat (ad_rules.merged_pads)
+            merged = ad_rules.merged_pads(prev, g)
+            ct[node.id] = merged if merged is not None else prev + g
 
     for r, g in zip(roots, cts):
         if g is not None and r.id in active:
