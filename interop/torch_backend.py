@@ -598,7 +598,9 @@ def _sdpa_takes(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
         return False                  # float64 and mixed dtypes stay torch's (our kernels are fp16/bf16/fp32)
     if k.shape != v.shape or k.shape[0] != q.shape[0]:
         return False                  # torch broadcasts batch and kv-head dims; our kernels take them equal
-    return (attn_mask is None and not dropout_p and not enable_gqa and k.shape[1] == q.shape[1]
+    # GQA: with enable_gqa, query head h reads key/value head h // (Hq / Hkv), as our kernels do
+    heads = k.shape[1] == q.shape[1] or (enable_gqa and 0 < k.shape[1] and q.shape[1] % k.shape[1] == 0)
+    return (attn_mask is None and not dropout_p and heads
             and not (is_causal and q.shape[2] != k.shape[2]))  # where the causal diagonal sits differs
 
 
