@@ -249,6 +249,7 @@ class _Scheduler:
             for sibling in self.siblings(builder):
                 yield builder.add_root(sibling)
                 builder.riders.append(sibling)
+        self.share_reductions(builder)
         if target is None:
             self.planned[root.id] = root
         for node in builder.riders:  # available from now on: their kernel is in the steps
@@ -285,6 +286,35 @@ class _Scheduler:
                     if len(found) == self.MAX_SIBLINGS:
                         return found
         return found
+
+    def share_reductions(self, builder):
+        """A reduction this kernel computes that a value outside it still needs (an RMSNorm backward's row
+        statistic, which its weight gradient's column sum reads too) is stored as well -- one value a row --
+        instead of a second kernel reading the whole input again to recompute it."""
+        lowered = None
+        for node, op in builder.reductions:
+            if node.id in builder.stored or self.is_available(node):
+                continue
+            if lowered is None:
+                lowered = {key[0] for key in builder.memo}
+            if self.read_outside(node, lowered, builder.stored):
+                builder.keep_reduction(node, op)
+
+    def read_outside(self, node, lowered, stored) -> bool:
+        """Whether a pending value outside ``lowered`` (a kernel's nodes) reads ``node``, directly or through
+        values of that kernel it does not store: that value's kernel would compute ``node`` again. (Values
+        the kernel stores are loaded by their other readers.)"""
+        stack, seen = [node], {node.id}
+        while stack:
+            for user in self.users.get(stack.pop().id, ()):
+                if user.id in seen or self.is_available(user) or user.id in stored:
+                    continue
+                seen.add(user.id)
+                if user.id not in lowered:
+                    return True
+                if len(seen) < self.SIBLING_NODES:
+                    stack.append(user)
+        return False
 
     def lowerable_in(self, builder, node) -> bool:
         """Whether ``node`` lowers inside ``builder``'s kernel from what is available or computed there,
@@ -456,6 +486,7 @@ class _KernelBuilder:
         # must materialize first) runs before it, so it must not read them.
         self.riders = []
         self.computed = []  # elementwise values this kernel computes over its whole domain (siblings')
+        self.reductions = []  # (node, op) of the reductions it computes without storing them
 
     def add_root(self, root, target=None):
         if not self.sched.is_available(root):  # (a concat part evaluated since it was recorded is loaded)
@@ -557,10 +588,15 @@ class _KernelBuilder:
         arg = yield self.lower(node.inputs[0], (), "full")
         op = self.add(Reduce(node.prim.name, arg, node.dtype))
         if self.sched.must_store(node) and node.id not in self.stored:
-            self.riders.append(node)
-            self.stored.add(node.id)
-            self.store(op, node, View.contiguous(self.keep), "outer")
+            self.keep_reduction(node, op)
+        else:
+            self.reductions.append((node, op))
         return op
+
+    def keep_reduction(self, node, op):
+        self.riders.append(node)
+        self.stored.add(node.id)
+        self.store(op, node, View.contiguous(self.keep), "outer")
 
     def load(self, node, chain, domain):
         if node.kind == "view" and node.id not in self.sched.planned:  # a planned view has a buffer of its own

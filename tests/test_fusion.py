@@ -364,3 +364,19 @@ def test_equal_expressions_evaluated_together_get_buffers_of_their_own(backend):
     assert launched(a, b) == 1
     a.torch()[0, 0] = 100.0
     assert_matches(b, np.full((2, 2), 2, np.float32))
+
+
+def test_a_row_statistic_another_kernel_needs_is_stored_not_recomputed(backend):
+    """An RMSNorm-style backward: ``y = dy * r`` (a row kernel computing r = rsqrt(mean(x*x))) and the weight
+    gradient ``sum(dy * x * r, axis=0)`` (a column reduction, another kernel). The row kernel stores r's
+    reduction for the column kernel (one value a row) instead of a third kernel reading x again to
+    recompute it: 2 kernels, not 3."""
+    a, d = sample(rng(), (16, 64), "float32", -1, 1), sample(rng(), (16, 64), "float32", -1, 1)
+    x, dy = fa.asarray(a), fa.asarray(d)
+    r = fa.rsqrt(fa.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    w = fa.sum(dy * x * r, axis=0)
+    y = dy * r
+    assert launched(w, y) == 2
+    r64 = 1 / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)
+    assert_matches(w, (d * a * r64).sum(0).astype(np.float32), rtol=1e-4, atol=1e-5)
+    assert_matches(y, (d * r64).astype(np.float32), rtol=1e-5, atol=1e-6)
