@@ -598,3 +598,14 @@ def test_gradient_of_a_stacked_qkv_is_written_by_the_attention_backward():
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
     (out * w).sum().backward()
     torch.testing.assert_close(g.torch(), t.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_vjp_refuses_complex_primals_as_grad_does():
+    """fa.vjp with a complex primal raised nothing and its vjp_fn returned (None,): now refused by name,
+    as fa.grad refuses it (integer primals still get None)."""
+    x = fa.asarray(np.arange(6.0).reshape(2, 3).astype(np.complex64))
+    with pytest.raises(TypeError, match="vjp: primal leaf 0 is fa.complex64"):
+        fa.vjp(lambda a: a * 2, x)
+    out, pull = fa.vjp(lambda a, n: a * 2, fa.asarray(np.ones(3, np.float32)), fa.asarray(np.arange(3)))
+    grads = pull(fa.ones_like(out))
+    assert grads[1] is None and np.allclose(np.asarray(grads[0]), 2.0)

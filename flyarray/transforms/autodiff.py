@@ -380,6 +380,10 @@ def vjp(fun, *primals, has_aux=False):
     pytree per primal. Integer primals get None (JAX gives float0 zeros)."""
     leaves, in_tree = tu.tree_flatten(primals)
     arrays = [_as_array(x, "vjp") for x in leaves]
+    for i, a in enumerate(arrays):
+        if a.dtype.kind == "c":   # as grad: refused, not a silent None
+            raise TypeError(f"vjp: primal leaf {i} is {a.dtype}; derivatives with respect to complex inputs are not "
+                            "implemented (differentiate w.r.t. the real and imaginary parts as float arrays instead)")
     diff = [_differentiable(a.dtype) for a in arrays]
     flat = _Flat(fun, in_tree, has_aux, "vjp")
     outs, pull = vjp_flat(flat, arrays, diff)
