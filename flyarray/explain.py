@@ -157,8 +157,11 @@ def _describe(steps, backend) -> list:
             node = step.node
             inputs = [_library_input(n, made) for n in node.inputs]
             outputs = node.params["outputs"]
-            info = StepInfo(index, "view" if node.prim.reinterpret else "library call", [_library_op(node)], inputs, [_output(n) for n in outputs],
-                            "n/a (library kernel)")
+            written = [_output(n) if i not in step.into else  # written into a concat's buffer (schedule.py)
+                       Buffer(n.shape, n.dtype.name, f"into step {made.get(step.into[i][0].id, '?')}'s buffer")
+                       for i, n in enumerate(outputs)]
+            info = StepInfo(index, "view" if node.prim.reinterpret else "library call", [_library_op(node)], inputs,
+                            written, "n/a (library kernel)")
         elif isinstance(step, Allocate):
             outputs = [step.node]
             info = StepInfo(index, "allocation", [], [], [_output(step.node)], "n/a")

@@ -208,3 +208,14 @@ def test_explain_leaves_the_graph_as_it_was_so_its_evaluation_hits_the_plan(make
     fa.reset_stats()
     np.testing.assert_array_equal(np.asarray(y), want)
     assert fa.stats()["plan_misses"] == 0 and fa.stats()["plan_hits"] == 1
+
+
+def test_explain_says_which_library_outputs_are_written_into_a_concat():
+    """attention's backward writes dq, dk, dv straight into their stack: explain shows those outputs as
+    written into the allocation step's buffer, and no kernel copying them."""
+    q, k, v, ct = (torch.randn(2, 9, 2, 16) for _ in range(4))
+    _, pull = fa.vjp(lambda a, b, c: fa.nn.dot_product_attention(a, b, c, is_causal=True),
+                     *(fa.asarray(t) for t in (q, k, v)))
+    text = str(fa.explain(fa.stack(pull(fa.asarray(ct)), axis=2)))
+    assert text.count("into step 0's buffer") == 3, text
+    assert "fused kernel" not in text, text
