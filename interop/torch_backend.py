@@ -781,14 +781,30 @@ def make_backend(ops=None):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     # Inductor's partitioner, for the same reason Inductor uses it: we fuse elementwise ops too, so the
     # forward saves what is cheapest to keep (matmul outputs) and the backward recomputes the cheap
-    # elementwise values from them (the SwiGLU forward no longer writes silu(gate) for the backward)
-    aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions(),
-                       partition_fn=min_cut_rematerialization_partition)
+    # elementwise values from them (the SwiGLU forward no longer writes silu(gate) for the backward).
+    # Not for a graph that updates a tensor in place: it may save that input to recompute from it, and
+    # the backward would then read the updated value (or fail torch's version check) -- AOTAutograd's
+    # default partition saves the values computed before the update instead.
+    recomputing = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                               decompositions=decompositions(), partition_fn=min_cut_rematerialization_partition)
+    saving = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions())
 
     def backend(gm, example_inputs, **kwargs):
         rewrite_library_calls(gm, families)
-        return aot(gm, example_inputs, **kwargs)
+        return (saving if _updates_in_place(gm) else recomputing)(gm, example_inputs, **kwargs)
     return backend
+
+
+def _updates_in_place(gm: torch.fx.GraphModule) -> bool:
+    """Whether a Dynamo graph has an in-place op (``x.add_``, ``torch.relu_``, ``F.relu(x, inplace=True)``)."""
+    for node in gm.graph.nodes:
+        if node.op not in ("call_method", "call_function"):
+            continue
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
+        base = str(name).split(".")[0]
+        if (base.endswith("_") and not base.endswith("__") and base != "requires_grad_") or node.kwargs.get("inplace"):
+            return True
+    return False
 
 
 def flyarray_backend(gm, example_inputs, **kwargs):

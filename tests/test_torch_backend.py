@@ -914,3 +914,32 @@ def test_grouped_query_sdpa_reaches_our_attention_forward_and_backward():
     torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
     for g, w in zip(got, [x_eager.grad] + [p.grad for p in model.parameters()]):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_buffer_updated_after_its_use_gives_eagers_gradient():
+    """A forward that reads a buffer, then updates it in place (an EMA / running statistic): the backward
+    must use the value from before the update. Inductor's min-cut partition would save the buffer and
+    recompute from it after the update (torch's own aot_eager and inductor then give a different
+    gradient; ours raised the version-counter error), so such graphs keep AOTAutograd's default partition."""
+    class BufferUpdate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(16))
+            self.register_buffer("b", torch.randn(16))
+
+        def forward(self, x):
+            y = x * self.w * torch.sigmoid(self.b)
+            self.b.add_(1.0)
+            return y
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 8, 16) for _ in range(2)]
+    eager = BufferUpdate()
+    model = BufferUpdate()
+    model.load_state_dict(eager.state_dict())
+    compiled = fat.accelerate(model)
+    for x in xs:
+        compiled(x).sum().backward()
+        eager(x).sum().backward()
+    torch.testing.assert_close(model.w.grad, eager.w.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.b, eager.b)
