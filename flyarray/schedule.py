@@ -120,7 +120,7 @@ class _Scheduler:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
                 self.users.setdefault(i.id, []).append(node)
             if node.kind == "library":
-                self.library_inputs.update((i.inputs[0] if i.kind == "view" else i).id for i in node.inputs)
+                self.note_library_inputs(node)
             elif ir.copied(node) is not None:
                 # a same-dtype copy of a lazy value: fa.grad's stand-in for a lazy primal is one. Stored, its
                 # buffer goes to the primal too (plan.Plan.bind), so a training loop that reads only the loss
@@ -188,9 +188,12 @@ class _Scheduler:
         it again (the GEMM under it twice)."""
         if not any(prim.epilogue(node, self.uses, self.wanted) for prim in LIBRARY.values() if prim.epilogue):
             return False
-        lib = node.inputs[0]
-        self.library_inputs.update((i.inputs[0] if i.kind == "view" else i).id for i in lib.inputs)
+        self.note_library_inputs(node.inputs[0])
         return True
+
+    def note_library_inputs(self, lib):
+        """The buffers library call ``lib`` reads (a view's base) are materialized whatever we fuse."""
+        self.library_inputs.update((i.inputs[0] if i.kind == "view" else i).id for i in lib.inputs)
 
     def ensure_materialized_input(self, node: ir.Node):
         """Library kernels take buffers: realize the base of a view (the view itself is strided)."""
@@ -298,7 +301,7 @@ class _Scheduler:
             if lowered is None:
                 lowered = {key[0] for key in builder.memo}
             if self.read_outside(node, lowered, builder.stored):
-                builder.keep_reduction(node, op)
+                builder.ride_along(node, op, "outer")
 
     def read_outside(self, node, lowered, stored) -> bool:
         """Whether a pending value outside ``lowered`` (a kernel's nodes) reads ``node``, directly or through
@@ -574,9 +577,7 @@ class _KernelBuilder:
         if not chain and domain == "full":
             self.computed.append(node)
         if wanted:  # ride along: store this user-held value from this kernel
-            self.riders.append(node)
-            self.stored.add(node.id)
-            self.store(op, node, View.contiguous(self.full), "full")
+            self.ride_along(node, op, "full")
         return op
 
     def lower_reduce(self, node, chain, domain):
@@ -588,15 +589,16 @@ class _KernelBuilder:
         arg = yield self.lower(node.inputs[0], (), "full")
         op = self.add(Reduce(node.prim.name, arg, node.dtype))
         if self.sched.must_store(node) and node.id not in self.stored:
-            self.keep_reduction(node, op)
+            self.ride_along(node, op, "outer")
         else:
             self.reductions.append((node, op))
         return op
 
-    def keep_reduction(self, node, op):
+    def ride_along(self, node, op, domain):
+        """Store ``node`` (computed as ``op`` over ``domain``) from this kernel as it goes."""
         self.riders.append(node)
         self.stored.add(node.id)
-        self.store(op, node, View.contiguous(self.keep), "outer")
+        self.store(op, node, View.contiguous(self.full if domain == "full" else self.keep), domain)
 
     def load(self, node, chain, domain):
         if node.kind == "view" and node.id not in self.sched.planned:  # a planned view has a buffer of its own
