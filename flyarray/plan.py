@@ -328,6 +328,7 @@ class _Builder:
         counts = not prim.reinterpret  # view_as_real / view_as_complex (complex_lowering.py) are torch views
         # (output index, concat slot, View): written in place, read by nothing else of this plan (schedule.py)
         aimed = tuple((i, self.slot[concat.id], where) for i, (concat, where) in sorted((into or {}).items()))
+        aimed_slots = {outs[i] for i, _, _ in aimed}
 
         def run_library(slots, scalars):
             if counts:
@@ -339,10 +340,10 @@ class _Builder:
                 given = [None] * len(outs)
                 for i, concat, where in aimed:
                     given[i] = slots[concat].as_strided(where.shape, where.strides, where.offset)
-            for slot, value, target in zip(outs, prim.run(backend, tensors, kwargs, given), given or outs):
+            for slot, value in zip(outs, prim.run(backend, tensors, kwargs, given)):
                 # fused kernels read a library output as contiguous (its layout is planned before it exists);
                 # an output written into a concat is read by nothing else here
-                slots[slot] = value if value.is_contiguous() or target is value else value.contiguous()
+                slots[slot] = value if value.is_contiguous() or slot in aimed_slots else value.contiguous()
         self.steps.append(run_library)
         self.labels.append(profiling.library_label(prim.name, kwargs))
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs),

@@ -48,8 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, cdiv, current_arch, empty, ensure_tma_allocator,
-                                     next_pow2, pick_config, runner)
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, _element_span, cdiv, current_arch, empty,
+                                     ensure_tma_allocator, next_pow2, pick_config, runner)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1103,7 +1103,7 @@ def _may_overlap(a, b) -> bool:
     stack); else assumed to."""
     if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    lo_a, hi_a, lo_b, hi_b = (*_byte_range(a), *_byte_range(b))
+    (lo_a, hi_a), (lo_b, hi_b) = ([e * t.element_size() for e in _element_span(t)] for t in (a, b))
     if hi_a <= lo_b or hi_b <= lo_a:
         return False
     delta = b.data_ptr() - a.data_ptr()
@@ -1122,13 +1122,6 @@ def _reachable(x, axes) -> bool:
         return x == 0
     stride, size = axes[-1]
     return any(abs(c) < size and _reachable(x - c * stride, axes[:-1]) for c in {x // stride, -(-x // stride)})
-
-
-def _byte_range(t) -> tuple:
-    low = sum((n - 1) * st for st, n in zip(t.stride(), t.shape) if st < 0)
-    high = sum((n - 1) * st for st, n in zip(t.stride(), t.shape) if st > 0)
-    size = t.element_size()
-    return t.data_ptr() + low * size, t.data_ptr() + (high + 1) * size
 
 
 def _dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, scale, is_causal, cfg):
