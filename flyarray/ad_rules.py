@@ -267,25 +267,18 @@ def unslice(g, axis, start, step, full):
     """The transpose of ``x[start : start + step * n : step]`` along ``axis``: ``g`` put back at those
     positions of an axis of size ``full``, zeros elsewhere (flyarray has no pad op: concat with zeros)."""
     n = g.shape[axis]
-    shape = list(g.shape)
     if n == 0:
-        shape[axis] = full
-        return zeros(tuple(shape), g.dtype, g.device)
+        return _zeros_along(g, axis, full)
     span = n
     if step > 1:  # interleave step-1 zeros after each element, then drop the trailing ones
         spread = F.expand_dims(g, axis + 1)
-        gap = list(spread.shape)
-        gap[axis + 1] = step - 1
-        spread = F.concat([spread, zeros(tuple(gap), g.dtype, g.device)], axis=axis + 1)
+        spread = F.concat([spread, _zeros_along(spread, axis + 1, step - 1)], axis=axis + 1)
+        shape = list(g.shape)
         shape[axis] = n * step
         g = F.reshape(spread, tuple(shape))
         span = (n - 1) * step + 1
         g = F.getitem(g, (slice(None),) * axis + (slice(0, span),))
-    parts = []
-    for size in (start, full - start - span):
-        if size:
-            shape[axis] = size
-            parts.append(zeros(tuple(shape), g.dtype, g.device))
+    parts = [_zeros_along(g, axis, size) for size in (start, full - start - span) if size]
     if not parts:
         return g
     pieces = ([parts.pop(0)] if start else []) + [g] + parts

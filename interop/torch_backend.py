@@ -796,13 +796,15 @@ def make_backend(ops=None):
 
 
 def _updates_in_place(gm: torch.fx.GraphModule) -> bool:
-    """Whether a Dynamo graph has an in-place op (``x.add_``, ``torch.relu_``, ``F.relu(x, inplace=True)``)."""
+    """Whether a Dynamo graph has an in-place op (``x.add_``, ``torch.relu_``, ``F.relu(x, inplace=True)``;
+    an ATen op whose schema mutates, as ``_mutates`` reads it)."""
     for node in gm.graph.nodes:
         if node.op not in ("call_method", "call_function"):
             continue
-        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
-        base = str(name).split(".")[0]
-        if (base.endswith("_") and not base.endswith("__") and base != "requires_grad_") or node.kwargs.get("inplace"):
+        if _mutates(node) or node.kwargs.get("inplace"):
+            return True
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if name.endswith("_") and not name.endswith("__") and name != "requires_grad_":
             return True
     return False
 
