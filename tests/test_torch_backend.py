@@ -898,22 +898,11 @@ def test_grouped_query_sdpa_reaches_our_attention_forward_and_backward():
     torch.manual_seed(0)
     model = _GQAttention()
     compiled = fat.accelerate(model)
-    x = torch.randn(2, 8, 32, requires_grad=True)
-    compiled(x).sum().backward()
+    compiled(torch.randn(2, 8, 32, requires_grad=True)).sum().backward()   # compiles
     model.zero_grad()
-    x.grad = None
     with fa.profile() as profile:
-        out = compiled(x)
-        out.sum().backward()
+        _check_against_eager(model, compiled, (2, 8, 32))
     assert {"attention(is_causal=True)", "attention_bwd(is_causal=True)"} <= {r.name for r in profile.rows}
-    got = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
-    x_eager = x.detach().clone().requires_grad_()
-    model.zero_grad()
-    want_out = model(x_eager)
-    want_out.sum().backward()
-    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
-    for g, w in zip(got, [x_eager.grad] + [p.grad for p in model.parameters()]):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 def test_a_buffer_updated_after_its_use_gives_eagers_gradient():
