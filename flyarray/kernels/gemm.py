@@ -78,12 +78,15 @@ def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn,
                     bias_ptr, s_biasm, s_biasn, res_ptr, s_rm, s_rn,
                     a_scale_ptr, b_scale_ptr,
                     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr):
+                    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr,
+                    c_desc=None, row0=0, col0=0, EPI_TMA: tl.constexpr = False):
     """acc * scales -> + bias -> activation -> + residual -> cast, stored under the bounds mask.
 
     ``c_ptr``/``bias_ptr``/``res_ptr`` already point at this tile's batch.
     Offsets are int32 unless INDEX_64 (a matrix spans >= 2**31 elements):
     int64 offset tiles double the registers the epilogue needs.
+    EPI_TMA: the result goes out through ``c_desc`` at (row0, col0) (an asynchronous bulk store that
+    clips at the edges) instead of pointer stores from the MMA layout.
     """
     mask_m = offs_m < M
     mask_n = offs_n < N
@@ -106,14 +109,18 @@ def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn,
     acc = _activate(acc, ACTIVATION)
     if HAS_RESIDUAL:
         acc += tl.load(res_ptr + rows * s_rm + cols * s_rn, mask=mask, other=0.0).to(acc.dtype)
-    tl.store(c_ptr + rows * s_cm + cols * s_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if EPI_TMA:
+        c_desc.store([row0, col0], acc.to(c_desc.dtype))
+    else:
+        tl.store(c_ptr + rows * s_cm + cols * s_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
                    res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, WIDTH: tl.constexpr, HALVES: tl.constexpr,
                    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr):
+                   ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr,
+                   c_desc, row0, EPI_TMA: tl.constexpr):
     """The epilogue on columns [col0, col0 + WIDTH) of a tile, as one piece or
     (HALVES) as its two column halves one after the other."""
     if HALVES:
@@ -121,14 +128,15 @@ def _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm
         lo, hi = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
         _epilogue_store(lo, offs_m, col0 + tl.arange(0, HALF), M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
                         s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
-                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0, EPI_TMA)
         _epilogue_store(hi, offs_m, col0 + HALF + tl.arange(0, HALF), M, N, c_ptr, s_cm, s_cn, bias_ptr,
                         s_biasm, s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE,
-                        B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+                        B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0 + HALF,
+                        EPI_TMA)
     else:
         _epilogue_store(acc, offs_m, col0 + tl.arange(0, WIDTH), M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
                         s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
-                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0, EPI_TMA)
 
 
 @triton.jit
@@ -136,7 +144,8 @@ def _epilogue(acc, offs_m, pid_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_
               res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr,
               BLOCK_N: tl.constexpr, EPI_SPLIT: tl.constexpr,
               A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-              ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr):
+              ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr,
+              c_desc, row0, EPI_TMA: tl.constexpr):
     """The epilogue on a full tile, or on EPI_SPLIT (2 or 4) column chunks one
     after the other: the pointer and operand tiles of only one chunk live at
     once (they sit in the MMA layout, one 64-bit pointer per element), so a
@@ -145,16 +154,16 @@ def _epilogue(acc, offs_m, pid_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_
     if EPI_SPLIT == 1:
         _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn, res_ptr,
                        s_rm, s_rn, a_scale_ptr, b_scale_ptr, BLOCK_N, False, A_SCALE, B_SCALE, HAS_BIAS,
-                       ACTIVATION, HAS_RESIDUAL, INDEX_64)
+                       ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA)
     else:
         HALF: tl.constexpr = BLOCK_N // 2
         lo, hi = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
         _epilogue_cols(lo, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn, res_ptr,
                        s_rm, s_rn, a_scale_ptr, b_scale_ptr, HALF, EPI_SPLIT == 4, A_SCALE, B_SCALE,
-                       HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+                       HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA)
         _epilogue_cols(hi, offs_m, col0 + HALF, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
                        res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, HALF, EPI_SPLIT == 4, A_SCALE,
-                       B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64)
+                       B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA)
 
 
 @triton.jit
@@ -185,13 +194,17 @@ def _gemm_kernel(
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
-    B_KMAJOR: tl.constexpr, ACC_FP64: tl.constexpr = False,
+    B_KMAJOR: tl.constexpr, ACC_FP64: tl.constexpr = False, EPI_TMA: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False,
 ):
     """Persistent GEMM. With SPLIT_K > 1 it writes fp32 partials to ``ws_ptr``
     ([SPLIT_K, BATCH, M, N], contiguous) and ``_splitk_reduce_kernel`` finishes.
 
     USE_TMA (sm_90, BATCH == 1): A_KMAJOR/B_KMAJOR say which stride of a/b is 1
-    (True: the K stride), so the descriptor is built on the contiguous axis.
+    (True: the K stride), so the descriptor is built on the contiguous axis. With it, EPI_TMA stores
+    the result through a descriptor too (c contiguous along N); FLATTEN pipelines the next tile's loads
+    under this tile's epilogue (tl.range's flatten). (tl.range's warp_specialize does not compile here:
+    Triton 3.6's Hopper pass stops at "unsupported op type" on this loop.)
     """
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -214,8 +227,15 @@ def _gemm_kernel(
         else:
             b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[s_bk, 1],
                                                block_shape=[BLOCK_K, BLOCK_N])
+        if EPI_TMA:
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[s_cm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N // EPI_SPLIT])
+        else:
+            c_desc = c_ptr
+    else:
+        c_desc = c_ptr
 
-    for work in tl.range(pid, total, NUM_PROGRAMS):
+    for work in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN):
         split = work % SPLIT_K
         tile_flat = work // SPLIT_K
         batch = tile_flat // tiles_per_batch
@@ -274,7 +294,7 @@ def _gemm_kernel(
                       bias_ptr + _batch_offset(batch, B1, s_bias0, s_bias1), s_biasm, s_biasn,
                       res_ptr + _batch_offset(batch, B1, s_r0, s_r1), s_rm, s_rn,
                       a_scale_ptr, b_scale_ptr, BLOCK_N, EPI_SPLIT, A_SCALE, B_SCALE, HAS_BIAS,
-                      ACTIVATION, HAS_RESIDUAL, INDEX_64)
+                      ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, pid_m * BLOCK_M, EPI_TMA)
         else:
             # One fp32 partial tile per split; the workspace is [SPLIT_K, BATCH, M, N].
             part = ws_ptr + (split * BATCH + batch).to(tl.int64) * M * N
@@ -338,14 +358,20 @@ def _cfg(bm, bn, bk, group_m, warps, stages, split_k=1, **extra):
 # 256x256 spills there (cross-compiled). gfx942 has 64 KiB of LDS: smaller tiles.
 CONFIGS = {
     "sm_90": {
-        # EPILOGUE: the tile for calls with an activation or a residual. With 128x256 each thread of
-        # the 2 warpgroups holds 128 fp32 accumulators; an activation (gelu's erf above all) or a
-        # residual chunk on top passes the 255-register cap under Triton 3.6 (the H200's), even with
-        # EPI_SPLIT=4: cross-compiled for sm_90, bias+silu spills 9, fp16 gelu+residual 584 (3.9:
-        # 0 and 0, at 194 and 250 registers). 128x128 halves the accumulator (3.6: 172 and 216
-        # registers, 0 spills). Plain and bias-only GEMMs keep 128x256 (tuned to cuBLAS's speed).
-        "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FALLBACK=_cfg(128, 128, 64, 8, 8, 4),
-                              EPILOGUE=_cfg(128, 128, 64, 8, 8, 4)),
+        # 16-bit square: 128x256 with FLATTEN (the next tile's TMA loads start under this tile's
+        # epilogue) and EPI_TMA (the result leaves through a descriptor store: no pointer tiles in
+        # the MMA layout, so bias or a residual fit in registers: cross-compiled under Triton 3.6,
+        # 156 registers plain, 226 with a residual, 232 with bias+silu, 0 spills). Llama-block GEMMs
+        # (benchmarks/tune_gemm_llama.py, H100, 12 layouts): 11334 us against cuBLAS's 11266 and
+        # 11433 for 128x256 without them; the residual GEMM 1090 against 1182 for the 128x128 tile
+        # a residual took before.
+        # EPILOGUE: the tile for calls with an activation, or with both bias and a residual: on a
+        # 128x256 accumulator they pass the 255-register cap under Triton 3.6 (gelu+bias+residual
+        # 113 spills, bias+residual 54, even with EPI_TMA); 128x128 halves the accumulator (196
+        # registers for gelu+bias+residual, 0 spills).
+        "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FLATTEN=True, EPI_TMA=True,
+                              FALLBACK=_cfg(128, 128, 64, 8, 8, 4),
+                              EPILOGUE=_cfg(128, 128, 64, 8, 8, 4, FLATTEN=True, EPI_TMA=True)),
                    "fp8": _cfg(128, 256, 128, 8, 8, 3, FALLBACK=_cfg(128, 128, 128, 8, 8, 4)),
                    "fp32": _cfg(128, 128, 32, 8, 8, 3)},
         "tall": {"16": _cfg(128, 128, 64, 8, 8, 4), "fp8": _cfg(128, 128, 128, 8, 8, 4),
@@ -567,8 +593,8 @@ class _PreparedGemm:
         N = b.shape[-1]
         batch = B0 * B1
         self.device = a.device
-        if "EPILOGUE" in cfg and (activation is not None or res is not None):
-            cfg = cfg["EPILOGUE"]  # a heavier epilogue needs a smaller accumulator (see CONFIGS)
+        if "EPILOGUE" in cfg and (activation is not None or (bias is not None and res is not None)):
+            cfg = cfg["EPILOGUE"]  # a heavy epilogue needs a smaller accumulator (see CONFIGS)
         split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"])))
         if M * N >= 2**31:
             split_k = 1  # the workspace is indexed with int32 offsets per batch
@@ -580,6 +606,9 @@ class _PreparedGemm:
                 ensure_tma_allocator()
         if not use_tma and "FALLBACK" in cfg:
             cfg = cfg["FALLBACK"]
+        # a descriptor store needs c contiguous along N with 16-byte aligned rows and base
+        epi_tma = bool(cfg.get("EPI_TMA", False)) and use_tma and out.stride(-1) == 1 and \
+            (out.stride(-2) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
         acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
         self.ws_shape = (split_k, batch, M, N) if split_k > 1 else None
         self.ws_dtype = torch.float64 if acc_fp64 else torch.float32
@@ -600,7 +629,7 @@ class _PreparedGemm:
             EPI_SPLIT=int(cfg.get("EPI_SPLIT", _default_epi_split(cfg))),
             DOT_PRECISION=_dot_precision(a.dtype, allow_tf32), USE_TMA=use_tma, A_KMAJOR=a_kmajor,
             B_KMAJOR=b_kmajor, ACC_FP64=acc_fp64, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **hip_extra, **epilogue)
+            **self._schedule_flags(cfg, use_tma, epi_tma), **hip_extra, **epilogue)
         if split_k > 1:
             rbm, rbn = min(64, next_pow2(M)), 64
             self.reduce_grid = (batch * cdiv(M, rbm) * cdiv(N, rbn),)
@@ -608,6 +637,13 @@ class _PreparedGemm:
             self.reduce_kwargs = dict(BLOCK_M=rbm, BLOCK_N=rbn, SPLIT_K=split_k, num_warps=4,
                                       INDEX_64=index_64, **epilogue)
         self.fixed = None  # the launches of a cached plan (matmul's _plans): see fixed_launches
+
+    @staticmethod
+    def _schedule_flags(cfg, use_tma, epi_tma):
+        """EPI_TMA / FLATTEN (the kernel's docstring), passed only when set so that the configs without
+        them compile exactly as before."""
+        flags = {"EPI_TMA": epi_tma, "FLATTEN": bool(cfg.get("FLATTEN")) and use_tma}
+        return {name: True for name, on in flags.items() if on}
 
     def fixed_launches(self):
         """This plan's launches with their specialization fixed: matmul caches a plan under a key of
@@ -791,7 +827,8 @@ _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "
 
 def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=False, scales=SCALE_NONE,
           tma=False, b_kmajor=False):
-    """A KernelSpec for contiguous (or, with b_kmajor, transposed-b) operands."""
+    """A KernelSpec for contiguous (or, with b_kmajor, transposed-b) operands; cfg's EPI_TMA / FLATTEN
+    apply with tma."""
     pointers = {"a_ptr": dtype, "b_ptr": dtype, "c_ptr": out_dtype, "bias_ptr": out_dtype,
                 "res_ptr": out_dtype, "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32,
                 "ws_ptr": torch.float32}
@@ -800,7 +837,8 @@ def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=
                       INDEX_64=False, EPI_SPLIT=_default_epi_split(cfg),
                       A_SCALE=scales, B_SCALE=scales, HAS_BIAS=bias, ACTIVATION=ACTIVATIONS[activation],
                       HAS_RESIDUAL=residual, DOT_PRECISION="ieee", USE_TMA=tma, A_KMAJOR=True,
-                      B_KMAJOR=b_kmajor, ACC_FP64=False)
+                      B_KMAJOR=b_kmajor, ACC_FP64=False,
+                      **{flag: bool(cfg.get(flag)) and tma for flag in ("EPI_TMA", "FLATTEN")})
     # Unit strides are what Triton specializes at run time for contiguous data.
     for unit in ("s_ak", "s_cn", "s_biasn", "s_rn", "s_bk" if b_kmajor else "s_bn"):
         constexprs[unit] = 1
@@ -837,12 +875,14 @@ def compile_specs(target: Optional[str] = None) -> list:
     tma = arch == "sm_90" and HAS_TENSOR_DESCRIPTORS
     bf16, fp16, e4m3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
     sq16, sq8 = table["square"]["16"], table["square"]["fp8"]
-    epi16 = sq16.get("EPILOGUE", sq16)  # what a call with an activation or residual runs
+    epi16 = sq16.get("EPILOGUE", sq16)  # what a call with an activation (or bias and residual) runs
     specs = [
         _spec("gemm_bf16_square_bias_silu", bf16, bf16, epi16, activation="silu", bias=True, tma=tma),
         _spec("gemm_fp16_square_bias_gelu_residual", fp16, fp16, epi16, activation="gelu", bias=True,
               residual=True, tma=tma),
         _spec("gemm_bf16_square", bf16, bf16, sq16, tma=tma),
+        _spec("gemm_fp16_square_residual", fp16, fp16, sq16, residual=True, tma=tma),
+        _spec("gemm_bf16_square_bias", bf16, bf16, sq16, bias=True, tma=tma),
         _spec("gemm_bf16_decode", bf16, bf16, table["decode"]["16"]),
         _spec("gemm_bf16_decode_splitk", bf16, bf16, dict(table["decode"]["16"], SPLIT_K=4)),
         _spec("gemm_fp8e4m3_square_rowscale", e4m3, bf16, sq8, scales=SCALE_VECTOR, b_kmajor=True, tma=tma),

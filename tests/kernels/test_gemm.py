@@ -133,18 +133,37 @@ def test_split_k_matches():
 
 
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True), (False, True)])
-def test_tma_descriptor_path_in_interpreter(monkeypatch, a_t, b_t):
-    """The sm_90 tensor-descriptor branch, run by the interpreter (no allocator needed there)."""
-    pass  # the interpreter needs no scratch allocator; setting one (per thread) is harmless
+@pytest.mark.parametrize("schedule", [{"SPLIT_K": 2}, {"EPI_TMA": True, "FLATTEN": True}])
+def test_tma_descriptor_path_in_interpreter(a_t, b_t, schedule):
+    """The sm_90 tensor-descriptor branch, run by the interpreter (no allocator needed there): split-K,
+    and the descriptor-store epilogue (EPI_TMA) on ragged 40x40 edges of 16x16 tiles with a residual."""
     a = maybe_transposed(torch.randn(40, 24, dtype=torch.float16), a_t)
     b = maybe_transposed(torch.randn(24, 40, dtype=torch.float16), b_t)  # 16-byte row strides
     assert gemm._tma_layout(a, 1) == (not a_t) and gemm._tma_layout(b, 0) == b_t
     out = torch.empty(40, 40, dtype=torch.float16)
     bias = torch.randn(40, dtype=torch.float16)
-    step = gemm._plan_views(a, b, out, bias, None, gemm.SCALE_NONE)[0]
-    cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], SPLIT_K=2)
-    gemm.launch_gemm(step, cfg, a_scale=None, b_scale=None, activation="relu", arch="sm_90", allow_tf32=False)
-    check(out, reference_matmul(a, b, bias=bias, activation="relu"), torch.float16)
+    residual = torch.randn(40, 40, dtype=torch.float16) if "EPI_TMA" in schedule else None
+    step = gemm._plan_views(a, b, out, bias, residual, gemm.SCALE_NONE)[0]
+    cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], **schedule)
+    prepared = gemm._PreparedGemm(step, cfg, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
+                                  activation="relu", arch="sm_90", allow_tf32=False)
+    assert prepared.kwargs["USE_TMA"] and prepared.kwargs.get("EPI_TMA", False) == ("EPI_TMA" in schedule)
+    prepared(*step, None, None)
+    check(out, reference_matmul(a, b, bias=bias, activation="relu", residual=residual), torch.float16)
+
+
+def test_descriptor_store_needs_an_aligned_row_major_out():
+    """EPI_TMA falls back to pointer stores where c cannot be a descriptor (rows not 16-byte aligned)."""
+    a, b = torch.randn(8, 16, dtype=torch.float16), torch.randn(16, 16, dtype=torch.float16)[:, :9]
+    cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True)
+    for out, wanted in ((torch.empty(8, 9, dtype=torch.float16), False),
+                        (torch.empty(8, 16, dtype=torch.float16)[:, :9], True)):
+        step = gemm._plan_views(a, b, out, None, None, gemm.SCALE_NONE)[0]
+        prepared = gemm._PreparedGemm(step, cfg, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
+                                      activation=None, arch="sm_90", allow_tf32=False)
+        assert prepared.kwargs.get("EPI_TMA", False) == wanted
+        prepared(*step, None, None)
+        check(out, reference_matmul(a, b), torch.float16)
 
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
@@ -307,3 +326,21 @@ def test_gpu_fp8_vs_torch(fp8, per_row):
     out = matmul(a, w.t(), a_scale=a_scale, b_scale=b_scale)
     assert out.dtype == torch.bfloat16
     check(out, reference_matmul(a, w.t(), a_scale=a_scale, b_scale=b_scale), torch.bfloat16)
+
+
+@cuda
+@pytest.mark.parametrize("epilogue", ["plain", "bias", "residual", "bias_residual", "gelu"])
+@pytest.mark.parametrize("b_kmajor", [False, True])
+def test_gpu_square_tiles_on_ragged_edges(epilogue, b_kmajor):
+    """The square configs (128x256, FLATTEN + EPI_TMA on sm_90; 128x128 where the epilogue is heavy) on
+    M and N that no tile divides, each epilogue, both b layouts, an M-major a."""
+    M, N, K = 4100, 4104, 320
+    a = torch.randn(K, M, device="cuda", dtype=torch.bfloat16).t()
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    b = w.t() if b_kmajor else w.t().contiguous()
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16) if "bias" in epilogue else None
+    residual = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if "residual" in epilogue else None
+    act = "gelu" if epilogue == "gelu" else None
+    assert gemm.shape_class(M, N, K) == "square"
+    out = matmul(a, b, bias=bias, residual=residual, activation=act)
+    check(out, reference_matmul(a, b, bias=bias, residual=residual, activation=act), torch.bfloat16)
