@@ -1,5 +1,7 @@
 """Where a Llama-style block's forward+backward spends device time: under backend="flyarray" and under
-torch.compile (Inductor), kernel by kernel (torch.profiler; GPU).
+torch.compile (Inductor), kernel by kernel (torch.profiler; GPU); then flyarray's own table of the same
+step (fa.profile: each kernel's bytes and GB/s, so a slow fused kernel shows how far it is from the
+memory bound).
 
     PYTHONPATH=$PWD python benchmarks/profile_torch_block.py [B S H heads intermediate]
 """
@@ -7,6 +9,7 @@ import sys
 
 import torch
 
+import flyarray as fa
 import flyarray.interop.torch as fat
 from flyarray.bench.torch_models import LlamaBlock
 
@@ -33,7 +36,11 @@ def main():
     block = LlamaBlock(H, heads, inter).to(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(B, S, H, device="cuda", dtype=torch.bfloat16).requires_grad_()
     go = torch.randn_like(x)
-    profile("backend=flyarray", fat.accelerate(block), x, go)
+    accelerated = fat.accelerate(block)
+    profile("backend=flyarray", accelerated, x, go)
+    with fa.profile() as prof:
+        torch.autograd.grad(accelerated(x), [x] + list(block.parameters()), go)
+    print("\n=== fa.profile of backend=flyarray's step\n", prof, flush=True)
     profile("torch.compile (inductor)", torch.compile(block), x, go)
     profile("torch eager", block, x, go)
 

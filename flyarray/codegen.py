@@ -375,7 +375,12 @@ class _Emitter:
         loads = [self.view_of_op[i] for i, op in enumerate(self.k.ops) if isinstance(op, Load) and op.domain == "full"]
         if not loads or self.lay.N <= COLUMN_TILE or not lay.kept_sizes or not lay.red_sizes:
             return False
-        return all(lay.kept_strides[v][-1] == 1 and lay.red_strides[v][-1] != 1 for v in loads)
+        # A load constant along the kept axes (a per-row statistic of the reduced axis, as an RMSNorm
+        # weight gradient's rsqrt(mean square) per token) reads one vector the whole tile shares: it
+        # neither asks for nor spoils the column-major walk.
+        walking = [v for v in loads if any(lay.kept_strides[v])]
+        return bool(walking) and all(lay.kept_strides[v][-1] == 1 and lay.red_strides[v][-1] != 1
+                                     for v in walking)
 
     # ---- the launch ------------------------------------------------------------------------------
     def launch_spec(self) -> LaunchSpec:

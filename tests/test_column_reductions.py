@@ -44,6 +44,20 @@ def test_reductions_over_a_strided_axis(interpret, name, rows, cols):
         assert torch.equal(got, want)
 
 
+@settings(max_examples=scaled(3))
+@given(rows=st.integers(65, 300), cols=st.integers(2, 70))
+def test_a_per_row_factor_keeps_the_column_major_walk(interpret, rows, cols):
+    """An RMSNorm weight gradient, sum over tokens of dy * x * rstd[token]: the per-token factor is
+    constant along the kept axis, so the tile stays column-major (row-major, every thread of a warp
+    would read a different row: 16x the memory traffic on a GPU)."""
+    x, dy = torch.randn(rows, cols), torch.randn(rows, cols)
+    ms = (x * x).mean(1, keepdim=True)
+    y = fa.sum(fa.asarray(dy) * fa.asarray(x) * fa.rsqrt(fa.asarray(ms) + 1e-6), axis=0)
+    assert _column_major(fa.sum(fa.asarray(dy) * fa.asarray(x) * fa.rsqrt(fa.asarray(ms) + 1e-6), axis=0))
+    torch.testing.assert_close(torch.from_dlpack(y), (dy * x * torch.rsqrt(ms + 1e-6)).sum(0), rtol=1e-4,
+                               atol=1e-4)
+
+
 def test_middle_axis_of_a_3d_array(interpret):
     x = torch.randn(3, 130, 17)
     torch.testing.assert_close(torch.from_dlpack(fa.sum(fa.asarray(x), axis=1)), x.sum(1), rtol=1e-4, atol=1e-4)
