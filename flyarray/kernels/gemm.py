@@ -359,19 +359,21 @@ def _cfg(bm, bn, bk, group_m, warps, stages, split_k=1, **extra):
 CONFIGS = {
     "sm_90": {
         # 16-bit square: 128x256 with FLATTEN (the next tile's TMA loads start under this tile's
-        # epilogue) and EPI_TMA (the result leaves through a descriptor store: no pointer tiles in
-        # the MMA layout, so bias or a residual fit in registers: cross-compiled under Triton 3.6,
-        # 156 registers plain, 226 with a residual, 232 with bias+silu, 0 spills). Llama-block GEMMs
-        # (benchmarks/tune_gemm_llama.py, H100, 12 layouts): 11334 us against cuBLAS's 11266 and
-        # 11433 for 128x256 without them; the residual GEMM 1090 against 1182 for the 128x128 tile
-        # a residual took before.
-        # EPILOGUE: the tile for calls with an activation, or with both bias and a residual: on a
-        # 128x256 accumulator they pass the 255-register cap under Triton 3.6 (gelu+bias+residual
-        # 113 spills, bias+residual 54, even with EPI_TMA); 128x128 halves the accumulator (196
-        # registers for gelu+bias+residual, 0 spills).
-        "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FLATTEN=True, EPI_TMA=True,
+        # epilogue). Measured (benchmarks/tune_gemm_llama.py, H100, CUDA-graph device time, the 12
+        # GEMM layouts of a Llama block's forward and backward plus 3 biased ones, two runs): totals
+        # 11168 / 12905 us against cuBLAS's 11266 / 12971 and 11433 / 12988 without FLATTEN.
+        # EPILOGUE, a call with one of bias, residual or activation: the same tile with EPI_TMA (a
+        # descriptor store: no pointer tiles in the MMA layout, so the operand fits: cross-compiled
+        # under Triton 3.6, 226 registers with a residual or bias, 232 with bias+silu, 0 spills;
+        # without EPI_TMA bias alone spills 30). The Llama residual GEMM: 1090 us against 1182 for
+        # the 128x128 tile a residual took before.
+        # HEAVY, two or more of them: 128x256 passes the 255-register cap even with EPI_TMA (gelu+
+        # bias+residual 113 spills, bias+residual 54); 128x128 halves the accumulator (196 registers
+        # for gelu+bias+residual, 0 spills).
+        "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FLATTEN=True,
                               FALLBACK=_cfg(128, 128, 64, 8, 8, 4),
-                              EPILOGUE=_cfg(128, 128, 64, 8, 8, 4, FLATTEN=True, EPI_TMA=True)),
+                              EPILOGUE=_cfg(128, 256, 64, 8, 8, 4, FLATTEN=True, EPI_TMA=True),
+                              HEAVY=_cfg(128, 128, 64, 8, 8, 4, FLATTEN=True, EPI_TMA=True)),
                    "fp8": _cfg(128, 256, 128, 8, 8, 3, FALLBACK=_cfg(128, 128, 128, 8, 8, 4)),
                    "fp32": _cfg(128, 128, 32, 8, 8, 3)},
         "tall": {"16": _cfg(128, 128, 64, 8, 8, 4), "fp8": _cfg(128, 128, 128, 8, 8, 4),
@@ -570,6 +572,17 @@ def _default_epi_split(cfg: dict) -> int:
     return 2 if cfg["BLOCK_N"] >= 64 and area >= 128 * 128 else 1
 
 
+def _for_epilogue(cfg: dict, operands: int) -> dict:
+    """The config for an epilogue of ``operands`` parts (bias, residual, activation): a config may name
+    an EPILOGUE tile for one part and a HEAVY one for more (their registers on top of the accumulator;
+    see CONFIGS), each falling back to the lighter one."""
+    if operands >= 2 and "HEAVY" in cfg:
+        return cfg["HEAVY"]
+    if operands >= 1 and "EPILOGUE" in cfg:
+        return cfg["EPILOGUE"]
+    return cfg
+
+
 def _span(t: torch.Tensor) -> int:
     """One past the largest element offset a view reaches within one batch (the
     last two dims); batch offsets are int64 in the kernel anyway."""
@@ -593,8 +606,7 @@ class _PreparedGemm:
         N = b.shape[-1]
         batch = B0 * B1
         self.device = a.device
-        if "EPILOGUE" in cfg and (activation is not None or (bias is not None and res is not None)):
-            cfg = cfg["EPILOGUE"]  # a heavy epilogue needs a smaller accumulator (see CONFIGS)
+        cfg = _for_epilogue(cfg, (bias is not None) + (res is not None) + (activation is not None))
         split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"])))
         if M * N >= 2**31:
             split_k = 1  # the workspace is indexed with int32 offsets per batch
@@ -875,14 +887,15 @@ def compile_specs(target: Optional[str] = None) -> list:
     tma = arch == "sm_90" and HAS_TENSOR_DESCRIPTORS
     bf16, fp16, e4m3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
     sq16, sq8 = table["square"]["16"], table["square"]["fp8"]
-    epi16 = sq16.get("EPILOGUE", sq16)  # what a call with an activation (or bias and residual) runs
+    epi16, heavy16 = _for_epilogue(sq16, 1), _for_epilogue(sq16, 2)  # with one epilogue part, and more
     specs = [
-        _spec("gemm_bf16_square_bias_silu", bf16, bf16, epi16, activation="silu", bias=True, tma=tma),
-        _spec("gemm_fp16_square_bias_gelu_residual", fp16, fp16, epi16, activation="gelu", bias=True,
-              residual=True, tma=tma),
         _spec("gemm_bf16_square", bf16, bf16, sq16, tma=tma),
-        _spec("gemm_fp16_square_residual", fp16, fp16, sq16, residual=True, tma=tma),
-        _spec("gemm_bf16_square_bias", bf16, bf16, sq16, bias=True, tma=tma),
+        _spec("gemm_fp16_square_residual", fp16, fp16, epi16, residual=True, tma=tma),
+        _spec("gemm_bf16_square_bias", bf16, bf16, epi16, bias=True, tma=tma),
+        _spec("gemm_fp16_square_gelu", fp16, fp16, epi16, activation="gelu", tma=tma),
+        _spec("gemm_bf16_square_bias_silu", bf16, bf16, heavy16, activation="silu", bias=True, tma=tma),
+        _spec("gemm_fp16_square_bias_gelu_residual", fp16, fp16, heavy16, activation="gelu", bias=True,
+              residual=True, tma=tma),
         _spec("gemm_bf16_decode", bf16, bf16, table["decode"]["16"]),
         _spec("gemm_bf16_decode_splitk", bf16, bf16, dict(table["decode"]["16"], SPLIT_K=4)),
         _spec("gemm_fp8e4m3_square_rowscale", e4m3, bf16, sq8, scales=SCALE_VECTOR, b_kmajor=True, tma=tma),
