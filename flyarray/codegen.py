@@ -375,10 +375,11 @@ class _Emitter:
         loads = [self.view_of_op[i] for i, op in enumerate(self.k.ops) if isinstance(op, Load) and op.domain == "full"]
         if not loads or self.lay.N <= COLUMN_TILE or not lay.kept_sizes or not lay.red_sizes:
             return False
-        # A load constant along the kept axes (a per-row statistic of the reduced axis, as an RMSNorm
-        # weight gradient's rsqrt(mean square) per token) reads one vector the whole tile shares: it
-        # neither asks for nor spoils the column-major walk.
-        walking = [v for v in loads if any(lay.kept_strides[v])]
+        # A load constant along the contiguous kept axis (a per-row statistic of the reduced axis, as an
+        # RMSNorm weight gradient's rsqrt(mean square) per token, also when a split column reduction
+        # makes the row chunk a kept axis) reads one value per reduced index that neighbouring threads
+        # share: it neither asks for nor spoils the column-major walk.
+        walking = [v for v in loads if lay.kept_strides[v][-1] != 0]
         return bool(walking) and all(lay.kept_strides[v][-1] == 1 and lay.red_strides[v][-1] != 1
                                      for v in walking)
 

@@ -58,6 +58,23 @@ def test_a_per_row_factor_keeps_the_column_major_walk(interpret, rows, cols):
                                atol=1e-4)
 
 
+def test_a_per_row_factor_in_a_split_column_reduction(interpret, monkeypatch):
+    """The same in two stages (on a GPU a column sum of few columns splits its rows into chunks): the
+    chunk becomes a kept axis along which the per-row factor varies; the walk stays column-major."""
+    from flyarray.ops import core
+    monkeypatch.setattr(core, "SPLIT_ON_CPU", True)
+    x, dy = torch.randn(1024, 40), torch.randn(1024, 40)
+    ms = (x * x).mean(1, keepdim=True)
+
+    def weight_grad():
+        return fa.sum(fa.asarray(dy) * fa.asarray(x) * fa.rsqrt(fa.asarray(ms) + 1e-6), axis=0)
+    assert _column_major(weight_grad())
+    fa.reset_stats()
+    got = torch.from_dlpack(weight_grad())
+    assert fa.stats()["kernels_launched"] == 2  # chunk partials, then their sum
+    torch.testing.assert_close(got, (dy * x * torch.rsqrt(ms + 1e-6)).sum(0), rtol=1e-4, atol=1e-4)
+
+
 def test_middle_axis_of_a_3d_array(interpret):
     x = torch.randn(3, 130, 17)
     torch.testing.assert_close(torch.from_dlpack(fa.sum(fa.asarray(x), axis=1)), x.sum(1), rtol=1e-4, atol=1e-4)
