@@ -11,7 +11,7 @@ import json
 import sys
 
 import torch
-import triton.testing
+from tune_gemm import _graph_ms as graph_ms  # a CUDA-graph replay's do_bench median (benchmarks/)
 
 from flyarray.kernels import gemm
 
@@ -29,7 +29,7 @@ VARIANTS = {
 }
 
 
-def problems(T, H, I):
+def problems(T, H, inter):
     """(name, a, b, bias, activation, residual) as the torch backend's GEMMs see them: activations
     [T, K] row-major; a Linear's weight [N, K] enters the forward transposed (K-major b); the input
     gradient reads the weight as stored; the weight gradient reads the output gradient transposed
@@ -37,7 +37,7 @@ def problems(T, H, I):
     def rows(r, c, dtype=torch.bfloat16):
         return torch.randn(r, c, device="cuda", dtype=dtype)
     out = []
-    for name, n, k in (("qkv", 3 * H, H), ("out", H, H), ("gate_up", I, H), ("down", H, I)):
+    for name, n, k in (("qkv", 3 * H, H), ("out", H, H), ("gate_up", inter, H), ("down", H, inter)):
         x, w = rows(T, k), rows(n, k) / k ** 0.5
         res = rows(T, n) if name == "down" else None
         out.append((f"fwd {name} x@w.T", x, w.T, None, None, res))
@@ -50,13 +50,6 @@ def problems(T, H, I):
         x, w, bias = rows(half, k, f16), rows(n, k, f16) / k ** 0.5, rows(1, n, f16)[0]
         out.append((name, x, w.T, bias, act, rows(half, n, f16) if has_res else None))
     return out
-def graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, return_mode="median")
 
 
 def rel_err(x, ref):
@@ -65,10 +58,10 @@ def rel_err(x, ref):
 
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else None
-    T, H, I = (int(v) for v in sys.argv[2:5]) if len(sys.argv) > 4 else (8192, 4096, 11008)
+    T, H, inter = (int(v) for v in sys.argv[2:5]) if len(sys.argv) > 4 else (8192, 4096, 11008)
     torch.manual_seed(0)
     rows = []
-    for name, a, b, bias, act, res in problems(T, H, I):
+    for name, a, b, bias, act, res in problems(T, H, inter):
         M, K, N = a.shape[0], a.shape[1], b.shape[1]
         flops = 2 * M * N * K
 
@@ -107,7 +100,7 @@ def main():
     print(f"totals (us, the {len(rows)} problems once each):", json.dumps({k: round(v, 1) for k, v in totals.items()}))
     if path:
         with open(path, "w") as f:
-            json.dump({"T": T, "H": H, "I": I, "device": torch.cuda.get_device_name(), "rows": rows,
+            json.dump({"T": T, "H": H, "I": inter, "device": torch.cuda.get_device_name(), "rows": rows,
                        "totals_us": totals}, f, indent=1)
 
 
