@@ -107,3 +107,20 @@ def test_gpu_profile_uses_cuda_events():
     assert prof.clock == "cuda events" and "CUDA events" in str(prof)
     assert prof.calls == fa.stats()["kernels_launched"] == 3
     assert prof.limit_gbps and prof.rows[0].gbps
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_profile_queues_a_spin_before_each_evaluation(monkeypatch):
+    """The events must time kernels, not the host's launches (profiling.keep_the_gpu_ahead): one spin
+    kernel per evaluation, sized by its plan's steps."""
+    from flyarray import profiling
+    spins = []
+    real_sleep = torch.cuda._sleep
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles) or real_sleep(cycles))
+    x = fa.asarray(torch.randn(256, 256, device="cuda"))
+    (fa.exp(x) + 1.0).torch()
+    with fa.profile(measure_limit=False) as prof:
+        for _ in range(2):
+            (fa.exp(x) + 1.0).torch()
+    assert prof.calls == 2 and len(spins) == 2
+    assert all(c >= profiling.HOST_US_PER_STEP * 2000 for c in spins)
