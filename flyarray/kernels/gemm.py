@@ -583,6 +583,15 @@ def _for_epilogue(cfg: dict, operands: int) -> dict:
     return cfg
 
 
+def _descriptor_store_fits(out: torch.Tensor, block_n: int, epi_split: int) -> bool:
+    """Whether EPI_TMA can store this call's result: c contiguous along N with 16-byte aligned rows and
+    base, and an epilogue piece (BLOCK_N / EPI_SPLIT columns; EPI_SPLIT 1, 2 or 4) of at least 16 bytes
+    (a descriptor's block shape); otherwise the pointer stores run."""
+    elem = out.element_size()
+    return (epi_split in (1, 2, 4) and (block_n // epi_split) * elem >= 16 and out.stride(-1) == 1
+            and (out.stride(-2) * elem) % 16 == 0 and out.data_ptr() % 16 == 0)
+
+
 def _span(t: torch.Tensor) -> int:
     """One past the largest element offset a view reaches within one batch (the
     last two dims); batch offsets are int64 in the kernel anyway."""
@@ -606,7 +615,9 @@ class _PreparedGemm:
         N = b.shape[-1]
         batch = B0 * B1
         self.device = a.device
+        fallback = cfg.get("FALLBACK")  # an epilogue tier without its own falls back as the main tile does
         cfg = _for_epilogue(cfg, (bias is not None) + (res is not None) + (activation is not None))
+        fallback = cfg.get("FALLBACK", fallback)
         split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"])))
         if M * N >= 2**31:
             split_k = 1  # the workspace is indexed with int32 offsets per batch
@@ -616,11 +627,11 @@ class _PreparedGemm:
             if a_layout is not None and b_layout is not None:
                 use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
                 ensure_tma_allocator()
-        if not use_tma and "FALLBACK" in cfg:
-            cfg = cfg["FALLBACK"]
-        # a descriptor store needs c contiguous along N with 16-byte aligned rows and base
-        epi_tma = bool(cfg.get("EPI_TMA", False)) and use_tma and out.stride(-1) == 1 and \
-            (out.stride(-2) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+        if not use_tma and fallback is not None:
+            cfg = fallback
+        epi_split = int(cfg.get("EPI_SPLIT", _default_epi_split(cfg)))
+        epi_tma = bool(cfg.get("EPI_TMA", False)) and use_tma and split_k == 1 and \
+            _descriptor_store_fits(out, cfg["BLOCK_N"], epi_split)
         acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
         self.ws_shape = (split_k, batch, M, N) if split_k > 1 else None
         self.ws_dtype = torch.float64 if acc_fp64 else torch.float32
@@ -638,7 +649,7 @@ class _PreparedGemm:
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
             SPLIT_K=split_k, EVEN_M=(M % cfg["BLOCK_M"] == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
             EVEN_K=(K % cfg["BLOCK_K"] == 0), INDEX_64=index_64,
-            EPI_SPLIT=int(cfg.get("EPI_SPLIT", _default_epi_split(cfg))),
+            EPI_SPLIT=epi_split,
             DOT_PRECISION=_dot_precision(a.dtype, allow_tf32), USE_TMA=use_tma, A_KMAJOR=a_kmajor,
             B_KMAJOR=b_kmajor, ACC_FP64=acc_fp64, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             **self._schedule_flags(cfg, use_tma, epi_tma), **hip_extra, **epilogue)

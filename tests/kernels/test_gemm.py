@@ -166,6 +166,37 @@ def test_descriptor_store_needs_an_aligned_row_major_out():
         check(out, reference_matmul(a, b), torch.float16)
 
 
+@pytest.mark.parametrize("extra", [{"EPI_SPLIT": 4}, {"SPLIT_K": 2}])
+def test_descriptor_store_needs_a_16_byte_piece_and_no_split_k(extra):
+    """A 16-column fp16 tile in 4 epilogue pieces stores 8-byte rows, under a descriptor's 16-byte
+    minimum; with split-K the reduction kernel stores the result: both take the pointer stores."""
+    a, b = torch.randn(16, 48, dtype=torch.float16), torch.randn(48, 16, dtype=torch.float16)  # 3 K tiles
+    out = torch.empty(16, 16, dtype=torch.float16)
+    step = gemm._plan_views(a, b, out, None, None, gemm.SCALE_NONE)[0]
+    cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True, **extra)
+    prepared = gemm._PreparedGemm(step, cfg, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
+                                  activation=None, arch="sm_90", allow_tf32=False)
+    assert prepared.kwargs["USE_TMA"] and not prepared.kwargs.get("EPI_TMA", False)
+    prepared(*step, None, None)
+    check(out, reference_matmul(a, b), torch.float16)
+
+
+@pytest.mark.parametrize("epilogue", [{}, {"bias": True}, {"bias": True, "activation": "silu"}])
+def test_every_epilogue_tier_falls_back_where_tma_cannot_run(epilogue):
+    """A batched call cannot use descriptors: whatever tier its epilogue picks (CONFIGS' EPILOGUE /
+    HEAVY), it runs the FALLBACK tile of pointer loads (the 128x256 pointer tile spills on sm_90)."""
+    sq16 = gemm.CONFIGS["sm_90"]["square"]["16"]
+    a, b = torch.randn(2, 256, 64, dtype=torch.bfloat16), torch.randn(2, 64, 256, dtype=torch.bfloat16)
+    out = torch.empty(2, 256, 256, dtype=torch.bfloat16)
+    bias = torch.randn(256, dtype=torch.bfloat16) if epilogue.get("bias") else None
+    step = gemm._plan_views(a, b, out, bias, None, gemm.SCALE_NONE)[0]
+    prepared = gemm._PreparedGemm(step, sq16, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
+                                  activation=epilogue.get("activation"), arch="sm_90", allow_tf32=False)
+    assert not prepared.kwargs["USE_TMA"]
+    fallback = sq16["FALLBACK"]
+    assert (prepared.kwargs["BLOCK_M"], prepared.kwargs["BLOCK_N"]) == (fallback["BLOCK_M"], fallback["BLOCK_N"])
+
+
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("per_row", [False, True])
 def test_fp8_scales_emulated(fp8, per_row):
