@@ -621,8 +621,10 @@ class _PreparedGemm:
         split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"])))
         if M * N >= 2**31:
             split_k = 1  # the workspace is indexed with int32 offsets per batch
+        acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
         use_tma, a_kmajor, b_kmajor = False, True, False
-        if cfg.get("TMA", True) and arch == "sm_90" and HAS_TENSOR_DESCRIPTORS and batch == 1:
+        # not for float64 whatever the config says: Triton 3.6 cannot compile an fp64 dot fed by descriptors
+        if cfg.get("TMA", True) and arch == "sm_90" and HAS_TENSOR_DESCRIPTORS and batch == 1 and not acc_fp64:
             a_layout, b_layout = _tma_layout(a, 1), _tma_layout(b, 0)
             if a_layout is not None and b_layout is not None:
                 use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
@@ -632,7 +634,6 @@ class _PreparedGemm:
         epi_split = int(cfg.get("EPI_SPLIT", _default_epi_split(cfg)))
         epi_tma = bool(cfg.get("EPI_TMA", False)) and use_tma and split_k == 1 and \
             _descriptor_store_fits(out, cfg["BLOCK_N"], epi_split)
-        acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
         self.ws_shape = (split_k, batch, M, N) if split_k > 1 else None
         self.ws_dtype = torch.float64 if acc_fp64 else torch.float32
         tiles = batch * cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])

@@ -181,6 +181,17 @@ def test_descriptor_store_needs_a_16_byte_piece_and_no_split_k(extra):
     check(out, reference_matmul(a, b), torch.float16)
 
 
+def test_float64_never_takes_descriptors_even_with_a_tma_config():
+    """Triton 3.6 cannot compile an fp64 dot fed by descriptors: a forced sm_90 config must not try."""
+    a, b = torch.randn(32, 32, dtype=torch.float64), torch.randn(32, 32, dtype=torch.float64)
+    out = torch.empty(32, 32, dtype=torch.float64)
+    step = gemm._plan_views(a, b, out, None, None, gemm.SCALE_NONE)[0]
+    prepared = gemm._PreparedGemm(step, dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True),
+                                  a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE, activation=None, arch="sm_90",
+                                  allow_tf32=False)
+    assert not prepared.kwargs["USE_TMA"] and prepared.kwargs["ACC_FP64"]
+
+
 @pytest.mark.parametrize("epilogue", [{}, {"bias": True}, {"bias": True, "activation": "silu"}])
 def test_every_epilogue_tier_falls_back_where_tma_cannot_run(epilogue):
     """A batched call cannot use descriptors: whatever tier its epilogue picks (CONFIGS' EPILOGUE /
