@@ -550,7 +550,11 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 
 
 def _rms_norm(x, normalized_shape, weight=None, eps=None):
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    """F.rms_norm through flyarray::rms_norm. eps=None is torch's default: the machine epsilon of the type
+    ATen computes in (float32 for float16/bfloat16 inputs, 1.2e-7), not of x's dtype (7.8e-3 for bfloat16,
+    which would visibly rescale rows of small mean square)."""
+    if eps is None:
+        eps = torch.finfo(torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype).eps
     return torch.ops.flyarray.rms_norm(x, weight, float(eps))
 
 
