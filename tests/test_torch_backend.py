@@ -726,6 +726,25 @@ def test_scaled_matmul_k_counts_two_e2m1_values_a_byte():
     assert fat.scaled_matmul(lhs, rhs, lhs_s, rhs_s, torch.float32).shape == (4, 5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_relu_after_a_3d_linear_keeps_eagers_mask(dtype):
+    """relu(Linear(x)) on a (batch, seq, features) input is relu(view(addmm)): the bias and the ReLU fuse
+    into the GEMM through the view, so the pre-activation is rounded once, as torch's addmm rounds it
+    (rounding the product before the bias add flipped ReLU masks near zero: gradients 10-70x further
+    from float64 than eager's)."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)).to(dtype)
+    x = torch.randn(4, 64, 32, dtype=dtype)
+    go = torch.randn(4, 64, 32, dtype=dtype)
+    x_eager, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    leaves = list(model.parameters())
+    want = torch.autograd.grad(model(x_eager), [x_eager] + leaves, go)
+    got = torch.autograd.grad(fat.accelerate(model)(x_ours), [x_ours] + leaves, go)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_rms_norm_default_eps_is_torchs(dtype):
     """nn.RMSNorm(eps=None): torch adds the epsilon of its compute type (float32 for 16-bit inputs), not

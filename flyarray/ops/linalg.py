@@ -178,18 +178,25 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
                 and len(n.shape) >= 2)
 
     def peel(n):
-        """(matmul output, bias, activation) for act(mm + bias), or None."""
-        act = None
+        """(matmul output, bias, activation, reshaped) for act([reshape](mm + bias)), or None. The
+        reshape: torch's Linear on a 3-D input, act(view(addmm)); fusing through it keeps the bias add
+        in the fp32 accumulator, as torch's addmm does (rounding the product to 16 bits first moves
+        values near zero across an activation's kink: a ReLU mask that differs from eager's)."""
+        act, reshaped = None, False
         if n.kind == "elementwise" and n.prim.name in ACTIVATIONS and (n is root or private(n)):
             act, n = n.prim.name, n.inputs[0]
             if not private(n):
                 return None
+            if _is_reshape(n):
+                n, reshaped = n.inputs[0], True
+                if not private(n):
+                    return None
         if matmul_output(n):
-            return n, None, act
+            return n, None, act, reshaped
         if n.kind == "elementwise" and n.prim.name == "add" and (n is root or private(n)):
             for i in (0, 1):
                 if matmul_output(n.inputs[i]):
-                    return n.inputs[i], n.inputs[1 - i], act
+                    return n.inputs[i], n.inputs[1 - i], act, reshaped
         return None
 
     node, out_dtype = root, root.dtype
@@ -205,17 +212,18 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
             if reshaped:
                 inner = inner.inputs[0]
                 if matmul_output(inner):  # residual + reshape(matmul): Llama's projections, no bias
-                    match, residual = (inner, None, None), node.inputs[1 - i]
+                    match, residual = (inner, None, None, False), node.inputs[1 - i]
                     break
             if inner.kind == "elementwise" and private(inner):
                 match = peel(inner)
-                if match is not None and match[1:] != (None, None):
+                if match is not None and match[1:3] != (None, None) and not (reshaped and match[3]):
                     residual = node.inputs[1 - i]
                     break
                 match = None
     if match is None or (node is root and match[0] is root):
         return False
-    mm, bias, act = match
+    mm, bias, act, inner_reshaped = match
+    reshaped = reshaped or inner_reshaped
     if mm.dtype.kind != "f" or any(x is not None and x.dtype.kind != "f" for x in (bias, residual)):
         return False
     a, b = mm.inputs[0].inputs
@@ -223,7 +231,7 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     lib = ir.Node(MATMUL_EPILOGUE, (a, b) + extras, None, (), out_dtype, root.device)
     kwargs = dict(activation=act, has_bias=bias is not None, has_residual=residual is not None,
                   out_dtype=out_dtype.name)
-    if reshaped and residual is not None:
+    if reshaped:
         kwargs["out_shape"] = tuple(root.shape)
     lib.params = {"outputs": [root], "kwargs": kwargs}
     root.prim, root.inputs, root.params = ir.OUTPUT, (lib,), 0
