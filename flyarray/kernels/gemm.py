@@ -227,13 +227,11 @@ def _gemm_kernel(
         else:
             b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[s_bk, 1],
                                                block_shape=[BLOCK_K, BLOCK_N])
-        if EPI_TMA:
-            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[s_cm, 1],
-                                               block_shape=[BLOCK_M, BLOCK_N // EPI_SPLIT])
-        else:
-            c_desc = c_ptr
+    if EPI_TMA:  # (set only with USE_TMA)
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[s_cm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N // EPI_SPLIT])
     else:
-        c_desc = c_ptr
+        c_desc = c_ptr  # unused: the pointer stores
 
     for work in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN):
         split = work % SPLIT_K

@@ -132,6 +132,13 @@ def test_split_k_matches():
     check(out, reference_matmul(a, b, bias=bias, activation="gelu_tanh"), torch.float32)
 
 
+def _prepared_for_sm90(a, b, out, cfg, *, bias=None, residual=None, activation=None):
+    """The single step of ``a @ b`` into ``out`` and its launch as planned for sm_90 (in the interpreter)."""
+    step = gemm._plan_views(a, b, out, bias, residual, gemm.SCALE_NONE)[0]
+    return step, gemm._PreparedGemm(step, cfg, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
+                                    activation=activation, arch="sm_90", allow_tf32=False)
+
+
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True), (False, True)])
 @pytest.mark.parametrize("schedule", [{"SPLIT_K": 2}, {"EPI_TMA": True, "FLATTEN": True}])
 def test_tma_descriptor_path_in_interpreter(a_t, b_t, schedule):
@@ -143,10 +150,8 @@ def test_tma_descriptor_path_in_interpreter(a_t, b_t, schedule):
     out = torch.empty(40, 40, dtype=torch.float16)
     bias = torch.randn(40, dtype=torch.float16)
     residual = torch.randn(40, 40, dtype=torch.float16) if "EPI_TMA" in schedule else None
-    step = gemm._plan_views(a, b, out, bias, residual, gemm.SCALE_NONE)[0]
     cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], **schedule)
-    prepared = gemm._PreparedGemm(step, cfg, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
-                                  activation="relu", arch="sm_90", allow_tf32=False)
+    step, prepared = _prepared_for_sm90(a, b, out, cfg, bias=bias, residual=residual, activation="relu")
     assert prepared.kwargs["USE_TMA"] and prepared.kwargs.get("EPI_TMA", False) == ("EPI_TMA" in schedule)
     prepared(*step, None, None)
     check(out, reference_matmul(a, b, bias=bias, activation="relu", residual=residual), torch.float16)
@@ -158,9 +163,7 @@ def test_descriptor_store_needs_an_aligned_row_major_out():
     cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True)
     for out, wanted in ((torch.empty(8, 9, dtype=torch.float16), False),
                         (torch.empty(8, 16, dtype=torch.float16)[:, :9], True)):
-        step = gemm._plan_views(a, b, out, None, None, gemm.SCALE_NONE)[0]
-        prepared = gemm._PreparedGemm(step, cfg, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
-                                      activation=None, arch="sm_90", allow_tf32=False)
+        step, prepared = _prepared_for_sm90(a, b, out, cfg)
         assert prepared.kwargs.get("EPI_TMA", False) == wanted
         prepared(*step, None, None)
         check(out, reference_matmul(a, b), torch.float16)
@@ -172,10 +175,7 @@ def test_descriptor_store_needs_a_16_byte_piece_and_no_split_k(extra):
     minimum; with split-K the reduction kernel stores the result: both take the pointer stores."""
     a, b = torch.randn(16, 48, dtype=torch.float16), torch.randn(48, 16, dtype=torch.float16)  # 3 K tiles
     out = torch.empty(16, 16, dtype=torch.float16)
-    step = gemm._plan_views(a, b, out, None, None, gemm.SCALE_NONE)[0]
-    cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True, **extra)
-    prepared = gemm._PreparedGemm(step, cfg, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
-                                  activation=None, arch="sm_90", allow_tf32=False)
+    step, prepared = _prepared_for_sm90(a, b, out, dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True, **extra))
     assert prepared.kwargs["USE_TMA"] and not prepared.kwargs.get("EPI_TMA", False)
     prepared(*step, None, None)
     check(out, reference_matmul(a, b), torch.float16)
@@ -185,10 +185,7 @@ def test_float64_never_takes_descriptors_even_with_a_tma_config():
     """Triton 3.6 cannot compile an fp64 dot fed by descriptors: a forced sm_90 config must not try."""
     a, b = torch.randn(32, 32, dtype=torch.float64), torch.randn(32, 32, dtype=torch.float64)
     out = torch.empty(32, 32, dtype=torch.float64)
-    step = gemm._plan_views(a, b, out, None, None, gemm.SCALE_NONE)[0]
-    prepared = gemm._PreparedGemm(step, dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True),
-                                  a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE, activation=None, arch="sm_90",
-                                  allow_tf32=False)
+    _, prepared = _prepared_for_sm90(a, b, out, dict(gemm.CONFIGS["cpu"]["square"]["16"], EPI_TMA=True))
     assert not prepared.kwargs["USE_TMA"] and prepared.kwargs["ACC_FP64"]
 
 
@@ -200,9 +197,7 @@ def test_every_epilogue_tier_falls_back_where_tma_cannot_run(epilogue):
     a, b = torch.randn(2, 256, 64, dtype=torch.bfloat16), torch.randn(2, 64, 256, dtype=torch.bfloat16)
     out = torch.empty(2, 256, 256, dtype=torch.bfloat16)
     bias = torch.randn(256, dtype=torch.bfloat16) if epilogue.get("bias") else None
-    step = gemm._plan_views(a, b, out, bias, None, gemm.SCALE_NONE)[0]
-    prepared = gemm._PreparedGemm(step, sq16, a_mode=gemm.SCALE_NONE, b_mode=gemm.SCALE_NONE,
-                                  activation=epilogue.get("activation"), arch="sm_90", allow_tf32=False)
+    _, prepared = _prepared_for_sm90(a, b, out, sq16, bias=bias, activation=epilogue.get("activation"))
     assert not prepared.kwargs["USE_TMA"]
     fallback = sq16["FALLBACK"]
     assert (prepared.kwargs["BLOCK_M"], prepared.kwargs["BLOCK_N"]) == (fallback["BLOCK_M"], fallback["BLOCK_N"])
