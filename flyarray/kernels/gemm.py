@@ -79,14 +79,17 @@ def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn,
                     a_scale_ptr, b_scale_ptr,
                     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                     ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr,
-                    c_desc=None, row0=0, col0=0, EPI_TMA: tl.constexpr = False):
+                    c_desc=None, row0=0, col0=0, EPI_TMA: tl.constexpr = False, r_desc=None,
+                    RES_TMA: tl.constexpr = False):
     """acc * scales -> + bias -> activation -> + residual -> cast, stored under the bounds mask.
 
     ``c_ptr``/``bias_ptr``/``res_ptr`` already point at this tile's batch.
     Offsets are int32 unless INDEX_64 (a matrix spans >= 2**31 elements):
     int64 offset tiles double the registers the epilogue needs.
     EPI_TMA: the result goes out through ``c_desc`` at (row0, col0) (an asynchronous bulk store that
-    clips at the edges) instead of pointer stores from the MMA layout.
+    clips at the edges) instead of pointer stores from the MMA layout. RES_TMA: the residual comes in
+    through ``r_desc`` the same way (a bulk load, zero past the edges): a pointer tile in the MMA layout
+    holds a 64-bit address per element, which pushed 128x256 tiles with a residual into spills.
     """
     mask_m = offs_m < M
     mask_n = offs_n < N
@@ -108,7 +111,10 @@ def _epilogue_store(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn,
         acc += tl.load(bias_ptr + rows * s_biasm + cols * s_biasn, mask=mask, other=0.0).to(acc.dtype)
     acc = _activate(acc, ACTIVATION)
     if HAS_RESIDUAL:
-        acc += tl.load(res_ptr + rows * s_rm + cols * s_rn, mask=mask, other=0.0).to(acc.dtype)
+        if RES_TMA:
+            acc += r_desc.load([row0, col0]).to(acc.dtype)
+        else:
+            acc += tl.load(res_ptr + rows * s_rm + cols * s_rn, mask=mask, other=0.0).to(acc.dtype)
     if EPI_TMA:
         c_desc.store([row0, col0], acc.to(c_desc.dtype))
     else:
@@ -120,7 +126,7 @@ def _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm
                    res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, WIDTH: tl.constexpr, HALVES: tl.constexpr,
                    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                    ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr,
-                   c_desc, row0, EPI_TMA: tl.constexpr):
+                   c_desc, row0, EPI_TMA: tl.constexpr, r_desc, RES_TMA: tl.constexpr):
     """The epilogue on columns [col0, col0 + WIDTH) of a tile, as one piece or
     (HALVES) as its two column halves one after the other."""
     if HALVES:
@@ -128,15 +134,17 @@ def _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm
         lo, hi = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
         _epilogue_store(lo, offs_m, col0 + tl.arange(0, HALF), M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
                         s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
-                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0, EPI_TMA)
+                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0, EPI_TMA, r_desc,
+                        RES_TMA)
         _epilogue_store(hi, offs_m, col0 + HALF + tl.arange(0, HALF), M, N, c_ptr, s_cm, s_cn, bias_ptr,
                         s_biasm, s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE,
                         B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0 + HALF,
-                        EPI_TMA)
+                        EPI_TMA, r_desc, RES_TMA)
     else:
         _epilogue_store(acc, offs_m, col0 + tl.arange(0, WIDTH), M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm,
                         s_biasn, res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, A_SCALE, B_SCALE,
-                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0, EPI_TMA)
+                        HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, col0, EPI_TMA, r_desc,
+                        RES_TMA)
 
 
 @triton.jit
@@ -145,7 +153,7 @@ def _epilogue(acc, offs_m, pid_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_
               BLOCK_N: tl.constexpr, EPI_SPLIT: tl.constexpr,
               A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
               ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr, INDEX_64: tl.constexpr,
-              c_desc, row0, EPI_TMA: tl.constexpr):
+              c_desc, row0, EPI_TMA: tl.constexpr, r_desc, RES_TMA: tl.constexpr):
     """The epilogue on a full tile, or on EPI_SPLIT (2 or 4) column chunks one
     after the other: the pointer and operand tiles of only one chunk live at
     once (they sit in the MMA layout, one 64-bit pointer per element), so a
@@ -154,16 +162,16 @@ def _epilogue(acc, offs_m, pid_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_
     if EPI_SPLIT == 1:
         _epilogue_cols(acc, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn, res_ptr,
                        s_rm, s_rn, a_scale_ptr, b_scale_ptr, BLOCK_N, False, A_SCALE, B_SCALE, HAS_BIAS,
-                       ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA)
+                       ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA, r_desc, RES_TMA)
     else:
         HALF: tl.constexpr = BLOCK_N // 2
         lo, hi = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
         _epilogue_cols(lo, offs_m, col0, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn, res_ptr,
                        s_rm, s_rn, a_scale_ptr, b_scale_ptr, HALF, EPI_SPLIT == 4, A_SCALE, B_SCALE,
-                       HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA)
+                       HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA, r_desc, RES_TMA)
         _epilogue_cols(hi, offs_m, col0 + HALF, M, N, c_ptr, s_cm, s_cn, bias_ptr, s_biasm, s_biasn,
                        res_ptr, s_rm, s_rn, a_scale_ptr, b_scale_ptr, HALF, EPI_SPLIT == 4, A_SCALE,
-                       B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA)
+                       B_SCALE, HAS_BIAS, ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, row0, EPI_TMA, r_desc, RES_TMA)
 
 
 @triton.jit
@@ -195,7 +203,7 @@ def _gemm_kernel(
     ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, A_KMAJOR: tl.constexpr,
     B_KMAJOR: tl.constexpr, ACC_FP64: tl.constexpr = False, EPI_TMA: tl.constexpr = False,
-    FLATTEN: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False, RES_TMA: tl.constexpr = False,
 ):
     """Persistent GEMM. With SPLIT_K > 1 it writes fp32 partials to ``ws_ptr``
     ([SPLIT_K, BATCH, M, N], contiguous) and ``_splitk_reduce_kernel`` finishes.
@@ -232,6 +240,11 @@ def _gemm_kernel(
                                            block_shape=[BLOCK_M, BLOCK_N // EPI_SPLIT])
     else:
         c_desc = c_ptr  # unused: the pointer stores
+    if RES_TMA:  # (set only with EPI_TMA)
+        r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, N], strides=[s_rm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N // EPI_SPLIT])
+    else:
+        r_desc = res_ptr  # unused: the pointer loads
 
     for work in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN):
         split = work % SPLIT_K
@@ -292,7 +305,7 @@ def _gemm_kernel(
                       bias_ptr + _batch_offset(batch, B1, s_bias0, s_bias1), s_biasm, s_biasn,
                       res_ptr + _batch_offset(batch, B1, s_r0, s_r1), s_rm, s_rn,
                       a_scale_ptr, b_scale_ptr, BLOCK_N, EPI_SPLIT, A_SCALE, B_SCALE, HAS_BIAS,
-                      ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, pid_m * BLOCK_M, EPI_TMA)
+                      ACTIVATION, HAS_RESIDUAL, INDEX_64, c_desc, pid_m * BLOCK_M, EPI_TMA, r_desc, RES_TMA)
         else:
             # One fp32 partial tile per split; the workspace is [SPLIT_K, BATCH, M, N].
             part = ws_ptr + (split * BATCH + batch).to(tl.int64) * M * N
@@ -360,14 +373,17 @@ CONFIGS = {
         # epilogue). Measured (benchmarks/tune_gemm_llama.py, H100, CUDA-graph device time, the 12
         # GEMM layouts of a Llama block's forward and backward plus 3 biased ones, two runs): totals
         # 11168 / 12905 us against cuBLAS's 11266 / 12971 and 11433 / 12988 without FLATTEN.
-        # EPILOGUE, a call with one of bias, residual or activation: the same tile with EPI_TMA (a
-        # descriptor store: no pointer tiles in the MMA layout, so the operand fits: cross-compiled
-        # under Triton 3.6, 226 registers with a residual or bias, 232 with bias+silu, 0 spills;
-        # without EPI_TMA bias alone spills 30). The Llama residual GEMM: 1090 us against 1182 for
-        # the 128x128 tile a residual took before.
-        # HEAVY, two or more of them: 128x256 passes the 255-register cap even with EPI_TMA (gelu+
-        # bias+residual 113 spills, bias+residual 54); 128x128 halves the accumulator (196 registers
-        # for gelu+bias+residual, 0 spills).
+        # EPILOGUE, a call with any of bias, residual, activation: the same tile with EPI_TMA and
+        # RES_TMA (the result stored, the residual loaded through descriptors: no pointer tiles in the
+        # MMA layout, a 64-bit address per element). Cross-compiled for sm_90, 0 spills under Triton 3.6
+        # and 3.9 for every mix (3.6: residual 168 registers, bias+silu 232, bias+gelu+residual 244,
+        # bias+residual 255); without EPI_TMA bias alone spills 30, with a pointer residual bias+residual
+        # spills 54 and bias+gelu+residual 137. The Llama residual GEMM: 1090 us against 1182 for the
+        # 128x128 tile a residual took before.
+        # HEAVY, an epilogue whose result or residual cannot be a descriptor (misaligned, broadcast):
+        # 128x128 halves the accumulator (196 registers for gelu+bias+residual, 0 spills). It took every
+        # call with two or more parts until 128x256 fit them: there it lost 8-10% (H100, tune_gemm_llama.py:
+        # the seed block's bias+residual projection 240 us vs 211-220, the MLP's bias+gelu 1004 vs 900-938).
         "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FLATTEN=True,
                               FALLBACK=_cfg(128, 128, 64, 8, 8, 4),
                               EPILOGUE=_cfg(128, 256, 64, 8, 8, 4, FLATTEN=True, EPI_TMA=True),
@@ -570,24 +586,34 @@ def _default_epi_split(cfg: dict) -> int:
     return 2 if cfg["BLOCK_N"] >= 64 and area >= 128 * 128 else 1
 
 
-def _for_epilogue(cfg: dict, operands: int) -> dict:
-    """The config for an epilogue of ``operands`` parts (bias, residual, activation): a config may name
-    an EPILOGUE tile for one part and a HEAVY one for more (their registers on top of the accumulator;
-    see CONFIGS), each falling back to the lighter one."""
-    if operands >= 2 and "HEAVY" in cfg:
+def _for_epilogue(cfg: dict, operands: int, descriptors_fit) -> dict:
+    """The config for an epilogue of ``operands`` parts (bias, residual, activation). A config may name
+    an EPILOGUE tile for calls with any, whose result and residual move through descriptors, and a HEAVY
+    one for when they cannot (``descriptors_fit(tier)`` False): a pointer tile in the MMA layout holds a
+    64-bit address per element, which the larger tile has no registers for (see CONFIGS)."""
+    if operands == 0 or "EPILOGUE" not in cfg:
+        return cfg
+    tier = cfg["EPILOGUE"]
+    if "HEAVY" in cfg and not descriptors_fit(tier):
         return cfg["HEAVY"]
-    if operands >= 1 and "EPILOGUE" in cfg:
-        return cfg["EPILOGUE"]
-    return cfg
+    return tier
 
 
-def _descriptor_store_fits(out: torch.Tensor, block_n: int, epi_split: int) -> bool:
-    """Whether EPI_TMA can store this call's result: c contiguous along N with 16-byte aligned rows and
-    base, and an epilogue piece (BLOCK_N / EPI_SPLIT columns; EPI_SPLIT 1, 2 or 4) of at least 16 bytes
-    (a descriptor's block shape); otherwise the pointer stores run."""
-    elem = out.element_size()
-    return (epi_split in (1, 2, 4) and (block_n // epi_split) * elem >= 16 and out.stride(-1) == 1
-            and (out.stride(-2) * elem) % 16 == 0 and out.data_ptr() % 16 == 0)
+def _descriptor_fits(t: torch.Tensor, block_n: int, epi_split: int) -> bool:
+    """Whether the epilogue can move ``t`` (the result, or the residual) through a descriptor: contiguous
+    along N with 16-byte aligned rows (not broadcast) and base, and an epilogue piece (BLOCK_N / EPI_SPLIT
+    columns; EPI_SPLIT 1, 2 or 4) of at least 16 bytes (a descriptor's block shape); otherwise pointer
+    loads and stores run."""
+    elem = t.element_size()
+    return (epi_split in (1, 2, 4) and (block_n // epi_split) * elem >= 16 and t.stride(-1) == 1
+            and t.stride(-2) > 0 and (t.stride(-2) * elem) % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
+def _epilogue_descriptors_fit(tier: dict, use_tma: bool, out: torch.Tensor, res) -> bool:
+    """Whether ``tier`` would store ``out`` and load ``res`` (if any) through descriptors (EPI_TMA)."""
+    split = int(tier.get("EPI_SPLIT", _default_epi_split(tier)))
+    return (use_tma and bool(tier.get("EPI_TMA")) and int(tier.get("SPLIT_K", 1)) == 1
+            and all(_descriptor_fits(t, tier["BLOCK_N"], split) for t in (out, res) if t is not None))
 
 
 def _span(t: torch.Tensor) -> int:
@@ -613,12 +639,6 @@ class _PreparedGemm:
         N = b.shape[-1]
         batch = B0 * B1
         self.device = a.device
-        fallback = cfg.get("FALLBACK")  # an epilogue tier without its own falls back as the main tile does
-        cfg = _for_epilogue(cfg, (bias is not None) + (res is not None) + (activation is not None))
-        fallback = cfg.get("FALLBACK", fallback)
-        split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"])))
-        if M * N >= 2**31:
-            split_k = 1  # the workspace is indexed with int32 offsets per batch
         acc_fp64 = a.dtype == torch.float64 or b.dtype == torch.float64
         use_tma, a_kmajor, b_kmajor = False, True, False
         # not for float64 whatever the config says: Triton 3.6 cannot compile an fp64 dot fed by descriptors
@@ -627,11 +647,19 @@ class _PreparedGemm:
             if a_layout is not None and b_layout is not None:
                 use_tma, a_kmajor, b_kmajor = True, a_layout, b_layout
                 ensure_tma_allocator()
+        fallback = cfg.get("FALLBACK")  # an epilogue tier without its own falls back as the main tile does
+        cfg = _for_epilogue(cfg, (bias is not None) + (res is not None) + (activation is not None),
+                            lambda tier: _epilogue_descriptors_fit(tier, use_tma, out, res))
+        fallback = cfg.get("FALLBACK", fallback)
+        split_k = max(1, min(int(cfg.get("SPLIT_K", 1)), cdiv(K, cfg["BLOCK_K"])))
+        if M * N >= 2**31:
+            split_k = 1  # the workspace is indexed with int32 offsets per batch
         if not use_tma and fallback is not None:
             cfg = fallback
         epi_split = int(cfg.get("EPI_SPLIT", _default_epi_split(cfg)))
         epi_tma = bool(cfg.get("EPI_TMA", False)) and use_tma and split_k == 1 and \
-            _descriptor_store_fits(out, cfg["BLOCK_N"], epi_split)
+            _descriptor_fits(out, cfg["BLOCK_N"], epi_split)
+        res_tma = epi_tma and res is not None and _descriptor_fits(res, cfg["BLOCK_N"], epi_split)
         self.ws_shape = (split_k, batch, M, N) if split_k > 1 else None
         self.ws_dtype = torch.float64 if acc_fp64 else torch.float32
         tiles = batch * cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
@@ -651,7 +679,7 @@ class _PreparedGemm:
             EPI_SPLIT=epi_split,
             DOT_PRECISION=_dot_precision(a.dtype, allow_tf32), USE_TMA=use_tma, A_KMAJOR=a_kmajor,
             B_KMAJOR=b_kmajor, ACC_FP64=acc_fp64, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **self._schedule_flags(cfg, use_tma, epi_tma), **hip_extra, **epilogue)
+            **self._schedule_flags(cfg, use_tma, epi_tma, res_tma), **hip_extra, **epilogue)
         if split_k > 1:
             rbm, rbn = min(64, next_pow2(M)), 64
             self.reduce_grid = (batch * cdiv(M, rbm) * cdiv(N, rbn),)
@@ -661,10 +689,10 @@ class _PreparedGemm:
         self.fixed = None  # the launches of a cached plan (matmul's _plans): see fixed_launches
 
     @staticmethod
-    def _schedule_flags(cfg, use_tma, epi_tma):
-        """EPI_TMA / FLATTEN (the kernel's docstring), passed only when set so that the configs without
-        them compile exactly as before."""
-        flags = {"EPI_TMA": epi_tma, "FLATTEN": bool(cfg.get("FLATTEN")) and use_tma}
+    def _schedule_flags(cfg, use_tma, epi_tma, res_tma):
+        """EPI_TMA / RES_TMA / FLATTEN (the kernel's docstring), passed only when set so that the configs
+        without them compile exactly as before."""
+        flags = {"EPI_TMA": epi_tma, "RES_TMA": res_tma, "FLATTEN": bool(cfg.get("FLATTEN")) and use_tma}
         return {name: True for name, on in flags.items() if on}
 
     def fixed_launches(self):
@@ -848,9 +876,9 @@ _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "
 
 
 def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=False, scales=SCALE_NONE,
-          tma=False, b_kmajor=False):
+          tma=False, b_kmajor=False, res_tma=True):
     """A KernelSpec for contiguous (or, with b_kmajor, transposed-b) operands; cfg's EPI_TMA / FLATTEN
-    apply with tma."""
+    apply with tma, and with EPI_TMA the residual comes through a descriptor unless ``res_tma`` is False."""
     pointers = {"a_ptr": dtype, "b_ptr": dtype, "c_ptr": out_dtype, "bias_ptr": out_dtype,
                 "res_ptr": out_dtype, "a_scale_ptr": torch.float32, "b_scale_ptr": torch.float32,
                 "ws_ptr": torch.float32}
@@ -861,6 +889,7 @@ def _spec(name, dtype, out_dtype, cfg, *, activation=None, bias=False, residual=
                       HAS_RESIDUAL=residual, DOT_PRECISION="ieee", USE_TMA=tma, A_KMAJOR=True,
                       B_KMAJOR=b_kmajor, ACC_FP64=False,
                       **{flag: bool(cfg.get(flag)) and tma for flag in ("EPI_TMA", "FLATTEN")})
+    constexprs["RES_TMA"] = constexprs["EPI_TMA"] and residual and res_tma
     # Unit strides are what Triton specializes at run time for contiguous data.
     for unit in ("s_ak", "s_cn", "s_biasn", "s_rn", "s_bk" if b_kmajor else "s_bn"):
         constexprs[unit] = 1
@@ -897,20 +926,23 @@ def compile_specs(target: Optional[str] = None) -> list:
     tma = arch == "sm_90" and HAS_TENSOR_DESCRIPTORS
     bf16, fp16, e4m3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
     sq16, sq8 = table["square"]["16"], table["square"]["fp8"]
-    epi16, heavy16 = _for_epilogue(sq16, 1), _for_epilogue(sq16, 2)  # with one epilogue part, and more
+    # an epilogue through descriptors, and the tile for when its result or residual cannot be one
+    epi16, heavy16 = _for_epilogue(sq16, 1, lambda tier: True), _for_epilogue(sq16, 1, lambda tier: False)
     specs = [
         _spec("gemm_bf16_square", bf16, bf16, sq16, tma=tma),
         _spec("gemm_fp16_square_residual", fp16, fp16, epi16, residual=True, tma=tma),
         _spec("gemm_bf16_square_bias", bf16, bf16, epi16, bias=True, tma=tma),
         _spec("gemm_fp16_square_gelu", fp16, fp16, epi16, activation="gelu", tma=tma),
-        _spec("gemm_bf16_square_bias_silu", bf16, bf16, heavy16, activation="silu", bias=True, tma=tma),
-        _spec("gemm_fp16_square_bias_gelu_residual", fp16, fp16, heavy16, activation="gelu", bias=True,
+        _spec("gemm_bf16_square_bias_silu", bf16, bf16, epi16, activation="silu", bias=True, tma=tma),
+        _spec("gemm_fp16_square_bias_gelu_residual", fp16, fp16, epi16, activation="gelu", bias=True,
               residual=True, tma=tma),
         _spec("gemm_bf16_decode", bf16, bf16, table["decode"]["16"]),
         _spec("gemm_bf16_decode_splitk", bf16, bf16, dict(table["decode"]["16"], SPLIT_K=4)),
         _spec("gemm_fp8e4m3_square_rowscale", e4m3, bf16, sq8, scales=SCALE_VECTOR, b_kmajor=True, tma=tma),
     ]
     if tma:
+        specs.append(_spec("gemm_fp16_square_bias_gelu_residual_pointer", fp16, fp16, heavy16, activation="gelu",
+                           bias=True, residual=True, tma=tma, res_tma=False))
         specs.append(_spec("gemm_bf16_square_pointer_residual", bf16, bf16, sq16["FALLBACK"],
                            activation="silu", bias=True, residual=True))
         specs.append(_spec("gemm_fp8e4m3_square_pointer", e4m3, bf16, sq8["FALLBACK"],

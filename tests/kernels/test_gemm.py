@@ -153,6 +153,7 @@ def test_tma_descriptor_path_in_interpreter(a_t, b_t, schedule):
     cfg = dict(gemm.CONFIGS["cpu"]["square"]["16"], **schedule)
     step, prepared = _prepared_for_sm90(a, b, out, cfg, bias=bias, residual=residual, activation="relu")
     assert prepared.kwargs["USE_TMA"] and prepared.kwargs.get("EPI_TMA", False) == ("EPI_TMA" in schedule)
+    assert prepared.kwargs.get("RES_TMA", False) == ("EPI_TMA" in schedule)  # the residual through a descriptor
     prepared(*step, None, None)
     check(out, reference_matmul(a, b, bias=bias, activation="relu", residual=residual), torch.float16)
 
@@ -201,6 +202,41 @@ def test_every_epilogue_tier_falls_back_where_tma_cannot_run(epilogue):
     assert not prepared.kwargs["USE_TMA"]
     fallback = sq16["FALLBACK"]
     assert (prepared.kwargs["BLOCK_M"], prepared.kwargs["BLOCK_N"]) == (fallback["BLOCK_M"], fallback["BLOCK_N"])
+
+
+def _residuals(n):
+    """An aligned residual, and two that cannot be descriptors: broadcast rows, a base off 16 bytes."""
+    return {"aligned": torch.randn(n, n, dtype=torch.float16),
+            "broadcast": torch.randn(n, dtype=torch.float16).expand(n, n),
+            "misaligned": torch.randn(n * n + 1, dtype=torch.float16)[1:].view(n, n)}
+
+
+@pytest.mark.parametrize("kind", ["aligned", "broadcast", "misaligned"])
+def test_sm90_epilogue_tier_follows_whether_the_residual_can_be_a_descriptor(kind):
+    """On sm_90 any epilogue takes the 128x256 EPILOGUE tile when its result and residual move through
+    descriptors (RES_TMA), and the 128x128 HEAVY one when the residual cannot (a pointer residual tile
+    at 128x256 spills)."""
+    sq16 = gemm.CONFIGS["sm_90"]["square"]["16"]
+    a, b = torch.randn(256, 64, dtype=torch.float16), torch.randn(64, 256, dtype=torch.float16)
+    out, bias = torch.empty(256, 256, dtype=torch.float16), torch.randn(256, dtype=torch.float16)
+    _, prepared = _prepared_for_sm90(a, b, out, sq16, bias=bias, residual=_residuals(256)[kind], activation="gelu")
+    tier = sq16["EPILOGUE"] if kind == "aligned" else sq16["HEAVY"]
+    assert (prepared.kwargs["BLOCK_M"], prepared.kwargs["BLOCK_N"]) == (tier["BLOCK_M"], tier["BLOCK_N"])
+    assert prepared.kwargs["EPI_TMA"] and prepared.kwargs.get("RES_TMA", False) == (kind == "aligned")
+
+
+@pytest.mark.parametrize("kind", ["aligned", "broadcast", "misaligned"])
+def test_residual_through_a_descriptor_or_pointers_in_interpreter(kind):
+    """Both residual paths of the descriptor epilogue, run by the interpreter on ragged 48x48 edges of
+    16x32 tiles split in two epilogue pieces, against the float64 reference."""
+    tile = dict(gemm.CONFIGS["cpu"]["square"]["16"], BLOCK_M=16, BLOCK_N=32, EPI_SPLIT=2, EPI_TMA=True)
+    cfg = dict(tile, EPILOGUE=tile, HEAVY=dict(tile, BLOCK_N=16, EPI_SPLIT=1))
+    a, b = torch.randn(48, 24, dtype=torch.float16), torch.randn(24, 48, dtype=torch.float16)
+    out, residual = torch.empty(48, 48, dtype=torch.float16), _residuals(48)[kind]
+    step, prepared = _prepared_for_sm90(a, b, out, cfg, residual=residual, activation="silu")
+    assert prepared.kwargs["EPI_TMA"] and prepared.kwargs.get("RES_TMA", False) == (kind == "aligned")
+    prepared(*step, None, None)
+    check(out, reference_matmul(a, b, activation="silu", residual=residual), torch.float16)
 
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
