@@ -264,42 +264,14 @@ def _score_extras(s, rows, cols, Sq, Sk, causal_offset, bias_base, sbm, sbn, mas
 # ---------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------
-# Causal programs are ordered longest first within groups of this many (batch, head) slices: every
-# slice's heaviest block, then every slice's next, ... (benchmarks/schedule_sim.py: at B2 H32 S2048 with
-# 64-row blocks, 264 resident programs, the last wave's idle slots cost 13% with the slices one after the
-# other, 0.1% in groups of 8). Groups, not all slices at once: a group's keys and values stay in L2.
-HEAD_GROUP = tl.constexpr(8)
-
-
 @triton.jit
-def _ranked_program(n_blocks, RANKED: tl.constexpr):
-    """(rank, batch*head) of this program of a 1-D grid of n_blocks blocks per (batch, head) slice.
-    RANKED (causal: rank 0 the heaviest block of its slice): slices in groups of HEAD_GROUP, a group's
-    programs by rank, then slice. Else one slice's blocks after another, rank = the block."""
-    pid = tl.program_id(0)
-    if RANKED:
-        n_slices = tl.num_programs(0) // n_blocks
-        per_group = HEAD_GROUP * n_blocks
-        group = pid // per_group
-        within = pid - group * per_group
-        slices_here = tl.minimum(HEAD_GROUP, n_slices - group * HEAD_GROUP)
-        rank = within // slices_here
-        pid_bh = group * HEAD_GROUP + within % slices_here
-    else:
-        rank = pid % n_blocks
-        pid_bh = pid // n_blocks
-    return rank, pid_bh
-
-
-@triton.jit
-def _query_block_program(Sq, Hq, kv_group, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+def _query_block_program(Hq, kv_group, IS_CAUSAL: tl.constexpr):
     """(query block, batch*head, batch, head, kv head) of a program over one query block (the
-    forwards, dq; a 1-D grid of cdiv(Sq, BLOCK_M) * B * Hq); causal runs the heaviest query blocks
-    (the last) first (_ranked_program)."""
-    n_blocks = tl.cdiv(Sq, BLOCK_M)
-    pid_m, pid_bh = _ranked_program(n_blocks, IS_CAUSAL)
+    forwards, dq); causal runs the heaviest query blocks of a head first (a shorter tail)."""
+    pid_m = tl.program_id(0)
     if IS_CAUSAL:
-        pid_m = n_blocks - 1 - pid_m
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
     b = (pid_bh // Hq).to(tl.int64)
     h = pid_bh % Hq
     hk = (h // kv_group).to(tl.int64)
@@ -391,7 +363,7 @@ def _attn_fwd_kernel(
     DOT_PREC: tl.constexpr, FUSE_SCALE: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m, pid_bh, b, h, hk = _query_block_program(Sq, Hq, kv_group, IS_CAUSAL, BLOCK_M)
+    pid_m, pid_bh, b, h, hk = _query_block_program(Hq, kv_group, IS_CAUSAL)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -465,7 +437,7 @@ def _attn_fwd_tma_kernel(
     slice (its base is the slice's first row), so the rows past Sq/Sk of a tile are zero-filled
     (and not stored) per slice whatever the strides. The host checks TMA's rules: unit head-dim
     stride, 16-byte aligned base pointers and other strides."""
-    pid_m, pid_bh, b, h, hk = _query_block_program(Sq, Hq, kv_group, IS_CAUSAL, BLOCK_M)
+    pid_m, pid_bh, b, h, hk = _query_block_program(Hq, kv_group, IS_CAUSAL)
 
     q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Sq, HEAD_DIM], strides=[sqs, 1],
                                        block_shape=[BLOCK_M, HEAD_DIM])
@@ -583,7 +555,8 @@ def _attn_bwd_dkdv_kernel(
     DOT_PREC: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_n, pid_bh = _ranked_program(tl.cdiv(Sk, BLOCK_N), IS_CAUSAL)   # causal: key block 0 is the heaviest
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
     b = (pid_bh // Hkv).to(tl.int64)
     hk = (pid_bh % Hkv).to(tl.int64)
     n0 = pid_n * BLOCK_N
@@ -666,7 +639,7 @@ def _attn_bwd_dq_kernel(
     DOT_PREC: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m, pid_bh, b, h, hk = _query_block_program(Sq, Hq, kv_group, IS_CAUSAL, BLOCK_M)
+    pid_m, pid_bh, b, h, hk = _query_block_program(Hq, kv_group, IS_CAUSAL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -874,7 +847,7 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
                                   table["fwd_tma_causal" if is_causal else "fwd_tma"][D])
     cfg = config or _config(q.device, "fwd_causal" if is_causal else "fwd", BLOCK_D, q.dtype, extras)
     bias_t, bias_s, mask_t, mask_s = _extras(q, bias, mask, B, Hq, Sq, Sk)
-    grid = (cdiv(Sq, cfg["BLOCK_M"]) * B * Hq,)
+    grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
     _launch(_attn_fwd_kernel, grid, q.device,
         q, k, v, out, lse, bias_t, mask_t,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *bias_s, *mask_s,
@@ -945,7 +918,7 @@ def _attention_fwd_tma(q, k, v, out, lse, scale, is_causal, cfg):
     warp_spec = bool(cfg.get("WARP_SPEC", False))
     if q.is_cuda:
         ensure_tma_allocator()
-    grid = (cdiv(Sq, cfg["BLOCK_M"]) * B * Hq,)
+    grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
     _launch(_attn_fwd_tma_kernel, grid, q.device, *_slice_fwd_args(q, k, v, out, lse, scale),
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         EVEN_N=(Sk % cfg["BLOCK_N"] == 0) if warp_spec else True, WARP_SPEC=warp_spec,
@@ -971,7 +944,7 @@ def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
 
     B, Sq, Hq, D = q.shape
     ensure_tma_allocator()
-    grid = (cdiv(Sq, cfg["BLOCK_M"]) * B * Hq,)
+    grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
     extra = {}
     kernel = attention_hopper._attn_fwd_hopper_kernel
     if cfg.get("WS"):
@@ -1069,13 +1042,13 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
         _dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, scale, is_causal, gluon)
     else:
         c = _config(q.device, "bwd_dkdv", BLOCK_D, q.dtype, extras)
-        _launch(_attn_bwd_dkdv_kernel, (cdiv(Sk, c["BLOCK_N"]) * B * Hkv,), q.device,
+        _launch(_attn_bwd_dkdv_kernel, (cdiv(Sk, c["BLOCK_N"]), B * Hkv), q.device,
             q, k, v, do, lse2, delta, dk, dv, bias_t, mask_t,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *bias_s, *mask_s,
             Hq, Hkv, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
         )
     c = _config(q.device, "bwd_dq", BLOCK_D, q.dtype, extras)
-    _launch(_attn_bwd_dq_kernel, (cdiv(Sq, c["BLOCK_M"]) * B * Hq,), q.device,
+    _launch(_attn_bwd_dq_kernel, (cdiv(Sq, c["BLOCK_M"]), B * Hq), q.device,
         q, k, v, do, lse2, delta, dq, bias_t, mask_t,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *bias_s, *mask_s,
         Hq, Sq, Sk, Hq // Hkv, scale, scale * LOG2E, **common, **c,
@@ -1159,7 +1132,7 @@ def _dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, scale, is_causal, cfg):
     Sk = k.shape[1]
     ensure_tma_allocator()
     sq, sk, sv, sdo, sdk, sdv = (t.stride() for t in (q, k, v, do, dk, dv))
-    _launch(_attn_bwd_dkdv_hopper_kernel, (cdiv(Sk, cfg["BLOCK_N"]) * B * Hq,), q.device,
+    _launch(_attn_bwd_dkdv_hopper_kernel, (cdiv(Sk, cfg["BLOCK_N"]), B * Hq), q.device,
         q, k, v, do, lse2, delta, dk, dv,
         sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], sdo[0], sdo[1], sdo[2],
         sdk[0], sdk[1], sdk[2], sdv[0], sdv[1], sdv[2],

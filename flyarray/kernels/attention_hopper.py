@@ -29,13 +29,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
-from flyarray.kernels import attention
-
 # Names that moved between Triton 3.6 (the H200's) and 3.9 (CI's).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-HEAD_GROUP = gl.constexpr(attention.HEAD_GROUP.value)   # the causal programs' order, as attention's kernels
 
 
 @gluon.constexpr_function
@@ -103,33 +100,15 @@ def _issue_scores(q_smem, k_smem, ready, block, n_blocks, s_layout: gl.constexpr
 
 
 @gluon.jit
-def _ranked_program(n_blocks, RANKED: gl.constexpr):
-    """attention._ranked_program in Gluon: (rank, batch*head) of this program of a 1-D grid; RANKED
-    (causal, rank 0 the heaviest block of its slice) orders slices in groups of HEAD_GROUP by rank."""
-    pid = gl.program_id(0)
-    if RANKED:
-        per_group = HEAD_GROUP * n_blocks
-        group = pid // per_group
-        within = pid - group * per_group
-        slices_here = gl.minimum(HEAD_GROUP, gl.num_programs(0) // n_blocks - group * HEAD_GROUP)
-        rank = within // slices_here
-        pid_bh = group * HEAD_GROUP + within % slices_here
-    else:
-        rank = pid % n_blocks
-        pid_bh = pid // n_blocks
-    return rank, pid_bh
-
-
-@gluon.jit
 def _fwd_slices(Q, K, V, Out, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, Hq, Sq, Sk, kv_group,
                 IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, Q_ROWS: gl.constexpr,
                 BLOCK_N: gl.constexpr):
     """This program's (batch * head, first query row, q/k/v/out descriptors fetching Q_ROWS query rows and
-    BLOCK_N key rows a box); causal programs run the heaviest query blocks (the last) first."""
-    n_blocks = gl.cdiv(Sq, BLOCK_M)
-    pid_m, pid_bh = _ranked_program(n_blocks, IS_CAUSAL)
+    BLOCK_N key rows a box); causal programs run the heaviest query blocks first."""
+    pid_m = gl.program_id(0)
     if IS_CAUSAL:
-        pid_m = n_blocks - 1 - pid_m
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
     b = (pid_bh // Hq).to(gl.int64)
     h = pid_bh % Hq
     hk = (h // kv_group).to(gl.int64)
@@ -401,7 +380,8 @@ def _attn_bwd_dkdv_hopper_kernel(
     cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = Q.dtype.element_ty
 
-    pid_n, pid_bh = _ranked_program(gl.cdiv(Sk, BLOCK_N), IS_CAUSAL)   # causal: key block 0 is the heaviest
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
     b = (pid_bh // Hq).to(gl.int64)
     h = (pid_bh % Hq).to(gl.int64)
     n0 = pid_n * BLOCK_N

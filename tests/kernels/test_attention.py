@@ -137,19 +137,6 @@ def test_backward_fp32_gqa(causal, Sq, Sk):
     _check_bwd(torch.float32, 2, Sq, Sk, 4, 2, 16, 1e-4, is_causal=causal)
 
 
-@pytest.mark.parametrize("B,Hq,Hkv", [(2, 5, 5), (1, 12, 6), (3, 4, 1)])
-def test_causal_programs_cover_head_groups_with_a_partial_last_one(B, Hq, Hkv):
-    """Causal programs run longest first within groups of HEAD_GROUP (batch, head) slices: with 10, 12
-    and 12 query slices (6 and 3 kv slices for the dk/dv kernel) the last group is partial, and every
-    block of every slice must still be computed exactly once (forward, dk/dv, dq against float64)."""
-    from flyarray.kernels.attention import HEAD_GROUP
-    assert (B * Hq) % HEAD_GROUP.value != 0 and B * Hq > HEAD_GROUP.value
-    torch.manual_seed(B * 100 + Hq)
-    q, k, v = _qkv(B, 37, 37, Hq, Hkv, 16, torch.float32)
-    _check_fwd(q, k, v, torch.float32, is_causal=True)
-    _check_bwd(torch.float32, B, 37, 37, Hq, Hkv, 16, 1e-4, is_causal=True)
-
-
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 2e-2)])
 def test_backward_half_strided_head_dim_64(dtype, tol):
     torch.manual_seed(6)
