@@ -29,7 +29,7 @@ import weakref
 import torch
 import torch.autograd.profiler as _torch_profiler
 
-from . import codegen, config, ir, profiling, runtime
+from . import codegen, config, ir, precompile, profiling, runtime
 from .kernel_ir import Kernel
 from .kernels._triton import empty_template
 from .expand import to_primitives
@@ -220,6 +220,7 @@ class _Builder:
         self.allocated = set()  # slots of contiguous buffers this plan makes (not library outputs)
         self.static_scalars = []  # constants made by expanding composites: structure, so the plan keeps them
         self.steps, self.labels, self.binds, self.description, self.copy_binds = [], [], [], [], []
+        self.warm_ups = []  # (launch, input slots, output slots, scalar slots, slot -> dtype): precompile.py
 
     def new_slot(self, node) -> int:
         slot = self.slot[node.id] = self.n_slots
@@ -273,6 +274,9 @@ class _Builder:
             launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
                                              [n.shape for n in step.outputs])
             allocations = [(slot, n.shape, _empty_like_of(n.dtype.torch, self.device)) for n, slot in fresh]
+            if hasattr(launch, "warm_up") and not precompile.has_compiled(launch.fn):
+                dtypes = {self.slot[n.id]: n.dtype.torch for n in (*step.inputs, *step.outputs)}
+                self.warm_ups.append((launch, ins, outs, sc, dtypes))
 
             def run_kernel(slots, scalars):
                 for slot, shape, template in allocations:
@@ -284,6 +288,15 @@ class _Builder:
                                  tuple(ins), tuple(outs), tuple(sc), tuple((n.shape, slot) for n, slot in fresh)))
         runtime._log(2, f"  kernel {spec.key[:12] if spec else 'reference'}: {len(kernel.ops)} ops, "
                         f"{len(ins)} in, {len(outs)} out")
+
+    def warm_up_jobs(self, leaves: list, scalars: list) -> list:
+        """One job per generated kernel not compiled yet: its warm-up with this evaluation's leaves (the
+        real tensors) and scalars, and the dtypes of the buffers the plan will make."""
+        def job(launch, ins, outs, sc, dtypes):
+            def arg(slot):
+                return leaves[slot] if slot < len(leaves) else dtypes[slot]
+            return lambda: launch.warm_up([arg(i) for i in ins], [arg(o) for o in outs], [scalars[j] for j in sc])
+        return [job(*entry) for entry in self.warm_ups]
 
     def scalar_slot(self, node) -> int:
         """Where a constant's value comes from: bound from the walk, or kept by the plan when an
@@ -375,7 +388,10 @@ def _plan_for(walk: Walk, roots: list, backend: str) -> Plan:
     runtime._stats["plan_misses"] += 1
     if runtime.config.log_level() >= 1:
         runtime._log(1, f"plan miss: {_miss_reason(key)}")
-    plan = _Builder(walk, roots, backend).build()
+    builder = _Builder(walk, roots, backend)
+    plan = builder.build()
+    if builder.warm_ups:
+        precompile.start(builder.warm_up_jobs(walk.leaves, walk.scalars + plan.static_scalars), builder.device)
     _plans[key] = plan
     _newest = plan
     if len(_plans) > PLAN_CACHE_SIZE:

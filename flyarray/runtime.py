@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from . import codegen, config, diskcache, ir, unsigned
+from . import codegen, config, diskcache, ir, precompile, unsigned
 from .kernel_ir import Kernel
 from .kernels._triton import launch_hooks_set
 
@@ -157,6 +157,7 @@ class _DirectLaunch:
     """A generated kernel on a CUDA/ROCm device: JIT once, then the compiled kernel's own launcher."""
 
     def __init__(self, fn, kernel, spec, device):
+        self.fn = fn
         self.jit = fn[spec.grid]
         self.kernel = kernel
         self.spec = spec
@@ -182,6 +183,7 @@ class _DirectLaunch:
             with diskcache.triton_cache_scope():  # the JIT may compile: its binaries go to our private cache
                 compiled = self.jit(*inputs, *outputs, *spec.args, *tail, num_warps=spec.num_warps,
                                     **spec.constexprs)
+            compiled = precompile.compiled_kernel(compiled)
             if self.compiled is None and hasattr(compiled, "packed_metadata"):
                 compiled.run  # noqa: B018  (loads the binary and its launcher now, not on the hot path)
                 self.compiled = compiled
@@ -191,6 +193,14 @@ class _DirectLaunch:
                          None, None, None, *inputs, *outputs, *spec.args, *tail, *self.constexpr_values)
         if _check:
             _check_against_reference(self.kernel, inputs, outputs, scalars)
+
+
+    def warm_up(self, inputs, outputs, scalars):
+        """Compile for these arguments (tensors, or dtypes for buffers not made yet) without launching:
+        under precompile's AsyncCompileMode, in the background."""
+        spec = self.spec
+        self.fn.warmup(*inputs, *outputs, *spec.args, *_scalar_args(self.kernel, scalars), grid=spec.grid,
+                       num_warps=spec.num_warps, **spec.constexprs)
 
 
 def _raw_stream(device_index: int) -> int:
