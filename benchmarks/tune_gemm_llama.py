@@ -6,9 +6,9 @@ biased GEMMs. CUDA-graph device time (GPU); torch is cuBLAS (addmm, the activati
     PYTHONPATH=$PWD python benchmarks/tune_gemm_llama.py [out.json] [T H I]
 
 Each variant is checked against torch's product (relative Frobenius error) before it is timed. A problem's
-cuBLAS call and variants are timed in ROUNDS interleaved rounds, the median of each, reported as the best
-round: timed one after the other, whatever ran last met a hotter GPU (on an H100 the same config read
-1062-1214 us across one run).
+cuBLAS call and variants are timed in ROUNDS interleaved rounds, each starting at a different entry, the
+median of each, reported as the best round: timed one after the other, whatever ran later met a hotter GPU
+(on an H100 the same config read 1062-1214 us across one run).
 """
 import json
 import sys
@@ -72,11 +72,16 @@ def graph_of(fn):
 
 
 def interleaved_ms(graphs: dict) -> dict:
-    """name -> the best of ROUNDS interleaved rounds of each graph's replay median (ms)."""
+    """name -> the best of ROUNDS interleaved rounds of each graph's replay median (ms). Each round starts
+    at a different place in the list: a GPU that heats up over a round slows its later entries (the
+    seventeenth session's H100: in fixed order every config measured slower the later it came, the
+    default 1120 us and the same config forced 1200 on one problem)."""
     best = {name: float("inf") for name in graphs}
-    for _ in range(ROUNDS):
-        for name, graph in graphs.items():
-            best[name] = min(best[name], triton.testing.do_bench(graph.replay, return_mode="median"))
+    names = list(graphs)
+    for r in range(ROUNDS):
+        shift = r * len(names) // ROUNDS
+        for name in names[shift:] + names[:shift]:
+            best[name] = min(best[name], triton.testing.do_bench(graphs[name].replay, return_mode="median"))
     return best
 
 
