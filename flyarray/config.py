@@ -6,6 +6,8 @@ FLYARRAY_LOG        1: print each compile (with its cache-miss reason) and launc
 FLYARRAY_CHECK      1: re-run every fused kernel on the reference backend and raise on mismatch
 FLYARRAY_EAGER_ROUNDING  1: round fused intermediates to their dtype as eager torch would
 FLYARRAY_PLAN_CHECK 1: on every plan-cache hit, also build the plan from scratch and compare
+FLYARRAY_PRECOMPILE 0: compile a new GPU plan's generated kernels at their launches only, not also ahead
+                    in a background thread pool (flyarray/precompile.py)
 
 The switches an evaluation consults on its hot path (CHECK, EAGER_ROUNDING, PLAN_CHECK) are read
 at import and again by ``fa.clear_caches()``.
@@ -50,3 +52,8 @@ def plan_check() -> bool:
 def cuda_graphs() -> bool:
     """FLYARRAY_CUDA_GRAPHS=0 turns fa.jit's graph replay off process-wide (on by default)."""
     return os.environ.get("FLYARRAY_CUDA_GRAPHS", "1") not in ("", "0")
+
+
+def precompile() -> bool:
+    """FLYARRAY_PRECOMPILE=0 turns the background compiles of a new plan's kernels off (on by default)."""
+    return os.environ.get("FLYARRAY_PRECOMPILE", "1") not in ("", "0")

@@ -24,14 +24,11 @@ import threading
 
 import torch
 
+from . import config
 from .diskcache import triton_cache_scope
 
 _pool = None
 _pool_lock = threading.Lock()
-
-
-def enabled() -> bool:
-    return os.environ.get("FLYARRAY_PRECOMPILE", "1") not in ("", "0")
 
 
 class _ScopedPool(concurrent.futures.ThreadPoolExecutor):
@@ -57,7 +54,7 @@ def _shared_pool() -> _ScopedPool:
 def start(jobs: list, device: torch.device) -> threading.Thread | None:
     """Run ``jobs`` (callables that each warm one kernel up: ``JITFunction.warmup``) in a background
     thread under Triton's AsyncCompileMode on the shared pool; returns that thread (None: nothing to do)."""
-    if not jobs or not enabled() or device.type != "cuda":
+    if not jobs or not config.precompile() or device.type != "cuda":
         return None
     thread = threading.Thread(target=warm_up, args=(jobs, torch.cuda.device(device)), name="flyarray-precompile")
     thread.start()

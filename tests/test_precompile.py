@@ -112,7 +112,7 @@ def test_a_failing_warm_up_is_dropped_and_the_others_still_compile(sm90_jit):
 def test_start_needs_a_cuda_device_and_the_switch(monkeypatch):
     assert precompile.start([lambda: None], torch.device("cpu")) is None
     monkeypatch.setenv("FLYARRAY_PRECOMPILE", "0")
-    assert not precompile.enabled()
+    assert precompile.start([lambda: None], torch.device("cuda")) is None
 
 
 class _RecordingLaunch:
