@@ -601,12 +601,12 @@ def _for_epilogue(cfg: dict, operands: int, descriptors_fit) -> dict:
 
 def _descriptor_fits(t: torch.Tensor, block_n: int, epi_split: int) -> bool:
     """Whether the epilogue can move ``t`` (the result, or the residual) through a descriptor: contiguous
-    along N with 16-byte aligned rows (not broadcast) and base, and an epilogue piece (BLOCK_N / EPI_SPLIT
-    columns; EPI_SPLIT 1, 2 or 4) of at least 16 bytes (a descriptor's block shape); otherwise pointer
-    loads and stores run."""
-    elem = t.element_size()
-    return (epi_split in (1, 2, 4) and (block_n // epi_split) * elem >= 16 and t.stride(-1) == 1
-            and t.stride(-2) > 0 and (t.stride(-2) * elem) % 16 == 0 and t.data_ptr() % 16 == 0)
+    along N with 16-byte aligned rows that neither repeat nor overlap (a broadcast or unfolded residual
+    does not) and base, and an epilogue piece (BLOCK_N / EPI_SPLIT columns; EPI_SPLIT 1, 2 or 4) of 16
+    bytes to 256 elements (a descriptor's block shape); otherwise pointer loads and stores run."""
+    elem, piece = t.element_size(), block_n // max(epi_split, 1)
+    return (epi_split in (1, 2, 4) and piece * elem >= 16 and piece <= 256 and t.stride(-1) == 1
+            and t.stride(-2) >= t.shape[-1] and (t.stride(-2) * elem) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
 def _epilogue_descriptors_fit(tier: dict, use_tma: bool, out: torch.Tensor, res) -> bool:

@@ -205,13 +205,15 @@ def test_every_epilogue_tier_falls_back_where_tma_cannot_run(epilogue):
 
 
 def _residuals(n):
-    """An aligned residual, and two that cannot be descriptors: broadcast rows, a base off 16 bytes."""
+    """An aligned residual, and three that cannot be descriptors: broadcast rows, a base off 16 bytes,
+    rows that overlap (an unfolded view, 8 elements apart)."""
     return {"aligned": torch.randn(n, n, dtype=torch.float16),
             "broadcast": torch.randn(n, dtype=torch.float16).expand(n, n),
-            "misaligned": torch.randn(n * n + 1, dtype=torch.float16)[1:].view(n, n)}
+            "misaligned": torch.randn(n * n + 1, dtype=torch.float16)[1:].view(n, n),
+            "overlapping": torch.randn(8 * n + n, dtype=torch.float16).as_strided((n, n), (8, 1))}
 
 
-@pytest.mark.parametrize("kind", ["aligned", "broadcast", "misaligned"])
+@pytest.mark.parametrize("kind", ["aligned", "broadcast", "misaligned", "overlapping"])
 def test_sm90_epilogue_tier_follows_whether_the_residual_can_be_a_descriptor(kind):
     """On sm_90 any epilogue takes the 128x256 EPILOGUE tile when its result and residual move through
     descriptors (RES_TMA), and the 128x128 HEAVY one when the residual cannot (a pointer residual tile
@@ -225,7 +227,7 @@ def test_sm90_epilogue_tier_follows_whether_the_residual_can_be_a_descriptor(kin
     assert prepared.kwargs["EPI_TMA"] and prepared.kwargs.get("RES_TMA", False) == (kind == "aligned")
 
 
-@pytest.mark.parametrize("kind", ["aligned", "broadcast", "misaligned"])
+@pytest.mark.parametrize("kind", ["aligned", "broadcast", "misaligned", "overlapping"])
 def test_residual_through_a_descriptor_or_pointers_in_interpreter(kind):
     """Both residual paths of the descriptor epilogue, run by the interpreter on ragged 48x48 edges of
     16x32 tiles split in two epilogue pieces, against the float64 reference."""
