@@ -4,10 +4,24 @@
 # the user-path benchmark: overhead, elementwise, norms, topk, gemm); MODE=pending: what the tenth session
 # (no GPU) left untimed: the GPU tests of the Gluon attention kernels and the MX decode candidates, then
 # benchmarks/tune_attention_gluon.py (checks every Gluon tile, forward and dk/dv, times them beside SDPA);
-# MODE=pending_mx: benchmarks/tune_mx_decode.py for MXFP4 (the new decode candidates beside the old).
+# MODE=pending_mx: benchmarks/tune_mx_decode.py for MXFP4 (the new decode candidates beside the old);
+# MODE=ncu: Nsight Compute's sections for benchmarks/ncu_kernels.py's workloads (attention forward and
+# backward, the widest GEMM; ours beside cuDNN/cuBLAS), one CSV each (WORKLOADS= to choose).
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
+if [ "${MODE:-tests}" = ncu ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  for w in ${WORKLOADS:-attn_fwd attn_bwd gemm_qkv}; do
+    timeout 240 ncu --clock-control none --profile-from-start off --csv --page details \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
+      --log-file "$OUT/ncu_$w.csv" python3 benchmarks/ncu_kernels.py "$w" > "$OUT/ncu_$w.log" 2>&1
+    echo "$w rc=$?"; tail -3 "$OUT/ncu_$w.log"
+  done
+  exit 0
+fi
 if [ "${MODE:-tests}" = pending ]; then
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
   mkdir -p "$OUT"
