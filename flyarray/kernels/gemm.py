@@ -382,7 +382,7 @@ CONFIGS = {
         # 128x128 tile a residual took before.
         # HEAVY, an epilogue whose result or residual cannot be a descriptor (misaligned, broadcast):
         # 128x128 halves the accumulator (196 registers for gelu+bias+residual, 0 spills). It took every
-        # call with two or more parts until 128x256 fit them: there it lost 8-10% (H100, tune_gemm_llama.py:
+        # call with two or more parts until 128x256 fit them: there it lost 7-12% (H100, tune_gemm_llama.py:
         # the seed block's bias+residual projection 240 us vs 211-220, the MLP's bias+gelu 1004 vs 900-938).
         "square": {"16": _cfg(128, 256, 64, 8, 8, 4, FLATTEN=True,
                               FALLBACK=_cfg(128, 128, 64, 8, 8, 4),
