@@ -34,15 +34,20 @@ DECODE_WIDE = DECODE + [
         (16, 512, 4, 4, 1), (64, 128, 4, 5, 4), (32, 128, 4, 5, 2), (64, 256, 4, 4, 2), (128, 128, 4, 4, 8)]]
 
 
-def _graph_ms(fn) -> float:
-    """Device time: a CUDA-graph replay of fn (a call with config= takes the JIT's Python launch path,
-    slower than the kernel at decode shapes, so timing the call itself would time the host)."""
+def _graph_of(fn):
+    """A CUDA graph of one call of ``fn``, after one plain call (compiles, allocates)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return triton.testing.do_bench(graph.replay, return_mode="median")
+    return graph
+
+
+def _graph_ms(fn) -> float:
+    """Device time: a CUDA-graph replay of fn (a call with config= takes the JIT's Python launch path,
+    slower than the kernel at decode shapes, so timing the call itself would time the host)."""
+    return triton.testing.do_bench(_graph_of(fn).replay, return_mode="median")
 
 
 def main():

@@ -15,6 +15,7 @@ import sys
 
 import torch
 import triton.testing
+from tune_gemm import _graph_of as graph_of  # one call captured as a CUDA graph (benchmarks/)
 
 from flyarray.kernels import gemm
 
@@ -59,16 +60,6 @@ def problems(T, H, inter):
 
 def rel_err(x, ref):
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
-def graph_of(fn):
-    """A CUDA graph of one call of ``fn`` (a call with config= takes the JIT's Python launch path)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def interleaved_ms(graphs: dict) -> dict:

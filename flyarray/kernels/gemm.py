@@ -609,10 +609,12 @@ def _descriptor_fits(t: torch.Tensor, block_n: int, epi_split: int) -> bool:
             and t.stride(-2) >= t.shape[-1] and (t.stride(-2) * elem) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
-def _epilogue_descriptors_fit(tier: dict, use_tma: bool, out: torch.Tensor, res) -> bool:
-    """Whether ``tier`` would store ``out`` and load ``res`` (if any) through descriptors (EPI_TMA)."""
+def _epilogue_descriptors_fit(tier: dict, use_tma: bool, out: torch.Tensor, res, split_k=None) -> bool:
+    """Whether ``tier`` would store ``out`` and load ``res`` (if any) through descriptors (EPI_TMA);
+    ``split_k``: the call's, where known (else the tier's own)."""
     split = int(tier.get("EPI_SPLIT", _default_epi_split(tier)))
-    return (use_tma and bool(tier.get("EPI_TMA")) and int(tier.get("SPLIT_K", 1)) == 1
+    split_k = int(tier.get("SPLIT_K", 1)) if split_k is None else split_k
+    return (use_tma and bool(tier.get("EPI_TMA")) and split_k == 1
             and all(_descriptor_fits(t, tier["BLOCK_N"], split) for t in (out, res) if t is not None))
 
 
@@ -657,8 +659,7 @@ class _PreparedGemm:
         if not use_tma and fallback is not None:
             cfg = fallback
         epi_split = int(cfg.get("EPI_SPLIT", _default_epi_split(cfg)))
-        epi_tma = bool(cfg.get("EPI_TMA", False)) and use_tma and split_k == 1 and \
-            _descriptor_fits(out, cfg["BLOCK_N"], epi_split)
+        epi_tma = _epilogue_descriptors_fit(cfg, use_tma, out, None, split_k)
         res_tma = epi_tma and res is not None and _descriptor_fits(res, cfg["BLOCK_N"], epi_split)
         self.ws_shape = (split_k, batch, M, N) if split_k > 1 else None
         self.ws_dtype = torch.float64 if acc_fp64 else torch.float32
