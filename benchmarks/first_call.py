@@ -5,7 +5,9 @@ and without background compiles (FLYARRAY_PRECOMPILE), each in a fresh process a
     PYTHONPATH=$PWD python benchmarks/first_call.py [rounds] [out.json]
 
 A child process per measurement: Triton's JIT keeps compiled kernels in memory for the process's life.
-The child prints one JSON line: first call seconds, the second call's, and flyarray's compile counts.
+The child prints one JSON line: first call seconds, the second call's, flyarray's compile counts, and
+Triton's compiles by thread (main: at a launch; pool: precompile.py's warm-ups) with their seconds, and
+the kernels compiled more than once (by name: a kernel's specializations count separately).
 """
 import json
 import os
@@ -14,7 +16,18 @@ import sys
 import tempfile
 
 CHILD = r"""
-import json, time, torch
+import json, threading, time, torch
+import triton.compiler
+compiles = []  # (kernel name, thread: main or pool, seconds) of every Triton compile, cache hits included
+_compile = triton.compiler.compile
+def _timed_compile(src, *args, **kwargs):
+    start = time.perf_counter()
+    try:
+        return _compile(src, *args, **kwargs)
+    finally:
+        where = "main" if threading.current_thread() is threading.main_thread() else "pool"
+        compiles.append((getattr(src, "name", "?"), where, time.perf_counter() - start))
+triton.compiler.compile = _timed_compile  # before any kernel's first launch: the JIT binds it then
 import flyarray as fa
 from flyarray.bench.torch_models import LlamaBlock
 from flyarray.interop import torch as fat
@@ -32,7 +45,14 @@ for _ in range(2):
     torch.autograd.grad(ours(x), leaves, go)
     torch.cuda.synchronize()
     times.append(time.perf_counter() - start)
-print(json.dumps({"first_s": times[0], "second_s": times[1], **fa.stats()}))
+def summary(where):
+    mine = [c for c in compiles if c[1] == where]
+    names = [c[0] for c in mine]
+    return {f"{where}_compiles": len(mine), f"{where}_compile_s": round(sum(c[2] for c in mine), 2),
+            f"{where}_kernels": sorted(set(names))}
+twice = sorted({c[0] for c in compiles if [d[0] for d in compiles].count(c[0]) > 1})
+print(json.dumps({"first_s": times[0], "second_s": times[1], **summary("main"), **summary("pool"),
+                  "compiled_more_than_once": twice, **fa.stats()}))
 """
 
 
@@ -52,7 +72,9 @@ def main():
             row = {"precompile": on, **measure(on)}
             rows.append(row)
             print(f"precompile {'on ' if on else 'off'}  first call {row['first_s']:6.2f} s  "
-                  f"second {row['second_s'] * 1e3:7.1f} ms  kernels compiled {row['kernels_compiled']}", flush=True)
+                  f"second {row['second_s'] * 1e3:7.1f} ms  kernels compiled {row['kernels_compiled']}  "
+                  f"Triton compiles: main thread {row['main_compiles']} ({row['main_compile_s']} s), "
+                  f"pool {row['pool_compiles']} ({row['pool_compile_s']} s)", flush=True)
     if len(sys.argv) > 2:
         with open(sys.argv[2], "w") as f:
             json.dump(rows, f, indent=1)

@@ -564,7 +564,7 @@ def _attention_bwd_reference(q, k, v, *rest, scale, is_causal, has_bias, has_mas
 
 
 ATTENTION_BWD = Library("attention_bwd", _attention_bwd_abstract, _attention_bwd_kernel, _attention_bwd_reference,
-                        writes_into=True)
+                        writes_into=True, warms_up=True)
 
 
 def _attention_vjp(gs, e):

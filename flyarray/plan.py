@@ -220,7 +220,7 @@ class _Builder:
         self.allocated = set()  # slots of contiguous buffers this plan makes (not library outputs)
         self.static_scalars = []  # constants made by expanding composites: structure, so the plan keeps them
         self.steps, self.labels, self.binds, self.description, self.copy_binds = [], [], [], [], []
-        self.warm_ups = []  # (launch, input slots, output slots, scalar slots, slot -> dtype): precompile.py
+        self.warm_ups = []  # per kernel to compile ahead: make(leaves, scalars) -> job (precompile.py)
 
     def new_slot(self, node) -> int:
         slot = self.slot[node.id] = self.n_slots
@@ -276,7 +276,7 @@ class _Builder:
             allocations = [(slot, n.shape, _empty_like_of(n.dtype.torch, self.device)) for n, slot in fresh]
             if hasattr(launch, "warm_up") and not precompile.has_compiled(launch.fn):
                 dtypes = {self.slot[n.id]: n.dtype.torch for n in (*step.inputs, *step.outputs)}
-                self.warm_ups.append((launch, ins, outs, sc, dtypes))
+                self.warm_ups.append(_kernel_warm_up(launch, ins, outs, sc, dtypes))
 
             def run_kernel(slots, scalars):
                 for slot, shape, template in allocations:
@@ -290,13 +290,9 @@ class _Builder:
                         f"{len(ins)} in, {len(outs)} out")
 
     def warm_up_jobs(self, leaves: list, scalars: list) -> list:
-        """One job per generated kernel not compiled yet: its warm-up with this evaluation's leaves (the
-        real tensors) and scalars, and the dtypes of the buffers the plan will make."""
-        def job(launch, ins, outs, sc, dtypes):
-            def arg(slot):
-                return leaves[slot] if slot < len(leaves) else dtypes[slot]
-            return lambda: launch.warm_up([arg(i) for i in ins], [arg(o) for o in outs], [scalars[j] for j in sc])
-        return [job(*entry) for entry in self.warm_ups]
+        """The warm-up jobs for this evaluation's leaves (the real tensors) and scalars, in plan order:
+        one per generated kernel not compiled yet, one per library call that can be dry-run."""
+        return [make(leaves, scalars) for make in self.warm_ups]
 
     def scalar_slot(self, node) -> int:
         """Where a constant's value comes from: bound from the walk, or kept by the plan when an
@@ -326,10 +322,11 @@ class _Builder:
     def add_library(self, lib, into=None):
         """A library call; ``into`` (LibraryCall.into): outputs it writes straight into a concat's buffer."""
         prim, kwargs, backend = lib.prim, lib.params["kwargs"], self.backend
-        ins = []
+        ins, buffers = [], {}  # buffers: slot -> (shape, dtype) of the inputs this plan makes (warm-up)
         for node in lib.inputs:
             base, ops = (node.inputs[0], node.params) if node.kind == "view" else (node, ())
             ins.append((self.slot[base.id], ops))
+            buffers[self.slot[base.id]] = (base.shape, base.dtype.torch)
         outs = []
         lib_position = self.walk.position.get(lib)
         for i, child in enumerate(lib.params["outputs"]):
@@ -358,9 +355,38 @@ class _Builder:
                 # an output written into a concat is read by nothing else here
                 slots[slot] = value if value.is_contiguous() or slot in aimed_slots else value.contiguous()
         self.steps.append(run_library)
+        if backend == "gpu" and prim.warms_up and precompile.can_dry_run():
+            self.warm_ups.append(_library_warm_up(prim, kwargs, ins, buffers, self.device))
         self.labels.append(profiling.library_label(prim.name, kwargs))
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs),
                                  tuple((i, c, w.shape, w.strides, w.offset) for i, c, w in aimed)))
+
+
+def _kernel_warm_up(launch, ins, outs, sc, dtypes):
+    """make(leaves, scalars) -> the job that warms a generated kernel up: the real leaves, and the
+    dtypes of the buffers the plan will make (``dtypes``: slot -> torch dtype)."""
+    def make(leaves, scalars):
+        def arg(slot):
+            return leaves[slot] if slot < len(leaves) else dtypes[slot]
+        return lambda: launch.warm_up([arg(i) for i in ins], [arg(o) for o in outs], [scalars[j] for j in sc])
+    return make
+
+
+def _library_warm_up(prim, kwargs, ins, buffers, device):
+    """make(leaves, scalars) -> the job that dry-runs library call ``prim`` (precompile.dry_run): its
+    inputs are fakes of the real leaves, or contiguous fakes of the buffers the plan makes (``buffers``:
+    slot -> (shape, dtype); a library output is made contiguous too), then the call's movement ops."""
+    def make(leaves, scalars):
+        def call(mode):
+            def fake(slot):
+                if slot < len(leaves):
+                    return mode.from_tensor(leaves[slot])
+                shape, dtype = buffers[slot]
+                return torch.empty(shape, dtype=dtype, device=device)
+            tensors = [runtime.apply_movement(fake(s), ops) if ops else fake(s) for s, ops in ins]
+            prim.kernel(*tensors, **kwargs)
+        return lambda: precompile.dry_run(call)
+    return make
 
 
 def _empty_like_of(dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -14,12 +14,21 @@ dtypes (Triton's MockTensor: 16-byte aligned, as the allocator's are). A warm-up
 differently from the real launch, or fails, costs only its background work: the launch compiles
 for itself, and any error is the launch's to raise.
 
+The library kernels (GEMMs, attention) are warmed up too: their host code decides which kernel and
+specialization a call launches from its operands' shapes, strides, dtypes and alignment, so the
+warm-up runs that code on fake tensors (no memory, no data) with ``_triton.warming_up`` set, under
+which every launch compiles instead (``compile_ahead``). A launch that finds its specialization still
+compiling in the pool waits for it (``await_ahead``) instead of compiling it a second time, as
+Triton 3.9's JIT does by itself and 3.6's does not.
+
 FLYARRAY_PRECOMPILE=0 turns it off.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import os
+import sys
 import threading
 
 import torch
@@ -29,6 +38,10 @@ from .diskcache import triton_cache_scope
 
 _pool = None
 _pool_lock = threading.Lock()
+# (id(kernel), launch key) -> (kernel, Triton's FutureKernel): library compiles a warm-up started
+_ahead: dict = {}
+# the keys of _ahead that the running warm-up added (each warm-up thread drops its own when done)
+_started_here = contextvars.ContextVar("flyarray_precompile_started", default=None)
 
 
 class _ScopedPool(concurrent.futures.ThreadPoolExecutor):
@@ -65,6 +78,8 @@ def warm_up(jobs: list, device_context):
     """Run the warm-up ``jobs`` under ``device_context`` (the device Triton's JIT asks for) and Triton's
     AsyncCompileMode on the shared pool; returns once every compile is done. Never raises."""
     from triton.runtime._async_compile import AsyncCompileMode
+    started = []
+    token = _started_here.set(started)
     try:
         with device_context, AsyncCompileMode(_shared_pool(), ignore_errors=True):
             for job in jobs:
@@ -74,6 +89,49 @@ def warm_up(jobs: list, device_context):
                     continue
     except Exception:  # noqa: BLE001  (a background nicety: never an error of its own)
         return
+    finally:
+        _started_here.reset(token)
+        for key in started:  # finished (the mode's exit waited): Triton's JIT cache holds them now
+            _ahead.pop(key, None)
+
+
+def can_dry_run() -> bool:
+    """Whether a new plan dry-runs its library calls: FakeTensorMode's first use imports torch._dynamo
+    (2 s of Python on a 2-core CPU, contending with the first call for the GIL), so only in a process that
+    has imported it already (every torch.compile user has)."""
+    return config.precompile() and "torch._dynamo" in sys.modules
+
+
+def dry_run(call):
+    """``call(mode)``: a library op on tensors it makes inside (fakes: ``mode`` is the FakeTensorMode,
+    whose ``from_tensor`` fakes a real one), run with ``_triton.warming_up`` set: its launches become
+    ``compile_ahead``s."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .kernels._triton import warming_up
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, warming_up():
+        call(mode)
+
+
+def compile_ahead(kernel, key, args: tuple, kwargs: dict):
+    """Compile ``kernel`` for these arguments (tensors replaced by ``_triton.StandIn``) without launching:
+    under warm_up's AsyncCompileMode, in the pool. ``key``: DirectLaunch's specialization key, under
+    which the launch looks for it (``await_ahead``); None for arguments it does not key."""
+    with triton_cache_scope():
+        compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+    started = _started_here.get()
+    if key is not None and hasattr(compiled, "future") and started is not None:
+        _ahead[(id(kernel), key)] = (kernel, compiled)
+        started.append((id(kernel), key))
+    return compiled
+
+
+def await_ahead(kernel, key):
+    """Before a launch compiles ``kernel`` for ``key`` itself: wait for a warm-up's compile of it, if one
+    is in the pool (then Triton's JIT finds it)."""
+    entry = _ahead.pop((id(kernel), key), None)
+    if entry is not None:
+        entry[1].result(ignore_errors=True)
 
 
 def compiled_kernel(kernel):

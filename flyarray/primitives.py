@@ -85,7 +85,7 @@ class Library(Primitive):
     kind = "library"
     reinterpret = False  # a torch view of its input (view_as_real/view_as_complex): no launch, no kernel
 
-    def __init__(self, name, abstract, kernel, reference, epilogue=None, writes_into=False):
+    def __init__(self, name, abstract, kernel, reference, epilogue=None, writes_into=False, warms_up=False):
         super().__init__(name)
         self.abstract = abstract
         self.kernel = kernel
@@ -94,6 +94,9 @@ class Library(Primitive):
         # ``kernel(*tensors, into=[tensor or None per output], **params)`` writes those outputs into the
         # given (strided) tensors: the scheduler then lets the call write a concat's parts itself
         self.writes_into = writes_into
+        # a new plan may dry-run ``kernel`` on fake tensors to compile its launches ahead (precompile.py):
+        # only for kernels whose host code reads no tensor data and keeps no state from such a run
+        self.warms_up = warms_up
         LIBRARY[name] = self
 
     def run(self, backend: str, tensors: list, kwargs: dict, into=None) -> list:

@@ -165,6 +165,7 @@ class _DirectLaunch:
         self.constexpr_values = tuple(spec.constexprs.values())  # the last parameters, in this order
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
         self.compiled = None
+        self.ahead = None  # the warm-up's FutureKernel while the pool compiles it (precompile.py)
         self.last = ((), ())  # (scalars, their kernel arguments): an fa.jit replay passes the same objects again
 
     def __call__(self, inputs, outputs, scalars):
@@ -180,6 +181,9 @@ class _DirectLaunch:
                 self.last = (tuple(scalars), tail)
         compiled = self.compiled
         if compiled is None or launch_hooks_set():
+            ahead, self.ahead = self.ahead, None
+            if ahead is not None:  # its warm-up's compile, in the pool: wait for it rather than compile it twice
+                ahead.result(ignore_errors=True)
             with diskcache.triton_cache_scope():  # the JIT may compile: its binaries go to our private cache
                 compiled = self.jit(*inputs, *outputs, *spec.args, *tail, num_warps=spec.num_warps,
                                     **spec.constexprs)
@@ -199,8 +203,10 @@ class _DirectLaunch:
         """Compile for these arguments (tensors, or dtypes for buffers not made yet) without launching:
         under precompile's AsyncCompileMode, in the background."""
         spec = self.spec
-        self.fn.warmup(*inputs, *outputs, *spec.args, *_scalar_args(self.kernel, scalars), grid=spec.grid,
-                       num_warps=spec.num_warps, **spec.constexprs)
+        compiled = self.fn.warmup(*inputs, *outputs, *spec.args, *_scalar_args(self.kernel, scalars), grid=spec.grid,
+                                  num_warps=spec.num_warps, **spec.constexprs)
+        if hasattr(compiled, "future"):  # Triton's FutureKernel: still compiling
+            self.ahead = compiled
 
 
 def _raw_stream(device_index: int) -> int:

@@ -182,3 +182,197 @@ def test_gpu_a_new_plan_is_right_while_its_kernels_compile_in_the_background(tmp
     torch.testing.assert_close(cols.torch(), (want_m * 1.5).amax(0), rtol=1e-4, atol=1e-3)
     pooled = [name for name in threads if name.startswith("flyarray-compile")]
     assert (len(pooled) > 0) == (switch == "1"), threads
+
+
+# --------------------------------------------------------------------------- library kernels: dry runs
+
+def _gemm_and_attention_calls(make):
+    """The library calls a Llama block's graphs make (GEMMs with and without an epilogue, a transposed
+    operand, causal GQA attention forward and backward), on tensors passed through ``make``."""
+    from flyarray.kernels import attention, gemm
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape, dtype=torch.float32):
+        return make(torch.randn(*shape, generator=g).to(dtype))
+    a, b = rand(40, 32), rand(32, 48)
+    gemm.matmul(a, b)
+    gemm.matmul(a, b, bias=rand(48), residual=rand(40, 48), activation="gelu")
+    gemm.matmul(rand(32, 40).t(), b)
+    gemm.matmul(rand(2, 24, 16, dtype=torch.float16), rand(16, 8, dtype=torch.float16))
+    q, k, v = rand(1, 20, 4, 16), rand(1, 20, 2, 16), rand(1, 20, 2, 16)
+    out, lse = attention.attention_fwd(q, k, v, is_causal=True)
+    attention.attention_bwd(rand(1, 20, 4, 16), q, k, v, out, lse, is_causal=True)
+
+
+class _LaunchSpy:
+    """Wraps ``_triton.runner`` (and the kernel modules' imports of it): records (kernel, launch key)
+    of every real launch; a dry run's runner is passed through."""
+
+    def __init__(self, monkeypatch):
+        from flyarray.kernels import _triton, attention, gemm
+        self.launches = []
+        real = _triton.runner
+
+        def spying(kernel, device):
+            launcher = real(kernel, device)
+            if _triton.is_warming_up():
+                return launcher
+            return _Spied(launcher, kernel, self.launches)
+        for module in (_triton, gemm, attention):
+            monkeypatch.setattr(module, "runner", spying)
+
+
+class _Spied:
+    def __init__(self, launcher, kernel, record):
+        self.launcher, self.kernel, self.record = launcher, kernel, record
+
+    def __getitem__(self, grid):
+        from flyarray.kernels._triton import _specialization
+        launch = self.launcher[grid]
+
+        def spied(*args, **kwargs):
+            self.record.append((self.kernel, _specialization(args, kwargs)))
+            return launch(*args, **kwargs)
+        return spied
+
+
+def test_a_dry_run_asks_for_exactly_the_launches_of_the_real_call(monkeypatch):
+    """Fake tensors through the GEMM's and attention's host code: compile_ahead is asked for the same
+    kernels with the same specialization keys, in the same order, as the real call launches."""
+    from flyarray.kernels import gemm
+    asked = []
+    monkeypatch.setattr(precompile, "compile_ahead", lambda kernel, key, args, kwargs: asked.append((kernel, key)))
+    spy = _LaunchSpy(monkeypatch)
+    planned = dict(gemm._plans)
+    precompile.dry_run(lambda mode: _gemm_and_attention_calls(mode.from_tensor))
+    assert spy.launches == [] and gemm._plans == planned  # nothing launched, no plan kept from fakes
+    _gemm_and_attention_calls(lambda t: t)
+    assert len(spy.launches) >= 8 and all(key is not None for _, key in spy.launches)
+    assert asked == spy.launches
+
+
+def test_a_dry_run_leaves_a_planned_gemm_launching(monkeypatch):
+    """A dry run of a GEMM whose plan the real calls keep must neither use nor change that plan: a
+    launcher made during the dry run compiles and launches nothing, so one kept for later calls would
+    leave their results unwritten."""
+    from flyarray.kernels import gemm
+    monkeypatch.setattr(precompile, "compile_ahead", lambda *args: None)
+    a, b = torch.randn(24, 16), torch.randn(16, 8)
+    torch.testing.assert_close(gemm.matmul(a, b), a @ b)  # planned and kept for the calls that follow
+    precompile.dry_run(lambda mode: gemm.matmul(mode.from_tensor(a), mode.from_tensor(b)))
+    for _ in range(2):  # the kept plan's fixed launches are made now, outside any dry run
+        torch.testing.assert_close(gemm.matmul(a, b), a @ b)
+
+
+def test_a_dry_run_reads_no_data_and_stands_in_for_alignment():
+    from flyarray.kernels._triton import StandIn, aligned16
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    base = torch.zeros(64, dtype=torch.float16)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = mode.from_tensor(base)
+        assert aligned16(fake) and not aligned16(fake[1:]) and aligned16(fake[8:])
+        assert StandIn(fake[8:]).data_ptr() % 16 == 0 and StandIn(fake[3:]).data_ptr() % 16 != 0
+    assert aligned16(base) and not aligned16(base[1:]) and StandIn(base[1:]).dtype == torch.float16
+
+
+def test_a_dry_run_never_times_configs(monkeypatch):
+    """An autotuned launch with no stored choice stops the dry run (it would have to time candidates);
+    a stored choice is what the launch will use, so the dry run takes it."""
+    from flyarray.kernels import _triton, tuning
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(tuning, "_memory", {"k": {"stored": {"BLOCK": 2}}})
+    timed = []
+    with _triton.warming_up():
+        with pytest.raises(_triton.NotWarmable):
+            tuning.tune("k", "new", [{"BLOCK": 1}, {"BLOCK": 2}], timed.append, {"BLOCK": 1})
+        assert tuning.tune("k", "stored", [{"BLOCK": 1}, {"BLOCK": 2}], timed.append, {"BLOCK": 1}) == {"BLOCK": 2}
+    assert timed == [] and not _triton.is_warming_up()
+
+
+def test_only_library_ops_with_data_free_host_code_are_dry_run():
+    from flyarray.primitives import LIBRARY
+    assert {name for name, prim in LIBRARY.items() if prim.warms_up} == {
+        "matmul", "matmul_epilogue", "attention", "attention_bwd"}
+
+
+def test_compile_ahead_compiles_on_the_pool_and_a_launch_waits_for_it(sm90_jit, monkeypatch):
+    """A warm-up's library launch compiles in the pool; a launch of the same specialization meanwhile
+    waits for that compile (await_ahead) instead of compiling a second copy; afterwards nothing is left
+    registered."""
+    import triton.compiler
+    from flyarray.kernels import _triton
+    go, threads = threading.Event(), []
+    real_compile = triton.compiler.compile
+
+    def held_compile(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        assert go.wait(60)
+        return real_compile(*args, **kwargs)
+    monkeypatch.setattr(triton.compiler, "compile", held_compile)
+    x, y = torch.zeros(1000), torch.zeros(1000)
+
+    def job():
+        with _triton.warming_up():
+            _triton.runner(_exp_plus_one, torch.device("cpu"))[(8,)](x, y, 1000, BLOCK=128)
+    warm = threading.Thread(target=precompile.warm_up, args=([job], contextlib.nullcontext()))
+    warm.start()
+    key = (id(_exp_plus_one), _triton._specialization((x, y, 1000), {"BLOCK": 128}))
+    for _ in range(600):
+        if key in precompile._ahead:
+            break
+        threading.Event().wait(0.05)
+    assert key in precompile._ahead, "the warm-up registered nothing"
+    waiter = threading.Thread(target=precompile.await_ahead, args=(_exp_plus_one, key[1]))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive(), "await_ahead returned before the compile finished"
+    go.set()
+    waiter.join(120)
+    warm.join(120)
+    assert not waiter.is_alive() and not warm.is_alive()
+    assert len(threads) == 1 and threads[0].startswith("flyarray-compile"), threads  # compiled once, in the pool
+    assert len(_compiled_entries(_exp_plus_one)) == 1
+    assert key not in precompile._ahead
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_a_new_plans_gemms_and_attention_compile_ahead_and_their_launches_compile_nothing(tmp_path, monkeypatch):
+    """A plan of GEMMs (plain, with a bias+GELU epilogue, on a transposed operand) and causal GQA
+    attention, on a fresh cache, its warm-up finished before its run: every compile ran in the pool, and
+    the launches compiled nothing more (the dry run keyed them as the real operands do); results right."""
+    import torch._dynamo  # noqa: F401  (library dry runs happen where it is imported: precompile.can_dry_run)
+    import triton.compiler
+    monkeypatch.setenv("FLYARRAY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FLYARRAY_PRECOMPILE", "1")
+    fa.clear_caches()
+    threads = []
+    real_compile = triton.compiler.compile
+
+    def recording_compile(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real_compile(*args, **kwargs)
+    monkeypatch.setattr(triton.compiler, "compile", recording_compile)
+    real_start = precompile.start
+
+    def start_and_finish(jobs, device):
+        thread = real_start(jobs, device)
+        if thread is not None:
+            thread.join()
+        return thread
+    monkeypatch.setattr(precompile, "start", start_and_finish)
+    g = torch.Generator(device="cuda").manual_seed(7)
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    x, w1, b1, w2 = rand(256, 192), rand(320, 192), rand(320), rand(192, 320)
+    q, k, v = rand(2, 200, 8, 64), rand(2, 200, 2, 64), rand(2, 200, 2, 64)
+    h = fa.gelu(fa.asarray(x) @ fa.asarray(w1).T + fa.asarray(b1))
+    y = h @ fa.asarray(w2).T
+    att = fa.nn.dot_product_attention(fa.asarray(q), fa.asarray(k), fa.asarray(v), is_causal=True)
+    got_y, got_att = fa.eval(y, att)
+    want_h = torch.nn.functional.gelu(x.float() @ w1.float().T + b1.float())
+    torch.testing.assert_close(got_y.torch().float(), want_h.bfloat16().float() @ w2.float().T, rtol=3e-2, atol=3e-1)
+    want_att = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(got_att.torch(), want_att, rtol=2e-2, atol=2e-2)
+    assert threads and all(name.startswith("flyarray-compile") for name in threads), threads

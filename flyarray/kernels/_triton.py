@@ -8,6 +8,8 @@ interpreter, so ``runner`` wraps the plain Python function of the kernel in an
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import inspect
@@ -20,6 +22,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction, InterpreterBuilder, TensorHandle, _patch_lang
 
+from flyarray import precompile
 from flyarray.diskcache import in_triton_cache
 
 
@@ -298,7 +301,10 @@ def _nested(jit_fn, memo):
 
 
 def runner(kernel, device: torch.device):
-    """The launchable form of ``kernel`` for tensors on ``device``."""
+    """The launchable form of ``kernel`` for tensors on ``device`` (while ``warming_up``: one that
+    compiles in the background and launches nothing)."""
+    if _WARMING_UP.get():
+        return WarmUpLaunch(kernel)
     if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "cpu":
         return _interpreted(kernel)
     launch = _DIRECT.get(id(kernel))
@@ -356,7 +362,9 @@ class DirectLaunch:
             key = _specialization(args, kwargs)
             found = self.compiled.get(key) if key is not None else None
             if found is None or launch_hooks_set():
-                compiled = self.scoped[grid](*args, **kwargs)
+                if found is None and key is not None:
+                    precompile.await_ahead(self.kernel, key)  # a plan's warm-up may be compiling it now
+                compiled = precompile.compiled_kernel(self.scoped[grid](*args, **kwargs))
                 if key is not None and hasattr(compiled, "packed_metadata"):
                     compiled.run  # noqa: B018  (load the binary and its launcher now)
                     self.compiled[key] = (compiled, self.tail(len(args), kwargs), _first_tensor(args))
@@ -382,6 +390,8 @@ class FixedLaunch:
     takes the runner's path."""
 
     def __init__(self, kernel, device: torch.device, grid: tuple, kwargs: dict):
+        if _WARMING_UP.get():  # it would keep a dry run's launcher (that launches nothing) for later calls
+            raise NotWarmable("a fixed launch is made for the calls that follow, never in a dry run")
         self.runner = runner(kernel, device)
         self.launch = self.runner[grid]
         self.kwargs = kwargs
@@ -416,6 +426,9 @@ def _specialization(args, kwargs):
         if t is torch.Tensor:
             add(a.dtype)
             add(not a.data_ptr() & 15)
+        elif t is StandIn:  # a dry run's tensor (warming_up): the same two facts
+            add(a.dtype)
+            add(a.aligned)
         elif t is int:
             add((a == 1, not a & 15, -2147483648 <= a <= 2147483647, a >= 9223372036854775808))
         elif t is float:
@@ -431,6 +444,73 @@ def _specialization(args, kwargs):
             return None
         add((name, t, value.hex() if t is float else value))  # floats by their bits: 0.0 and -0.0 differ
     return tuple(key)
+
+
+class NotWarmable(Exception):
+    """Raised inside ``warming_up`` where the launch would decide something a dry run cannot (timing
+    candidate configs): the warm-up of that call stops; the launch itself decides as always."""
+
+
+# Whether this thread (context) is dry-running a library call for precompile.py: set in its background
+# thread only, so the launches of every other thread are untouched.
+_WARMING_UP = contextvars.ContextVar("flyarray_warming_up", default=False)
+
+
+@contextlib.contextmanager
+def warming_up():
+    """Dry-run library calls: every ``runner`` launch compiles (precompile.compile_ahead) instead of
+    launching. The caller passes tensors that hold no data (fake tensors): the host code reads only their
+    shapes, strides, dtypes, devices and alignment."""
+    token = _WARMING_UP.set(True)
+    try:
+        yield
+    finally:
+        _WARMING_UP.reset(token)
+
+
+def is_warming_up() -> bool:
+    return _WARMING_UP.get()
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    """Whether ``t``'s first element sits on a 16-byte boundary. A fake tensor (a dry run) holds no
+    memory: its storage is taken to start aligned, as every allocation does."""
+    if getattr(t, "fake_mode", None) is not None:
+        return t.storage_offset() * t.element_size() % 16 == 0
+    return t.data_ptr() % 16 == 0
+
+
+class StandIn:
+    """A tensor argument of a dry-run launch, as Triton specializes on it: its dtype and whether its
+    pointer is 16-byte aligned (Triton reads ``dtype`` and ``data_ptr()``, as of its MockTensor)."""
+
+    __slots__ = ("dtype", "aligned")
+
+    def __init__(self, t: torch.Tensor):
+        self.dtype, self.aligned = t.dtype, aligned16(t)
+
+    def data_ptr(self) -> int:
+        return 0 if self.aligned else 8
+
+
+class WarmUpLaunch:
+    """``kernel[grid](*args, **kwargs)`` inside ``warming_up``: hands the compile of exactly that
+    specialization to precompile.compile_ahead (keyed as DirectLaunch keys it, so the real launch finds
+    it) and launches nothing."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getattr__(self, name):
+        if name == "kernel":
+            raise AttributeError(name)
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            stand_ins = tuple(StandIn(a) if isinstance(a, torch.Tensor) else a for a in args)
+            return precompile.compile_ahead(self.kernel, _specialization(stand_ins, kwargs), stand_ins, kwargs)
+        return launch
 
 
 def launch_hooks_set() -> bool:

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, _element_span, cdiv, current_arch, empty,
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, _element_span, aligned16, cdiv, current_arch, empty,
                                      ensure_tma_allocator, next_pow2, pick_config, runner)
 
 LOG2E = 1.4426950408889634
@@ -895,7 +895,7 @@ def _tma_addressable(first, *others) -> bool:
     """Whether TMA can address each (batch, head) slice of these (B, S, H, D) tensors as one 2-D
     descriptor: one dtype, unit head-dim stride, base pointer and the other strides 16-byte aligned."""
     for t in (first, *others):
-        if t.dtype != first.dtype or t.stride(-1) != 1 or t.data_ptr() % 16:
+        if t.dtype != first.dtype or t.stride(-1) != 1 or not aligned16(t):
             return False
         if any((st * t.element_size()) % 16 for st in t.stride()[:3]):
             return False

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from flyarray import config, diskcache, progress
+from flyarray.kernels._triton import NotWarmable, is_warming_up
 
 _memory: dict = {}  # kernel -> {key: config}
 
@@ -110,6 +111,8 @@ def tune(kernel: str, key: str, candidates: list, run: Callable[[dict], None], d
         return table[key]   # a stored choice is used only if it is still one of the candidates (disk is untrusted)
     if not torch.cuda.is_available():
         return default  # never tune on the CPU / interpreter
+    if is_warming_up():  # a dry run (precompile.py) cannot time anything: the launch will tune
+        raise NotWarmable(f"{key} is not tuned yet")
     timings = []
     with progress.bar(len(candidates), f"tuning {key}", delay=1.0) as bar:  # a terminal only (progress.py)
         for cfg in candidates:

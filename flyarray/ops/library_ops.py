@@ -160,7 +160,7 @@ def _attention_reference(q, k, v, *extras, scale, is_causal, has_bias, has_mask)
     return [out.to(q.dtype), lse.float()]
 
 
-ATTENTION = Library("attention", _attention_abstract, _attention_kernel, _attention_reference)
+ATTENTION = Library("attention", _attention_abstract, _attention_kernel, _attention_reference, warms_up=True)
 
 
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False):

@@ -37,7 +37,7 @@ def _matmul_reference(a, b):
     return torch.matmul(a, b)
 
 
-MATMUL = Library("matmul", _matmul_abstract, _matmul_kernel, _matmul_reference)  # epilogue rule: below
+MATMUL = Library("matmul", _matmul_abstract, _matmul_kernel, _matmul_reference, warms_up=True)  # epilogue rule: below
 
 
 def matmul(x1, x2, /):
@@ -157,7 +157,7 @@ def _fused_reference(a, b, *extras, activation, has_bias, has_residual, out_dtyp
     return acc.to(dt.dtype(out_dtype).torch)
 
 
-MATMUL_EPILOGUE = Library("matmul_epilogue", _fused_abstract, _fused_kernel, _fused_reference)
+MATMUL_EPILOGUE = Library("matmul_epilogue", _fused_abstract, _fused_kernel, _fused_reference, warms_up=True)
 
 
 def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
