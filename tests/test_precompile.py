@@ -155,22 +155,29 @@ def test_a_new_plan_warms_its_kernels_up_with_the_leaves_dtypes_and_scalars(inte
     assert record == [] and len(started) == 1
 
 
+def _fresh_compiles_by_thread(tmp_path, monkeypatch, switch) -> list:
+    """A fresh cache and empty in-memory caches, FLYARRAY_PRECOMPILE=switch; returns the list that
+    receives (kernel name, thread name) of every Triton compile from now on."""
+    import triton.compiler
+    monkeypatch.setenv("FLYARRAY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FLYARRAY_PRECOMPILE", switch)
+    fa.clear_caches()
+    compiles = []
+    real_compile = triton.compiler.compile
+
+    def recording_compile(src, *args, **kwargs):
+        compiles.append((getattr(src, "name", "?"), threading.current_thread().name))
+        return real_compile(src, *args, **kwargs)
+    monkeypatch.setattr(triton.compiler, "compile", recording_compile)
+    return compiles
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_gpu_a_new_plan_is_right_while_its_kernels_compile_in_the_background(tmp_path, monkeypatch, switch):
     """A plan of several generated kernels around a library matmul, first run on a fresh cache: right,
     and (switched on) compiled at least partly by the pool's threads; switched off, by none."""
-    import triton.compiler
-    monkeypatch.setenv("FLYARRAY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("FLYARRAY_PRECOMPILE", switch)
-    fa.clear_caches()
-    threads = []
-    real_compile = triton.compiler.compile
-
-    def recording_compile(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return real_compile(*args, **kwargs)
-    monkeypatch.setattr(triton.compiler, "compile", recording_compile)
+    threads = [thread for _, thread in _fresh_compiles_by_thread(tmp_path, monkeypatch, switch)]
     g = torch.Generator(device="cuda").manual_seed(int(switch))
     x, y = torch.randn(300, 48, device="cuda", generator=g), torch.randn(48, device="cuda", generator=g)
     w = torch.randn(48, 40, device="cuda", generator=g)
@@ -341,17 +348,14 @@ def test_gpu_a_new_plans_gemms_and_attention_compile_ahead_and_their_launches_co
     attention, on a fresh cache, its warm-up finished before its run: every compile ran in the pool, and
     the launches compiled nothing more (the dry run keyed them as the real operands do); results right."""
     import torch._dynamo  # noqa: F401  (library dry runs happen where it is imported: precompile.can_dry_run)
-    import triton.compiler
-    monkeypatch.setenv("FLYARRAY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("FLYARRAY_PRECOMPILE", "1")
-    fa.clear_caches()
-    threads = []
-    real_compile = triton.compiler.compile
-
-    def recording_compile(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return real_compile(*args, **kwargs)
-    monkeypatch.setattr(triton.compiler, "compile", recording_compile)
+    from flyarray.kernels import attention, attention_hopper, gemm
+    library = set()
+    for module in (gemm, attention, attention_hopper):  # forget what earlier tests compiled in this process
+        for fn in vars(module).values():
+            if hasattr(fn, "device_caches") and hasattr(fn, "create_binder"):
+                monkeypatch.setattr(fn, "device_caches", type(fn.device_caches)(fn.create_binder))
+                library.add(fn.__name__)
+    by_kernel = _fresh_compiles_by_thread(tmp_path, monkeypatch, "1")
     real_start = precompile.start
 
     def start_and_finish(jobs, device):
@@ -375,4 +379,5 @@ def test_gpu_a_new_plans_gemms_and_attention_compile_ahead_and_their_launches_co
     want_att = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(got_att.torch(), want_att, rtol=2e-2, atol=2e-2)
-    assert threads and all(name.startswith("flyarray-compile") for name in threads), threads
+    assert sum(name in library for name, _ in by_kernel) >= 3, by_kernel  # 2+ GEMM specializations, attention
+    assert all(thread.startswith("flyarray-compile") for _, thread in by_kernel), by_kernel
