@@ -322,11 +322,11 @@ class _Builder:
     def add_library(self, lib, into=None):
         """A library call; ``into`` (LibraryCall.into): outputs it writes straight into a concat's buffer."""
         prim, kwargs, backend = lib.prim, lib.params["kwargs"], self.backend
-        ins, buffers = [], {}  # buffers: slot -> (shape, dtype) of the inputs this plan makes (warm-up)
+        ins, buffers = [], {}  # buffers: slot -> (shape, dtype, device) of each input's buffer (warm-up)
         for node in lib.inputs:
             base, ops = (node.inputs[0], node.params) if node.kind == "view" else (node, ())
             ins.append((self.slot[base.id], ops))
-            buffers[self.slot[base.id]] = (base.shape, base.dtype.torch)
+            buffers[self.slot[base.id]] = (base.shape, base.dtype.torch, self.device)
         outs = []
         lib_position = self.walk.position.get(lib)
         for i, child in enumerate(lib.params["outputs"]):
@@ -355,8 +355,10 @@ class _Builder:
                 # an output written into a concat is read by nothing else here
                 slots[slot] = value if value.is_contiguous() or slot in aimed_slots else value.contiguous()
         self.steps.append(run_library)
-        if backend == "gpu" and prim.warms_up and precompile.can_dry_run():
-            self.warm_ups.append(_library_warm_up(prim, kwargs, ins, buffers, self.device))
+        if backend == "gpu" and prim.warms_up:
+            family = (prim.name, freeze(kwargs))
+            if precompile.can_dry_run(family):
+                self.warm_ups.append(_library_warm_up(prim, kwargs, ins, buffers, family))
         self.labels.append(profiling.library_label(prim.name, kwargs))
         self.description.append(("library", prim.name, freeze(kwargs), tuple(ins), tuple(outs),
                                  tuple((i, c, w.shape, w.strides, w.offset) for i, c, w in aimed)))
@@ -372,20 +374,21 @@ def _kernel_warm_up(launch, ins, outs, sc, dtypes):
     return make
 
 
-def _library_warm_up(prim, kwargs, ins, buffers, device):
+def _library_warm_up(prim, kwargs, ins, buffers, family):
     """make(leaves, scalars) -> the job that dry-runs library call ``prim`` (precompile.dry_run): its
     inputs are fakes of the real leaves, or contiguous fakes of the buffers the plan makes (``buffers``:
-    slot -> (shape, dtype); a library output is made contiguous too), then the call's movement ops."""
+    slot -> (shape, dtype, device); a library output is made contiguous too), then the call's movement
+    ops. ``family``: (op name, frozen kwargs), whose fruitless dry runs precompile counts."""
     def make(leaves, scalars):
         def call(mode):
             def fake(slot):
                 if slot < len(leaves):
                     return mode.from_tensor(leaves[slot])
-                shape, dtype = buffers[slot]
+                shape, dtype, device = buffers[slot]
                 return torch.empty(shape, dtype=dtype, device=device)
             tensors = [runtime.apply_movement(fake(s), ops) if ops else fake(s) for s, ops in ins]
             prim.kernel(*tensors, **kwargs)
-        return lambda: precompile.dry_run(call)
+        return lambda: precompile.dry_run(call, family)
     return make
 
 

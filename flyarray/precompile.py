@@ -95,22 +95,35 @@ def warm_up(jobs: list, device_context):
             _ahead.pop(key, None)
 
 
-def can_dry_run() -> bool:
-    """Whether a new plan dry-runs its library calls: FakeTensorMode's first use imports torch._dynamo
-    (2 s of Python on a 2-core CPU, contending with the first call for the GIL), so only in a process that
-    has imported it already (every torch.compile user has)."""
-    return config.precompile() and "torch._dynamo" in sys.modules
+# A library call family (op name and keyword arguments) -> how many of its dry runs in a row found every
+# kernel compiled already. A plan rebuilt per size (a decode loop, dynamic shapes) would otherwise dry-run
+# its calls on every step, long after their specializations are all compiled.
+_fruitless: dict = {}
+FRUITLESS_LIMIT = 3
 
 
-def dry_run(call):
+def can_dry_run(family=None) -> bool:
+    """Whether a new plan dry-runs a library call of ``family``: FakeTensorMode's first use imports
+    torch._dynamo (2 s of Python on a 2-core CPU, contending with the first call for the GIL), so only in
+    a process that has imported it already (every torch.compile user has); and not a family whose last
+    FRUITLESS_LIMIT dry runs compiled nothing."""
+    return (config.precompile() and "torch._dynamo" in sys.modules
+            and _fruitless.get(family, 0) < FRUITLESS_LIMIT)
+
+
+def dry_run(call, family=None):
     """``call(mode)``: a library op on tensors it makes inside (fakes: ``mode`` is the FakeTensorMode,
     whose ``from_tensor`` fakes a real one), run with ``_triton.warming_up`` set: its launches become
-    ``compile_ahead``s."""
+    ``compile_ahead``s. Counts, per ``family``, the dry runs in a row that had nothing to compile."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .kernels._triton import warming_up
+    started = _started_here.get()
+    before = len(started) if started is not None else None
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, warming_up():
         call(mode)
+    if before is not None:
+        _fruitless[family] = 0 if len(started) > before else _fruitless.get(family, 0) + 1
 
 
 def compile_ahead(kernel, key, args: tuple, kwargs: dict):

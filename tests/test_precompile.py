@@ -381,3 +381,29 @@ def test_gpu_a_new_plans_gemms_and_attention_compile_ahead_and_their_launches_co
     torch.testing.assert_close(got_att.torch(), want_att, rtol=2e-2, atol=2e-2)
     assert sum(name in library for name, _ in by_kernel) >= 3, by_kernel  # 2+ GEMM specializations, attention
     assert all(thread.startswith("flyarray-compile") for _, thread in by_kernel), by_kernel
+
+
+def test_a_family_whose_dry_runs_compile_nothing_stops_being_dry_run(monkeypatch):
+    """A plan rebuilt per size dry-runs its library calls each time: after FRUITLESS_LIMIT dry runs in a
+    row found every kernel compiled, that family (op and keywords) is not dry-run again; one that still
+    compiles something keeps its turn, and the count is per family."""
+    import sys
+    monkeypatch.setattr(precompile, "_fruitless", {})
+    monkeypatch.setitem(sys.modules, "torch._dynamo", sys.modules.get("torch._dynamo") or object())
+    monkeypatch.setenv("FLYARRAY_PRECOMPILE", "1")
+    started = []
+    token = precompile._started_here.set(started)
+    try:
+        def compiles_something(mode):
+            started.append(("kernel", "key"))
+        for _ in range(precompile.FRUITLESS_LIMIT + 2):  # something new each time: never fruitless
+            precompile.dry_run(compiles_something, "busy")
+        assert precompile.can_dry_run("busy")
+        for i in range(precompile.FRUITLESS_LIMIT):
+            assert precompile.can_dry_run("idle"), i
+            precompile.dry_run(lambda mode: None, "idle")
+        assert not precompile.can_dry_run("idle") and precompile.can_dry_run("busy")
+    finally:
+        precompile._started_here.reset(token)
+    monkeypatch.setenv("FLYARRAY_PRECOMPILE", "0")
+    assert not precompile.can_dry_run("busy")
