@@ -243,7 +243,7 @@ class _Spied:
         return spied
 
 
-def test_a_dry_run_asks_for_exactly_the_launches_of_the_real_call(monkeypatch):
+def test_a_dry_run_asks_for_exactly_the_launches_of_the_real_call(interpret, monkeypatch):
     """Fake tensors through the GEMM's and attention's host code: compile_ahead is asked for the same
     kernels with the same specialization keys, in the same order, as the real call launches."""
     from flyarray.kernels import gemm
@@ -258,7 +258,7 @@ def test_a_dry_run_asks_for_exactly_the_launches_of_the_real_call(monkeypatch):
     assert asked == spy.launches
 
 
-def test_a_dry_run_leaves_a_planned_gemm_launching(monkeypatch):
+def test_a_dry_run_leaves_a_planned_gemm_launching(interpret, monkeypatch):
     """A dry run of a GEMM whose plan the real calls keep must neither use nor change that plan: a
     launcher made during the dry run compiles and launches nothing, so one kept for later calls would
     leave their results unwritten."""
