@@ -6,7 +6,10 @@
 # benchmarks/tune_attention_gluon.py (checks every Gluon tile, forward and dk/dv, times them beside SDPA);
 # MODE=pending_mx: benchmarks/tune_mx_decode.py for MXFP4 (the new decode candidates beside the old);
 # MODE=ncu: Nsight Compute's sections for benchmarks/ncu_kernels.py's workloads (attention forward and
-# backward, the widest GEMM; ours beside cuDNN/cuBLAS), one CSV each (WORKLOADS= to choose).
+# backward, the widest GEMM; ours beside cuDNN/cuBLAS), one CSV each (WORKLOADS= to choose);
+# MODE=first_call: the GPU tests of background compiles (tests/test_precompile.py, with the GEMM and
+# attention kernel tests), then benchmarks/first_call.py (flyarray with and without precompile beside
+# Inductor, fresh processes and caches; ROUNDS=, default 2).
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -20,6 +23,15 @@ if [ "${MODE:-tests}" = ncu ]; then
       --log-file "$OUT/ncu_$w.csv" python3 benchmarks/ncu_kernels.py "$w" > "$OUT/ncu_$w.log" 2>&1
     echo "$w rc=$?"; tail -3 "$OUT/ncu_$w.log"
   done
+  exit 0
+fi
+if [ "${MODE:-tests}" = first_call ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  timeout 200 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_precompile.py tests/kernels/test_gemm.py \
+    tests/kernels/test_attention.py > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -20
+  timeout 380 python3 benchmarks/first_call.py "${ROUNDS:-2}" "$OUT/first_call.json" 2>&1 | tail -20
   exit 0
 fi
 if [ "${MODE:-tests}" = pending ]; then
