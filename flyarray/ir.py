@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from typing import Any, Optional
 
 import torch
@@ -110,11 +111,18 @@ def constant(value, shape, dtype: _dt.DType, device) -> Node:
     return Node(CONSTANT, (), value, shape, dtype, device)
 
 
+# An evaluation that computes a view alone turns that view node into a source over its own buffer
+# (plan.Plan.bind: three fields change). Recording in other threads reads a view's base and ops to
+# compose views over it; they take this lock to see the node wholly before or wholly after.
+REBIND = threading.RLock()
+
+
 def view(base: Node, ops: tuple, shape: tuple) -> Node:
     """A view node always sits on a non-view base; chains of views compose here."""
-    if base.kind == "view":
-        ops = base.params + tuple(ops)
-        base = base.inputs[0]
+    with REBIND:
+        if base.kind == "view":
+            ops = base.params + tuple(ops)
+            base = base.inputs[0]
     if not ops:
         return base
     return Node(VIEW, (base,), tuple(ops), shape, base.dtype, base.device)

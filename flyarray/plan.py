@@ -198,10 +198,12 @@ class Plan:
                 node = nodes[bind[0]]
             else:
                 node = nodes[bind[0]].params["outputs"][bind[1]]
-            node.buffer = slots[bind[-1]]
-            node.inputs = ()
             if node.prim is ir.VIEW:  # a view computed alone (schedule.py): a buffer of its own now
-                node.prim, node.params = ir.SOURCE, None
+                with ir.REBIND:  # other threads may be recording views of it (ops/core.movement)
+                    node.buffer, node.inputs, node.prim, node.params = slots[bind[-1]], (), ir.SOURCE, None
+            else:
+                node.buffer = slots[bind[-1]]
+                node.inputs = ()
         for copy, base, slot in self.copy_binds:
             base = nodes[base]
             if base.buffer is None:

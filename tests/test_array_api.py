@@ -46,6 +46,18 @@ def test_repeat(repeats, axis):
     assert_matches(fa.repeat(fa.asarray(X), r, axis=0), np.repeat(X, [1, 0, 2], axis=0))
 
 
+@pytest.mark.parametrize("repeats,error", [(np.array([1, 2]), ValueError), (np.array([1.0, 2.0, 3.0]), TypeError),
+                                           (np.ones((3, 1), np.int64), TypeError)])
+def test_repeat_checks_a_lazy_repeats_before_computing_it(repeats, error):
+    """The wrong length, dtype or rank of a lazy array of repeats shows in its shape and dtype: refused
+    before anything is evaluated, and it stays lazy."""
+    lazy = fa.asarray(repeats) + 0
+    fa.reset_stats()
+    with pytest.raises(error, match="repeat"):
+        fa.repeat(fa.asarray(X), lazy, axis=0)
+    assert fa.stats()["evaluations"] == 0 and lazy._node.buffer is None
+
+
 def test_unstack_meshgrid_diff():
     for got, want in zip(fa.unstack(fa.asarray(Y), axis=1), [Y[:, i] for i in range(2)]):
         assert_matches(got, want)

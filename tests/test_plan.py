@@ -5,6 +5,7 @@ and new shapes must give exactly what a fresh process gives; stats count hits an
 """
 import collections
 import gc
+import sys
 import threading
 import weakref
 
@@ -340,6 +341,42 @@ def test_threads_reading_shared_lazy_arrays_get_right_answers(backend):
     for t in threads:
         t.join()
     assert not failures, failures[:5]
+
+
+def test_views_recorded_while_another_thread_evaluates_their_base_view():
+    """A view of a lazy expression is computed alone into a buffer of its own, and its node turns into
+    a source over that buffer (Plan.bind); a thread recording views of it meanwhile must see it wholly
+    before (a view of the expression) or wholly after, never its old strides over the new buffer (that
+    read rows 0 and 2 for rows 0 and 1, or raised). 150 rounds with a tiny switch interval: the old code
+    failed within ~30."""
+    fa.set_backend("reference")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        xn = np.arange(32, dtype=np.float32).reshape(8, 4)
+        want = (xn * 2)[::2]
+        for _ in range(150):
+            v = (fa.asarray(xn) * 2.0)[::2]
+            made, errors = [], []
+
+            def record():
+                try:
+                    for _ in range(30):
+                        made.append((v[0:2], v[1], v.T))
+                except Exception as exc:  # noqa: BLE001  (reported below)
+                    errors.append(exc)
+            thread = threading.Thread(target=record)
+            thread.start()
+            np.asarray(v)
+            thread.join()
+            assert not errors, errors[0]
+            for rows, row, transposed in made:
+                np.testing.assert_array_equal(np.asarray(rows), want[0:2])
+                np.testing.assert_array_equal(np.asarray(row), want[1])
+                np.testing.assert_array_equal(np.asarray(transposed), want.T)
+    finally:
+        sys.setswitchinterval(interval)
+        fa.set_backend(None)
 
 
 def test_shared_unevaluated_array_across_threads(backend):

@@ -399,7 +399,11 @@ def _split_factor(n: int):
 def movement(x, ops, shape) -> Array:
     """A view of ``x``; materializes first if no strided map can describe it."""
     node = node_of(x)
-    ops = tuple(ops)
+    with ir.REBIND:  # ``node`` stays a view, or a source, for the whole of this (plan.bind may turn it)
+        return _movement(node, tuple(ops), shape)
+
+
+def _movement(node, ops, shape) -> Array:
     if node.kind == "view":
         parent = folded_view(node)
         folded = views.apply_all(parent, ops) if parent is not None else None

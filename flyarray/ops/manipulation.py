@@ -374,16 +374,23 @@ def repeat(x, repeats, /, *, axis=None) -> Array:
         spread = expand_dims(x, axis + 1)
         wide = broadcast_to(spread, shape[:axis + 1] + (r,) + shape[axis + 1:])
         return reshape(wide, shape[:axis] + (n * r,) + shape[axis + 1:])
-    counts = np.asarray(repeats.torch().cpu() if isinstance(repeats, Array) else repeats)
-    if counts.dtype.kind not in "iu" or counts.ndim > 1:
-        raise TypeError(f"repeat: repeats must be an int or a 1-D integer sequence, got {counts.dtype} "
-                        f"of shape {counts.shape}")
-    if counts.ndim == 1 and counts.shape[0] not in (1, n):
-        raise ValueError(f"repeat: {counts.shape[0]} repeats for axis {axis} of size {n}")
+    if isinstance(repeats, Array):  # its dtype and shape are checked before its values are computed
+        _check_repeats(not repeats.dtype.is_integer, repeats.dtype.name, tuple(repeats.shape), axis, n)
+        counts = np.asarray(repeats.torch().cpu())
+    else:
+        counts = np.asarray(repeats)
+        _check_repeats(counts.dtype.kind not in "iu", counts.dtype, counts.shape, axis, n)
     if (counts < 0).any():
         raise ValueError("repeat: repeats must be non-negative")
     del node
     return take(x, np.repeat(np.arange(n), np.broadcast_to(counts, (n,))), axis=axis)
+
+
+def _check_repeats(not_integer: bool, dtype, shape: tuple, axis: int, n: int):
+    if not_integer or len(shape) > 1:
+        raise TypeError(f"repeat: repeats must be an int or a 1-D integer sequence, got {dtype} of shape {shape}")
+    if len(shape) == 1 and shape[0] not in (1, n):
+        raise ValueError(f"repeat: {shape[0]} repeats for axis {axis} of size {n}")
 
 
 def unstack(x, /, *, axis=0) -> tuple:
