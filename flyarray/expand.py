@@ -29,6 +29,17 @@ def rewrites_undone(roots: list):
     (prim, inputs, params) back when the block ends, so what to_primitives and the scheduler rewrote in
     place (composites expanded, epilogues moved into a GEMM) is undone. Otherwise the user's graph
     would key differently afterwards and its evaluation would miss the plan its twins share."""
+    with ir.REBIND:  # the rewrites and their undoing, whole to a thread recording views meanwhile
+        saved = _as_they_are(roots)
+        try:
+            yield
+        finally:
+            for node, (prim, inputs, params) in saved.items():
+                node.prim, node.inputs, node.params = prim, inputs, params
+
+
+def _as_they_are(roots: list) -> dict:
+    """node -> (prim, inputs, params) of every unevaluated node under ``roots``."""
     saved, stack = {}, list(roots)
     while stack:
         node = stack.pop()
@@ -38,11 +49,7 @@ def rewrites_undone(roots: list):
         stack.extend(node.inputs)
         if isinstance(node.params, dict):   # a library or composite node: its OUTPUT children are rewritten too
             stack.extend(node.params.get("outputs", ()))
-    try:
-        yield
-    finally:
-        for node, (prim, inputs, params) in saved.items():
-            node.prim, node.inputs, node.params = prim, inputs, params
+    return saved
 
 
 def expand_composites(roots: list):

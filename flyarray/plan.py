@@ -239,8 +239,10 @@ class _Builder:
         return slot
 
     def build(self) -> Plan:
-        to_primitives(self.roots)
-        for step in schedule(self.roots):
+        with ir.REBIND:  # composites expand and epilogues move in place: recording threads see before or after
+            to_primitives(self.roots)
+            steps = schedule(self.roots)
+        for step in steps:
             if isinstance(step, KernelStep):
                 self.add_kernel(step)
             elif isinstance(step, LibraryCall):

@@ -269,7 +269,9 @@ def attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
 @attention_backward.register_fake
 def _(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal):
     _check_attention_backward(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous, as the real op returns them (_out), whatever q's strides: empty_like would copy those,
+    # and a torch view traced on them then fails on the real gradients
+    return tuple(_empty(t.shape, t.dtype, t) for t in (q, k, v))
 
 
 def _attention_forward_context(ctx, inputs, output):

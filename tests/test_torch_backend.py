@@ -36,6 +36,9 @@ def _op_cases():
         "dot_product_attention": (_r(1, 4, 2, 8), _r(1, 4, 2, 8), _r(1, 4, 2, 8), None, None, None, True),
         "attention_forward": (_r(1, 4, 4, 8), _r(1, 4, 2, 8), _r(1, 4, 2, 8), None, None, 0.5, True),
         "attention_backward": (torch.randn_like(out), q, k, v, out, lse, torch.randn_like(lse), None, None, None, True),
+        # (B, H, S, D) tensors seen as (B, S, H, D): the gradients still come back contiguous, fake and real
+        "attention_backward_permuted": (torch.randn_like(out), *(t.transpose(1, 2).contiguous().transpose(1, 2)
+                                                                 for t in (q, k, v)), out, lse, None, None, None, None, True),
         "matmul": (_r(3, 8), _r(8, 5), _r(5), _r(3, 5), "silu", None),
         "ragged_dot": (_r(6, 8), _r(2, 8, 4), torch.tensor([2, 4], dtype=torch.int32)),
         "top_k": (_r(3, 8), 2),
@@ -46,7 +49,7 @@ def _op_cases():
 
 @pytest.mark.parametrize("name", list(_op_cases()))
 def test_opcheck_every_custom_op(name):
-    op = "softmax" if name == "log_softmax" else name
+    op = {"log_softmax": "softmax", "attention_backward_permuted": "attention_backward"}.get(name, name)
     torch.library.opcheck(getattr(torch.ops.flyarray, op).default, _op_cases()[name])
 
 
