@@ -444,25 +444,85 @@ class _Failed(Exception):
 
 
 class _OutputLayout:
-    """What torch promises of a region output that flyarray's zero-copy results may not keep: a tensor
-    torch makes contiguous (``x.transpose(...).contiguous()``, then a torch ``view`` of it) comes out
-    contiguous, and an op that is no view in torch (``clone``, a same-dtype ``_to_copy``: identities
-    to flyarray's immutable arrays) does not share memory with the region's inputs, which a later
-    in-place update (``x.add_``) would otherwise change under it."""
+    """What torch promises of a region output that flyarray's zero-copy results may not keep.
 
-    def __init__(self, node, region):
+    - Layout. A tensor torch makes contiguous (``x.transpose(...).contiguous()``, then a torch ``view`` of
+      it) comes out contiguous. Where torch code reads the output (a torch op outside the regions, or the
+      caller: ``exact``), every dense layout torch gives is kept, its dims in torch's memory order
+      (``y = x.t() * 2`` keeps x's order in eager; a later ``y.view``/``as_strided`` depends on it).
+    - Memory of its own. An op that is no view in torch (``clone``, a same-dtype ``_to_copy``: identities
+      to flyarray's immutable arrays) shares memory neither with the region's inputs nor with its other
+      outputs (a saved-for-backward tensor among them), which a later in-place update (``x.add_``)
+      would otherwise change under it.
+    """
+
+    def __init__(self, node, exact: bool):
         self.node = node
-        self.contiguous = _known_contiguous(node.meta.get("val"))
-        # checked at run time only where flyarray may hand back an input's memory (the check costs ~1 us
-        # an input) and torch may not
-        self.check_memory = _moved_not_viewed(node, set(region.inputs))
+        val = node.meta.get("val")
+        order = _dense_order(val) if exact else None
+        self.order = None if order == tuple(range(len(order or ()))) else order  # None: contiguity (or nothing)
+        self.contiguous = order is not None and self.order is None or _known_contiguous(val)
+        self.fresh = exact and order is not None and _offset_hint(val) == 0  # no storage offset either
+        # checked at run time only where flyarray may hand back memory it was given or shares (~1 us a
+        # tensor compared) and torch may not: against the region's inputs (the graph may update one in
+        # place later), and where torch code gets it (the caller may update it in place) its other outputs
+        self.check_memory = _copied_in_torch(node)
+        self.check_outputs = exact and self.check_memory
 
-    def as_torch_gives_it(self, t, inputs):
-        if self.contiguous and not t.is_contiguous():
-            return t.contiguous()
-        if self.check_memory and torch_ops._shares_memory(t, inputs):
+    def as_torch_gives_it(self, t, others):
+        """``t`` as torch gives it; ``others``: the region's inputs (and its other outputs where
+        ``check_outputs``)."""
+        if self.contiguous and not t.is_contiguous() or self.order is not None and not _in_order(t, self.order):
+            return _copy_in_order(t, self.order)
+        if self.fresh and t.storage_offset():
+            return _copy_in_order(t, self.order)
+        if self.check_memory and torch_ops._shares_memory(t, others):
             return t.clone()
         return t
+
+
+def _hint(n):
+    """An int, or a symbolic size's example value (None where it has none)."""
+    if type(n) is int:
+        return n
+    hint = getattr(getattr(n, "node", None), "hint", None)
+    return hint if type(hint) is int else None
+
+
+def _offset_hint(val):
+    return _hint(val.storage_offset()) if isinstance(val, torch.Tensor) else None
+
+
+def _dense_order(val):
+    """The dims of ``val`` outermost first in memory, where its elements are dense and do not overlap
+    (a permutation of a contiguous tensor; symbolic sizes by their example values); else None."""
+    if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
+        return None
+    sizes, strides = [_hint(n) for n in val.shape], [_hint(n) for n in val.stride()]
+    if None in sizes or None in strides or 0 in sizes:
+        return None
+    order = tuple(sorted(range(len(sizes)), key=lambda d: -strides[d]))  # stable: ties keep logical order
+    return order if _in_order_of(sizes, strides, order) else None
+
+
+def _in_order_of(sizes, strides, order) -> bool:
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expected:
+            return False
+        expected *= sizes[d]
+    return True
+
+
+def _in_order(t, order) -> bool:
+    return _in_order_of(t.shape, t.stride(), order)
+
+
+def _copy_in_order(t, order):
+    """A fresh copy of ``t`` laid out in ``order`` (None: contiguous)."""
+    if order is None:
+        return t.contiguous() if t.storage_offset() == 0 else t.clone(memory_format=torch.contiguous_format)
+    return torch.empty_permuted(t.shape, order, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _known_contiguous(val) -> bool:
@@ -479,22 +539,23 @@ _MOVEMENT = {aten.clone.default, aten._to_copy.default, aten.alias.default, aten
              aten.slice.Tensor, aten.select.int}
 
 
-def _moved_not_viewed(node, inputs) -> bool:
-    """Whether ``node`` is a region input under movement ops only (so flyarray may hand back the input's
-    memory) with one of them no view in torch (clone, _to_copy: torch promises new memory)."""
-    viewed = True
-    while node not in inputs:
-        if node.op != "call_function" or node.target not in _MOVEMENT or not isinstance(node.args[0], torch.fx.Node):
-            return False
-        viewed = viewed and node.target._schema.returns[0].alias_info is not None
+def _copied_in_torch(node) -> bool:
+    """Whether ``node`` ends a chain of movement ops (which flyarray lowers to views of one value, so its
+    result may be memory another tensor holds too) with one of them no view in torch (clone, _to_copy:
+    torch promises new memory)."""
+    while node.op == "call_function" and node.target in _MOVEMENT and isinstance(node.args[0], torch.fx.Node):
+        if node.target._schema.returns[0].alias_info is None:
+            return True
         node = node.args[0]
-    return not viewed
+    return False
 
 
 class CompiledGraph:
     """An FX graph run as regions (fa.jit, replayed per signature) and torch ops."""
 
-    def __init__(self, gm: torch.fx.GraphModule, table: dict):
+    def __init__(self, gm: torch.fx.GraphModule, table: dict, visible_outputs=None):
+        """``visible_outputs``: the positions of the graph's outputs that reach the caller (a forward
+        graph's others are saved for the backward, which reads any layout); None: all of them."""
         self.gm = gm
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -505,14 +566,24 @@ class CompiledGraph:
             if bad is None:
                 break
             self.excluded.add(bad)
+        read_by_torch = self._read_by_torch(steps, visible_outputs)
         self.steps = []
         for kind, item in steps:
             if kind == "region":
                 fn = fa.jit(_region_fn(item, table))
-                self.steps.append((kind, (item, fn, [_OutputLayout(n, item) for n in item.outputs])))
+                layouts = [_OutputLayout(n, n in read_by_torch) for n in item.outputs]
+                self.steps.append((kind, (item, fn, layouts)))
             else:
                 self.steps.append((kind, item))
         self.regions = sum(1 for k, _ in self.steps if k == "region")
+
+    def _read_by_torch(self, steps, visible_outputs) -> set:
+        """The nodes whose value torch code reads: an op run as torch, or the caller."""
+        read = {a for kind, item in steps if kind == "torch" for a in item.all_input_nodes}
+        outputs = list(self.output.args[0]) if isinstance(self.output.args[0], (tuple, list)) else [self.output.args[0]]
+        positions = range(len(outputs)) if visible_outputs is None else visible_outputs
+        read.update(outputs[i] for i in positions if i < len(outputs) and isinstance(outputs[i], torch.fx.Node))
+        return read
 
     def __call__(self, *args):
         env = dict(zip(self.placeholders, args))
@@ -520,9 +591,10 @@ class CompiledGraph:
             if kind == "region":
                 region, fn, layouts = item
                 ins = [env[n] for n in region.inputs]
-                outs = fn(*ins)
-                for layout, o in zip(layouts, outs):
-                    env[layout.node] = layout.as_torch_gives_it(o.torch(), ins)
+                made = [o.torch() for o in fn(*ins)]
+                for i, (layout, t) in enumerate(zip(layouts, made)):
+                    others = ins + made[:i] + made[i + 1:] if layout.check_outputs else ins
+                    env[layout.node] = layout.as_torch_gives_it(t, others)
             else:
                 env[item] = self._run_torch(item, env)
         return _map(self.output.args[0], env)
@@ -776,11 +848,15 @@ def make_backend(ops=None):
     table = lowerings(ops)
     families = set(FAMILIES) if ops is None else set(ops)
 
-    def compile_graph(gm, example_inputs):
+    def compile_graph(gm, example_inputs, user_outputs=None, inference=False):
+        """``user_outputs``: how many outputs the Dynamo graph has (a forward or inference graph); None
+        for a backward, whose outputs (gradients) go to autograd, which reads any layout: AccumulateGrad
+        makes a gradient the parameter's layout anyway, so keeping eager's transposed layout of a weight
+        gradient our GEMM writes contiguous would cost a copy there and another in AccumulateGrad."""
         from torch._functorch.aot_autograd import make_boxed_func
         if "elementwise" in families:
             merge_select_backward_sums(gm)
-        return make_boxed_func(CompiledGraph(gm, table))
+        return make_boxed_func(CompiledGraph(gm, table, _visible_outputs(user_outputs, inference)))
 
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     # Inductor's partitioner, for the same reason Inductor uses it: we fuse elementwise ops too, so the
@@ -789,14 +865,36 @@ def make_backend(ops=None):
     # Not for a graph that updates a tensor in place: it may save that input to recompute from it, and
     # the backward would then read the updated value (or fail torch's version check) -- AOTAutograd's
     # default partition saves the values computed before the update instead.
-    recomputing = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                               decompositions=decompositions(), partition_fn=min_cut_rematerialization_partition)
-    saving = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph, decompositions=decompositions())
-
     def backend(gm, example_inputs, **kwargs):
         rewrite_library_calls(gm, families)
-        return (saving if _updates_in_place(gm) else recomputing)(gm, example_inputs, **kwargs)
+        outputs = _count_outputs(gm)
+        compilers = dict(fw_compiler=functools.partial(compile_graph, user_outputs=outputs),
+                         inference_compiler=functools.partial(compile_graph, user_outputs=outputs, inference=True),
+                         bw_compiler=compile_graph, decompositions=decompositions())
+        if not _updates_in_place(gm):
+            compilers["partition_fn"] = min_cut_rematerialization_partition
+        return aot_autograd(**compilers)(gm, example_inputs, **kwargs)
     return backend
+
+
+def _count_outputs(gm: torch.fx.GraphModule) -> int:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return len(torch.utils._pytree.tree_leaves(out.args[0]))
+
+
+def _visible_outputs(user_outputs, inference):
+    """The positions of a graph's outputs that reach the caller, as Inductor reads them (its
+    keep_output_stride): a training forward returns AOTAutograd's mutated inputs first, then the
+    ``user_outputs``, then the tensors saved for the backward; an inference graph its user outputs
+    first. None (all of them) where AOTAutograd says nothing; none for a backward graph (compile_graph)."""
+    if user_outputs is None:
+        return range(0)
+    if inference:
+        return range(user_outputs)
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    start = getattr(meta, "num_mutated_inp_runtime_indices", None)
+    return None if start is None else range(start, start + user_outputs)
 
 
 def _updates_in_place(gm: torch.fx.GraphModule) -> bool:

@@ -425,6 +425,63 @@ def test_a_clone_does_not_share_the_inputs_memory():
     torch.testing.assert_close(x, torch.ones(3))
 
 
+def test_a_clone_shares_memory_with_no_other_output_nor_a_saved_tensor():
+    """A clone returned beside its source, or beside a tensor the backward saved, is memory of its own:
+    an in-place update of one output leaves the other, and the gradient, as eager has them."""
+    torch._dynamo.reset()
+    a, b = torch.compile(lambda x: (lambda y: (y, y.clone()))(x * 2), backend="flyarray")(torch.ones(3))
+    a.add_(1)
+    torch.testing.assert_close(b, torch.full((3,), 2.0))
+    first, second = torch.compile(lambda x: ((x * 2).clone(), (x * 2).clone()), backend="flyarray")(torch.ones(3))
+    first.add_(1)
+    torch.testing.assert_close(second, torch.full((3,), 2.0))
+    torch._dynamo.reset()
+    x = torch.tensor([[0.0, 1.0], [2.0, 3.0]], requires_grad=True)
+    out = torch.compile(lambda t: t.exp().clone().t(), backend="flyarray")(x)  # exp's backward saves exp(x)
+    out.add_(10.0)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, x.detach().exp())
+
+
+def test_torch_code_reading_a_region_output_sees_torchs_layout():
+    """Where torch code reads a fused result -- an op flyarray does not lower (as_strided), a view whose
+    size is symbolic, or the caller -- it has eager's layout: x.t() * 2 keeps x's memory order there."""
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+
+    def strided(t):
+        y = t.t() * 2
+        return y.as_strided((2, 2), (1, 2), 1) + 0
+    torch.testing.assert_close(torch.compile(strided, backend="flyarray")(x), strided(x))
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: t.t() * 2, backend="flyarray")(x)
+    assert out.stride() == (x.t() * 2).stride() == (1, 4)
+
+    def heads(t):  # (seq, batch, 8) split into heads as nn.MultiheadAttention does
+        s, b, e = t.shape
+        y = t.view(s, b, 2, 4).permute(1, 0, 2, 3) * 2
+        return y.transpose(1, 2).reshape(b * 2, s, 4) + 1
+    torch._dynamo.reset()
+    compiled = torch.compile(heads, backend="flyarray", dynamic=True)
+    for s in (5, 6):
+        t = torch.randn(s, 2, 8)
+        torch.testing.assert_close(compiled(t), heads(t))
+
+
+def test_multihead_attention_backward_after_a_dynamic_recompile():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    compiled = torch.compile(m, backend="flyarray")
+    for seq in (3, 5):  # the second size recompiles with a dynamic length
+        x = torch.randn(2, seq, 8, requires_grad=True)
+        compiled(x, x, x, need_weights=False)[0].sum().backward()
+        got = x.grad
+        x.grad = None
+        m(x, x, x, need_weights=False)[0].sum().backward()
+        torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_contiguous_then_a_view_with_a_dynamic_size():
     """(b, h, s, d) -> (b, s, h*d) as attention epilogues write it: torch's view needs the contiguous
     tensor torch's clone made, also where the view stays torch's (a symbolic size)."""
