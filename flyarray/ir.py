@@ -119,10 +119,11 @@ REBIND = threading.RLock()
 
 def view(base: Node, ops: tuple, shape: tuple) -> Node:
     """A view node always sits on a non-view base; chains of views compose here."""
-    with REBIND:
-        if base.kind == "view":
-            ops = base.params + tuple(ops)
-            base = base.inputs[0]
+    if base.prim is VIEW:  # (a node that is no view reads nothing of its own here: no lock)
+        with REBIND:
+            if base.prim is VIEW:
+                ops = base.params + tuple(ops)
+                base = base.inputs[0]
     if not ops:
         return base
     return Node(VIEW, (base,), tuple(ops), shape, base.dtype, base.device)
