@@ -475,7 +475,7 @@ def is_warming_up() -> bool:
 def aligned16(t: torch.Tensor) -> bool:
     """Whether ``t``'s first element sits on a 16-byte boundary. A fake tensor (a dry run) holds no
     memory: its storage is taken to start aligned, as every allocation does."""
-    if getattr(t, "fake_mode", None) is not None:
+    if type(t) is not torch.Tensor and getattr(t, "fake_mode", None) is not None:  # (a plain tensor: no lookup)
         return t.storage_offset() * t.element_size() % 16 == 0
     return t.data_ptr() % 16 == 0
 
