@@ -462,6 +462,7 @@ class _OutputLayout:
         order = _dense_order(val) if exact else None
         self.order = None if order == tuple(range(len(order or ()))) else order  # None: contiguity (or nothing)
         self.contiguous = order is not None and self.order is None or _known_contiguous(val)
+        self.exact = exact
         self.fresh = exact and order is not None and _offset_hint(val) == 0  # no storage offset either
         # checked at run time only where flyarray may hand back memory it was given or shares (~1 us a
         # tensor compared) and torch may not: against the region's inputs (the graph may update one in
@@ -479,6 +480,39 @@ class _OutputLayout:
         if self.check_memory and torch_ops._shares_memory(t, others):
             return t.clone()
         return t
+
+
+def _views_among(region, layouts) -> dict:
+    """{output index: the torch view ops (FX nodes, base first) that make it from another output} for
+    outputs the caller or a torch op gets (``exact``) that torch makes as views of another such output
+    (``b, b.t()``): rebuilt from that output's final tensor, they alias it as in eager even where it was
+    copied (re-laid out, or a clone given memory of its own). In dependency order: bases before views."""
+    exact = {layout.node: i for i, layout in enumerate(layouts) if layout.exact}
+    inside = set(region.nodes)
+    views = {}
+    for node, i in exact.items():
+        chain, at = [], node
+        while (at.op == "call_function" and isinstance(at.target, torch._ops.OpOverload)
+               and at.target._schema.returns and at.target._schema.returns[0].alias_info is not None
+               and not at.target._schema.is_mutable and at.args and isinstance(at.args[0], torch.fx.Node)
+               and all(a not in inside for a in at.all_input_nodes if a is not at.args[0])):
+            chain.append(at)
+            at = at.args[0]
+            if at in exact:
+                views[i] = (exact[at], chain[::-1])
+                break
+            if at not in inside:
+                break
+    order, placed = {}, set()
+    while len(order) < len(views):  # a base that is itself a view of another output goes after that one
+        progressed = False
+        for i, (base, chain) in views.items():
+            if i not in placed and (base not in views or base in placed):
+                order[i], progressed = chain, True
+                placed.add(i)
+        if not progressed:  # a cycle cannot happen in an FX graph; never leave an output unmade
+            return {}
+    return order
 
 
 def _hint(n):
@@ -572,7 +606,7 @@ class CompiledGraph:
             if kind == "region":
                 fn = fa.jit(_region_fn(item, table))
                 layouts = [_OutputLayout(n, n in read_by_torch) for n in item.outputs]
-                self.steps.append((kind, (item, fn, layouts)))
+                self.steps.append((kind, (item, fn, layouts, _views_among(item, layouts))))
             else:
                 self.steps.append((kind, item))
         self.regions = sum(1 for k, _ in self.steps if k == "region")
@@ -589,12 +623,19 @@ class CompiledGraph:
         env = dict(zip(self.placeholders, args))
         for kind, item in self.steps:
             if kind == "region":
-                region, fn, layouts = item
+                region, fn, layouts, views = item
                 ins = [env[n] for n in region.inputs]
                 made = [o.torch() for o in fn(*ins)]
                 for i, (layout, t) in enumerate(zip(layouts, made)):
+                    if i in views:
+                        continue  # a view of another output: made from that one's final tensor below
                     others = ins + made[:i] + made[i + 1:] if layout.check_outputs else ins
                     env[layout.node] = layout.as_torch_gives_it(t, others)
+                for i, chain in views.items():  # bases first (their order in ``views``)
+                    t = env[chain[0].args[0]]
+                    for op in chain:
+                        t = op.target(t, *_map(op.args[1:], env), **_map(op.kwargs, env))
+                    env[layouts[i].node] = t
             else:
                 env[item] = self._run_torch(item, env)
         return _map(self.output.args[0], env)
@@ -848,7 +889,7 @@ def make_backend(ops=None):
     table = lowerings(ops)
     families = set(FAMILIES) if ops is None else set(ops)
 
-    def compile_graph(gm, example_inputs, user_outputs=None, inference=False):
+    def compile_graph(gm, example_inputs, user_outputs=None):
         """``user_outputs``: how many outputs the Dynamo graph has (a forward or inference graph); None
         for a backward, whose outputs (gradients) go to autograd, which reads any layout: AccumulateGrad
         makes a gradient the parameter's layout anyway, so keeping eager's transposed layout of a weight
@@ -856,7 +897,7 @@ def make_backend(ops=None):
         from torch._functorch.aot_autograd import make_boxed_func
         if "elementwise" in families:
             merge_select_backward_sums(gm)
-        return make_boxed_func(CompiledGraph(gm, table, _visible_outputs(user_outputs, inference)))
+        return make_boxed_func(CompiledGraph(gm, table, _visible_outputs(user_outputs)))
 
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     # Inductor's partitioner, for the same reason Inductor uses it: we fuse elementwise ops too, so the
@@ -868,9 +909,9 @@ def make_backend(ops=None):
     def backend(gm, example_inputs, **kwargs):
         rewrite_library_calls(gm, families)
         outputs = _count_outputs(gm)
-        compilers = dict(fw_compiler=functools.partial(compile_graph, user_outputs=outputs),
-                         inference_compiler=functools.partial(compile_graph, user_outputs=outputs, inference=True),
-                         bw_compiler=compile_graph, decompositions=decompositions())
+        forward = functools.partial(compile_graph, user_outputs=outputs)
+        compilers = dict(fw_compiler=forward, inference_compiler=forward, bw_compiler=compile_graph,
+                         decompositions=decompositions())
         if not _updates_in_place(gm):
             compilers["partition_fn"] = min_cut_rematerialization_partition
         return aot_autograd(**compilers)(gm, example_inputs, **kwargs)
@@ -882,15 +923,13 @@ def _count_outputs(gm: torch.fx.GraphModule) -> int:
     return len(torch.utils._pytree.tree_leaves(out.args[0]))
 
 
-def _visible_outputs(user_outputs, inference):
-    """The positions of a graph's outputs that reach the caller, as Inductor reads them (its
-    keep_output_stride): a training forward returns AOTAutograd's mutated inputs first, then the
-    ``user_outputs``, then the tensors saved for the backward; an inference graph its user outputs
-    first. None (all of them) where AOTAutograd says nothing; none for a backward graph (compile_graph)."""
+def _visible_outputs(user_outputs):
+    """The positions of a graph's outputs that reach the caller: a forward graph returns the new values
+    of the inputs it updates in place first (AOTAutograd's metadata counts them), then the
+    ``user_outputs``, then (training) the tensors saved for the backward. None (all of them) where
+    AOTAutograd says nothing; none for a backward graph (compile_graph)."""
     if user_outputs is None:
         return range(0)
-    if inference:
-        return range(user_outputs)
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None) if context is not None else None
     start = getattr(meta, "num_mutated_inp_runtime_indices", None)

@@ -468,6 +468,42 @@ def test_torch_code_reading_a_region_output_sees_torchs_layout():
         torch.testing.assert_close(compiled(t), heads(t))
 
 
+def test_a_graph_that_updates_an_input_keeps_its_outputs_layout_and_memory():
+    """An inference graph returns the updated input's new value first: the outputs after it still get
+    eager's layout and memory of their own."""
+    def f(a):
+        b = a * 2
+        c = b.clone()
+        a.add_(1)
+        return b, c
+
+    def g(a):
+        b = a.t() * 2
+        a.add_(1)
+        return b
+    torch._dynamo.reset()
+    b, c = torch.compile(f, backend="flyarray")(torch.zeros(2, 3))
+    c.add_(5)
+    torch.testing.assert_close(b, torch.zeros(2, 3))
+    torch._dynamo.reset()
+    assert torch.compile(g, backend="flyarray")(torch.zeros(2, 3)).stride() == (1, 3)
+
+
+@pytest.mark.parametrize("make", [lambda a: (lambda b: (b, b.t()))(a.t() * 2),
+                                  lambda a: (lambda b: (b, b[1:]))(a.clone()),
+                                  lambda a: (lambda b: (b, b[0]))(a.t().reshape(-1, 2))])
+def test_outputs_that_torch_returns_as_views_of_each_other_stay_views(make):
+    """An output re-laid out or given memory of its own (a clone) is copied; the outputs torch makes as
+    views of it are then made from the copy, so writing one shows in the other as in eager."""
+    torch._dynamo.reset()
+    base, view = torch.compile(make, backend="flyarray")(torch.zeros(3, 4))
+    want_base, want_view = make(torch.zeros(3, 4))
+    assert view.stride() == want_view.stride() and base.stride() == want_base.stride()
+    view.add_(1)
+    want_view.add_(1)
+    torch.testing.assert_close(base, want_base)
+
+
 def test_multihead_attention_backward_after_a_dynamic_recompile():
     torch._dynamo.reset()
     torch.manual_seed(0)
