@@ -358,6 +358,7 @@ def test_gpu_a_new_plans_gemms_and_attention_compile_ahead_and_their_launches_co
                 monkeypatch.setattr(fn, "compile", getattr(fn, "compile", None), raising=False)
                 library.add(fn.__name__)
     by_kernel = _fresh_compiles_by_thread(tmp_path, monkeypatch, "1")
+    monkeypatch.setattr(precompile, "_fruitless", {})  # earlier tests' dry runs found their kernels compiled
     real_start = precompile.start
 
     def start_and_finish(jobs, device):
