@@ -306,9 +306,17 @@ def clog1p(z: Parts) -> Parts:
 
 
 def csqrt(z: Parts) -> Parts:
-    """The principal root: t = sqrt((|a| + |z|) / 2), then the other part is b / 2t (Kahan's form)."""
+    """The principal root: t = sqrt((|a| + |z|) / 2), then the other part is b / 2t (Kahan's form). Near
+    the float's maximum |z| overflows, and for the smallest subnormals |a| / 2 flushes to 0: there z is
+    scaled by 1/4 or 2^100 first, t by 1/2 or 2^50 after (powers of two: exact)."""
     a, b = z.re, z.im
-    t = (0.5 * a.abs() + 0.5 * a.hypot(b)).sqrt()
+    largest = 2.0 ** 1023 if a.n.dtype == dt.float64 else 2.0 ** 127
+    s = where(a.abs().greater_equal(b.abs()), a.abs(), b.abs())
+    huge, tiny = s.greater(largest / 2), s.less(2.0 ** -100)
+    one = F(a._const(1.0))
+    scale_in = where(huge, 0.25, where(tiny, 2.0 ** 100, one))
+    a_in, b_in = a * scale_in, b * scale_in
+    t = (0.5 * a_in.abs() + 0.5 * a_in.hypot(b_in)).sqrt() * where(huge, 2.0, where(tiny, 2.0 ** -50, one))
     q = where(t.equal(0), b, b / (2.0 * t))
     right = a.greater_equal(0)
     re = where(right, t, q.abs())
@@ -391,9 +399,10 @@ def catanh(z: Parts) -> Parts:
     difference of two nearly equal logarithms); for large |z|, 1/z + i pi/2 sign(b) (atanh(inf + i y) = 0 +
     i pi/2)."""
     a, b = z.re, z.im
-    one_minus = 1.0 - a
-    re = 0.25 * (4.0 * a / (one_minus * one_minus + b * b)).log1p()
-    im = 0.5 * (2.0 * b).atan2(one_minus * (1.0 + a) - b * b)
+    s = a.abs()  # atanh is odd: on |a| the log1p argument stays positive (near -1 it rounded to -1: -inf)
+    one_minus = 1.0 - s
+    re = (0.25 * (4.0 * s / (one_minus * one_minus + b * b)).log1p()).copysign(a)
+    im = 0.5 * (2.0 * b).atan2(one_minus * (1.0 + s) - b * b)
     m = a.hypot(b)
     inf = m.isinf()
     tiny = where(inf, F(a._const(0.0)).copysign(a), (a / m) / m)  # 1/z = conj(z) / |z|^2
@@ -424,9 +433,16 @@ def _pow(z: Parts, w: Parts) -> Parts:
 
 
 def _sign(z: Parts) -> Parts:
-    m = z.re.hypot(z.im)
-    zero = m.equal(0)
-    return Parts(where(zero, 0.0, z.re / m), where(zero, 0.0, z.im / m))
+    """z / |z|, over z / max(|re|, |im|) first (|z| of a large finite z overflowed: sign 0); an infinite
+    part counts as +-1 and a finite one beside it as 0 (sign(inf j) = j, as numpy)."""
+    a, b = z.re, z.im
+    big = where(a.abs().greater_equal(b.abs()), a.abs(), b.abs())
+    inf = big.isinf()
+    ra = where(inf, where(a.isinf(), F(a._const(1.0)).copysign(a), 0.0), a / big)
+    rb = where(inf, where(b.isinf(), F(b._const(1.0)).copysign(b), 0.0), b / big)
+    m = ra.hypot(rb)
+    zero = big.equal(0)
+    return Parts(where(zero, 0.0, ra / m), where(zero, 0.0, rb / m))
 
 
 def _acos(z: Parts) -> Parts:

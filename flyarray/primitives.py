@@ -151,10 +151,23 @@ def _sqrt_reference(x, out=None):
     return result if result.dtype == x.dtype else result.to(x.dtype)
 
 
+def _by_nonzero_uint8(op, a, b):
+    """``op(a, b)`` with a uint8 zero divisor giving numpy's 0 (torch raises ZeroDivisionError; the wider
+    unsigned types take unsigned.py's rule, which gives 0 too)."""
+    if not (isinstance(b, torch.Tensor) and b.dtype == torch.uint8):
+        return op(a, b)
+    zero = b == 0
+    return torch.where(zero, 0, op(a, torch.where(zero, 1, b))).to(torch.uint8)
+
+
+def _floor_divide_reference(a, b):
+    return _by_nonzero_uint8(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
+
+
 def _remainder_reference(a, b, out=None):
     """torch.remainder, with a zero result signed as the divisor (the array API's rule; torch keeps the
     dividend's sign for floats)."""
-    r = torch.remainder(a, b)
+    r = _by_nonzero_uint8(torch.remainder, a, b)
     if r.dtype.is_floating_point:
         r = torch.where(r == 0, torch.copysign(torch.zeros_like(r), torch.as_tensor(b, dtype=r.dtype)), r)
     return r if out is None else out.copy_(r)
@@ -241,7 +254,7 @@ _ew("subtract", 2, "numeric", "same", torch.subtract, _f("({0} - {1})"))
 _ew("multiply", 2, "any", "same", torch.multiply,
     lambda a, cdt: f"({a[0]} & {a[1]})" if cdt.kind == "b" else f"({a[0]} * {a[1]})")
 _ew("divide", 2, "float", "same", torch.divide, _f("({0} / {1})"))
-_ew("floor_divide", 2, "numeric", "same", lambda a, b: torch.div(a, b, rounding_mode="floor"),
+_ew("floor_divide", 2, "numeric", "same", _floor_divide_reference,
     lambda a, cdt: f"_ffloordiv({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ifloordiv({a[0]}, {a[1]})")
 _ew("remainder", 2, "numeric", "same", _remainder_reference,
     lambda a, cdt: f"_fremainder({a[0]}, {a[1]})" if cdt.kind == "f" else f"_iremainder({a[0]}, {a[1]})")

@@ -615,3 +615,35 @@ def test_complex_log_does_not_overflow_near_the_floats_maximum(backend):
     got = np.asarray(fa.log(fa.asarray(z))).astype(np.complex128)
     np.testing.assert_allclose(got.real, want.real, rtol=1e-6)
     np.testing.assert_allclose(got.imag, want.imag, rtol=1e-6)
+
+
+# Values next to the branch points and the float's limits, against numpy (or the value's closed form).
+EDGES = [
+    ("atanh", np.complex64, [-0.9999 + 1e-4j, 0.9999 + 1e-4j, -0.99 + 0.01j, 0.3 - 0.2j], np.arctanh),
+    ("atanh", np.complex128, [-1.00000001 + 1e-8j, -0.5 + 2j], np.arctanh),
+    ("atan", np.complex64, [1e-4 + 0.9999j, 0.5 + 0.5j], np.arctan),
+    ("sqrt", np.complex64, [3e38 + 3e38j, 1e-45 + 0j, -3e38 + 1e-3j, 1 - 1j, 1e-45 - 1e-45j], np.sqrt),
+    ("sqrt", np.complex128, [1.7e308 + 1.7e308j, 5e-324 + 0j, -2 - 2j], np.sqrt),
+    # z / |z| with |z| past the float's range (numpy's own z / abs(z) overflows there)
+    ("sign", np.complex64, [3e38 + 3e38j, -3e38 + 0j, 1 + 1j], lambda z: z / np.abs(z.astype(np.complex128))),
+]
+
+
+@pytest.mark.parametrize("name,dtype,values,want", EDGES, ids=[f"{e[0]}-{np.dtype(e[1]).name}" for e in EDGES])
+def test_functions_next_to_branch_points_and_the_floats_limits(backend, name, dtype, values, want):
+    """Finite results where the old formulas gave inf or 0: catanh's log1p argument rounded to -1 near
+    z = -1, csqrt's |z| overflowed (and |a| / 2 flushed for subnormals), sign divided by an infinite |z|."""
+    z = np.array(values, dtype)
+    got = np.asarray(getattr(fa, name)(fa.asarray(z)))
+    np.testing.assert_allclose(got, want(z).astype(dtype), rtol=2e-6 if dtype == np.complex64 else 1e-12)
+
+
+def test_sign_of_an_infinite_part_is_unit(backend):
+    got = np.asarray(fa.sign(fa.asarray(np.array([complex(0, np.inf), complex(-np.inf, np.inf), complex(np.inf, 5)]))))
+    np.testing.assert_allclose(got, [1j, (-1 + 1j) / np.sqrt(2), 1 + 0j])
+
+
+def test_a_python_scalar_past_the_complex64_range_is_inf(backend):
+    z = fa.asarray(np.array([1j], np.complex64))
+    assert not np.asarray(z == 1e300).any() and np.asarray(z != 1e300j).all()
+    np.testing.assert_array_equal(np.asarray(fa.where(fa.asarray(np.array([False])), z, 1e39)), [np.inf + 0j])

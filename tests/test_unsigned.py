@@ -513,3 +513,24 @@ def test_gpu_matches_numpy(on_gpu, dtype):
     np.testing.assert_array_equal(_host(fa.flip(A)), a[::-1])
     t_in = torch.tensor([0, 1, 5], dtype=getattr(torch, dtype), device=dev)
     assert fa.asarray(t_in).torch().data_ptr() == t_in.data_ptr() == torch.from_dlpack(fa.asarray(t_in)).data_ptr()
+
+
+def test_isclose_of_unsigned_ints_does_not_wrap(backend):
+    """|a - b| in the ints' own dtype wrapped (uint32 1 - (2^32 - 1) = 2: "close"); numpy compares in
+    float64, and so does isclose now."""
+    cases = [(np.array([1], np.uint32), np.array([2**32 - 1], np.uint32), {}),
+             (np.array([0, 255, 5], np.uint8), np.array([255, 255, 5], np.uint8), {"rtol": 0.01}),
+             (np.array([127], np.int8), np.array([-128], np.int8), {})]
+    for a, b, kw in cases:
+        np.testing.assert_array_equal(np.asarray(fa.isclose(fa.asarray(a), fa.asarray(b), **kw)), np.isclose(a, b, **kw))
+
+
+def test_uint8_division_by_zero_gives_numpys_zero(backend):
+    a, b = np.array([5, 7, 255, 0], np.uint8), np.array([0, 2, 0, 3], np.uint8)
+    with np.errstate(divide="ignore"):
+        want_q, want_r = a // b, a % b
+    if backend == "reference":  # the interpreter's value at a zero divisor is undefined; the reference's is numpy's
+        np.testing.assert_array_equal(np.asarray(fa.asarray(a) // fa.asarray(b)), want_q)
+        np.testing.assert_array_equal(np.asarray(fa.asarray(a) % fa.asarray(b)), want_r)
+    nonzero = b != 0
+    np.testing.assert_array_equal(np.asarray(fa.asarray(a) // fa.asarray(b))[nonzero], want_q[nonzero])

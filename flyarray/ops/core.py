@@ -61,7 +61,7 @@ def constant(value, shape, d: dt.DType, device) -> ir.Node:
         from ..complex_lowering import COMPLEX
         value = complex(value)
         r = dt.real_dtype(d)
-        parts = (ir.constant(value.real, tuple(shape), r, device), ir.constant(value.imag, tuple(shape), r, device))
+        parts = tuple(ir.constant(as_float_of(v, r), tuple(shape), r, device) for v in (value.real, value.imag))
         return ir.Node(COMPLEX, parts, None, tuple(shape), d, device)
     if isinstance(value, complex):
         raise TypeError(f"a Python complex scalar {value!r} cannot be {d}: use a complex dtype")

@@ -210,11 +210,21 @@ def pow(x1, x2, /):
 
 def isclose(a, b, rtol=1e-5, atol=1e-8):
     """|a - b| <= atol + rtol * |b| elementwise, as a bool array; numeric dtypes. An infinity is close
-    to itself only (as numpy); NaN is close to nothing (numpy's default; no ``equal_nan``)."""
+    to itself only (as numpy); NaN is close to nothing (numpy's default; no ``equal_nan``). Integer
+    arrays compare in float64, as numpy's (a - b in their own dtype wraps: uint 1 - (2^32 - 1) is 2)."""
+    a, b = (astype(v, _FLOAT64) if _integral(v) else v for v in (a, b))
     within = elementwise("less_equal", elementwise("abs", a - b), atol + rtol * elementwise("abs", b))
     # |a - inf| <= rtol * inf holds for every a, so a finite b is required and equal infinities added
     return elementwise("logical_or", elementwise("logical_and", within, elementwise("isfinite", b)),
                        elementwise("equal", a, b))
+
+
+_FLOAT64 = dt.float64
+
+
+def _integral(v) -> bool:
+    """An fa array of an integer or bool dtype."""
+    return getattr(getattr(v, "dtype", None), "kind", None) in ("i", "u", "b") and hasattr(v, "_node")
 
 
 __all__ = [n for n in ELEMENTWISE if n not in ("astype", "gelu_tanh")] + ["clip", "conj", "real", "imag", "isclose", "isin",
