@@ -285,6 +285,9 @@ def test_asarray_of_python_and_numpy_values():
     for bad, dtype in (([-1], "uint64"), ([2 ** 16], "uint16"), ([2 ** 64], "uint64")):
         with pytest.raises(TypeError, match="cannot make an array from list"):
             fa.asarray(bad, dtype=dtype)
+    for bad in (2 ** 63, [1, -2 ** 63 - 1]):  # no dtype: int64's range, and the way to 2^63..2^64-1
+        with pytest.raises(OverflowError, match=r"past int64's range .*dtype=fa.uint64"):
+            fa.asarray(bad)
 
 
 # ---- reductions, scans, sorting, searching, indexing ------------------------------------------------------------

@@ -83,6 +83,9 @@ def _copied(obj, copy, make):
     try:
         return make()
     except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        if "unpacking long long" in str(exc):  # torch: a Python int past int64 (no dtype given)
+            raise OverflowError(f"cannot make an array from {type(obj).__name__}: a Python int past int64's range "
+                                f"(-2**63..2**63-1); for 2**63..2**64-1 pass dtype=fa.uint64") from exc
         raise TypeError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
 
 
