@@ -104,7 +104,7 @@ FRUITLESS_LIMIT = 3
 
 def can_dry_run(family=None) -> bool:
     """Whether a new plan dry-runs a library call of ``family``: FakeTensorMode's first use imports
-    torch._dynamo (2 s of Python on a 2-core CPU, contending with the first call for the GIL), so only in
+    torch._dynamo (3.4 s of Python on a 2-core CPU, contending with the first call for the GIL), so only in
     a process that has imported it already (every torch.compile user has); and not a family whose last
     FRUITLESS_LIMIT dry runs compiled nothing."""
     return (config.precompile() and "torch._dynamo" in sys.modules
