@@ -312,3 +312,25 @@ def test_uint64_indices_past_int64_are_out_of_range_not_negative(backend):
     lazy = fa.asarray(np.array([2**64 - 1, 3], np.uint64))
     assert_matches(x.at[lazy].set(-1.0), np.array([0.0, 1.0, 2.0, -1.0, 4.0]))  # out of range: dropped
     assert_matches(x[lazy], np.array([4.0, 3.0]))  # reads clamp, as documented
+
+
+@pytest.mark.parametrize("key", [
+    (slice(None), np.array([0, 1, 2]), ..., np.array([3, 2, 1])),
+    (np.array([1]), np.array([0, 2]), ..., 3),
+    (None, np.array([[True, False, True], [False, True, False]]), ..., 2),
+], ids=["arrays-around-it", "ints-and-arrays", "mask-and-int"])
+def test_an_ellipsis_of_no_axes_still_parts_the_array_indices(backend, key):
+    """numpy puts the broadcast dims first when anything -- an ellipsis that stands for no axis included --
+    sits between the advanced indices; reads and .at updates both follow it."""
+    x = np.arange(24).reshape(2, 3, 4)
+    got = fa.asarray(x)[key]
+    np.testing.assert_array_equal(np.asarray(got), x[key])
+    want = x.copy()
+    want[key] = -np.arange(x[key].size).reshape(x[key].shape)
+    np.testing.assert_array_equal(np.asarray(fa.asarray(x).at[key].set(-np.arange(x[key].size).reshape(x[key].shape))),
+                                  want)
+
+
+def test_take_along_axis_refuses_a_0d_array():
+    with pytest.raises(ValueError, match="take_along_axis: x must have at least one dimension"):
+        fa.take_along_axis(fa.asarray(np.int32(1)), np.array(0))

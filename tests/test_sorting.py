@@ -119,3 +119,13 @@ def test_grad_and_vmap(backend):
     S = np.sort(X, 1)
     got = fa.vmap(lambda s, q: fa.searchsorted(s, q, side="right"))(S, X[:, :2].copy())
     np.testing.assert_array_equal(np.asarray(got), [np.searchsorted(S[i], X[i, :2], side="right") for i in range(3)])
+
+
+@pytest.mark.parametrize("dtype,value,want", [(np.uint8, -1, 0), (np.uint8, 256, 3), (np.int8, 1000, 3),
+                                              (np.int8, -1000, 0), (np.uint64, -5, 0), (np.uint64, 2**64, 3)])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted_a_python_int_past_the_dtypes_range(dtype, value, want, side):
+    """It wrapped into x1's dtype (-1 as uint8's 255: after every element) or raised a TypeError; every
+    element is above (or below) it, whichever side."""
+    x = fa.asarray(np.array([1, 2, 3], dtype))
+    assert int(fa.searchsorted(x, value, side=side)) == want

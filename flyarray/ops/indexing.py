@@ -155,9 +155,11 @@ def parse(shape, key, masks="evaluate") -> list:
                if kind not in ("none", "ellipsis"))
     if used > len(shape):
         raise IndexError(f"too many indices ({used}) for an array of shape {shape}")
-    slots, axis = [], 0
+    slots, axis, empty_ellipsis = [], 0, None
     for kind, value in entries:
         if kind == "ellipsis":
+            if len(shape) == used:
+                empty_ellipsis = len(slots)  # no slot, but it still parts the advanced indices around it
             for _ in range(len(shape) - used):
                 slots.append(Slot("slice", axis, (0, 1, shape[axis])))
                 axis += 1
@@ -172,7 +174,17 @@ def parse(shape, key, masks="evaluate") -> list:
     slots += [Slot("slice", a, (0, 1, shape[a])) for a in range(axis, len(shape))]
     if any(s.kind == "array" for s in slots):  # with an array index, ints index as 0-d arrays (numpy)
         slots = [Slot("array", s.axis, np.asarray(s.value, np.int64)) if s.kind == "int" else s for s in slots]
+        if empty_ellipsis is not None:
+            slots = _Slots(slots)
+            slots.parted = (any(s.kind == "array" for s in slots[:empty_ellipsis])
+                            and any(s.kind == "array" for s in slots[empty_ellipsis:]))
     return slots
+
+
+class _Slots(list):
+    """parse's slots, and whether an ellipsis of no axes sits between array indices (``parted``): numpy
+    then puts their broadcast dims first, as for any other entry between them."""
+    parted = False
 
 
 def _slot(kind, axis, size, value):
@@ -264,7 +276,8 @@ def _layout(slots):
     """(positions of the array slots, where their broadcast dims go in the result: numpy puts them in place
     when the array slots are adjacent in the key, else first)."""
     adv = [i for i, s in enumerate(slots) if s.kind == "array"]
-    return adv, (adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0)
+    adjacent = adv == list(range(adv[0], adv[-1] + 1)) and not getattr(slots, "parted", False)
+    return adv, (adv[0] if adjacent else 0)
 
 
 def _index_arrays(x, slots, adv, clamp):
@@ -355,6 +368,8 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
     from .creation import arange
     from .manipulation import reshape
     node = node_of(x)
+    if not node.shape:
+        raise ValueError("take_along_axis: x must have at least one dimension (a 0-d array has no axis to take along)")
     kind, idx = _classify(indices)
     if kind != "array":
         raise TypeError(f"take_along_axis: indices must be an integer array, got {type(indices).__name__}")

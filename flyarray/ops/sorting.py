@@ -174,6 +174,17 @@ SEARCHSORTED = Library("searchsorted", _search_abstract,
                        lambda s, v, *, right: _kernels("sort").reference_searchsorted(s, v, right))
 
 
+def _outside_int_range(x1, x2, side):
+    """For a Python int past the range of integer x1's dtype: the insertion point (0 below the range, the
+    length above it), after the checks the call makes anyway; None otherwise."""
+    if isinstance(x2, bool) or not isinstance(x2, int) or x1.dtype.kind not in "iu":
+        return None
+    if side not in ("left", "right") or x1.ndim != 1:
+        return None  # refused below, with the call's own message
+    info = dt.iinfo(x1.dtype)
+    return 0 if x2 < info.min else x1.shape[0] if x2 > info.max else None
+
+
 def searchsorted(x1, x2, /, *, side="left", sorter=None):
     """Insertion points (int64, the shape of ``x2``) that keep the 1-D ``x1`` sorted: the array API's
     ``searchsorted``. ``side='left'``: the first position whose element is >= the value; ``'right'``: > it.
@@ -184,6 +195,9 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None):
     x1 = array_arg(x1, "searchsorted: x1")
     if isinstance(x2, (bool, int, float)):  # a Python scalar x2 (array API 2024.12)
         from .creation import asarray
+        outside = _outside_int_range(x1, x2, side)
+        if outside is not None:  # it would wrap in x1's dtype (-1 as uint8's 255): every element is above/below
+            return asarray(outside, dtype=dt.int64, device=x1.device)
         x2 = asarray(x2, dtype=dt.result_type(x1.dtype, x2), device=x1.device)
     x2 = array_arg(x2, "searchsorted: x2")
     if side not in ("left", "right"):
