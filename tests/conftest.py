@@ -2,7 +2,9 @@
 
 The kernel tests under tests/kernels/ need none of this; they ignore it.
 """
+import atexit
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -11,6 +13,9 @@ import pytest
 # A private cache dir for the whole session (flyarray.diskcache reads the variable at each first use).
 _SESSION_CACHE = tempfile.mkdtemp(prefix="flyarray-test-cache-")
 os.environ["FLYARRAY_CACHE_DIR"] = _SESSION_CACHE  # never the user's cache
+# removed when the process ends (each xdist worker has its own): runs left 0.2-0.6 GB each behind, and
+# a disk they filled failed a CI install
+atexit.register(shutil.rmtree, _SESSION_CACHE, True)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
