@@ -198,7 +198,6 @@ class _DirectLaunch:
         if _check:
             _check_against_reference(self.kernel, inputs, outputs, scalars)
 
-
     def warm_up(self, inputs, outputs, scalars):
         """Compile for these arguments (tensors, or dtypes for buffers not made yet) without launching:
         under precompile's AsyncCompileMode, in the background."""

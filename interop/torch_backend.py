@@ -473,9 +473,8 @@ class _OutputLayout:
     def as_torch_gives_it(self, t, others):
         """``t`` as torch gives it; ``others``: the region's inputs (and its other outputs where
         ``check_outputs``)."""
-        if self.contiguous and not t.is_contiguous() or self.order is not None and not _in_order(t, self.order):
-            return _copy_in_order(t, self.order)
-        if self.fresh and t.storage_offset():
+        if (self.contiguous and not t.is_contiguous() or self.order is not None and not _in_order(t, self.order)
+                or self.fresh and t.storage_offset()):
             return _copy_in_order(t, self.order)
         if self.check_memory and torch_ops._shares_memory(t, others):
             return t.clone()
@@ -555,7 +554,7 @@ def _in_order(t, order) -> bool:
 def _copy_in_order(t, order):
     """A fresh copy of ``t`` laid out in ``order`` (None: contiguous)."""
     if order is None:
-        return t.contiguous() if t.storage_offset() == 0 else t.clone(memory_format=torch.contiguous_format)
+        return t.clone(memory_format=torch.contiguous_format)
     return torch.empty_permuted(t.shape, order, dtype=t.dtype, device=t.device).copy_(t)
 
 

@@ -779,9 +779,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
         _check_out(out, a, b, out_dtype)
     a_scale = a_scale.reshape(-1) if a_scale is not None else None
     b_scale = b_scale.reshape(-1) if b_scale is not None else None
-    key = None if config is not None else _signature(a, b, bias, residual, a_scale, b_scale, activation,
-                                                      out_dtype, allow_tf32, tune)
-    if key in _plans and not is_warming_up():  # the steady state: no planning (a dry run plans afresh)
+    # no plan is kept for a forced config, nor read or kept by a dry run (precompile.py: its launcher
+    # launches nothing)
+    key = None if config is not None or is_warming_up() else _signature(
+        a, b, bias, residual, a_scale, b_scale, activation, out_dtype, allow_tf32, tune)
+    if key in _plans:  # the steady state: no planning
         out_shape, prepared = _plans[key]
         if out is None:
             out = empty(out_shape, out_dtype, a.device)
@@ -801,7 +803,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
         prepared = _PreparedGemm(step, cfg, a_mode=a_mode, b_mode=b_mode, activation=activation, arch=arch,
                                  allow_tf32=allow_tf32)
         prepared(*step, a_scale, b_scale)
-    if key is not None and len(steps) == 1 and len(_plans) < 4096 and not is_warming_up():
+    if key is not None and len(steps) == 1 and len(_plans) < 4096:
         _plans[key] = (out.shape, prepared)
     return out
 

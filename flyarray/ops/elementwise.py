@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from .. import dtypes as dt
+from .._array import Array
 from ..primitives import ELEMENTWISE
 from .core import astype, binary, elementwise, unary, where  # noqa: F401  (re-exported)
 
@@ -224,7 +225,7 @@ _FLOAT64 = dt.float64
 
 def _integral(v) -> bool:
     """An fa array of an integer or bool dtype."""
-    return getattr(getattr(v, "dtype", None), "kind", None) in ("i", "u", "b") and hasattr(v, "_node")
+    return isinstance(v, Array) and v.dtype.kind in "iub"
 
 
 __all__ = [n for n in ELEMENTWISE if n not in ("astype", "gelu_tanh")] + ["clip", "conj", "real", "imag", "isclose", "isin",
