@@ -35,11 +35,16 @@ def check_layouts() -> list:
                 for b_kmajor in (True, False):
                     a = rand(M, K) if a_kmajor else rand(K, M).t()
                     b = rand(N, K).t() if b_kmajor else rand(K, N)
-                    for bias, act, res in ((None, None, None), (rand(N), "gelu", None), (None, None, rand(M, N)),
-                                           (rand(N), "silu", rand(M, N)), (rand(N), "gelu_tanh", None)):
+                    epilogues = [(None, None, None)]
+                    if dtype == torch.bfloat16 and a_kmajor == b_kmajor:  # fewer compiles: 2 layouts, 1 dtype
+                        epilogues += [(rand(N), "gelu", None), (None, None, rand(M, N)), (rand(N), "silu", rand(M, N)),
+                                      (rand(N), "gelu_tanh", None)]
+                    for bias, act, res in epilogues:
                         ref = gemm.reference_matmul(a.double(), b.double(), bias=None if bias is None else bias.double(),
                                                     activation=act, residual=None if res is None else res.double())
                         for vname, cfg in VARIANTS.items():
+                            if (bias is not None or res is not None or act is not None) and vname != "ws":
+                                continue
                             try:
                                 err = rel_err(ws(a, b, bias, act, res, cfg), ref)
                             except Exception as exc:
