@@ -10,17 +10,23 @@ import sys
 import torch
 from tune_gemm_llama import graph_of, interleaved_ms, problems, rel_err  # benchmarks/
 
-from flyarray.kernels import gemm, gemm_hopper
+from flyarray.kernels import gemm
 
-VARIANTS = {
+VARIANTS = {  # gemm_hopper's tile settings over its DEFAULT
     "ws": {},
     "ws_group16": dict(GROUP_M=16),
     "ws_bn128_s4": dict(BLOCK_N=128, STAGES=4),
 }
+SQUARE = gemm.CONFIGS["sm_90"]["square"]["16"]
 
 
-def ws(a, b, bias, act, res, cfg):
-    return gemm_hopper.matmul(a, b, bias=bias, activation_code=gemm.ACTIVATIONS[act], residual=res, config=cfg)
+def ws(a, b, bias, act, res, variant):
+    """gemm.matmul forced onto the warp-specialized kernel (a config with its ``WS`` entry); refuses a
+    problem that would fall back to the Triton kernel, so that no row times the wrong kernel."""
+    step = gemm._plan_views(a, b, torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device), bias, res, 0)
+    if len(step) != 1 or not gemm._ws_fits(step[0], "sm_90", 0, 0):
+        raise ValueError("not a warp-specialized problem")
+    return gemm.matmul(a, b, bias=bias, activation=act, residual=res, config=dict(SQUARE, WS=variant))
 
 
 def check_layouts() -> list:

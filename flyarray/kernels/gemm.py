@@ -731,12 +731,69 @@ class _PreparedGemm:
         return ws, tuple(out if t is None else t for t in (bias, res, a_scale, b_scale))
 
 
+def _prepare(step, cfg, *, a_mode, b_mode, activation, arch, allow_tf32):
+    """The launch plan of one step: the warp-specialized sm_90 kernel where the config asks for it
+    (``WS``: its tile settings) and the step fits it, else the Triton GEMM."""
+    if cfg.get("WS") is not None and _ws_fits(step, arch, a_mode, b_mode):
+        return _PreparedWs(step, cfg["WS"], activation)
+    return _PreparedGemm(step, cfg, a_mode=a_mode, b_mode=b_mode, activation=activation, arch=arch,
+                         allow_tf32=allow_tf32)
+
+
+def _ws_fits(step, arch, a_mode, b_mode) -> bool:
+    """What gemm_hopper's kernel takes: one 2-D fp16/bf16 problem without scales, a, b and the result
+    readable by TMA (result and residual row-major, in a's dtype), a bias that is one row of N values."""
+    a, b, out, bias, res = step
+    if arch != "sm_90" or not HAS_TENSOR_DESCRIPTORS or a.shape[0] * a.shape[1] != 1 or a_mode or b_mode:
+        return False
+    if a.dtype not in (torch.float16, torch.bfloat16) or b.dtype != a.dtype or out.dtype != a.dtype:
+        return False
+    if _tma_layout(a, 1) is None or _tma_layout(b, 0) is None or _tma_layout(out, 1) is not True:
+        return False
+    if res is not None and (res.dtype != out.dtype or _tma_layout(res, 1) is not True):
+        return False
+    return bias is None or (bias.stride(-2) == 0 and bias.stride(-1) == 1)
+
+
+class _PreparedWs:
+    """``_PreparedGemm``'s interface for gemm_hopper's warp-specialized kernel (its docstring): the
+    step's [1, 1, rows, cols] views pass their data pointers; the plan holds sizes, row strides, flags."""
+
+    def __init__(self, step, ws_cfg, activation):
+        from flyarray.kernels import gemm_hopper
+        a, b, out, bias, res = step
+        M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+        a_kmajor, b_kmajor = _tma_layout(a, 1), _tma_layout(b, 0)
+        tile = dict(gemm_hopper.DEFAULT, **ws_cfg)
+        self.device = a.device
+        self.kernel = gemm_hopper._gemm_ws_kernel
+        tiles = cdiv(M, gemm_hopper.BLOCK_M) * cdiv(N, tile["BLOCK_N"])
+        programs = max(1, min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count))
+        self.grid = (programs,)
+        self.ints = (M, N, K, a.stride(-2) if a_kmajor else a.stride(-1), b.stride(-1) if b_kmajor else b.stride(-2),
+                     out.stride(-2), res.stride(-2) if res is not None else 0)
+        self.kwargs = dict(A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, HAS_BIAS=bias is not None,
+                           ACTIVATION=ACTIVATIONS[activation], HAS_RESIDUAL=res is not None, NUM_PROGRAMS=programs,
+                           num_warps=4, **tile)
+        self.fixed = None
+        ensure_tma_allocator()
+
+    def __call__(self, a, b, out, bias, res, a_scale, b_scale):
+        launch(self.kernel, self.device, self.grid, a, b, out, out if bias is None else bias,
+               out if res is None else res, *self.ints, **self.kwargs)
+
+    def run_fixed(self, a, b, out, bias, res, a_scale, b_scale):
+        if self.fixed is None:
+            self.fixed = FixedLaunch(self.kernel, self.device, self.grid, self.kwargs)
+        self.fixed(a, b, out, out if bias is None else bias, out if res is None else res, *self.ints)
+
+
 def launch_gemm(step, cfg, *, a_scale, b_scale, activation, arch, allow_tf32):
     """Launch the GEMM (+ split-K reduction) on one [B0, B1, M, K] x [B0, B1, K, N] step."""
     a, b = step[0], step[1]
-    prepared = _PreparedGemm(step, cfg, a_mode=_scale_mode(a_scale, a.shape[-2]),
-                             b_mode=_scale_mode(b_scale, b.shape[-1]), activation=activation, arch=arch,
-                             allow_tf32=allow_tf32)
+    prepared = _prepare(step, cfg, a_mode=_scale_mode(a_scale, a.shape[-2]),
+                        b_mode=_scale_mode(b_scale, b.shape[-1]), activation=activation, arch=arch,
+                        allow_tf32=allow_tf32)
     prepared(*step, a_scale, b_scale)
 
 
@@ -800,7 +857,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: Optional[torch.Tensor] = N
     arch = current_arch(a.device)
     cfg = config or _choose_config(arch, steps[0], a_scale, b_scale, activation, allow_tf32, tune)
     for step in steps:
-        prepared = _PreparedGemm(step, cfg, a_mode=a_mode, b_mode=b_mode, activation=activation, arch=arch,
+        prepared = _prepare(step, cfg, a_mode=a_mode, b_mode=b_mode, activation=activation, arch=arch,
                                  allow_tf32=allow_tf32)
         prepared(*step, a_scale, b_scale)
     if key is not None and len(steps) == 1 and len(_plans) < 4096:

@@ -220,60 +220,13 @@ def _gemm_ws_kernel(A, B, C, Bias, Res, M, N, K, s_a, s_b, s_c, s_r,
 
 
 # --------------------------------------------------------------------------- host
-
-def kmajor(t, rows: int, cols: int):
-    """(True, row stride) if the 2-D operand ``t`` [rows, cols] is cols-contiguous, (False, its
-    transpose's row stride) if rows-contiguous, None if TMA cannot read it (either way: 16-byte aligned
-    base and row stride, unit inner stride)."""
-    if t.data_ptr() % 16:
-        return None
-    s0, s1 = t.stride()
-    width = t.element_size()
-    if s1 == 1 and (s0 * width) % 16 == 0 and s0 >= max(cols, 1):
-        return True, s0
-    if s0 == 1 and (s1 * width) % 16 == 0 and s1 >= max(rows, 1):
-        return False, s1
-    return None
-
-
-# BLOCK_M is 128 (two consumer warpgroups of 64 rows). 3 stages of a 128x64 and a 64x256 slab (48 KiB
-# each) and the two 64x256 staging buffers (64 KiB) fill 208 of the 227 KiB of an sm_90 CTA.
-# Registers: two consumer warpgroups at 232 and the producer warp at 40: 2*128*232 + 32*40 <= 65536.
+# Launched by gemm.matmul (gemm._PreparedWs) where a config's ``WS`` entry asks for it and the problem
+# fits (gemm._ws_fits). BLOCK_M is 128: two consumer warpgroups of 64 rows. 3 stages of a 128x64 and a
+# 64x256 slab (48 KiB each) and the two 64x256 staging buffers (64 KiB) fill 208 of the 227 KiB of an
+# sm_90 CTA. Registers: two consumer warpgroups at 232 and the producer warp at 40 (2*128*232 + 32*40
+# <= 65536). Cross-compiled, bias+gelu spills (265 bytes; 707 with a residual too: Triton 3.6).
+BLOCK_M = 128
 DEFAULT = dict(BLOCK_N=256, BLOCK_K=64, GROUP_M=8, STAGES=3, CONSUMER_REGS=232, PRODUCER_REGS=40)
-
-
-def matmul(a, b, *, bias=None, activation_code: int = 0, residual=None, out=None, config=None, num_sms=None):
-    """``activation(a @ b + bias) + residual`` for 2-D fp16/bf16 ``a`` [M, K], ``b`` [K, N] on an sm_90
-    GPU. bias: [N] contiguous or None; residual: [M, N] TMA-readable (see ``kmajor``) or None; out:
-    [M, N] row-major or None. The caller (``gemm.matmul``) has checked dtypes and devices;
-    operands TMA cannot read raise ValueError here, before anything launches."""
-    import torch
-
-    from ._triton import ensure_tma_allocator
-    cfg = dict(DEFAULT, **(config or {}))
-    M, K = a.shape
-    N = b.shape[1]
-    a_mode, b_mode = kmajor(a, M, K), kmajor(b.t(), N, K)
-    if a_mode is None or b_mode is None:
-        raise ValueError("gemm_hopper.matmul: an operand TMA cannot read (16-byte aligned rows needed)")
-    if out is None:
-        out = torch.empty(M, N, dtype=a.dtype, device=a.device)
-    if residual is not None and (kmajor(residual, M, N) or (False,))[0] is not True:
-        raise ValueError("gemm_hopper.matmul: the residual must be row-major with 16-byte aligned rows")
-    tiles = triton_cdiv(M, 128) * triton_cdiv(N, cfg["BLOCK_N"])
-    programs = min(tiles, num_sms or torch.cuda.get_device_properties(a.device).multi_processor_count)
-    ensure_tma_allocator()
-    _gemm_ws_kernel[(programs,)](
-        a, b, out, bias if bias is not None else out, residual if residual is not None else out, M, N, K,
-        a_mode[1], b_mode[1], out.stride(0), residual.stride(0) if residual is not None else 0,
-        A_KMAJOR=a_mode[0], B_KMAJOR=b_mode[0], HAS_BIAS=bias is not None, ACTIVATION=activation_code,
-        HAS_RESIDUAL=residual is not None, NUM_PROGRAMS=programs, num_warps=4,
-        **{k: cfg[k] for k in ("BLOCK_N", "BLOCK_K", "GROUP_M", "STAGES", "CONSUMER_REGS", "PRODUCER_REGS")})
-    return out
-
-
-def triton_cdiv(x: int, y: int) -> int:
-    return -(-x // y)
 
 
 def compile_specs(target=None) -> list:

@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon GEMM for sm_90 (flyarray/kernels/gemm_hopper.py): what TMA can read
+"""The warp-specialized Gluon GEMM for sm_90 (flyarray/kernels/gemm_hopper.py): which problems it takes
 (CPU), cross-compiles for sm_90 (CPU: the matrix instructions and spills), results against a float64
 product in every operand orientation and epilogue (sm_90 GPU only: Triton's interpreter does not run
 Gluon)."""
@@ -17,15 +17,30 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def test_kmajor_tells_which_way_a_tma_descriptor_reads_an_operand():
-    x = torch.zeros(64, 40, dtype=torch.bfloat16)
-    assert gemm_hopper.kmajor(x, 64, 40) == (True, 40)               # rows of 80 bytes
-    assert gemm_hopper.kmajor(x.t(), 40, 64) == (False, 40)          # the transpose of the same
-    assert gemm_hopper.kmajor(x[:, :36], 64, 36) == (True, 40)       # a column slice keeps the row stride
-    assert gemm_hopper.kmajor(torch.zeros(8, 12, dtype=torch.bfloat16), 8, 12) is None  # 24-byte rows
-    assert gemm_hopper.kmajor(x[:, 1:], 64, 39) is None              # base 2 bytes off 16
-    assert gemm_hopper.kmajor(x[::2], 32, 40) == (True, 80)
-    assert gemm_hopper.kmajor(x[:, ::2], 64, 20) is None            # neither dimension contiguous
+def _step(a, b, bias=None, res=None, out_dtype=None):
+    out = torch.empty(*a.shape[:-1], b.shape[-1], dtype=out_dtype or a.dtype)
+    (step,) = gemm._plan_views(a, b, out, bias, res, 0)
+    return step
+
+
+def test_the_warp_specialized_kernel_takes_what_tma_reads_and_nothing_else():
+    """gemm._ws_fits (CPU tensors: it looks at strides, dtypes and alignment only)."""
+    x, w = torch.zeros(64, 40, dtype=torch.bfloat16), torch.zeros(24, 40, dtype=torch.bfloat16)
+    fits = lambda step, arch="sm_90", scaled=0: gemm._ws_fits(step, arch, scaled, 0)
+    assert fits(_step(x, w.t())) and fits(_step(x.t().contiguous().t(), w.t().contiguous()))
+    bias, res = torch.zeros(24, dtype=torch.bfloat16), torch.zeros(64, 24, dtype=torch.bfloat16)
+    assert fits(_step(x, w.t(), bias=bias, res=res))
+    assert not fits(_step(x, w.t()), arch="gfx950")
+    assert not fits(_step(x, w.t()), scaled=1)
+    assert not fits(_step(x.float(), w.t().float()))                       # fp32: the Triton kernel
+    assert not fits(_step(x, w.t(), out_dtype=torch.float32))              # the result in another dtype
+    assert not fits(_step(x[:, 1:], w[:, 1:].t()))                         # a base 2 bytes off 16
+    assert not fits(_step(x[:, :36], torch.zeros(36, 12, dtype=torch.bfloat16)))  # 24-byte rows of b
+    assert not fits(_step(x, w.t(), bias=torch.zeros(64, 24, dtype=torch.bfloat16)))  # a bias per element
+    assert not fits(_step(x, w.t(), res=torch.zeros(24, 64, dtype=torch.bfloat16).t()))  # column-major residual
+    x2 = torch.zeros(2, 64, 40, dtype=torch.bfloat16)
+    assert fits(_step(x2, w.t().expand(2, 40, 24)))                        # one b: the batch folds into M
+    assert not fits(_step(x2, torch.zeros(2, 40, 24, dtype=torch.bfloat16)))  # a b per batch element
 
 
 def test_cross_compile_for_sm_90_uses_wgmma():
@@ -44,6 +59,7 @@ def test_cross_compile_for_sm_90_uses_wgmma():
     assert gemm_hopper.compile_specs("gfx950") == []
 
 
+WS_CONFIG = dict(gemm.CONFIGS["sm_90"]["square"]["16"], WS={})
 sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                           reason="needs an sm_90 GPU")
 
@@ -60,7 +76,8 @@ def test_gpu_every_orientation_against_float64(shape, a_kmajor, b_kmajor, dtype)
     b = torch.randn(K, N, device="cuda", dtype=dtype, generator=g)
     a = a if a_kmajor else a.t().contiguous().t()
     b = b.t().contiguous().t() if b_kmajor else b
-    out = gemm_hopper.matmul(a, b)
+    assert gemm._ws_fits(_step(a, b), "sm_90", 0, 0)
+    out = gemm.matmul(a, b, config=WS_CONFIG)
     assert out.shape == (M, N) and out.dtype == dtype
     assert rel_err(out, a.double() @ b.double()) <= TOL[dtype]
 
@@ -75,14 +92,20 @@ def test_gpu_epilogues_against_float64(act, bias, residual):
     a, b = (torch.randn(*s, device="cuda", dtype=torch.float16, generator=g) for s in ((M, K), (N, K)))
     bias_t = torch.randn(N, device="cuda", dtype=torch.float16, generator=g) if bias else None
     res = torch.randn(M, N, device="cuda", dtype=torch.float16, generator=g) if residual else None
-    out = gemm_hopper.matmul(a, b.t(), bias=bias_t, activation_code=gemm.ACTIVATIONS[act], residual=res)
+    out = gemm.matmul(a, b.t(), bias=bias_t, activation=act, residual=res, config=WS_CONFIG)
     ref = gemm.reference_matmul(a.double(), b.t().double(), bias=None if bias_t is None else bias_t.double(),
                                 activation=act, residual=None if res is None else res.double())
     assert rel_err(out, ref) <= TOL[torch.float16]
 
 
 @sm90
-def test_gpu_operands_tma_cannot_read_are_refused_before_launch():
-    a = torch.randn(64, 12, device="cuda", dtype=torch.bfloat16)   # 24-byte rows
-    with pytest.raises(ValueError, match="TMA"):
-        gemm_hopper.matmul(a, torch.randn(12, 16, device="cuda", dtype=torch.bfloat16))
+def test_gpu_a_kept_plan_relaunches_with_new_data(monkeypatch):
+    """With WS in the default config, the second call of a signature takes matmul's kept plan
+    (FixedLaunch's direct path) and still reads the new operands."""
+    monkeypatch.setitem(gemm.CONFIGS["sm_90"]["square"], "16", WS_CONFIG)
+    monkeypatch.setattr(gemm, "_plans", {})
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for _ in range(3):
+        a, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g) for s in ((512, 256), (256, 384)))
+        assert rel_err(gemm.matmul(a, b, tune=False), a.double() @ b.double()) <= 1.5e-2
+    assert isinstance(next(iter(gemm._plans.values()))[1], gemm._PreparedWs)
