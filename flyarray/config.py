@@ -54,6 +54,12 @@ def cuda_graphs() -> bool:
     return os.environ.get("FLYARRAY_CUDA_GRAPHS", "1") not in ("", "0")
 
 
+def gemm_warp_specialized() -> bool:
+    """FLYARRAY_GEMM_WS=1: 16-bit square GEMMs on sm_90 take gemm_hopper's warp-specialized kernel
+    (an A/B switch while it is timed against the Triton GEMM; off by default)."""
+    return os.environ.get("FLYARRAY_GEMM_WS", "0") not in ("", "0")
+
+
 def precompile() -> bool:
     """FLYARRAY_PRECOMPILE=0 turns the background compiles of a new plan's kernels off (on by default)."""
     return os.environ.get("FLYARRAY_PRECOMPILE", "1") not in ("", "0")

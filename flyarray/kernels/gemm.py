@@ -39,6 +39,7 @@ import triton.language as tl
 
 from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, FixedLaunch, aligned16, cdiv, current_arch, empty,
                                      ensure_tma_allocator, is_warming_up, launch_cache, next_pow2, runner)
+from flyarray import config
 from flyarray.targets import KernelSpec
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
@@ -474,7 +475,11 @@ def default_config(arch: str, M: int, N: int, K: int, dtype: torch.dtype) -> dic
     from flyarray.kernels._triton import pick_config
     if dtype == torch.float64 and arch != "cpu":
         return dict(FP64_CONFIG)
-    return dict(pick_config(CONFIGS, arch)[shape_class(M, N, K)][dtype_class(dtype)])
+    shape = shape_class(M, N, K)
+    cfg = dict(pick_config(CONFIGS, arch)[shape][dtype_class(dtype)])
+    if arch == "sm_90" and shape == "square" and "WS" not in cfg and config.gemm_warp_specialized():
+        cfg["WS"] = {}
+    return cfg
 
 
 # --------------------------------------------------------------------------- host side
