@@ -10,6 +10,9 @@
 # MODE=first_call: the GPU tests of background compiles (tests/test_precompile.py, with the GEMM and
 # attention kernel tests), then benchmarks/first_call.py (flyarray with and without precompile beside
 # Inductor, fresh processes and caches; ROUNDS=, default 2).
+# MODE=ws: the GPU tests of the warp-specialized GEMM and of background compiles, then
+# benchmarks/tune_gemm_ws.py (every layout and epilogue checked; the 15 Llama GEMMs beside cuBLAS and the
+# Triton GEMM), then `bench --suite torch` with FLYARRAY_GEMM_WS=0 and =1 (skipped if the tests hung).
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -42,6 +45,22 @@ if [ "${MODE:-tests}" = pending ]; then
   grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -20
   timeout 380 python3 benchmarks/tune_attention_gluon.py "$OUT/gluon.json" > "$OUT/gluon.log" 2>&1
   grep -v '"kind": "check' "$OUT/gluon.log" | tail -40; grep '"ok": false\|error' "$OUT/gluon.log" | head
+  exit 0
+fi
+if [ "${MODE:-tests}" = ws ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_gemm_hopper.py tests/test_precompile.py \
+    > "$OUT/tests.log" 2>&1; rc=$?; echo "tests rc=$rc"
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -12
+  [ $rc = 124 ] && exit 1
+  timeout 240 python3 benchmarks/tune_gemm_ws.py "$OUT/ws.json" > "$OUT/ws.log" 2>&1; echo "tune rc=$?"
+  grep -E "^checks|^totals|^[a-z]" "$OUT/ws.log" | grep -v "^    " | tail -20; grep -c "CHECK FAILED" "$OUT/ws.log"
+  for ws in 0 1; do
+    FLYARRAY_GEMM_WS=$ws timeout 140 python3 -m flyarray bench --json "$OUT/bench_ws$ws.json" --suite torch \
+      > "$OUT/bench_ws$ws.log" 2>&1; echo "bench ws=$ws rc=$?"; grep -E "backend=flyarray\]" "$OUT/bench_ws$ws.log" | tail -4
+  done
   exit 0
 fi
 if [ "${MODE:-tests}" = pending_mx ]; then
