@@ -59,7 +59,7 @@ if [ "${MODE:-tests}" = ws ]; then
   grep -E "^checks|^totals|^[a-z]" "$OUT/ws.log" | grep -v "^    " | tail -20; grep -c "CHECK FAILED" "$OUT/ws.log"
   for ws in 0 1; do
     FLYARRAY_GEMM_WS=$ws timeout 140 python3 -m flyarray bench --json "$OUT/bench_ws$ws.json" --suite torch \
-      > "$OUT/bench_ws$ws.log" 2>&1; echo "bench ws=$ws rc=$?"; grep -E "backend=flyarray\]" "$OUT/bench_ws$ws.log" | tail -4
+      > "$OUT/bench_ws$ws.log" 2>&1; echo "bench ws=$ws rc=$?"; grep -E "^(llama|block|mlp)" "$OUT/bench_ws$ws.log" | tail -4
   done
   exit 0
 fi
