@@ -85,12 +85,14 @@ def _mul(a, b):
 
 @triton.jit
 def _maximum(a, b):
-    return tl.where((a > b) | (a != a), a, b)
+    # nested, not (a > b) | (a != a): under the interpreter a scalar operand's comparison cannot be or-ed
+    # with a block's
+    return tl.where(a != a, a, tl.where(a > b, a, b))
 
 
 @triton.jit
 def _minimum(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.where(a != a, a, tl.where(a < b, a, b))
 
 
 @triton.jit
@@ -184,7 +186,8 @@ def _nextafter16(x, y):
     bits = tl.where(x == 0, (iy & -32768) | 1, ix + step)
     out = bits.to(x.dtype, bitcast=True)
     out = tl.where(x == y, y, out)
-    return tl.where((x != x) | (y != y), x + y, out)
+    out = tl.where(y != y, x + y, out)
+    return tl.where(x != x, x + y, out)  # nested: see _maximum
 
 
 @triton.jit

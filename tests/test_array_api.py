@@ -540,3 +540,15 @@ def test_a_python_float_past_the_arrays_range_is_its_infinity(backend):
     assert np.asarray(fa.maximum(f, 1e300)).tolist() == [np.inf] * 3
     assert np.asarray(fa.minimum(f, -1e300)).tolist() == [-np.inf] * 3
     assert np.asarray(fa.asarray(np.ones(2, np.float16)) * 1e5).tolist() == [np.inf, np.inf]
+
+
+def test_pad_and_repeat_edge_forms_as_numpy():
+    """A 0-d array pads by nothing in any pad_width form; an empty list of repeats is empty integer counts."""
+    x = fa.asarray(np.float32(3))
+    for width in (1, 0, (), (2, 1)):
+        assert np.asarray(fa.pad(x, width)) == np.float32(3) and fa.pad(x, width).shape == ()
+    with pytest.raises(TypeError):
+        fa.pad(x, 1.5)
+    assert fa.repeat(fa.asarray(np.zeros((0, 2), np.int32)), [], axis=0).shape == (0, 2)
+    with pytest.raises(TypeError, match="repeats"):
+        fa.repeat(fa.asarray(np.zeros((0, 2), np.int32)), np.zeros(0), axis=0)

@@ -167,3 +167,12 @@ def test_creation_outputs_are_lazy_and_cheap(interpret):
     assert fa.stats()["kernels_launched"] == 0
     assert_matches(fa.reshape(r, (3, 4)) + z + o, np.arange(12).reshape(3, 4) + 1.0, check_dtype=False)
     assert fa.stats()["kernels_launched"] == 1  # the constants and the ramp fuse into the consumer
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+@pytest.mark.parametrize("start, stop, num", [(-2.5, 0.7, 10), (16777217.0, 0.7, 7), (0, 10, 7), (1e-3, 3.3, 33)])
+def test_linspace_ends_on_stop_in_every_dtype(backend, dtype, start, stop, num):
+    """numpy writes stop into the last slot; start + (num - 1) * step misses it by an ulp in float64
+    (0.7000000000000002), and floors to stop - 1 for an integer result."""
+    got = np.asarray(fa.linspace(start, stop, num, dtype=dtype))
+    np.testing.assert_array_equal(got, np.linspace(start, stop, num, dtype=dtype))

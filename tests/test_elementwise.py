@@ -474,3 +474,17 @@ def test_small_integer_powers_are_multiplications(n):
     torch.testing.assert_close(fa.grad(lambda a: fa.sum(a ** n))(fa.asarray(x[5:7])).torch(),
                                n * x[5:7] ** (n - 1))
     assert any(node.prim.name == "pow" for node in ir.toposort([(fa.asarray(x) ** 5)._node]))
+
+
+def test_nan_aware_binary_ops_take_a_python_scalar_first(backend):
+    """maximum/minimum/logaddexp/nextafter with a scalar operand: the generated helpers once or-ed a
+    scalar's NaN test with a block's comparison, which Triton's interpreter refuses."""
+    x = np.array([3.5, -1.5, np.nan], np.float32)
+    a = fa.asarray(x)
+    np.testing.assert_allclose(np.asarray(fa.logaddexp(1.0, a)), np.logaddexp(np.float32(1.0), x), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(fa.maximum(float("nan"), a)), np.maximum(np.float32(np.nan), x))
+    np.testing.assert_array_equal(np.asarray(fa.minimum(0.0, a)), np.minimum(np.float32(0.0), x))
+    h = np.array([3.5, -1.5, 0.0], np.float16)
+    np.testing.assert_array_equal(np.asarray(fa.nextafter(fa.asarray(h), 0.0)), np.nextafter(h, np.float16(0.0)))
+    np.testing.assert_array_equal(np.asarray(fa.nextafter(fa.asarray(h), float("nan"))),
+                                  np.nextafter(h, np.float16(np.nan)))

@@ -334,3 +334,11 @@ def test_an_ellipsis_of_no_axes_still_parts_the_array_indices(backend, key):
 def test_take_along_axis_refuses_a_0d_array():
     with pytest.raises(ValueError, match="take_along_axis: x must have at least one dimension"):
         fa.take_along_axis(fa.asarray(np.int32(1)), np.array(0))
+
+
+def test_an_empty_float_ndarray_is_no_index_but_an_empty_list_is():
+    a = fa.asarray(np.arange(6.0).reshape(2, 3))
+    assert a[[]].shape == (0, 3)
+    for bad in (lambda: a[np.zeros(0)], lambda: fa.take(a, np.zeros(0), axis=0)):
+        with pytest.raises(TypeError, match="integer or bool dtype"):
+            bad()

@@ -273,11 +273,17 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
     # an integer ramp would round the step itself first
     ramp = d if d.kind == "f" else dt.float64
     node = ir.Node(ir.IOTA, (), ("ramp", float(start), float(step)), (num,), ramp, _device(device))
+    values = Array(node)
+    if endpoint and num > 1:  # numpy writes stop into the last slot: start + (num - 1) * step may miss it
+        from .core import where
+        last = float(stop)
+        if ramp in (dt.float16, dt.bfloat16):  # a float16 ramp holds float16 values (rounded as codegen's)
+            last = torch.tensor(last, dtype=torch.float64).float().to(ramp.torch).item()
+        values = where(_iota(("ramp", 0, 1), (num,), dt.int32, device) == num - 1, last, values)
     if ramp is d:
-        return Array(node)
+        return values
     from .core import elementwise
-    ramp = Array(node)
-    return (ramp if d.kind == "b" else elementwise("floor", ramp)).astype(d)
+    return (values if d.kind == "b" else elementwise("floor", values)).astype(d)
 
 
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:

@@ -132,7 +132,8 @@ def _classify(k):
         arr = np.asarray(k)
         if arr.dtype == np.bool_:
             return "mask", arr
-        if arr.size == 0 and arr.dtype.kind == "f":  # x[[]] is an empty integer index, as in numpy
+        if arr.size == 0 and arr.dtype.kind == "f" and isinstance(k, list):  # x[[]]: an empty integer index,
+            # as in numpy (which refuses an empty float64 ndarray, as here)
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"index arrays must have an integer or bool dtype, got {arr.dtype}")

@@ -187,6 +187,10 @@ CONCAT = ir.Tagged("concat", "concat")
 def _pad_widths(pad_width, ndim):
     """numpy's forms (an int, (before, after), or one pair per axis) -> one (before, after) per axis."""
     w = np.asarray(pad_width, dtype=object)
+    if ndim == 0 and w.ndim <= 1 and w.size <= 2:  # numpy: any of the forms pads a 0-d array by nothing
+        for v in w.reshape(-1):
+            views.as_int(v, "pad: pad_width entries")
+        return []
     if w.ndim == 0:
         w = np.array([[pad_width, pad_width]] * ndim, dtype=object)
     elif w.ndim == 1 and w.size == 1:
@@ -379,6 +383,8 @@ def repeat(x, repeats, /, *, axis=None) -> Array:
         counts = np.asarray(repeats.torch().cpu())
     else:
         counts = np.asarray(repeats)
+        if counts.size == 0 and not isinstance(repeats, np.ndarray):  # [] reads as float64: no counts at all
+            counts = counts.astype(np.int64)
         _check_repeats(counts.dtype.kind not in "iu", counts.dtype, counts.shape, axis, n)
     if (counts < 0).any():
         raise ValueError("repeat: repeats must be non-negative")
