@@ -12,7 +12,8 @@
 # Inductor, fresh processes and caches; ROUNDS=, default 2).
 # MODE=ws: the GPU tests of the warp-specialized GEMM and of background compiles, then
 # benchmarks/tune_gemm_ws.py (every layout and epilogue checked; the 15 Llama GEMMs beside cuBLAS and the
-# Triton GEMM), then `bench --suite torch` with FLYARRAY_GEMM_WS=1 and =0 (skipped if the tests hung).
+# Triton GEMM), then `bench --suite torch` with FLYARRAY_GEMM_WS=1 and =0 (skipped if the tests hung, or
+# with WS_BENCH=0).
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -57,6 +58,7 @@ if [ "${MODE:-tests}" = ws ]; then
   [ $rc = 124 ] && exit 1
   timeout 240 python3 benchmarks/tune_gemm_ws.py "$OUT/ws.json" > "$OUT/ws.log" 2>&1; echo "tune rc=$?"
   grep -E "^checks|^totals|^[a-z]" "$OUT/ws.log" | grep -v "^    " | tail -20; grep -c "CHECK FAILED" "$OUT/ws.log"
+  [ "${WS_BENCH:-1}" = 1 ] || exit 0
   for ws in 1 0; do
     FLYARRAY_GEMM_WS=$ws timeout 140 python3 -m flyarray bench --json "$OUT/bench_ws$ws.json" --suite torch \
       > "$OUT/bench_ws$ws.log" 2>&1; echo "bench ws=$ws rc=$?"; grep -E "^(llama|block|mlp)" "$OUT/bench_ws$ws.log" | tail -4
