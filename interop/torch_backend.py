@@ -45,12 +45,25 @@ def _reduce(fn):
     return lower
 
 
+def _times_alpha(b, alpha, other):
+    """``b * alpha`` as add/sub/rsub compute it: in the result's dtype (an int8 b of u8 + i8 * 2 is widened
+    first), and for a float16/bfloat16 result with alpha in float32, rounded once (as torch's opmath)."""
+    if alpha == 1 or not isinstance(b, fa.Array):
+        return b if alpha == 1 else b * alpha
+    d = fa.result_type(b, other)
+    if b.dtype != d:
+        b = b.astype(d)
+    if type(alpha) in (int, float) and d in (fa.float16, fa.bfloat16):
+        alpha = fa.full((), alpha, dtype=fa.float32, device=b.device)
+    return b * alpha
+
+
 def _add(a, b, *, alpha=1):
-    return a + (b if alpha == 1 else b * alpha)
+    return a + _times_alpha(b, alpha, a)
 
 
 def _sub(a, b, *, alpha=1):
-    return a - (b if alpha == 1 else b * alpha)
+    return a - _times_alpha(b, alpha, a)
 
 
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
@@ -129,6 +142,8 @@ def _pow_scalar(x, exponent):
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
+    if bias.dtype.kind in "iub":  # torch converts alpha and beta to an integer result's type (0.5 -> 0)
+        beta, alpha = int(beta), int(alpha)
     y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
     if beta == 0:   # torch ignores the input then: NaN and inf in it do not propagate
         return y
@@ -157,7 +172,7 @@ def _full(size, value, *, dtype=None, layout=None, device=None, pin_memory=None)
 _EW = {
     aten.add.Tensor: _add, aten.add.Scalar: _add, aten.sub.Tensor: _sub, aten.sub.Scalar: _sub,
     aten.mul.Tensor: operator.mul, aten.mul.Scalar: operator.mul, aten.div.Tensor: operator.truediv,
-    aten.div.Scalar: operator.truediv, aten.rsub.Scalar: lambda a, b, alpha=1: b - a * alpha,
+    aten.div.Scalar: operator.truediv, aten.rsub.Scalar: lambda a, b, alpha=1: b - _times_alpha(a, alpha, b),
     aten.neg.default: operator.neg, aten.exp.default: fa.exp, aten.log.default: fa.log,
     aten.sqrt.default: fa.sqrt, aten.rsqrt.default: fa.rsqrt, aten.abs.default: fa.abs,
     aten.tanh.default: fa.tanh, aten.sigmoid.default: fa.sigmoid, aten.relu.default: fa.relu,
@@ -388,7 +403,44 @@ def _region_fn(region, table, on_error=None):
     return run
 
 
+# Binary elementwise ops whose operands torch converts to one dtype before computing (TensorIterator's
+# common dtype, torch.result_type: a 0-d tensor of the same category as a sized one does not promote).
+_COMMON_DTYPE_OPS = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor,
+                     aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.rsub.Scalar, aten.maximum.default,
+                     aten.minimum.default, aten.pow.Tensor_Tensor, aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor,
+                     aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor, aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar,
+                     aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar, aten.where.self}
+
+
+def _in_torch_dtypes(node, args):
+    """``args`` of a _COMMON_DTYPE_OPS node as torch computes with them. Integer and bool operands take
+    the common dtype first (uint8 [n] with an int8 0-d tensor -41 compares against 215; u8 + i8 * alpha
+    is computed in int16). A Python number beside a float16/bfloat16 tensor becomes a float32 0-d array:
+    torch multiplies in float32 and rounds once (x * 1e5 is finite where 1e5 in float16 is inf).
+    Floating tensors keep their dtypes: flyarray computes in the wider one and ``_fit`` rounds, as
+    torch's float32 opmath does."""
+    first = 1 if node.target is aten.where.self else 0
+    operands = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[first:first + 2]]
+    if len(operands) != 2 or not any(isinstance(o, torch.Tensor) for o in operands):
+        return args
+    if not all(isinstance(o, (torch.Tensor, bool, int, float)) for o in operands):
+        return args
+    common = torch.result_type(*operands)
+    out = list(args)
+    for i in range(first, first + 2):
+        value = out[i]
+        if isinstance(value, fa.Array) and not common.is_floating_point and not common.is_complex:
+            want = dt.from_torch(common)
+            if value.dtype != want:
+                out[i] = value.astype(want)
+        elif type(value) in (int, float) and common in (torch.float16, torch.bfloat16):
+            out[i] = fa.full((), value, dtype=fa.float32, device=args[first + 1 - (i - first)].device)
+    return out
+
+
 def _lower(node, table, args, kwargs):
+    if node.target in _COMMON_DTYPE_OPS:
+        args = _in_torch_dtypes(node, args)
     out = table[node.target](*args, **kwargs)
     if isinstance(out, (tuple, list)):
         return tuple(_fit(o, ref) for o, ref in zip(out, _getitem_refs(node, len(out))))
@@ -406,15 +458,26 @@ def _getitem_refs(node, count):
 
 def _meta_value(node):
     """A stand-in for ``node``'s value to record on: a meta-device array (recording runs nothing),
-    the Python value, or None where a size is symbolic (the dry run is skipped then)."""
+    the Python value, or None where a symbolic size has no hint (the dry run is skipped then)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        if not all(type(d) is int for d in (*val.shape, *val.stride())):
+        shape, stride = [_hint(d) for d in val.shape], [_hint(d) for d in val.stride()]
+        if None in shape or None in stride:
             return None
-        return fa.asarray(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta"))
+        return fa.asarray(torch.empty_strided(shape, stride, dtype=val.dtype, device="meta"))
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return None
+        return _hint(val)
     return val
+
+
+def _hint(size):
+    """An int, or a symbolic size's example value (its hint): a graph compiled for dynamic shapes is
+    dry-run on the sizes it was traced with, so dtype and case refusals still fall back to torch;
+    None for a size without one (data-dependent)."""
+    if type(size) is int:
+        return size
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return None if hint is None else type(hint)(hint)
 
 
 def _dry_run(steps, table):
@@ -709,6 +772,8 @@ def _sdpa_takes(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
     if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
         return False
     if v.shape[-1] != q.shape[-1] or q.shape[-1] == 0:   # torch allows value's head_dim to differ (or be 0)
+        return False
+    if q.shape[1] == 0 or k.shape[1] == 0:                # no heads: torch's empty result, no kernel
         return False
     if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
         return False                  # float64 and mixed dtypes stay torch's (our kernels are fp16/bf16/fp32)

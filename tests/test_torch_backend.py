@@ -1065,3 +1065,50 @@ def test_a_buffer_updated_after_its_use_gives_eagers_gradient():
         eager(x).sum().backward()
     torch.testing.assert_close(model.w.grad, eager.w.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model.b, eager.b)
+
+
+_U8, _I8 = torch.tensor([3, 200, 100], dtype=torch.uint8), torch.tensor([100, -41, 7], dtype=torch.int8)
+_H = torch.tensor([1e-3, -3e-3, 0.5], dtype=torch.float16)
+
+
+@pytest.mark.parametrize("name, fn, inputs", [
+    ("u8 + i8 * 2 (int16)", lambda x, y: x.add(y, alpha=2), (_U8, _I8)),
+    ("i32 - i8 * 2", lambda x, y: x.sub(y, alpha=2), (_U8.int(), _I8)),
+    ("f32 + f16 * 1e5", lambda x, y: x.add(y, alpha=1e5), (_U8.float(), _H)),
+    ("u8 max i8 0-d (-41 reads as 215)", lambda x, y: torch.maximum(x, y[1]), (_U8, _I8)),
+    ("u8 >= i8 0-d", lambda x, y: x >= y[1], (_U8, _I8)),
+    ("u8 ** i8 0-d", lambda x, y: torch.pow(x, y[2]), (_U8, _I8)),
+    ("where against an i8 0-d", lambda x, y: torch.where(x > y[1], x, y[1]), (_U8, _I8)),
+    ("int addmm, beta 0.5 -> 0", lambda x, y: torch.addmm(x[:2].long()[None], y[:2].long()[None], torch.eye(2).long(),
+                                                          beta=0.5, alpha=2), (_U8, _I8)),
+    ("f16 * 1e5 (float32 opmath)", lambda x, y: y * 1e5, (_U8, _H)),
+    ("f16 * 70000 / 70000", lambda x, y: (y * 70000) / 70000, (_U8, _H)),
+    ("f16 * 1e-8 * 1e8", lambda x, y: y * 1e-8 * 1e8, (_U8, _H)),
+])
+def test_operands_take_torch_dtypes_before_the_op(name, fn, inputs):
+    """The fuzzer's cases where flyarray's promotion (0-d arrays promote, weak scalars take a float16
+    tensor's dtype) differs from torch's: the lowering converts operands as TensorIterator does."""
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="flyarray")(*inputs)
+    want = fn(*inputs)
+    assert got.dtype == want.dtype and torch.equal(got, want), (name, got, want)
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda a: torch.minimum(a, a.flip(0)), torch.tensor([True, False, True])),
+    (lambda a: a.topk(2).values, torch.tensor([[3, 1, 2], [0, 5, 4]], dtype=torch.int32)),
+    (lambda a: a.topk(2).values, torch.randn(2, 3, dtype=torch.float64)),
+    (lambda a: torch.cat([a * 2, torch.empty(0)]), torch.randn(2, 3)),
+])
+def test_dynamic_shapes_still_fall_back_to_torch_for_cases_we_refuse(fn, x):
+    """Compiled for dynamic shapes, the dry run records on the sizes' hints, so a refused case (a dtype,
+    a legacy empty tensor) runs as the torch op instead of raising."""
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(fn, backend="flyarray", dynamic=True)(x), fn(x))
+
+
+def test_attention_with_no_heads_runs_as_torch():
+    q = torch.randn(1, 0, 2, 4)
+    torch._dynamo.reset()
+    out = torch.compile(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q), backend="flyarray")(q)
+    assert out.shape == (1, 0, 2, 4)
