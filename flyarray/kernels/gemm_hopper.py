@@ -28,33 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .attention_hopper import _mma_layout, _smem_layout, _tma_load, _tma_store
-
-
-@gluon.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """Super-grouped order: GROUP_M row-tiles walk a column of b together (L2 reuse)."""
-    in_group = GROUP_M * num_pid_n
-    group = tile // in_group
-    first_m = group * GROUP_M
-    rows_here = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % in_group) % rows_here
-    pid_n = (tile % in_group) // rows_here
-    return pid_m, pid_n
-
-
-@gluon.jit
-def _activate(x, ACTIVATION: gl.constexpr):
-    """gemm._activate's codes and formulas (fp32)."""
-    if ACTIVATION == 1:
-        x = gl.maximum(x, 0.0)
-    elif ACTIVATION == 2:
-        x = 0.5 * x * (1.0 + gl.erf(x * 0.7071067811865476))
-    elif ACTIVATION == 3:
-        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        x = 0.5 * x * (2.0 - 2.0 / (gl.exp(2.0 * inner) + 1.0))
-    elif ACTIVATION == 4:
-        x = x / (1.0 + gl.exp(-x))
-    return x
+from .gemm import _activate, _tile_coords  # @triton.jit helpers without layouts: Gluon calls them as its own
 
 
 # A worker partition receives its arguments as run-time values (constexpr ones too), so the partitions
