@@ -113,6 +113,7 @@ class _Scheduler:
         self.uses = {}
         self.users = {}  # node id -> the nodes that read it (finding siblings: see siblings)
         self.filling = set()  # ids of concats whose parts are being planned: not yet readable
+        self.building = set()  # ids of the roots of kernels being built (see build_kernel)
         self.into = {}  # library output id -> (concat node, View): written in place by its call
         self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         for node in ir.toposort(self.roots):
@@ -245,7 +246,14 @@ class _Scheduler:
 
     # ---- kernels -----------------------------------------------------------------------------------
     def build_kernel(self, root: ir.Node, target=None):
-        full, axes = self.domain_of(root)
+        if root.id in self.building:
+            # its own kernel's domain (a row reduction it feeds) could not store it as it is: asked for
+            # again from inside, it gets a kernel over its own shape, or the two would ask for each other
+            # forever
+            full, axes = root.shape, ()
+        else:
+            full, axes = self.domain_of(root)
+        self.building.add(root.id)
         builder = _KernelBuilder(self, full, axes)
         yield builder.add_root(root, target)
         if target is None and not axes and root.shape == builder.full:
@@ -258,6 +266,7 @@ class _Scheduler:
         for node in builder.riders:  # available from now on: their kernel is in the steps
             self.planned[node.id] = node
         self.steps.append(builder.finish())
+        self.building.discard(root.id)
 
     # Horizontal fusion: two values needed as buffers (held by the user, or read by a library call) that
     # read the same inputs are computed by one kernel, which reads those inputs once (a SwiGLU backward's

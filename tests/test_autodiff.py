@@ -609,3 +609,33 @@ def test_vjp_refuses_complex_primals_as_grad_does():
     out, pull = fa.vjp(lambda a, n: a * 2, fa.asarray(np.ones(3, np.float32)), fa.asarray(np.arange(3)))
     grads = pull(fa.ones_like(out))
     assert grads[1] is None and np.allclose(np.asarray(grads[0]), 2.0)
+
+
+_SCHEDULER_LOOPS = '''
+import numpy as np, flyarray as fa
+x = fa.asarray(np.array([0.5, 0.75]))
+f = lambda a: fa.sum(fa.min(fa.roll(fa.stack([a, a], axis=-1), 0), axis=-1))
+np.testing.assert_array_equal(np.asarray(fa.grad(f)(x)), [1.0, 1.0])
+y = fa.asarray(np.random.default_rng(0).standard_normal((1, 2, 3)))
+idx = fa.asarray(np.array([0]))
+def g(a):
+    a = a.at[idx].add(a[idx])
+    a = fa.nn.softmax(a, axis=-2)
+    return fa.sum(fa.nn.softmax(a, axis=0) * y)
+np.testing.assert_allclose(np.asarray(fa.grad(g)(y)), np.zeros((1, 2, 3)), atol=1e-12)
+print("ok")
+'''
+
+
+def test_gradients_whose_kernels_asked_for_themselves_finish():
+    """Two fuzzer-found backward graphs (a min over ties after a no-op roll; a scatter-add of a gather
+    under two softmaxes) where a kernel's row-reduction domain could not store its own root, which then
+    asked for its kernel again forever; in a subprocess, so a regression fails instead of hanging."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", _SCHEDULER_LOOPS], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
