@@ -246,10 +246,11 @@ class _Scheduler:
 
     # ---- kernels -----------------------------------------------------------------------------------
     def build_kernel(self, root: ir.Node, target=None):
-        if root.id in self.building:
-            # its own kernel's domain (a row reduction it feeds) could not store it as it is: asked for
-            # again from inside, it gets a kernel over its own shape, or the two would ask for each other
-            # forever
+        if root.id in self.building or self.is_available(root):
+            # asked for again from inside its own kernel (whose row-reduction domain could not store it as
+            # it is), it gets a kernel over its own shape, or the two would ask for each other forever; so
+            # does a value that has a buffer already (a concat part copied into place: a realized
+            # reduction keeps no inputs to take a domain from)
             full, axes = root.shape, ()
         else:
             full, axes = self.domain_of(root)

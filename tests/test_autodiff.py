@@ -623,14 +623,23 @@ def g(a):
     a = fa.nn.softmax(a, axis=-2)
     return fa.sum(fa.nn.softmax(a, axis=0) * y)
 np.testing.assert_allclose(np.asarray(fa.grad(g)(y)), np.zeros((1, 2, 3)), atol=1e-12)
+x = np.array([[-0.11, 1.07, -0.06], [1.85, 0.26, 0.16]])
+w = fa.asarray(np.random.default_rng(0).standard_normal((4, 4, 7)))
+def h(a):
+    a = fa.min(fa.stack([a, fa.cos(a), a], axis=-1), axis=(0,), keepdims=True)
+    return fa.sum(fa.roll(fa.pad(a, ((1, 2), (1, 0), (2, 2)), constant_values=1.5), -4, axis=2) * w)
+v, dx = fa.value_and_grad(h)(fa.asarray(x))
+np.asarray(dx)  # the gradient first: v's plan then copies a realized reduction into a concat
+assert float(v) == float(h(fa.asarray(x)))
 print("ok")
 '''
 
 
 def test_gradients_whose_kernels_asked_for_themselves_finish():
-    """Two fuzzer-found backward graphs (a min over ties after a no-op roll; a scatter-add of a gather
+    """Fuzzer-found backward graphs: two (a min over ties after a no-op roll; a scatter-add of a gather
     under two softmaxes) where a kernel's row-reduction domain could not store its own root, which then
-    asked for its kernel again forever; in a subprocess, so a regression fails instead of hanging."""
+    asked for its kernel again forever; one where a concat part was a realized reduction (IndexError).
+    In a subprocess, so a regression fails instead of hanging."""
     import os
     import subprocess
     import sys
