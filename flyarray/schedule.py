@@ -246,7 +246,8 @@ class _Scheduler:
 
     # ---- kernels -----------------------------------------------------------------------------------
     def build_kernel(self, root: ir.Node, target=None):
-        if root.id in self.building or self.is_available(root):
+        outermost = root.id not in self.building
+        if not outermost or self.is_available(root):
             # asked for again from inside its own kernel (whose row-reduction domain could not store it as
             # it is), it gets a kernel over its own shape, or the two would ask for each other forever; so
             # does a value that has a buffer already (a concat part copied into place: a realized
@@ -267,7 +268,8 @@ class _Scheduler:
         for node in builder.riders:  # available from now on: their kernel is in the steps
             self.planned[node.id] = node
         self.steps.append(builder.finish())
-        self.building.discard(root.id)
+        if outermost:  # an inner build for the same root leaves the outer one marked
+            self.building.discard(root.id)
 
     # Horizontal fusion: two values needed as buffers (held by the user, or read by a library call) that
     # read the same inputs are computed by one kernel, which reads those inputs once (a SwiGLU backward's

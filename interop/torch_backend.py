@@ -45,6 +45,15 @@ def _reduce(fn):
     return lower
 
 
+def _opmath_scalar(value, d, device):
+    """A Python number beside a float16/bfloat16 operand (result dtype ``d``) as torch computes with it: a
+    float32 0-d array, so the op runs in float32 and rounds once (x * 1e5 is finite where 1e5 in float16
+    is inf); else the number itself."""
+    if type(value) in (int, float) and d in (fa.float16, fa.bfloat16):
+        return fa.full((), value, dtype=fa.float32, device=device)
+    return value
+
+
 def _times_alpha(b, alpha, other):
     """``b * alpha`` as add/sub/rsub compute it: in the result's dtype (an int8 b of u8 + i8 * 2 is widened
     first), and for a float16/bfloat16 result with alpha in float32, rounded once (as torch's opmath)."""
@@ -53,9 +62,7 @@ def _times_alpha(b, alpha, other):
     d = fa.result_type(b, other)
     if b.dtype != d:
         b = b.astype(d)
-    if type(alpha) in (int, float) and d in (fa.float16, fa.bfloat16):
-        alpha = fa.full((), alpha, dtype=fa.float32, device=b.device)
-    return b * alpha
+    return b * _opmath_scalar(alpha, d, b.device)
 
 
 def _add(a, b, *, alpha=1):
@@ -415,8 +422,7 @@ _COMMON_DTYPE_OPS = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub
 def _in_torch_dtypes(node, args):
     """``args`` of a _COMMON_DTYPE_OPS node as torch computes with them. Integer and bool operands take
     the common dtype first (uint8 [n] with an int8 0-d tensor -41 compares against 215; u8 + i8 * alpha
-    is computed in int16). A Python number beside a float16/bfloat16 tensor becomes a float32 0-d array:
-    torch multiplies in float32 and rounds once (x * 1e5 is finite where 1e5 in float16 is inf).
+    is computed in int16). A Python number beside a float16/bfloat16 tensor: ``_opmath_scalar``.
     Floating tensors keep their dtypes: flyarray computes in the wider one and ``_fit`` rounds, as
     torch's float32 opmath does."""
     first = 1 if node.target is aten.where.self else 0
@@ -433,8 +439,9 @@ def _in_torch_dtypes(node, args):
             want = dt.from_torch(common)
             if value.dtype != want:
                 out[i] = value.astype(want)
-        elif type(value) in (int, float) and common in (torch.float16, torch.bfloat16):
-            out[i] = fa.full((), value, dtype=fa.float32, device=args[first + 1 - (i - first)].device)
+        elif not isinstance(value, fa.Array):
+            other = out[2 * first + 1 - i]  # the other operand of the two
+            out[i] = _opmath_scalar(value, dt.from_torch(common), other.device)
     return out
 
 

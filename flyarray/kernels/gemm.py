@@ -773,7 +773,7 @@ class _PreparedWs:
         self.device = a.device
         self.kernel = gemm_hopper._gemm_ws_kernel
         tiles = cdiv(M, gemm_hopper.BLOCK_M) * cdiv(N, tile["BLOCK_N"])
-        programs = max(1, min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count))
+        programs = max(1, min(tiles, _num_programs(a.device, "sm_90", dict(tile, BLOCK_M=gemm_hopper.BLOCK_M))))
         self.grid = (programs,)
         self.ints = (M, N, K, a.stride(-2) if a_kmajor else a.stride(-1), b.stride(-1) if b_kmajor else b.stride(-2),
                      out.stride(-2), res.stride(-2) if res is not None else 0)
