@@ -35,6 +35,9 @@ def test_lazy_integer_indices_wrap_negatives_and_clamp():
     i = fa.asarray(np.array([2, -1, 0, 9, -9]))
     assert_matches(x[:, i], X[:, [2, -1, 0, 2, 0]])  # JAX's rule: lazy indices clamp
     assert_matches(x[0, fa.asarray(np.array(1)), 2], X[0, 1, 2])  # a 0-d index array
+    assert_matches(fa.take(x, fa.asarray([7]), axis=1), X[:, [-1]])  # evaluated fa arrays are device data too
+    with pytest.raises(IndexError):
+        fa.take(x, [7], axis=1)  # host indices are checked
 
 
 def test_boolean_mask_of_a_lazy_array():

@@ -11,7 +11,8 @@
   indexes with its nonzero positions. ``x.at[mask].set(scalar)`` needs no shape and stays a lazy ``where``.
 
 Out-of-range indices held in numpy arrays, lists or ints raise IndexError when recorded. Indices held in
-lazy arrays cannot be checked before work: reads clamp them into range and updates drop them (JAX's rules).
+fa arrays or torch tensors are device data, evaluated or not: checking them would read them back (a host
+sync), so they are never checked; reads clamp them into range and updates drop them (JAX's rules).
 """
 from __future__ import annotations
 
@@ -237,7 +238,8 @@ def getitem(x, key) -> Array:
     integer arrays (fa, numpy, torch, lists) gather (a lazy library call); a boolean mask evaluates itself
     (the result's shape depends on its values) and gathers its nonzero positions.
 
-    Out-of-range known indices raise IndexError; indices in lazy arrays are clamped into range (as JAX)."""
+    Out-of-range indices given on the host (ints, lists, numpy) raise IndexError; indices in fa arrays or
+    torch tensors (device data, never read back) are clamped into range (as JAX)."""
     node = node_of(x)
     slots = parse(node.shape, key)
     if not any(s.kind == "array" for s in slots):
@@ -340,7 +342,7 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
     """Elements of ``x`` at ``indices`` along ``axis`` (flattened ``x`` when None): numpy's/JAX's take,
     ``x[(slice(None),) * axis + (indices,)]``. Any dtype for ``x``; integer indices of any shape.
 
-    ``mode``: None or 'clip' (known out-of-range indices raise IndexError, lazy ones are clamped), 'wrap'
+    ``mode``: None or 'clip' (out-of-range host indices raise IndexError; fa/torch arrays clamp), 'wrap'
     (indices are taken modulo the axis size). A lazy library call (gather)."""
     from .manipulation import reshape
     node = node_of(x)
@@ -365,7 +367,8 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
 def take_along_axis(x, indices, /, *, axis=-1) -> Array:
     """``x`` picked along ``axis`` at ``indices`` (same rank as ``x``; the other axes broadcast): the array
     API's/numpy's take_along_axis, e.g. ``take_along_axis(x, argsort_result, axis=-1)``. Any dtype for ``x``.
-    Known out-of-range indices raise IndexError; lazy ones are clamped. A lazy library call (gather)."""
+    Out-of-range host indices (lists, numpy) raise IndexError; fa/torch arrays are clamped. A lazy library
+    call (gather)."""
     from .creation import arange
     from .manipulation import reshape
     node = node_of(x)
