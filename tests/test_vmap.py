@@ -364,3 +364,15 @@ def test_vmap_of_solve_lines_the_batch_up_with_the_batch(a_shape, b_shape, in_ax
 def test_an_argument_that_cannot_be_batched_is_named(call, exc, match):
     with pytest.raises(exc, match=match):
         call(fa.ones((3, 2)))
+
+
+def test_vmap_over_an_attention_cotangent_matches_the_loop(backend):
+    """q, k, v unbatched, the cotangent batched: attention_bwd gets the forward's lse broadcast (stride 0
+    over the batch); the kernel once read it as dense rows and returned NaN/inf."""
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 1, 2), (1, 3, 1, 2), (1, 3, 1, 2)))
+    cots = rng.standard_normal((3, 1, 2, 1, 2)).astype(np.float32)
+    g = fa.grad(lambda q, k, v, c: fa.sum(fa.nn.dot_product_attention(q, k, v) * c), argnums=(0, 1, 2))
+    batched = fa.vmap(g, in_axes=(None, None, None, 0))(*map(fa.asarray, (q, k, v, cots)))
+    for i, got in enumerate(batched):
+        want = np.stack([np.asarray(g(*map(fa.asarray, (q, k, v, c)))[i]) for c in cots])
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)

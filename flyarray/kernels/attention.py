@@ -1014,6 +1014,7 @@ def attention_bwd(do, q, k, v, out, lse, *, bias=None, mask=None, scale=None, is
     keeps the Triton kernels where the table would take the Gluon one."""
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     dq, dk, dv = _gradient_buffers(q, k, v, into, (q, k, v, do, out, lse))
+    lse = lse.contiguous()  # the pre kernel reads it as dense rows; vmap over a cotangent broadcasts it
     extras = bias is not None or mask is not None
     gluon = config if config is not None and config.get("GLUON") else None
     if gluon is not None and not _gluon_bwd_ok(q, k, v, do, dk, dv, extras, scale):
