@@ -179,6 +179,12 @@ def test_grad_through_take_and_at_add():
     # a basic-slice update is where/pad: its gradient is automatic
     gx = fa.grad(lambda x: fa.sum(x.at[1:3].multiply(3.0)))(fa.ones(4))
     assert_matches(gx, np.array([1, 3, 3, 1], np.float32))
+    # divide by an array over part of x: outside the region x is divided by 1, not 0 (the where drops
+    # that quotient, but its derivative 1/0 made the gradient NaN there)
+    x, v = np.arange(1.0, 7.0).reshape(2, 3), np.array([2.0, 4.0])
+    gx, gv = fa.grad(lambda a, b: fa.sum(a.at[0, 1:].divide(b)), argnums=(0, 1))(fa.asarray(x), fa.asarray(v))
+    assert_matches(gx, np.array([[1.0, 0.5, 0.25], [1.0, 1.0, 1.0]]))
+    assert_matches(gv, -x[0, 1:] / v ** 2)
 
 
 def test_jvp_through_gather():

@@ -551,7 +551,9 @@ def _region_update(x, slots, v, mode):
         return out.astype(x.dtype, copy=False) if isinstance(out, Array) else full(x.shape, out, dtype=x.dtype,
                                                                                    device=x.device)
     if isinstance(v, Array) and v.size != 1:
-        v = _embed(x, slots, v)
+        # divide by 1 outside the region: x / 0 there, discarded by the where, would still make its
+        # gradient 0 * inf = NaN
+        v = _embed(x, slots, v, fill=1 if mode == "divide" else 0)
     elif isinstance(v, Array):
         v = reshape(v, ())
     return where(mask, _combine(mode, x, v), x).astype(x.dtype, copy=False)
@@ -593,10 +595,10 @@ def _in_array_order(v, slots):
     return flip(v, axis=axes) if axes else v
 
 
-def _embed(x, slots, v):
-    """``v`` (the region's shape) laid over ``x``'s shape at the region's positions, zeros elsewhere."""
+def _embed(x, slots, v, fill=0):
+    """``v`` (the region's shape) laid over ``x``'s shape at the region's positions, ``fill`` elsewhere."""
     from .manipulation import concat, reshape
-    from .creation import zeros
+    from .creation import full
     v = _in_array_order(v, slots)
     for s in slots:
         if s.kind == "none":
@@ -605,14 +607,15 @@ def _embed(x, slots, v):
         a, n = s.axis, x.shape[s.axis]
         if step > 1 and count > 1:  # interleave step-1 zeros after each element, then drop the tail
             spread = reshape(v, v.shape[:a + 1] + (1,) + v.shape[a + 1:])
-            gap = zeros(spread.shape[:a + 1] + (step - 1,) + spread.shape[a + 2:], dtype=v.dtype, device=v.device)
+            gap = full(spread.shape[:a + 1] + (step - 1,) + spread.shape[a + 2:], fill, dtype=v.dtype,
+                       device=v.device)
             v = reshape(concat([spread, gap], axis=a + 1), v.shape[:a] + (count * step,) + v.shape[a + 1:])
             v = basic(v, [Slot("slice", b, (0, 1, v.shape[b])) if b != a else
                           Slot("slice", a, (0, 1, (count - 1) * step + 1)) for b in range(v.ndim)])
         pad = [(0, 0)] * v.ndim
         pad[a] = (first, n - first - v.shape[a])
         from .manipulation import pad as pad_
-        v = pad_(v, pad)
+        v = pad_(v, pad, constant_values=fill)
     return v
 
 
