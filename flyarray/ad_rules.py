@@ -437,9 +437,12 @@ def _attention_formulation(q, k, v, *extras, scale, is_causal, has_bias, has_mas
         keep = mask if keep is None else keep & mask
     if keep is not None:
         s = F.where(keep, s, -math.inf)
-    m = F.max(s, axis=-1, keepdims=True)
     from .transforms.autodiff import stop_gradient
-    m = stop_gradient(F.where(F.isfinite(m), m, 0.0))  # a shift: softmax does not depend on it
+    if Sk == 0:  # no keys: no maximum to shift by (every row sees none: lse -inf, out 0)
+        m = F.zeros((B, Hq, Sq, 1), dtype=f32, device=q.device)
+    else:
+        m = F.max(s, axis=-1, keepdims=True)
+        m = stop_gradient(F.where(F.isfinite(m), m, 0.0))  # a shift: softmax does not depend on it
     p = F.exp(s - m)
     denom = F.sum(p, axis=-1, keepdims=True)
     lse = F.reshape(F.log(denom) + m, (B, Hq, Sq))  # log(0) = -inf: a row that sees no key

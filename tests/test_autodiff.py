@@ -648,3 +648,24 @@ def test_gradients_whose_kernels_asked_for_themselves_finish():
     done = subprocess.run([sys.executable, "-c", _SCHEDULER_LOOPS], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_forward_mode_through_integer_valued_library_ops():
+    """searchsorted's indices and mx_quantize's codes carry no derivative: jvp treats them as constants
+    (as grad does), instead of asking for a forward rule they cannot need."""
+    edges = fa.asarray(np.array([0.0, 1.0]))
+    f = lambda a: a * fa.searchsorted(edges, a).astype(a.dtype)  # noqa: E731
+    x = fa.asarray(np.array([0.5, 2.0]))
+    np.testing.assert_allclose(np.asarray(fa.jvp(f, (x,), (fa.ones(2, dtype=fa.float64),))[1]), [1.0, 2.0])
+    w = fa.asarray(np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32))
+    qd = lambda a: fa.quant.mx_dequantize(*fa.quant.mx_quantize(a, "e4m3"), "e4m3") + a  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(fa.jvp(qd, (w,), (fa.ones_like(w),))[1]), np.ones((2, 32)))
+
+
+def test_attention_without_keys_in_forward_mode_and_second_order():
+    q = fa.asarray(np.ones((1, 3, 1, 4), np.float32))
+    k = v = fa.asarray(np.ones((1, 0, 1, 4), np.float32))
+    f = lambda a: fa.nn.dot_product_attention(a, k, v)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(fa.jvp(f, (q,), (q,))[1]), np.zeros((1, 3, 1, 4)))
+    gg = fa.grad(lambda a: fa.sum(fa.grad(lambda b: fa.sum(f(b) ** 2))(a)))(q)
+    np.testing.assert_array_equal(np.asarray(gg), np.zeros((1, 3, 1, 4)))

@@ -313,6 +313,9 @@ def jvp_flat(fn, primals, tangents):
             multi[e.node.id] = e.params.jvp(t, e)
             continue
         elif kind == "library":
+            if not any(_differentiable(o.dtype) for o in e.params["outputs"]):
+                multi[e.node.id] = None  # integer outputs only (searchsorted, mx_quantize's codes and scales):
+                continue                 # no tangent, as reverse mode gives them no cotangent
             rule = getattr(e.prim, "jvp", None)
             multi[e.node.id] = rule(t, e) if rule is not None else _formulation_jvp(e, t)
             continue
