@@ -787,12 +787,22 @@ def _gather_jvp(t, e):
     return core_call(GATHER, [t[0], e.x[1]])
 
 
+def scatter_winners(idx, n):
+    """Which of ``idx``'s entries land in a set-scatter into ``n`` rows: the last of each repeated index
+    (ops/indexing.py's rule), none of the out-of-range ones. A bool array of idx's shape."""
+    order = F.reshape(F.arange(math.prod(idx.shape), dtype=dt.int64, device=idx.device), idx.shape)
+    (last,) = core_call(SCATTER, [F.full((n,), -1, dtype=dt.int64, device=idx.device), idx, order], mode="max")
+    return _valid_rows(idx, n) & (_gathered(last, idx) == order)
+
+
 def _scatter_vjp(gs, e):
     (g,), (_, idx, v) = gs, e.x
     mode = e.params["kwargs"]["mode"]
-    if mode == "set":  # the overwritten entries of z get no cotangent; each value gets its row's
+    if mode == "set":  # the overwritten entries of z get no cotangent; each value that landed gets its row's
         (dz,) = core_call(SCATTER, [g, idx, zeros(v.shape, g.dtype, g.device)], mode="set")
-        return [dz, None, _gathered(g, idx)]
+        won = scatter_winners(idx, g.shape[0])
+        won = F.reshape(won, won.shape + (1,) * (v.ndim - won.ndim))
+        return [dz, None, F.where(won, _gathered(g, idx), 0).astype(g.dtype, copy=False)]
     if mode == "add":
         return [g, None, _gathered(g, idx)]
     raise TypeError(f"at[].{mode} with integer-array or mask indices is not differentiable yet; use add or set")

@@ -351,3 +351,20 @@ def test_an_empty_float_ndarray_is_no_index_but_an_empty_list_is():
     for bad in (lambda: a[np.zeros(0)], lambda: fa.take(a, np.zeros(0), axis=0)):
         with pytest.raises(TypeError, match="integer or bool dtype"):
             bad()
+
+
+def test_set_with_repeated_indices_lands_the_last_value_and_only_it_gets_a_gradient(backend):
+    x = np.zeros((4, 2))
+    idx = np.array([[2, 0], [2, 9 - 10]])  # 2 twice, -1 (row 3) once, 0 once
+    vals = np.arange(8.0).reshape(2, 2, 2)
+    want = x.copy()
+    want[idx] = vals  # numpy: the last of the repeated rows lands
+    for key in (idx, fa.asarray(idx)):
+        assert_matches(fa.asarray(x).at[key].set(fa.asarray(vals)), want)
+    gv = fa.grad(lambda v: fa.sum(fa.asarray(x).at[fa.asarray(idx)].set(v) * fa.arange(8.0).reshape(4, 2)))(
+        fa.asarray(vals))
+    weights = np.arange(8.0).reshape(4, 2)
+    landed = np.array([[False, True], [True, True]])  # the first write to row 2 is overwritten
+    assert_matches(gv, np.where(landed[..., None], weights[idx], 0.0))
+    _, tangent = fa.jvp(lambda v: fa.asarray(x).at[fa.asarray(idx)].set(v), (fa.asarray(vals),), (fa.asarray(vals),))
+    assert_matches(tangent, want)

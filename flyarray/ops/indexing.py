@@ -75,7 +75,7 @@ def _scatter_torch(z, idx, v, *, mode):
         if mode in ("min", "max"):
             out, v = unsigned.order_key(out), unsigned.order_key(v)
     if mode == "set":
-        out.index_put_((idx,), v)
+        out = _set_last_wins(out, idx, v)
     elif mode == "add" and not as_bool:
         out.index_put_((idx,), v, accumulate=True)
     else:
@@ -87,6 +87,18 @@ def _scatter_torch(z, idx, v, *, mode):
     if wide is not None:
         return unsigned.from_lanes(unsigned.order_key(out) if mode in ("min", "max") else out, wide)
     return out.to(torch.bool) if as_bool else out
+
+
+def _set_last_wins(out, idx, v):
+    """``out[idx] = v`` where, of repeated indices, the last value lands (numpy's rule; index_put_ leaves it
+    unspecified on a GPU). Deterministic, and what set's derivative assumes (ad_rules.scatter_winners)."""
+    order = torch.arange(idx.shape[0], device=idx.device)
+    winner = torch.full((out.shape[0],), -1, dtype=order.dtype, device=idx.device)
+    winner.scatter_reduce_(0, idx, order, "amax")
+    hit = (winner >= 0).reshape((-1,) + (1,) * (out.dim() - 1))
+    if v.shape[0] == 0:
+        return out
+    return torch.where(hit, v[winner.clamp(min=0)], out)
 
 
 SCATTER = Library("scatter", _scatter_abstract, _scatter_torch, _scatter_torch)
@@ -437,7 +449,8 @@ class AtIndex:
 
     def set(self, values, **options):
         """A new array: ``x`` with ``values`` (broadcast to ``x[key].shape``, cast to ``x``'s dtype) at ``key``.
-        With repeated indices, which value lands is unspecified (as JAX)."""
+        With repeated indices the last value lands (numpy's rule; deterministic on every backend, and
+        the gradient goes to that value alone)."""
         return self._update(values, "set", **options)
 
     def add(self, values, **options):
