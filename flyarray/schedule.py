@@ -95,8 +95,10 @@ class _Scheduler:
     def __init__(self, roots):
         self.planned = {}  # node id -> node whose buffer a step produces
         self.steps = []
-        self.memo_version = 0  # len(planned) when the memos below were filled
+        self.memo_version = None  # what the memos below were filled under: see walk_memo
         self.memos = ({}, {}, {})  # leaf_views, pushable, reachable reductions: see walk_memo
+        self.wanted = set()  # ids of the roots (set below; reads_part walks the graph before)
+        self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         roots = [r for r in roots if not r.realized]
         whole = {r.id for r in roots if r.kind != "view"}
         self.roots, ids = [], set()
@@ -115,7 +117,6 @@ class _Scheduler:
         self.filling = set()  # ids of concats whose parts are being planned: not yet readable
         self.building = set()  # ids of the roots of kernels being built (see build_kernel)
         self.into = {}  # library output id -> (concat node, View): written in place by its call
-        self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         for node in ir.toposort(self.roots):
             for i in node.inputs:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
@@ -369,12 +370,14 @@ class _Scheduler:
 
     def walk_memo(self) -> tuple:
         """Memos of graph walks, shared by every kernel of this schedule. A walk's answer depends only
-        on which nodes are available, which changes only when a node is planned: the memos are
-        emptied then. Nothing is planned while a kernel's lowering descends through the nodes it must
+        on which nodes are available or must be stored (must_store), which changes only when a node is
+        planned, a root is set or a library call takes an epilogue: the memos are emptied then. Nothing
+        is planned while a kernel's lowering descends through the nodes it must
         materialize first, so a chain of n such steps walks each node once instead of once per kernel
         (which made long chains cubic)."""
-        if self.memo_version != len(self.planned):
-            self.memo_version = len(self.planned)
+        version = (len(self.planned), len(self.wanted), len(self.library_inputs))
+        if self.memo_version != version:
+            self.memo_version = version
             for memo in self.memos:
                 memo.clear()
         return self.memos
@@ -440,7 +443,10 @@ class _Scheduler:
             if n.id in memo:
                 stack.pop()
                 continue
-            through = n.kind in ("view", "elementwise") and not self.is_available(n)
+            # a value that must be stored is read back from its own (contiguous) buffer by any chain
+            # that does not leave it as it is (lower_elementwise): the walk stops there
+            through = n.kind == "view" or (n.kind == "elementwise" and not self.must_store(n))
+            through = through and not self.is_available(n)
             pending = [i for i in n.inputs if i.id not in memo] if through else ()
             if pending:
                 stack.extend(pending)

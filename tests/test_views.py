@@ -275,3 +275,15 @@ def test_pulled_back_writes_land_where_the_moved_array_goes(data):
     if len(shape) > 1 and shape[0] > 1 and shape[1] > 1:   # merging axes is not a move of whole axes
         assert pulled_back(shape, (("reshape", (shape[0] * shape[1],) + shape[2:]),),
                            View.contiguous((shape[0] * shape[1],) + shape[2:])) is None
+
+
+def test_a_held_value_read_through_a_view_its_inputs_allow_but_its_buffer_does_not(backend):
+    """b's only input is all zero strides, so the flattened broadcast of b is a strided view of that input;
+    but b is requested too, so it gets a contiguous buffer, through which that chain is no view: the
+    scheduler once pushed the chain anyway and built a load with no view."""
+    x = fa.asarray(np.array([1.0, 2.0], dtype=np.float32))
+    b = fa.broadcast_to(x[:1], (2,)) * 3
+    y = fa.reshape(fa.broadcast_to(b, (2, 2)), (-1,)) * 2
+    fa.eval(y, b)
+    np.testing.assert_array_equal(np.asarray(y), np.full(4, 6.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(b), np.full(2, 3.0, np.float32))
