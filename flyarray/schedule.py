@@ -95,10 +95,8 @@ class _Scheduler:
     def __init__(self, roots):
         self.planned = {}  # node id -> node whose buffer a step produces
         self.steps = []
-        self.memo_version = None  # what the memos below were filled under: see walk_memo
+        self.memo_version = 0  # len(planned) when the memos below were filled
         self.memos = ({}, {}, {})  # leaf_views, pushable, reachable reductions: see walk_memo
-        self.wanted = set()  # ids of the roots (set below; reads_part walks the graph before)
-        self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         roots = [r for r in roots if not r.realized]
         whole = {r.id for r in roots if r.kind != "view"}
         self.roots, ids = [], set()
@@ -117,6 +115,7 @@ class _Scheduler:
         self.filling = set()  # ids of concats whose parts are being planned: not yet readable
         self.building = set()  # ids of the roots of kernels being built (see build_kernel)
         self.into = {}  # library output id -> (concat node, View): written in place by its call
+        self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
         for node in ir.toposort(self.roots):
             for i in node.inputs:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
@@ -370,14 +369,12 @@ class _Scheduler:
 
     def walk_memo(self) -> tuple:
         """Memos of graph walks, shared by every kernel of this schedule. A walk's answer depends only
-        on which nodes are available or must be stored (must_store), which changes only when a node is
-        planned, a root is set or a library call takes an epilogue: the memos are emptied then. Nothing
-        is planned while a kernel's lowering descends through the nodes it must
+        on which nodes are available, which changes only when a node is planned: the memos are
+        emptied then. Nothing is planned while a kernel's lowering descends through the nodes it must
         materialize first, so a chain of n such steps walks each node once instead of once per kernel
         (which made long chains cubic)."""
-        version = (len(self.planned), len(self.wanted), len(self.library_inputs))
-        if self.memo_version != version:
-            self.memo_version = version
+        if self.memo_version != len(self.planned):
+            self.memo_version = len(self.planned)
             for memo in self.memos:
                 memo.clear()
         return self.memos
@@ -443,10 +440,7 @@ class _Scheduler:
             if n.id in memo:
                 stack.pop()
                 continue
-            # a value that must be stored is read back from its own (contiguous) buffer by any chain
-            # that does not leave it as it is (lower_elementwise): the walk stops there
-            through = n.kind == "view" or (n.kind == "elementwise" and not self.must_store(n))
-            through = through and not self.is_available(n)
+            through = n.kind in ("view", "elementwise") and not self.is_available(n)
             pending = [i for i in n.inputs if i.id not in memo] if through else ()
             if pending:
                 stack.extend(pending)
@@ -622,14 +616,29 @@ class _KernelBuilder:
         if node.kind == "view" and node.id not in self.sched.planned:  # a planned view has a buffer of its own
             node, chain = node.inputs[0], node.params + chain
         view = views.apply_all(ir.buffer_view(node), chain)
-        if view is None:  # e.g. flattening a transposed user buffer: copy it contiguous first
-            copy = ir.Node(_copy_prim(), (node,), None, node.shape, node.dtype, node.device)
-            yield self.sched.build_kernel(copy)
-            node, view = copy, views.apply_all(View.contiguous(copy.shape), chain)
+        while view is None:  # e.g. flattening a transposed user buffer: copy it contiguous first
+            node, chain = yield self.copy_through(node, chain)
+            view = views.apply_all(View.contiguous(node.shape), chain)
         if node.id not in self.input_index:
             self.input_index[node.id] = len(self.inputs)
             self.inputs.append(node)
         return self.add(Load(self.input_index[node.id], view, domain, node.dtype))
+
+    def copy_through(self, node, chain):
+        """A contiguous copy of ``node`` seen through the longest start of ``chain`` its buffer can show
+        as a strided view, and the rest of the chain: (copy, rest). Every op applies to a contiguous
+        buffer, so copying again makes progress (a chain pushed onto a value that must be stored, such as
+        the flattening of its broadcast, fails on its buffer even when its inputs would allow it)."""
+        start = ir.buffer_view(node)
+        done = 0
+        while done < len(chain) and views.apply_all(start, chain[:done + 1]) is not None:
+            done += 1
+        if done:
+            shape = views.apply_all(View.contiguous(node.shape), chain[:done]).shape
+            node = ir.Node(ir.VIEW, (node,), chain[:done], shape, node.dtype, node.device)
+        copy = ir.Node(_copy_prim(), (node,), None, node.shape, node.dtype, node.device)
+        yield self.sched.build_kernel(copy)
+        return copy, chain[done:]
 
     # ---- view algebra on this kernel's domain ---------------------------------------------------------
     def as_row_broadcast(self, shape, chain) -> Optional[tuple]:
