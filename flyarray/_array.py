@@ -86,6 +86,14 @@ class Array:
         synchronize(self.device)
         return self
 
+    def _values(self) -> torch.Tensor:
+        """``_tensor()`` for a caller that reads the values (numpy, DLPack, Python scalars): an array on
+        the 'meta' device has none, which it says in flyarray's words, not torch's."""
+        if self._node.device.type == "meta":
+            from .runtime import no_values_on_meta
+            no_values_on_meta()
+        return self._tensor()
+
     def _tensor(self) -> torch.Tensor:
         """The realized value as a torch tensor (a view of the buffer where torch can express it)."""
         node = self._node
@@ -103,9 +111,10 @@ class Array:
     def torch(self) -> torch.Tensor:
         """The value as a torch tensor sharing this array's memory: the fastest way out (evaluates).
 
-        The tensor *is* the array's buffer (or a view of it): writing into it changes this array."""
+        The tensor shares the array's memory (writing into it changes this array), but it is a tensor
+        object of its own: an in-place shape change on it (t_(), resize_()) leaves the array as it is."""
         buffer = self._node.buffer
-        return buffer if buffer is not None else self._tensor()
+        return (buffer if buffer is not None else self._tensor()).detach()
 
     def __repr__(self):
         if self.device.type == "meta":   # shapes and dtypes, no values: nothing to evaluate (torch's form)
@@ -128,7 +137,7 @@ class Array:
     def __array__(self, dtype=None, copy=None):
         """The value as a numpy array (evaluates): the array's own memory, read-only (arrays are immutable),
         unless ``copy`` or a ``dtype`` asks for a new one. bfloat16 needs the ``ml_dtypes`` package."""
-        t = self._tensor()
+        t = self._values()
         if t.device.type != "cpu":
             t = t.cpu()
             if copy is False:
@@ -153,28 +162,34 @@ class Array:
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         if dl_device is None and copy is None:  # the buffer's own capsule, no copy
             buffer = self._node.buffer
-            return _dlpack.buffer_capsule(buffer if buffer is not None else self._tensor(), stream, max_version)
+            if buffer is None or buffer.device.type == "meta":
+                buffer = self._values()
+            return _dlpack.buffer_capsule(buffer, stream, max_version)
         return _dlpack.export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self):
         """(DLPack device type, index) of where the array lives: known without evaluating it (the value
-        is computed by ``__dlpack__``, which a consumer calls next)."""
+        is computed by ``__dlpack__``, which a consumer calls next). A 'meta' array has no DLPack device
+        (no memory): RuntimeError."""
+        if self._node.device.type == "meta":
+            from .runtime import no_values_on_meta
+            no_values_on_meta()
         return _dlpack.device_of(self._node.device)
 
     def item(self):
         """The value of a one-element array as a Python scalar (bool, int, float or complex); evaluates."""
         if self.size != 1:
             raise ValueError(f"item() needs an array of one element, got shape {self.shape}")
-        return self._tensor().item()
+        return self._values().item()
 
     def tolist(self):
         """The value as nested Python lists of scalars (a scalar for 0-d); evaluates."""
-        return self._tensor().tolist()
+        return self._values().tolist()
 
     def __bool__(self):
         if self.size != 1:
             raise ValueError(f"the truth value of an array of shape {self.shape} is ambiguous; use any() or all()")
-        return bool(self._tensor().item())
+        return bool(self._values().item())
 
     def __int__(self):
         return int(self.item())

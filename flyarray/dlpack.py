@@ -28,7 +28,7 @@ def device_of(device: torch.device):
     answer (computed once per device from a zero-element tensor; a bare "cuda" is the current index)."""
     found = _DEVICES.get(device)
     if found is None:
-        if device.type != "cpu" and device.index is None:
+        if device.type == "cuda" and device.index is None:
             return device_of(torch.device(device.type, torch.cuda.current_device()))
         found = _DEVICES[device] = torch.empty(0, device=device).__dlpack_device__()
     return found

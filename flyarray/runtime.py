@@ -77,11 +77,15 @@ def _choose_backend(device: torch.device) -> str:
                                "fa.asarray(x, device='cuda')")
         return name or "reference"
     if device.type == "meta":
-        raise RuntimeError("arrays on the 'meta' device have shapes and dtypes but no values, so they can be "
-                           "recorded (a dry run) but not evaluated")
+        no_values_on_meta()
     if name == "interpret":
         raise RuntimeError(f"FLYARRAY_BACKEND=interpret runs on the CPU, but the data lives on {device}")
     return name or "gpu"
+
+
+def no_values_on_meta():
+    raise RuntimeError("arrays on the 'meta' device have shapes and dtypes but no values, so they can be "
+                       "recorded (a dry run) but not evaluated, converted or exported")
 
 
 # ---- stats ------------------------------------------------------------------------------------------

@@ -37,10 +37,8 @@ def function(fn):
     jitted = fa.jit(fn)
 
     def wrapped(*args):
-        out = jitted(*args)
-        if isinstance(out, tuple):
-            return tuple(torch.from_dlpack(o) for o in out)
-        return torch.from_dlpack(out)
+        # any pytree of arrays comes back with the same structure, each leaf a tensor over its memory
+        return fa.tree_util.tree_map(_to_torch, jitted(*args))
 
     wrapped.__wrapped__ = fn
     return wrapped
@@ -75,6 +73,10 @@ def matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None):
     """Differentiable ``[out_dtype]([residual +] [activation](a @ b [+ bias]))`` as one GEMM with a fused
     epilogue (``torch.ops.flyarray.matmul``); activation: relu, silu, gelu, gelu_tanh or None."""
     _tensors("matmul", a=a, b=b, bias=bias, residual=residual)
+    if activation is not None and not isinstance(activation, str):
+        raise TypeError(f"matmul: activation must be None or a str (relu, silu, gelu, gelu_tanh), got {activation!r}")
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"matmul: out_dtype must be None or a torch.dtype, got {out_dtype!r}")
     return torch.ops.flyarray.matmul(a, b, bias, residual, activation, out_dtype)
 
 
@@ -105,6 +107,10 @@ def mx_quantize(x, fmt: str, axis: int = -1, block_size: int = 32):
         raise TypeError(f"mx_quantize: fmt must be a str (e4m3, e5m2, e2m1), got {fmt!r}")
     return torch.ops.flyarray.mx_quantize(x, fmt, _int("mx_quantize", "axis", axis),
                                           _int("mx_quantize", "block_size", block_size))
+
+
+def _to_torch(leaf):
+    return torch.from_dlpack(leaf) if isinstance(leaf, fa.Array) else leaf
 
 
 def _number(op, name, value):

@@ -223,3 +223,24 @@ def test_mx_dequantize_refuses_data_of_another_format_when_recorded(no_evaluatio
     data, scales = fa.quant.mx_quantize(fa.ones((2, 64)), "e4m3")
     with pytest.raises(TypeError, match="e5m2 data is stored as fa.float8_e5m2, got fa.float8_e4m3fn"):
         fa.quant.mx_dequantize(data, scales, "e5m2")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: fa.cumulative_sum([1.0, 2.0]), lambda: fa.cumulative_prod([1.0, 2.0]), lambda: fa.clip([1.0], 0, 1),
+    lambda: fa.linalg.cross([1.0, 0, 0], [0, 1.0, 0]), lambda: fa.unique_values([1, 1, 2]),
+    lambda: fa.nn.softmax([1.0, 2.0]), lambda: fa.nn.log_softmax([1.0]), lambda: fa.nn.rms_norm([1.0, 2.0]),
+    lambda: fa.nn.layer_norm([1.0, 2.0]), lambda: fa.linalg.vector_norm([3.0, 4.0]),
+    lambda: fa.linalg.matrix_norm([[1.0, 2.0]]), lambda: fa.moveaxis([[1, 2]], 0, 1),
+    lambda: fa.broadcast_arrays(fa.ones(2), [3]),
+], ids=["cumulative_sum", "cumulative_prod", "clip", "cross", "unique_values", "softmax", "log_softmax",
+        "rms_norm", "layer_norm", "vector_norm", "matrix_norm", "moveaxis", "broadcast_arrays"])
+def test_a_list_where_an_array_belongs_is_a_type_error_naming_the_argument(call):
+    with pytest.raises(TypeError, match="must be a flyarray Array"):
+        call()
+
+
+@pytest.mark.parametrize("value, dtype", [(-1, fa.uint8), ([-1, 2], fa.uint8), (300, fa.uint8), (-1, fa.uint16),
+                                          ([2**40], fa.int32)])
+def test_a_python_int_out_of_the_dtypes_range_overflows(value, dtype):
+    with pytest.raises(OverflowError):
+        fa.asarray(value, dtype=dtype)

@@ -220,3 +220,39 @@ def test_from_dlpack_copy_true_copies_every_source(backend):
     copied.torch()[0] = 5
     assert x.tolist() == [1.0, 1.0, 1.0]
     assert fa.from_dlpack(x) is x
+
+
+def test_in_place_shape_changes_on_either_side_leave_the_array_as_it_was(backend):
+    """The array keeps a tensor object of its own over the caller's memory: the caller's t.t_(),
+    set_() or resize_() change their tensor, not what the array reads (values still alias)."""
+    t = torch.arange(6.0).reshape(2, 3)
+    x = fa.asarray(t)
+    t.t_()
+    assert x.shape == (2, 3) and np.asarray(x).shape == (2, 3)
+    assert (x * 1).tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert torch.from_dlpack(x).data_ptr() == t.data_ptr()  # still no copy
+    y = fa.eval(fa.arange(6, dtype=fa.float32).reshape((2, 3)) * 1)
+    y.torch().t_()
+    assert (y + 0).tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert y.torch().data_ptr() == y.torch().data_ptr()
+
+
+def test_sparse_and_meta_tensors_get_flyarrays_errors():
+    sparse = torch.tensor([[0.0, 2.0], [3.0, 0.0]]).to_sparse()
+    with pytest.raises(TypeError, match="only dense"):
+        fa.asarray(sparse)
+    meta = fa.asarray(torch.ones(2, device="meta"))
+    for read in (meta.__dlpack_device__, lambda: torch.from_dlpack(meta), lambda: np.asarray(meta), meta.tolist):
+        with pytest.raises(RuntimeError, match="'meta' device"):
+            read()
+
+
+def test_interop_function_returns_any_pytree_and_matmul_checks_its_options():
+    import flyarray.interop.torch as fat
+    out = fat.function(lambda a: {"double": [a * 2], "same": a})(torch.ones(2))
+    assert torch.equal(out["double"][0], torch.full((2,), 2.0)) and torch.equal(out["same"], torch.ones(2))
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    with pytest.raises(TypeError, match="activation"):
+        fat.matmul(a, b, activation=3)
+    with pytest.raises(TypeError, match="out_dtype"):
+        fat.matmul(a, b, out_dtype="float16")

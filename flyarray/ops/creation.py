@@ -46,10 +46,13 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     an in-place change to the tensor before evaluation changes the result (docs/semantics.md,
     "Aliasing and zero copy"); ``copy=True`` takes a snapshot instead."""
     if type(obj) is torch.Tensor and dtype is None and device is None and not copy and not obj.requires_grad \
-            and not (obj._is_view() and (obj.is_neg() or obj.is_conj())):  # (bits live on views only: 0.05 us)
+            and obj.layout is torch.strided and not (obj._is_view() and (obj.is_neg() or obj.is_conj())):
+        # (the neg/conj bits live on views only: 0.05 us)
         d = dt.TORCH_TO_FLYARRAY.get(obj.dtype)
-        if d is not None:  # the hot path of a torch round trip: no checks left to make, no copy
-            return Array(ir.Node(ir.SOURCE, (), ir.version_of(obj), tuple(obj.shape), d, obj.device, obj))
+        if d is not None:  # the hot path of a torch round trip: no checks left to make, no copy. The buffer
+            # is a tensor object of our own over the same memory (0.5 us): the caller's t.t_(), resize_()
+            # or set_() then changes their tensor's shape, not what this array reads
+            return Array(ir.Node(ir.SOURCE, (), ir.version_of(obj), tuple(obj.shape), d, obj.device, obj.detach()))
     target_dtype = dt.dtype(dtype) if dtype is not None else None
     if isinstance(obj, Array):
         out = obj
@@ -82,7 +85,9 @@ def _copied(obj, copy, make):
         raise ValueError("copy=False, but Python scalars and sequences must be copied")
     try:
         return make()
-    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+    except OverflowError as exc:  # numpy: a Python int out of the dtype's range; or ours (_ints_within)
+        raise OverflowError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
+    except (TypeError, ValueError, RuntimeError) as exc:
         if "unpacking long long" in str(exc):  # torch: a Python int past int64 (no dtype given)
             raise OverflowError(f"cannot make an array from {type(obj).__name__}: a Python int past int64's range "
                                 f"(-2**63..2**63-1); for 2**63..2**64-1 pass dtype=fa.uint64") from exc
@@ -102,13 +107,27 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
         arr = _copied(obj, copy, lambda: np.array(obj, dtype=target_dtype.name if wide_unsigned else None))
         return _from_numpy(arr, copy)
     if isinstance(obj, (bool, numbers.Number, list, tuple, np.generic)):
-        t = _copied(obj, copy, lambda: torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None))
+        if target_dtype is not None and target_dtype.kind in "iu":
+            t = _copied(obj, copy, lambda: _ints_within(torch.tensor(obj), target_dtype).to(target_dtype.torch))
+        else:
+            t = _copied(obj, copy, lambda: torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None))
         if t.dtype == torch.float64 and target_dtype is None and not isinstance(obj, np.generic):
             t = t.float()  # the array API's default float is float32
         _check_supported(t.dtype)
         return t
     raise TypeError(f"cannot make an array from {type(obj).__name__}: it is not a DLPack producer "
                     "(no __dlpack__), a numpy array, or a (nested) sequence of numbers")
+
+
+def _ints_within(t: torch.Tensor, d) -> torch.Tensor:
+    """``t`` (Python values as torch made them), checked to fit integer dtype ``d`` if they are integers:
+    torch would wrap -1 into uint8 as 255 (floats truncate, as astype)."""
+    if t.numel() and not t.dtype.is_floating_point and t.dtype != torch.bool and not t.dtype.is_complex:
+        info, lo, hi = torch.iinfo(d.torch), int(t.min()), int(t.max())
+        if lo < info.min or hi > info.max:
+            raise OverflowError(f"a Python int ({lo if lo < info.min else hi}) does not fit {d} "
+                                f"(range {info.min}..{info.max})")
+    return t
 
 
 def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:

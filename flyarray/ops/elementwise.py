@@ -6,7 +6,7 @@ import math
 from .. import dtypes as dt
 from .._array import Array
 from ..primitives import ELEMENTWISE
-from .core import astype, binary, elementwise, unary, where  # noqa: F401  (re-exported)
+from .core import array_arg, astype, binary, elementwise, unary, where  # noqa: F401  (re-exported)
 
 
 # name -> what it computes (one line). The dtype sentence comes from the primitive's ``accepts``/``out``.
@@ -88,6 +88,7 @@ def clip(x, /, min=None, max=None):
     """Clamp to [min, max] (scalars or arrays; either may be None); NaN stays NaN (as numpy).
 
     The result is cast back to ``x``'s dtype (numpy promotes with the bounds' dtypes)."""
+    x = array_arg(x, "clip: x")
     out = x
     for bound, name in ((min, "min"), (max, "max")):
         if isinstance(bound, float) and math.isnan(bound):

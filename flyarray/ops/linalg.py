@@ -8,7 +8,7 @@ import torch
 
 from .. import dtypes as dt
 from .. import views
-from .core import node_of
+from .core import array_arg, node_of
 from .manipulation import permute_dims, reshape
 from .library import Library, call
 
@@ -326,6 +326,7 @@ def cross(x1, x2, /, *, axis=-1):
     """The cross product of 3-vectors along ``axis`` (broadcasting the others), as the array API's
     linalg.cross; numeric dtypes promote. Views and elementwise ops (it fuses)."""
     from .manipulation import broadcast_arrays
+    x1, x2 = array_arg(x1, "cross: x1"), array_arg(x2, "cross: x2")
     x1, x2 = broadcast_arrays(*_promoted(x1, x2))
     nd = x1.ndim
     if not -nd <= axis < nd or x1.shape[axis] != 3:
@@ -350,6 +351,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     from .elementwise import abs as _abs
     from .elementwise import pow as _pow
     from .elementwise import sqrt
+    x = array_arg(x, "vector_norm: x")
     if x.dtype.kind == "c":  # the norm of the magnitudes, in the parts' dtype
         x = _abs(x)
     if x.dtype.kind != "f":
@@ -378,6 +380,7 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     input: its parts' dtype)."""
     from . import reductions as R
     from .elementwise import abs as _abs
+    x = array_arg(x, "matrix_norm: x")
     if x.ndim < 2:
         raise ValueError(f"matrix_norm: x must have at least 2 dimensions, got shape {x.shape}")
     if x.dtype.kind not in "fc":  # complex: the norms of the magnitudes (svdvals takes the complex matrix)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import ir, views
 from .._array import Array
-from .core import movement, node_of
+from .core import array_arg, movement, node_of
 
 
 def reshape(x, shape, copy=None) -> Array:
@@ -113,6 +113,7 @@ def broadcast_shapes(*shapes) -> tuple:
 
 def broadcast_arrays(*arrays) -> list:
     """The arrays broadcast to their common shape, as a list of views (numpy returns a tuple); any dtypes."""
+    arrays = [array_arg(a, f"broadcast_arrays: argument {i}") for i, a in enumerate(arrays)]
     shape = views.broadcast_shapes(*[a.shape for a in arrays])
     return [broadcast_to(a, shape) for a in arrays]
 
@@ -128,6 +129,7 @@ def flip(x, axis=None) -> Array:
 
 def moveaxis(x, source, destination) -> Array:
     """``x`` with axes ``source`` moved to positions ``destination`` (ints or tuples); a view, any dtype."""
+    x = array_arg(x, "moveaxis: x")
     nd = x.ndim
     src = [views.normalize_axis(a, nd, "moveaxis: source") for a in views.axis_tuple(source, "moveaxis: source")]
     dst = [views.normalize_axis(a, nd, "moveaxis: destination")

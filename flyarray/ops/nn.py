@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import dtypes
 from . import checks
-from .core import elementwise
+from .core import array_arg, elementwise
 from .creation import zeros
 from .._array import Array
 from .library import Composite, composite, expansion, record_composite
@@ -16,10 +16,17 @@ def _empty_axis(x, axis) -> bool:
     return x.ndim > 0 and x.shape[axis] == 0
 
 
+def _array_args(op, **args) -> list:
+    """The given arrays (None stays None) as Arrays, numpy arrays and torch tensors converted; a TypeError
+    naming the argument for anything else."""
+    return [None if a is None else array_arg(a, f"{op}: {name}") for name, a in args.items()]
+
+
 def softmax(x, axis=-1):
     """exp(x - max) / sum over ``axis``; one fused row kernel, or the hand-written kernel for long rows.
 
     Float dtypes only (integers raise TypeError, unlike jax.nn.softmax); the result keeps x's dtype."""
+    x = array_arg(x, "softmax: x")
     axis = checks.check_softmax("softmax", x, axis)
     if _empty_axis(x, axis):
         return zeros(x.shape, dtype=x.dtype, device=x.device)
@@ -37,6 +44,7 @@ def _softmax(x, *, axis):
 def log_softmax(x, axis=-1):
     """x - max - log(sum(exp(x - max))) over ``axis``, as jax.nn.log_softmax; fused like ``softmax``.
     Float dtypes only (integers raise TypeError); the result keeps x's dtype."""
+    x = array_arg(x, "log_softmax: x")
     axis = checks.check_softmax("log_softmax", x, axis)
     if _empty_axis(x, axis):
         return zeros(x.shape, dtype=x.dtype, device=x.device)
@@ -80,6 +88,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None):
                 and eps >= 0 and xn.device == wn.device):
             return record_composite(RMS_NORM, (xn, wn), [(xn.shape, xn.dtype)], xn.device,
                                     {"eps": eps, "has_weight": True, "has_residual": False})[0]
+    x, weight, residual = _array_args("rms_norm", x=x, weight=weight, residual=residual)
     checks.check_norm("rms_norm", x, weight=weight, residual=residual, eps=eps)
     inputs = [x] + [a for a in (weight, residual) if a is not None]
     avals = [(x.shape, x.dtype)]
@@ -115,6 +124,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     Float x, weight and bias (weight/bias of the last axis's size); the result is their promoted dtype;
     statistics in fp32 (fp64 for a float64 result), as torch.
     Recorded as one node and fused into one row kernel."""
+    x, weight, bias = _array_args("layer_norm", x=x, weight=weight, bias=bias)
     checks.check_norm("layer_norm", x, weight=weight, bias=bias, eps=eps)
     inputs = [x] + [a for a in (weight, bias) if a is not None]
     (y,) = composite(LAYER_NORM, inputs, [(x.shape, _promoted(x, weight, bias))], eps=float(eps),

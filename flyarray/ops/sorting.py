@@ -76,7 +76,7 @@ def _from_last(y, axis):
 
 
 def _scan(op, x, axis, dtype, include_initial):
-    x = as_array(x)
+    x = array_arg(x, f"cumulative_{op}: x")
     if dtype is not None and dt.dtype(dtype).kind == "c" or x.dtype.kind == "c":
         return _complex_scan(op, x if dtype is None else x.astype(dt.dtype(dtype), copy=False), axis, include_initial)
     _real(f"cumulative_{op}", "x", x._node, allow_bool=True)
@@ -244,7 +244,7 @@ def _unique(x, want_inverse):
     from .creation import asarray, zeros
     from .indexing import nonzero, take
     from .manipulation import concat, reshape
-    x = as_array(x)
+    x = array_arg(x, "unique: x")
     check_storage_only("unique", x.dtype)
     flat = reshape(x, (x.size,))
     n = x.size
