@@ -231,7 +231,9 @@ def _erfinv(x: Array) -> Array:
     small = _horner(w - 2.5, _ERFINV_SMALL)
     large = _horner(ew.sqrt(ew.maximum(w, 5.0)) - 3.0, _ERFINV_LARGE)
     p = core.where(w < 5.0, small, large) * x
-    return core.where(ew.abs(x) == 1.0, x * float("inf"), p)
+    # the infinities as constants: x * inf would send 0 * inf = NaN back through the branch not taken
+    infinities = core.where(x > 0, float("inf"), float("-inf")).astype(x.dtype, copy=False)
+    return core.where(ew.abs(x) == 1.0, infinities, p)
 
 
 def normal(k, shape=(), dtype=dt.float32) -> Array:

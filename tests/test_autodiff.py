@@ -669,3 +669,21 @@ def test_attention_without_keys_in_forward_mode_and_second_order():
     np.testing.assert_array_equal(np.asarray(fa.jvp(f, (q,), (q,))[1]), np.zeros((1, 3, 1, 4)))
     gg = fa.grad(lambda a: fa.sum(fa.grad(lambda b: fa.sum(f(b) ** 2))(a)))(q)
     np.testing.assert_array_equal(np.asarray(gg), np.zeros((1, 3, 1, 4)))
+
+
+def test_clip_gradient_at_a_bound_does_not_depend_on_how_the_bound_is_given():
+    x = fa.asarray(np.array([0.0, 0.5, 1.0, -1.0, 2.0]))
+    want = np.array([1.0, 1.0, 1.0, 0.0, 0.0])  # torch's clamp: x keeps its gradient at the bounds
+    for lo, hi in ((0.0, 1.0), (fa.asarray(0.0), fa.asarray(1.0))):
+        np.testing.assert_array_equal(np.asarray(fa.grad(lambda a: fa.sum(fa.clip(a, lo, hi)))(x)), want)
+
+
+def test_truncated_normal_differentiates_in_its_bounds_in_both_modes():
+    key = fa.random.key(9)
+    f = lambda lo: fa.sum(fa.random.truncated_normal(key, lo, 1.7, (6,), dtype=fa.float64))  # noqa: E731
+    lo = fa.asarray(np.float64(0.3))
+    reverse = float(fa.grad(f)(lo))
+    forward = float(fa.jvp(f, (lo,), (fa.asarray(np.float64(1.0)),))[1])
+    h = 1e-6
+    central = (float(f(fa.asarray(np.float64(0.3 + h)))) - float(f(fa.asarray(np.float64(0.3 - h))))) / (2 * h)
+    assert np.isfinite(reverse) and abs(reverse - forward) < 1e-9 and abs(reverse - central) < 1e-4

@@ -97,11 +97,17 @@ def clip(x, /, min=None, max=None):
             if x.dtype.kind not in "fc":
                 raise TypeError(f"clip: {name} is NaN, which a {x.dtype} array cannot hold")
             return elementwise("add", x * 0, bound)
+    # where, not maximum/minimum, for scalar and array bounds alike: at a bound, x keeps its gradient
+    # (torch's clamp), whichever way the bound is given; a NaN in an array bound still gives NaN
     if min is not None:
-        out = where(out < min, min, out) if not _is_array(min) else elementwise("maximum", out, min)
+        out = where(_past(out < min, min), min, out)
     if max is not None:
-        out = where(out > max, max, out) if not _is_array(max) else elementwise("minimum", out, max)
+        out = where(_past(out > max, max), max, out)
     return astype(out, x.dtype, copy=False)
+
+
+def _past(beyond, bound):
+    return beyond | (bound != bound) if _is_array(bound) and bound.dtype.kind == "f" else beyond
 
 
 def _is_array(v):
