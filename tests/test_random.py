@@ -383,3 +383,8 @@ def test_permutation_traces_under_jit_and_batches_under_vmap():
 def test_permutation_refuses_what_it_cannot_permute(x, axis, match):
     with pytest.raises(ValueError, match=match):
         R.permutation(R.key(0), x, axis=axis)
+
+
+def test_a_float_in_a_shape_is_a_type_error():
+    with pytest.raises(TypeError, match="sequence of ints"):
+        fa.random.normal(fa.random.key(0), (2.0,))
