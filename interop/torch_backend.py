@@ -20,6 +20,7 @@ import torch.fx
 
 import flyarray as fa
 from flyarray import dtypes as dt
+from flyarray.ops.checks import ATTENTION_MAX_HEAD_DIM
 
 from . import torch_ops
 
@@ -725,7 +726,12 @@ class CompiledGraph:
 # ---- the Dynamo-level pre-pass: library calls torch would decompose become our custom ops ------------------
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """F.scaled_dot_product_attention (B, H, S, D) through flyarray::attention_forward (B, S, H, D), whose
-    backward reads the forward's (out, lse) instead of recomputing them."""
+    backward reads the forward's (out, lse) instead of recomputing them. Under torch.autocast the inputs
+    are cast to its dtype first, as torch's SDPA (autocast has no rule for our op, which would run in fp32)."""
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        low = torch.get_autocast_dtype(device)
+        query, key, value = (t.to(low) for t in (query, key, value))
     out, _ = torch.ops.flyarray.attention_forward(query.transpose(1, 2), key.transpose(1, 2),
                                                   value.transpose(1, 2), None, None, scale, is_causal)
     return out.transpose(1, 2)
@@ -779,6 +785,8 @@ def _sdpa_takes(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
     if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
         return False
     if v.shape[-1] != q.shape[-1] or q.shape[-1] == 0:   # torch allows value's head_dim to differ (or be 0)
+        return False
+    if q.shape[-1] > ATTENTION_MAX_HEAD_DIM:  # past our kernels' widest head
         return False
     if q.shape[1] == 0 or k.shape[1] == 0:                # no heads: torch's empty result, no kernel
         return False

@@ -199,6 +199,7 @@ def _check_attention(q, k, v, bias, mask, scale, is_causal):
     (shape, dtype), _lse = _attention_abstract(*[a for a in avals if a is not None], scale=scale,
                                             is_causal=is_causal, has_bias=bias is not None,
                                             has_mask=mask is not None)
+    checks.check_attention_head_dim("dot_product_attention", shape[-1])
     return shape, dtype
 
 

@@ -687,3 +687,17 @@ def test_truncated_normal_differentiates_in_its_bounds_in_both_modes():
     h = 1e-6
     central = (float(f(fa.asarray(np.float64(0.3 + h)))) - float(f(fa.asarray(np.float64(0.3 - h))))) / (2 * h)
     assert np.isfinite(reverse) and abs(reverse - forward) < 1e-9 and abs(reverse - central) < 1e-4
+
+
+def test_attention_with_heads_wider_than_the_kernels_matches_torch(backend):
+    """head_dim 300 (the kernels stop at 256): fa.nn computes it with fused primitives, value and gradient."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 3, 2, 300)).astype(np.float32) for _ in range(3))
+    f = lambda a: fa.sum(fa.nn.dot_product_attention(a, fa.asarray(k), fa.asarray(v), is_causal=True) ** 2)  # noqa: E731
+    tq, tk, tv = (torch.from_numpy(t.copy()).transpose(1, 2) for t in (q, k, v))
+    tq.requires_grad_()
+    want = (torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True) ** 2).sum()
+    want.backward()
+    np.testing.assert_allclose(float(f(fa.asarray(q))), want.item(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(fa.grad(f)(fa.asarray(q))), tq.grad.transpose(1, 2).numpy(),
+                               rtol=1e-4, atol=1e-5)

@@ -578,12 +578,33 @@ def test_addmm_with_beta_zero_ignores_the_input():
     ((1, 2, 4, 8), (2, 2, 4, 8), (2, 2, 4, 8)),      # ... and of q
     ((2, 2, 4, 8), (2, 2, 4, 8), (1, 2, 4, 8)),      # ... and of v alone
     ((1, 2, 4, 8), (1, 2, 4, 8), (1, 1, 4, 8)),      # ... and v's heads
+    ((1, 1, 3, 300),) * 3,                            # head_dim past the kernels' 256
 ])
 def test_sdpa_our_kernels_do_not_take_stays_torchs(q, k, v):
     torch._dynamo.reset()
     f = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
     args = tuple(torch.randn(s) for s in (q, k, v))
+    from flyarray.interop import torch_backend
+    assert not torch_backend._sdpa_takes(*args)
     torch.testing.assert_close(torch.compile(f, backend="flyarray")(*args), f(*args))
+
+
+def test_attention_custom_op_refuses_heads_past_its_kernels():
+    q = torch.randn(1, 3, 1, 300)
+    with pytest.raises(ValueError, match="head_dim 300"):
+        fat.dot_product_attention(q, q, q, is_causal=True)
+
+
+def test_sdpa_under_autocast_computes_in_autocasts_dtype_as_eager():
+    torch._dynamo.reset()
+
+    def f(q, k, v):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    args = tuple(torch.randn(1, 2, 4, 8) for _ in range(3))
+    got, want = torch.compile(f, backend="flyarray")(*args), f(*args)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
 def test_float64_sdpa_stays_torchs():

@@ -786,7 +786,9 @@ def _broadcast_operand(t: Optional[torch.Tensor], shape, fallback: torch.Tensor)
 
 
 def _geometry(q, k, scale):
+    from flyarray.ops.checks import check_attention_head_dim
     B, Sq, Hq, D = q.shape
+    check_attention_head_dim("attention", D)
     Sk, Hkv = k.shape[1], k.shape[2]
     if Hq % Hkv:
         raise ValueError(f"kv heads ({Hkv}) must divide query heads ({Hq})")

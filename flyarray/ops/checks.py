@@ -15,6 +15,14 @@ from .. import dtypes as dt
 from .. import views
 
 KERNEL_FLOATS = (dt.float16, dt.bfloat16, dt.float32)  # what the hand-written kernels compute on
+ATTENTION_MAX_HEAD_DIM = 256  # the attention kernels' widest head (padded to a power of two, tables to 256)
+
+
+def check_attention_head_dim(op: str, head_dim: int):
+    """The attention kernels take head_dim up to ATTENTION_MAX_HEAD_DIM."""
+    if head_dim > ATTENTION_MAX_HEAD_DIM:
+        raise ValueError(f"{op}: head_dim {head_dim} is past the attention kernels' {ATTENTION_MAX_HEAD_DIM} "
+                         "(fa.nn.dot_product_attention computes wider heads with fused primitives)")
 # the dtypes check_float accepts: floating, not storage-only (fa.nn's fast paths test membership)
 COMPUTE_FLOATS = frozenset(d for d in dt.ALL if d.kind == "f" and d not in dt.STORAGE_ONLY)
 

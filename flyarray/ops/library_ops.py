@@ -168,11 +168,24 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
 
     Any strides: torch (B, H, S, D) tensors pass as ``.transpose(1, 2)`` views without a copy.
     GQA/MQA when key/value have fewer heads; causal with unequal lengths is aligned bottom-right.
+    head_dim past 256 (the kernels' widest) is computed by the same math on fused primitives.
     """
     extras = [t for t in (bias, mask) if t is not None]
+    if query.shape[-1] > checks.ATTENTION_MAX_HEAD_DIM and len(query.shape) == 4:
+        return _wide_head_attention(query, key, value, extras, scale=scale, is_causal=bool(is_causal),
+                                    has_bias=bias is not None, has_mask=mask is not None)
     out, _ = call(ATTENTION, [query, key, value, *extras], scale=scale, is_causal=bool(is_causal),
                   has_bias=bias is not None, has_mask=mask is not None)
     return out
+
+
+def _wide_head_attention(query, key, value, extras, **kw):
+    """The attention library op's formulation (ad_rules), after the op's own checks."""
+    from ..ad_rules import _attention_formulation
+    from .core import array_arg
+    arrays = [array_arg(t, "dot_product_attention") for t in (query, key, value, *extras)]
+    _attention_abstract(*[a._node for a in arrays], **kw)
+    return _attention_formulation(*arrays, **kw)[0]
 
 
 # ---- ragged_dot --------------------------------------------------------------------------------------------
