@@ -8,6 +8,8 @@ Nothing computes when an op is recorded. Evaluation is triggered only by
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -122,9 +124,8 @@ class Array:
         t = self._tensor().detach().cpu()
         text = repr(t)
         inner = text[len("tensor("):text.rindex(")")]
-        for marker in (", dtype=", ", device="):
-            if marker in inner:
-                inner = inner[:inner.index(marker)]
+        # torch's own dtype= and device= go (a long repr puts them on a line of their own)
+        inner = re.split(r",\s*(?:dtype|device|requires_grad)=", inner, maxsplit=1)[0]
         return f"Array({inner}, dtype={self.dtype.name})"
 
     def _repr_mimebundle_(self, include=None, exclude=None):

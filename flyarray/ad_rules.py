@@ -59,6 +59,13 @@ def _balanced_eq(x, y, out):
     return F.where(x == out, F.where(y == out, 0.5, 1.0), 0.0).astype(out.dtype, copy=False)
 
 
+def _logaddexp_share(x, other, out):
+    """d logaddexp / dx = exp(x - out), except where x is the infinite answer (inf - inf is NaN): there
+    maximum's tie rule, 1 alone or 0.5 tied (JAX's); a NaN answer stays NaN."""
+    infinite = F.isinf(out) & (x == out)
+    return F.where(infinite, _balanced_eq(x, other, out), F.exp(x - out))
+
+
 _UNARY = {
     "exp": lambda g, x, y: g * y,
     "exp2": lambda g, x, y: g * y * math.log(2.0),
@@ -132,7 +139,7 @@ _BINARY = {
     "atan2": lambda g, a, b, y: (g * b / (a * a + b * b), -(g * a) / (a * a + b * b)),
     "hypot": _hypot_rule,
     "copysign": _copysign_rule,
-    "logaddexp": lambda g, a, b, y: (g * F.exp(a - y), g * F.exp(b - y)),
+    "logaddexp": lambda g, a, b, y: (g * _logaddexp_share(a, b, y), g * _logaddexp_share(b, a, y)),
     # remainder(a, b) = a - floor(a / b) * b: d/da = 1, d/db = -floor(a / b) (almost everywhere)
     "remainder": lambda g, a, b, y: (g, -(g * F.floor(a / b))),
 }

@@ -701,3 +701,12 @@ def test_attention_with_heads_wider_than_the_kernels_matches_torch(backend):
     np.testing.assert_allclose(float(f(fa.asarray(q))), want.item(), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(fa.grad(f)(fa.asarray(q))), tq.grad.transpose(1, 2).numpy(),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_logaddexp_gradient_where_the_answer_is_infinite():
+    inf = np.inf
+    a = np.array([inf, inf, -inf, -inf, 1.0, np.nan])
+    b = np.array([1.0, inf, -inf, 1.0, 1.0, 1.0])
+    ga, gb = fa.grad(lambda x, y: fa.sum(fa.logaddexp(x, y)), argnums=(0, 1))(fa.asarray(a), fa.asarray(b))
+    np.testing.assert_array_equal(np.asarray(ga), [1.0, 0.5, 0.5, 0.0, 0.5, np.nan])  # JAX's values
+    np.testing.assert_array_equal(np.asarray(gb), [0.0, 0.5, 0.5, 1.0, 0.5, np.nan])

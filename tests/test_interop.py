@@ -256,3 +256,8 @@ def test_interop_function_returns_any_pytree_and_matmul_checks_its_options():
         fat.matmul(a, b, activation=3)
     with pytest.raises(TypeError, match="out_dtype"):
         fat.matmul(a, b, out_dtype="float16")
+
+
+def test_repr_shows_flyarrays_dtype_only_also_when_torch_wraps_the_line():
+    text = repr(fa.asarray(np.array([np.inf, 0.5, 1 / 3, np.nan, 2.0, 3.0, 4.0, 5.0])))
+    assert text.endswith(", dtype=float64)") and "torch" not in text
