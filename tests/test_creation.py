@@ -176,3 +176,10 @@ def test_linspace_ends_on_stop_in_every_dtype(backend, dtype, start, stop, num):
     (0.7000000000000002), and floors to stop - 1 for an integer result."""
     got = np.asarray(fa.linspace(start, stop, num, dtype=dtype))
     np.testing.assert_array_equal(got, np.linspace(start, stop, num, dtype=dtype))
+
+
+def test_asarray_of_a_list_of_arrays_stacks_them():
+    got = fa.asarray([fa.ones(2), fa.asarray(np.zeros(2)), [5.0, 6.0]])
+    np.testing.assert_array_equal(np.asarray(got), [[1.0, 1.0], [0.0, 0.0], [5.0, 6.0]])
+    with pytest.raises(ValueError, match="one shape"):
+        fa.asarray([fa.ones(2), fa.ones(3)])

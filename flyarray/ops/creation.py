@@ -44,7 +44,8 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     A torch tensor that requires grad is taken detached: flyarray arrays carry no autograd (use
     ``flyarray.interop.torch``'s differentiable ops for that). The array and the tensor share memory:
     an in-place change to the tensor before evaluation changes the result (docs/semantics.md,
-    "Aliasing and zero copy"); ``copy=True`` takes a snapshot instead."""
+    "Aliasing and zero copy"); ``copy=True`` takes a snapshot instead. A (nested) list that holds arrays
+    or tensors is their stack (lazy, as numpy's and JAX's ``asarray([a, b])``)."""
     if type(obj) is torch.Tensor and dtype is None and device is None and not copy and not obj.requires_grad \
             and obj.layout is torch.strided and not (obj._is_view() and (obj.is_neg() or obj.is_conj())):
         # (the neg/conj bits live on views only: 0.05 us)
@@ -65,6 +66,9 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
                 raise ValueError(f"copy=False, but dtype {out.dtype} differs from {target_dtype}")
             return astype(out, target_dtype)
         return astype(out, out.dtype, copy=True) if copy else out
+    if isinstance(obj, (list, tuple)) and any(isinstance(e, (Array, torch.Tensor, list, tuple)) for e in obj) \
+            and _holds_arrays(obj):
+        return _stacked(obj, dtype, device, copy)
     tensor = _to_tensor(obj, target_dtype, copy)
     if device is not None and tensor.device != _device(device):
         if copy is False:
@@ -77,6 +81,23 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     if copy:
         tensor = tensor.clone()
     return Array(ir.source(tensor))
+
+
+def _holds_arrays(obj) -> bool:
+    """Whether a (nested) list holds fa arrays or torch tensors, which torch.tensor cannot take."""
+    return any(isinstance(e, (Array, torch.Tensor)) or (isinstance(e, (list, tuple)) and _holds_arrays(e))
+               for e in obj)
+
+
+def _stacked(obj, dtype, device, copy):
+    """A list of arrays (numpy's and JAX's asarray([a, b])): their stack, lazy; a new buffer always."""
+    from .manipulation import stack
+    if copy is False:
+        raise ValueError("copy=False, but a list of arrays is stacked into a new buffer")
+    parts = [asarray(e, dtype=dtype, device=device) for e in obj]
+    if not parts:
+        return asarray([], dtype=dtype, device=device)
+    return stack(parts)
 
 
 def _copied(obj, copy, make):
