@@ -488,3 +488,12 @@ def test_nan_aware_binary_ops_take_a_python_scalar_first(backend):
     np.testing.assert_array_equal(np.asarray(fa.nextafter(fa.asarray(h), 0.0)), np.nextafter(h, np.float16(0.0)))
     np.testing.assert_array_equal(np.asarray(fa.nextafter(fa.asarray(h), float("nan"))),
                                   np.nextafter(h, np.float16(np.nan)))
+
+
+def test_binary_math_with_a_scalar_first_inside_a_row_kernel(backend):
+    """hypot/atan2/pow(scalar, x) next to a row reduction: the interpreter's math shim typed the result
+    as its first operand (the 0-d scalar), and the next op broadcast it wrongly."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for f, ref in ((fa.hypot, np.hypot), (fa.atan2, np.arctan2), (fa.pow, np.power)):
+        got = f(3.0, fa.asarray(x)) - fa.sum(fa.asarray(x), axis=1, keepdims=True)
+        np.testing.assert_allclose(np.asarray(got), ref(np.float32(3.0), x) - x.sum(1, keepdims=True), rtol=1e-6)

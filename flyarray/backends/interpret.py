@@ -14,10 +14,13 @@ from triton.runtime.interpreter import TensorHandle
 
 def _lift(np_fn, result_bool=False):
     def fn(*args):
-        first = next(a for a in args if isinstance(a, tl.tensor))
         datas = [a.handle.data if isinstance(a, tl.tensor) else a for a in args]
         with np.errstate(all="ignore"):
             out = np_fn(*datas)
+        # the result's type is that of the operand of the result's (broadcast) shape: hypot(s, block)
+        # with a scalar s first is a block
+        tensors = [a for a in args if isinstance(a, tl.tensor)]
+        first = next((a for a in tensors if np.shape(a.handle.data) == np.shape(out)), tensors[0])
         if result_bool:
             return tl.tensor(TensorHandle(np.asarray(out).astype(np.int32), tl.int32), first.type.with_element_ty(tl.int32)
                              if hasattr(first.type, "with_element_ty") else tl.int32)
