@@ -10,6 +10,7 @@
 # MODE=first_call: the GPU tests of background compiles (tests/test_precompile.py, with the GEMM and
 # attention kernel tests), then benchmarks/first_call.py (flyarray with and without precompile beside
 # Inductor, fresh processes and caches; ROUNDS=, default 2).
+# MODE=ws_profile: benchmarks/profile_seed_block.py with FLYARRAY_GEMM_WS=1 and 0, twice, alternating.
 # MODE=ws: the GPU tests of the warp-specialized GEMM and of background compiles, then
 # benchmarks/tune_gemm_ws.py (every layout and epilogue checked; the 15 Llama GEMMs beside cuBLAS and the
 # Triton GEMM), then `bench --suite torch` with FLYARRAY_GEMM_WS=1 and =0 (skipped if the tests hung, or
@@ -62,6 +63,13 @@ if [ "${MODE:-tests}" = ws ]; then
   for ws in 1 0; do
     FLYARRAY_GEMM_WS=$ws timeout 140 python3 -m flyarray bench --json "$OUT/bench_ws$ws.json" --suite torch \
       > "$OUT/bench_ws$ws.log" 2>&1; echo "bench ws=$ws rc=$?"; grep -E "^(llama|block|mlp)" "$OUT/bench_ws$ws.log" | tail -4
+  done
+  exit 0
+fi
+if [ "${MODE:-tests}" = ws_profile ]; then  # the seed block forward, kernel by kernel, with and without WS
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+  for ws in 1 0 1 0; do
+    FLYARRAY_GEMM_WS=$ws timeout 90 python3 benchmarks/profile_seed_block.py ws$ws 2>&1 | grep -v Warning | head -20
   done
   exit 0
 fi
