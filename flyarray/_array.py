@@ -91,10 +91,13 @@ class Array:
     def _values(self) -> torch.Tensor:
         """``_tensor()`` for a caller that reads the values (numpy, DLPack, Python scalars): an array on
         the 'meta' device has none, which it says in flyarray's words, not torch's."""
+        self._refuse_meta()
+        return self._tensor()
+
+    def _refuse_meta(self):
         if self._node.device.type == "meta":
             from .runtime import no_values_on_meta
             no_values_on_meta()
-        return self._tensor()
 
     def _tensor(self) -> torch.Tensor:
         """The realized value as a torch tensor (a view of the buffer where torch can express it)."""
@@ -172,9 +175,7 @@ class Array:
         """(DLPack device type, index) of where the array lives: known without evaluating it (the value
         is computed by ``__dlpack__``, which a consumer calls next). A 'meta' array has no DLPack device
         (no memory): RuntimeError."""
-        if self._node.device.type == "meta":
-            from .runtime import no_values_on_meta
-            no_values_on_meta()
+        self._refuse_meta()
         return _dlpack.device_of(self._node.device)
 
     def item(self):

@@ -110,7 +110,7 @@ def mx_quantize(x, fmt: str, axis: int = -1, block_size: int = 32):
 
 
 def _to_torch(leaf):
-    return torch.from_dlpack(leaf) if isinstance(leaf, fa.Array) else leaf
+    return to_torch(leaf) if isinstance(leaf, fa.Array) else leaf
 
 
 def _number(op, name, value):

@@ -66,8 +66,7 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
                 raise ValueError(f"copy=False, but dtype {out.dtype} differs from {target_dtype}")
             return astype(out, target_dtype)
         return astype(out, out.dtype, copy=True) if copy else out
-    if isinstance(obj, (list, tuple)) and any(isinstance(e, (Array, torch.Tensor, list, tuple)) for e in obj) \
-            and _holds_arrays(obj):
+    if isinstance(obj, (list, tuple)) and _holds_arrays(obj):
         return _stacked(obj, dtype, device, copy)
     tensor = _to_tensor(obj, target_dtype, copy)
     if device is not None and tensor.device != _device(device):
@@ -94,10 +93,7 @@ def _stacked(obj, dtype, device, copy):
     from .manipulation import stack
     if copy is False:
         raise ValueError("copy=False, but a list of arrays is stacked into a new buffer")
-    parts = [asarray(e, dtype=dtype, device=device) for e in obj]
-    if not parts:
-        return asarray([], dtype=dtype, device=device)
-    return stack(parts)
+    return stack([asarray(e, dtype=dtype, device=device) for e in obj])  # not empty: it holds an array
 
 
 def _copied(obj, copy, make):

@@ -92,12 +92,12 @@ def _scatter_torch(z, idx, v, *, mode):
 def _set_last_wins(out, idx, v):
     """``out[idx] = v`` where, of repeated indices, the last value lands (numpy's rule; index_put_ leaves it
     unspecified on a GPU). Deterministic, and what set's derivative assumes (ad_rules.scatter_winners)."""
+    if v.shape[0] == 0:
+        return out
     order = torch.arange(idx.shape[0], device=idx.device)
     winner = torch.full((out.shape[0],), -1, dtype=order.dtype, device=idx.device)
     winner.scatter_reduce_(0, idx, order, "amax")
     hit = (winner >= 0).reshape((-1,) + (1,) * (out.dim() - 1))
-    if v.shape[0] == 0:
-        return out
     return torch.where(hit, v[winner.clamp(min=0)], out)
 
 
