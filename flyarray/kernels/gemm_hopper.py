@@ -12,8 +12,9 @@ cuBLAS's and CUTLASS's "cooperative" structure:
 - two **consumer** partitions (one warpgroup each: the default partition and a worker) each own 64
   rows of the [BLOCK_M, BLOCK_N] tile: per k step they wait for "ready", issue an asynchronous
   wgmma, wait for the one before it and hand its slot back through "empty" (one arrival each);
-- the epilogue runs in registers (bias, activation in fp32; a residual arrives by TMA in the
-  staging buffer) and leaves by a TMA store, which clips rows and columns past M and N.
+- the epilogue runs in registers (bias, activation in fp32; a residual tile is loaded by TMA into
+  the staging buffer before the k loop, so its latency hides behind the MMAs) and leaves by a TMA
+  store, which clips rows and columns past M and N.
 
 Persistent: one program per SM walks tiles ``pid, pid + NUM_PROGRAMS, ...`` in GROUP_M super-groups
 (as ``gemm._tile_coords``). Operands: 16-bit (fp16/bf16), 2-D, each either K-contiguous or
@@ -97,6 +98,10 @@ def _consumer(c_desc, r_desc, Bias, a_smem, b_smem, c_smem, flags, r_bar, ready,
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, group_m)
         row0 = pid_m * 2 * HALF + half_index * HALF
         n0 = pid_n * BLOCK_N
+        if HAS_RESIDUAL:     # prefetch: the residual tile lands in the staging buffer during the k loop
+            tma.store_wait(0)    # once the last tile's store has read that buffer
+            mbarrier.expect(r_bar.index(half_index), r_desc.block_type.nbytes)
+            _tma_load(r_desc, [row0, n0], r_bar.index(half_index), stage)
         acc = gl.zeros([HALF, BLOCK_N], gl.float32, acc_layout)
         for ks in range(k_steps):
             slot = it % STAGES
@@ -114,10 +119,8 @@ def _consumer(c_desc, r_desc, Bias, a_smem, b_smem, c_smem, flags, r_bar, ready,
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
-        tma.store_wait(0)    # the last tile's store has read the staging buffer
-        if HAS_RESIDUAL:     # the residual tile arrives where the result will leave from
-            mbarrier.expect(r_bar.index(half_index), r_desc.block_type.nbytes)
-            _tma_load(r_desc, [row0, n0], r_bar.index(half_index), stage)
+        if not HAS_RESIDUAL:
+            tma.store_wait(0)    # the last tile's store has read the staging buffer
         if HAS_BIAS:
             cols = n0 + gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc_layout))
             bias = gl.load(Bias + cols, mask=cols < N, other=0.0)
