@@ -194,6 +194,8 @@ def result_type(*args) -> DType:
     """Promote array dtypes; Python scalars are weak: they take the arrays' dtype when their kind fits."""
     arrays = [a for a in args if isinstance(a, DType)]
     scalars = [a for a in args if not isinstance(a, DType)]
+    if not args:
+        raise ValueError("result_type needs at least one array, dtype or Python scalar")
     if not arrays:
         return scalar_dtype(scalars[0]) if len(scalars) == 1 else _promote_all([scalar_dtype(s) for s in scalars])
     out = _promote_all(arrays)
@@ -264,10 +266,19 @@ class IInfo:
     dtype: DType
 
 
+def _dtype_of_array(d):
+    """finfo/iinfo take an array as well as a dtype (the array API): an array's dtype. Classes (np.float32,
+    whose ``dtype`` attribute is a descriptor) pass through."""
+    if not isinstance(d, (DType, type)) and hasattr(d, "dtype") and hasattr(d, "shape"):
+        return d.dtype
+    return d
+
+
 def finfo(d) -> FInfo:
-    """Limits of a floating dtype (bits, eps, max, min, smallest_normal), from torch.finfo; TypeError otherwise.
+    """Limits of a floating dtype or array's (bits, eps, max, min, smallest_normal), from torch.finfo; TypeError
+    otherwise.
     A complex dtype gives its parts' limits (complex64: float32's), as the array API says."""
-    d = real_dtype(dtype(d))
+    d = real_dtype(dtype(_dtype_of_array(d)))
     if d.kind != "f":
         raise TypeError(f"finfo needs a floating dtype, got {d}")
     fi = torch.finfo(d.torch)
@@ -275,8 +286,8 @@ def finfo(d) -> FInfo:
 
 
 def iinfo(d) -> IInfo:
-    """Limits of an integer dtype (bits, max, min), from torch.iinfo; TypeError for bool and floats."""
-    d = dtype(d)
+    """Limits of an integer dtype or array's (bits, max, min), from torch.iinfo; TypeError for bool and floats."""
+    d = dtype(_dtype_of_array(d))
     if d.kind not in "iu":
         raise TypeError(f"iinfo needs an integer dtype, got {d}")
     ii = torch.iinfo(d.torch)

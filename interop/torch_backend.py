@@ -421,11 +421,12 @@ _COMMON_DTYPE_OPS = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub
 
 
 def _in_torch_dtypes(node, args):
-    """``args`` of a _COMMON_DTYPE_OPS node as torch computes with them. Integer and bool operands take
-    the common dtype first (uint8 [n] with an int8 0-d tensor -41 compares against 215; u8 + i8 * alpha
-    is computed in int16). A Python number beside a float16/bfloat16 tensor: ``_opmath_scalar``.
-    Floating tensors keep their dtypes: flyarray computes in the wider one and ``_fit`` rounds, as
-    torch's float32 opmath does."""
+    """``args`` of a _COMMON_DTYPE_OPS node as torch computes with them: every tensor operand takes the
+    common dtype first (uint8 [n] with an int8 0-d tensor -41 compares against 215; u8 + i8 * alpha is
+    computed in int16; a float64 0-d tensor beside a float32 one is rounded to float32, so x - s is 0
+    where x == s in float32). A Python number beside a float16/bfloat16 tensor: ``_opmath_scalar`` for
+    arithmetic (torch's float32 opmath), rounded to the tensor's dtype for comparisons (as torch's
+    compare kernels: f16(0.1) == 0.1)."""
     first = 1 if node.target is aten.where.self else 0
     operands = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[first:first + 2]]
     if len(operands) != 2 or not any(isinstance(o, torch.Tensor) for o in operands):
@@ -436,14 +437,31 @@ def _in_torch_dtypes(node, args):
     out = list(args)
     for i in range(first, first + 2):
         value = out[i]
-        if isinstance(value, fa.Array) and not common.is_floating_point and not common.is_complex:
-            want = dt.from_torch(common)
+        want = dt.from_torch(common)
+        if isinstance(value, fa.Array):
             if value.dtype != want:
-                out[i] = value.astype(want)
-        elif not isinstance(value, fa.Array):
+                out[i] = value.astype(_cpu_scalar_opmath(node, i, value, want))
+        else:
             other = out[2 * first + 1 - i]  # the other operand of the two
-            out[i] = _opmath_scalar(value, dt.from_torch(common), other.device)
+            if node.target in _COMPARISONS and type(value) in (int, float) and want in (fa.float16, fa.bfloat16):
+                out[i] = fa.full((), value, dtype=want, device=other.device)
+            else:
+                out[i] = _opmath_scalar(value, want, other.device)
     return out
+
+
+def _cpu_scalar_opmath(node, i, value, want):
+    """The dtype operand ``i`` of a float16/bfloat16 op takes: ``want``, except a 0-d float tensor as the
+    second operand of mul/div on the CPU, which torch's CPU kernels read in float32 (their opmath) from
+    its own dtype instead of rounding it to the result's (CUDA kernels round a 0-d CUDA tensor)."""
+    if (i == 1 and value.ndim == 0 and value.dtype.kind == "f" and want in (fa.float16, fa.bfloat16)
+            and node.target in (aten.mul.Tensor, aten.div.Tensor) and value.device.type == "cpu"):
+        return fa.float32
+    return want
+
+
+_COMPARISONS = {aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor,
+                aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar}
 
 
 def _lower(node, table, args, kwargs):
@@ -726,7 +744,7 @@ class CompiledGraph:
 # ---- the Dynamo-level pre-pass: library calls torch would decompose become our custom ops ------------------
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """F.scaled_dot_product_attention (B, H, S, D) through flyarray::attention_forward (B, S, H, D), whose
-    backward reads the forward's (out, lse) instead of recomputing them. Under torch.autocast the inputs
+    backward reads the forward's (out, lse) instead of recomputing them; the result in eager's memory order. Under torch.autocast the inputs
     are cast to its dtype first, as torch's SDPA (autocast has no rule for our op, which would run in fp32)."""
     device = query.device.type
     if torch.is_autocast_enabled(device):
@@ -734,7 +752,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         query, key, value = (t.to(low) for t in (query, key, value))
     out, _ = torch.ops.flyarray.attention_forward(query.transpose(1, 2), key.transpose(1, 2),
                                                   value.transpose(1, 2), None, None, scale, is_causal)
-    return out.transpose(1, 2)
+    out = out.transpose(1, 2)  # (B, H, S, D) in (B, S, H, D) order: CUDA's flash/efficient/cuDNN SDPA layout
+    # torch's CPU SDPA, and its math path on CUDA (head dims it cannot take unpadded), give a contiguous one
+    return out.contiguous() if device != "cuda" or query.shape[-1] % 8 else out
 
 
 def _rms_norm(x, normalized_shape, weight=None, eps=None):

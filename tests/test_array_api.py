@@ -479,6 +479,38 @@ def test_astype_takes_the_array_api_device_keyword(backend):
     assert_matches(x.astype(fa.int32, device="cpu"), np.array([1, -2], np.int32))
 
 
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 3), (3, 3)), ((2, 3, 3), (3, 2)), ((2, 1, 3, 3), (4, 3, 1)),
+                                               ((2, 3, 3), (3,)), ((2, 3, 3), (2, 3, 1)), ((3, 3), (2, 3, 2))])
+def test_solve_reads_a_2d_x2_as_a_matrix_broadcast_over_the_stack(a_shape, b_shape):
+    """The array API: only a 1-D x2 is a vector; (..., M, K) is a stack of matrices whose batch dims
+    broadcast with x1's, even where its shape is x1.shape[:-1] (torch would read a stack of vectors)."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(a_shape) + 3 * np.eye(a_shape[-1])
+    b = rng.standard_normal(b_shape)
+    want = np.linalg.solve(a, b[..., None])[..., 0] if b.ndim == 1 else np.linalg.solve(a, b)
+    assert_matches(fa.linalg.solve(fa.asarray(a), fa.asarray(b)), want)
+
+
+def test_solve_names_batch_dims_that_do_not_broadcast():
+    with pytest.raises(ValueError, match=r"solve: the batch dims of x1 \(2, 2\) and x2 \(3,\) do not broadcast"):
+        fa.linalg.solve(fa.ones((2, 2, 3, 3)), fa.ones((3, 3, 1)))
+
+
+def test_finfo_and_iinfo_take_an_array():
+    assert fa.finfo(fa.asarray([1.0])).eps == np.finfo(np.float32).eps
+    assert fa.finfo(fa.asarray(np.ones(2))).bits == 64
+    assert fa.iinfo(fa.asarray([1])).max == np.iinfo(np.int64).max
+    assert fa.iinfo(fa.asarray(np.ones(2, np.uint8))).max == 255
+    assert fa.finfo(np.float32).bits == 32 and fa.iinfo(np.int16).bits == 16   # classes still mean dtypes
+    with pytest.raises(TypeError, match="iinfo needs an integer dtype"):
+        fa.iinfo(fa.asarray([1.0]))
+
+
+def test_result_type_with_no_arguments_says_so():
+    with pytest.raises(ValueError, match="at least one array, dtype or Python scalar"):
+        fa.result_type()
+
+
 def test_sum_with_a_real_dtype_refuses_a_complex_input():
     with pytest.raises(TypeError, match="sum: dtype=fa.float32 would drop the imaginary part"):
         fa.sum(fa.asarray(np.array([1j, 2j])), dtype=fa.float32)

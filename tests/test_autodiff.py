@@ -710,3 +710,17 @@ def test_logaddexp_gradient_where_the_answer_is_infinite():
     ga, gb = fa.grad(lambda x, y: fa.sum(fa.logaddexp(x, y)), argnums=(0, 1))(fa.asarray(a), fa.asarray(b))
     np.testing.assert_allclose(np.asarray(ga), [1.0, 0.5, 0.5, 0.0, 0.5, np.nan], rtol=1e-15)  # JAX's values
     np.testing.assert_allclose(np.asarray(gb), [0.0, 0.5, 0.5, 1.0, 0.5, np.nan], rtol=1e-15)
+
+
+def test_jvp_refuses_a_complex_primal_as_vjp_does():
+    z = fa.asarray(np.array([1 + 2j, 0.5 - 1j]))
+    with pytest.raises(TypeError, match="jvp: primal leaf 0 is fa.complex128; derivatives with respect to complex"):
+        fa.jvp(lambda q: q * q, (z,), (z,))
+
+
+def test_jvp_takes_none_as_an_integer_primals_tangent_and_refuses_a_float_one():
+    i, x = fa.asarray(np.arange(3)), fa.asarray(np.ones(3))
+    out, t = fa.jvp(lambda a, b: a * b, (i, x), (None, fa.ones(3)))
+    np.testing.assert_array_equal(np.asarray(t), np.arange(3.0))
+    with pytest.raises(TypeError, match="jvp: primal leaf 0 is fa.int64, which has no derivative: pass None"):
+        fa.jvp(lambda a: a * 1.5, (i,), (fa.ones(3),))

@@ -1133,3 +1133,40 @@ def test_attention_with_no_heads_runs_as_torch():
     torch._dynamo.reset()
     out = torch.compile(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q), backend="flyarray")(q)
     assert out.shape == (1, 0, 2, 4)
+
+
+@pytest.mark.parametrize("dtype, scalar_dtype", [(torch.float32, torch.float64), (torch.float16, torch.float32),
+                                                 (torch.bfloat16, torch.float64)])
+def test_a_wider_0d_float_tensor_is_used_as_eager_uses_it(dtype, scalar_dtype):
+    """torch rounds a wider 0-d float operand to the result's dtype before add/sub/compare (x - s is 0
+    where x == s), but its CPU mul/div kernels read a second-operand 0-d tensor in float32."""
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(64), torch.tensor([0.1, 1 / 3])]).to(dtype)
+    for value in (0.1, 1 / 3):
+        s = torch.tensor(value, dtype=scalar_dtype)
+        fn = lambda x, s: (x - s, s - x, x + s, x == s, x < s, x * s, s * x, x / s)  # noqa: E731
+        torch._dynamo.reset()
+        for got, want in zip(torch.compile(fn, backend="flyarray")(x, s), fn(x, s)):
+            assert got.dtype == want.dtype and torch.equal(got, want), (dtype, value, got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_compared_with_a_python_float_rounds_it_first(dtype):
+    """x == 0.1 is True for x = dtype(0.1) in eager: torch's compare kernels round the scalar to x's dtype
+    (arithmetic keeps it in float32, test_operands_take_torch_dtypes_before_the_op)."""
+    x = torch.tensor([0.1, 0.2, 0.3, 1 / 3], dtype=dtype)
+    fn = lambda x: (x == 0.1, x != 0.2, x <= 0.3, x > 1 / 3, torch.where(x == 0.1, 1.0, 0.0))  # noqa: E731
+    torch._dynamo.reset()
+    for got, want in zip(torch.compile(fn, backend="flyarray")(x), fn(x)):
+        assert torch.equal(got, want), (got, want)
+
+
+def test_sdpa_on_the_cpu_returns_eagers_contiguous_layout():
+    """Routed through flyarray::attention_forward ((B, S, H, D)), the CPU result is contiguous as torch's
+    CPU SDPA gives it, so a caller's view(-1) works."""
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    torch._dynamo.reset()
+    got, want = torch.compile(fn, backend="flyarray")(q, k, v), fn(q, k, v)
+    assert got.stride() == want.stride() and got.is_contiguous()
+    torch.testing.assert_close(got.view(-1), want.view(-1), atol=1e-5, rtol=1e-5)

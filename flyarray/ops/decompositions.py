@@ -307,13 +307,28 @@ def inv(x, /):
 
 
 def solve(x1, x2, /):
-    """The solution X of x1 X = x2 (x2 a stack of matrices, or one vector); float32/64 or complex64/128. A lazy call to
-    torch.linalg.solve."""
+    """The solution X of x1 X = x2 (x2 a stack of matrices whose batch dims broadcast with x1's, or one vector:
+    the array API's reading, where torch would take x2 of shape x1.shape[:-1] as a stack of vectors);
+    float32/64 or complex64/128. A lazy call to torch.linalg.solve."""
     x1, x2 = _array_arg(x1, "solve: x1"), _array_arg(x2, "solve: x2")
     if x1.dtype != x2.dtype and x1.dtype in _FLOATS and x2.dtype in _FLOATS:  # the array API's promotion
         d = dt.promote(x1.dtype, x2.dtype)
         x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
+    if 2 <= x2.ndim < x1.ndim:  # torch would read x2 of shape x1.shape[:-1] as a stack of vectors
+        x2 = _broadcast_batch(x2, x1.shape[:-2], "solve")
     return call(SOLVE, [x1, x2])[0]
+
+
+def _broadcast_batch(x, batch, where):
+    """A stack of matrices ``x`` broadcast to the batch dims it shares with ``batch`` (so torch, which
+    tells a stack of vectors from a stack of matrices by the number of dims, reads it as matrices)."""
+    try:
+        full = views.broadcast_shapes(batch, x.shape[:-2])
+    except ValueError:
+        raise ValueError(f"{where}: the batch dims of x1 {tuple(batch)} and x2 {tuple(x.shape[:-2])} do not "
+                         "broadcast") from None
+    from .manipulation import broadcast_to
+    return broadcast_to(x, full + tuple(x.shape[-2:]))
 
 
 def det(x, /):

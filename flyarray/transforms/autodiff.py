@@ -490,15 +490,22 @@ def grad(fun, argnums=0, has_aux=False):
 
 def jvp(fun, primals, tangents, has_aux=False):
     """(fun(*primals), the directional derivative along ``tangents``): JAX's jax.jvp. ``primals`` and
-    ``tangents`` are tuples (or lists) of the same structure; tangents match the primals' shapes."""
+    ``tangents`` are tuples (or lists) of the same structure; tangents match the primals' shapes. An integer or
+    bool primal takes None as its tangent; complex primals raise TypeError (as in vjp)."""
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
         raise TypeError("jvp: primals and tangents must be tuples (or lists) of arguments, e.g. jvp(f, (x,), (t,))")
     leaves, in_tree = tu.tree_flatten(tuple(primals))
     t_leaves = tu._flatten_up_to(in_tree, tuple(tangents), 2)
     arrays = [_as_array(x, "jvp") for x in leaves]
     ts = []
-    for a, t in zip(arrays, t_leaves):
+    for i, (a, t) in enumerate(zip(arrays, t_leaves)):
+        if a.dtype.kind == "c":   # as vjp and grad: refused, not a silent zero
+            raise TypeError(f"jvp: primal leaf {i} is {a.dtype}; derivatives with respect to complex inputs are not "
+                            "implemented (differentiate w.r.t. the real and imaginary parts as float arrays instead)")
         if not _differentiable(a.dtype):
+            if t is not None:   # JAX asks for a float0 tangent here; a float one would be silently ignored
+                raise TypeError(f"jvp: primal leaf {i} is {a.dtype}, which has no derivative: pass None as its "
+                                "tangent")
             ts.append(None)
             continue
         t = _as_array(t, "jvp")
