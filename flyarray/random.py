@@ -157,7 +157,7 @@ def _low_bits(k, shape, nbits):
 def _shape(shape):
     if isinstance(shape, numbers.Integral):
         shape = (shape,)
-    if isinstance(shape, (str, bytes)) or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool)
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)) or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool)
                                                   for s in shape):
         raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
     shape = tuple(int(s) for s in shape)
@@ -171,7 +171,7 @@ _NMANT = {"float16": (16, 10), "bfloat16": (8, 7), "float32": (32, 23), "float64
 
 
 def _float_dtype(dtype, fn):
-    d = dt.dtype(dtype)
+    d = dt.default_float() if dtype is None else dt.dtype(dtype)   # None: the default, as fa.zeros
     if d.kind != "f" or d in dt.STORAGE_ONLY:
         raise TypeError(f"{fn}: dtype must be float16, bfloat16, float32 or float64, got {d}")
     return d
@@ -190,11 +190,15 @@ def _unit(k, shape, d) -> Array:
     return u if d is dt.float32 else u.astype(d)
 
 
-def _scalar_or(x, d):
-    """A Python number stays a (weak) scalar; an array is cast to ``d``."""
-    if isinstance(x, Array):
-        return x.astype(d, copy=False)
-    return float(x)
+def _scalar_or(x, d, name):
+    """A Python number stays a (weak) scalar; an array (fa, numpy, torch) is cast to ``d``."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return float(x)
+    if not isinstance(x, Array):
+        if x is None or isinstance(x, (bool, str, bytes)):
+            raise TypeError(f"{name} must be a real number or an array, got {x!r}")
+        x = creation.asarray(x)
+    return x.astype(d, copy=False)
 
 
 def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
@@ -202,7 +206,7 @@ def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
     d = _float_dtype(dtype, "uniform")
     shape = _shape(shape)
     u = _unit(k, shape, d)
-    lo, hi = _scalar_or(minval, d), _scalar_or(maxval, d)
+    lo, hi = _scalar_or(minval, d, "uniform: minval"), _scalar_or(maxval, d, "uniform: maxval")
     if not isinstance(lo, Array) and not isinstance(hi, Array) and (lo, hi) == (0.0, 1.0):
         return u
     out = u * (hi - lo) + lo
@@ -278,7 +282,9 @@ def gumbel(k, shape=(), dtype=dt.float32) -> Array:
 
 def bernoulli(k, p=0.5, shape=None) -> Array:
     """True with probability p, as ``jax.random.bernoulli``: uniform(k, shape, p's dtype) < p."""
-    d = p.dtype if isinstance(p, Array) else dt.float32
+    if not isinstance(p, Array) and not (isinstance(p, numbers.Real) and not isinstance(p, bool)):
+        p = creation.asarray(p)   # numpy, torch, lists: one draw per element, as for an fa array
+    d = p.dtype if isinstance(p, Array) and p.dtype.kind == "f" else dt.float32
     if shape is None:
         shape = p.shape if isinstance(p, Array) else ()
     return uniform(k, shape, _float_dtype(d, "bernoulli")) < p
@@ -308,8 +314,10 @@ def categorical(k, logits, axis=-1) -> Array:
 def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
     """Integers in [minval, maxval) (clipped to dtype's range), as ``jax.random.randint``: two 32-bit
     words per value reduced mod the span (JAX's formula, bias about span / 2**32). int64 uses 32-bit
-    words too (JAX's would use 64): its span must be at most 2**32."""
-    d = dt.dtype(dtype)
+    words too (JAX's would use 64): its span must be at most 2**32. That is checked for Python-int
+    bounds; array bounds are lazy, so a wider span is not refused: its samples cover only its first 2**32
+    values."""
+    d = dt.int32 if dtype is None else dt.dtype(dtype)
     if d.kind not in "iu":
         raise TypeError(f"randint: dtype must be an integer type, got {d}")
     shape = _shape(shape)
@@ -317,7 +325,7 @@ def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
     info = dt.iinfo(d)
     narrow = d.bits < 32
     top = info.max + 1 if narrow else info.max  # JAX clips a narrow maxval to max + 1: 256 for uint8
-    if not isinstance(minval, Array) and not isinstance(maxval, Array):
+    if isinstance(minval, numbers.Real) and isinstance(maxval, numbers.Real):   # Python (or numpy) numbers
         out_of_range = not narrow and int(maxval) > info.max
         lo, hi = min(max(int(minval), info.min), info.max), min(max(int(maxval), info.min), top)
         span = 1 if hi <= lo else hi - lo + out_of_range
@@ -325,8 +333,8 @@ def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
             raise ValueError(f"randint: the range [{minval}, {maxval}) is wider than 2**32")
         mult = ((2 ** 16 % span) ** 2 & mask) % span
     else:
-        mn, mx = (x.astype(dt.int64, copy=False) if isinstance(x, Array) else
-                  creation.asarray(int(x), dtype=dt.int64, device=k.device) for x in (minval, maxval))
+        _check_key(k, "randint")
+        mn, mx = (_int_bound(x, name, k.device) for x, name in ((minval, "minval"), (maxval, "maxval")))
         lo, hi = ew.clip(mn, info.min, info.max), ew.clip(mx, info.min, top)
         grow = ew.logical_and(mx > info.max, hi > lo).astype(dt.int64) if not narrow else 0
         span = core.where(hi <= lo, 1, hi - lo + grow)
@@ -341,11 +349,25 @@ def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
     return manipulation.broadcast_to(out, shape) if out.shape != shape else out
 
 
+def _int_bound(x, name, device):
+    """A randint bound beside an array bound: an int64 array (fa, numpy, torch or a Python int)."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return creation.asarray(int(x), dtype=dt.int64, device=device)
+    if not isinstance(x, Array):
+        if x is None or isinstance(x, (float, bool, str, bytes)):
+            raise TypeError(f"randint: {name} must be an int or an integer array, got {x!r}")
+        x = creation.asarray(x)
+    if x.dtype.kind not in "iub":
+        raise TypeError(f"randint: {name} must be an int or an integer array, got {x.dtype}")
+    return x.astype(dt.int64, copy=False)
+
+
 def permutation(k, x, axis=0) -> Array:
     """A random permutation of ``arange(x)`` (an int) or of ``x`` along ``axis``, as
     ``jax.random.permutation`` (its stable sort of random bits, 3*log2(n)/32 rounds). Lazy: the sorts are
     fa.argsort, so it traces under fa.jit and batches under fa.vmap."""
     from .ops import indexing, sorting
+    _check_key(k, "permutation")
     if isinstance(x, numbers.Integral) and not isinstance(x, bool):
         n, values = int(x), None
         if n < 0:

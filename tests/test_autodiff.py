@@ -1,5 +1,6 @@
 """fa.grad / vjp / jvp against torch.autograd (fp32) and finite differences (fp64); pytrees; jit; fusion."""
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -724,3 +725,45 @@ def test_jvp_takes_none_as_an_integer_primals_tangent_and_refuses_a_float_one():
     np.testing.assert_array_equal(np.asarray(t), np.arange(3.0))
     with pytest.raises(TypeError, match="jvp: primal leaf 0 is fa.int64, which has no derivative: pass None"):
         fa.jvp(lambda a: a * 1.5, (i,), (fa.ones(3),))
+
+
+def test_custom_jvp_rule_may_give_a_constant_tangent_under_grad():
+    """A rule whose tangent output is a number or numpy array (a declared-constant derivative) works in
+    reverse mode too, where the rule is differentiated: its gradient is zero."""
+    x = fa.asarray(np.array([1.0, 2.0, 3.0]))
+    frozen = fa.custom_jvp(lambda q: fa.sum(q))
+    frozen.defjvp(lambda p, t: (frozen(p[0]), 0.0))
+    np.testing.assert_array_equal(np.asarray(fa.grad(frozen)(x)), np.zeros(3))
+    assert float(fa.jvp(frozen, (x,), (fa.ones(3, dtype=fa.float64),))[1]) == 0.0
+    bad = fa.custom_jvp(lambda q: q * 2)
+    bad.defjvp(lambda p, t: (p[0] * 2, "two"))
+    with pytest.raises(TypeError, match="custom_jvp <lambda>: a tangent output must be an array"):
+        fa.grad(lambda a: fa.sum(bad(a)))(x)
+
+
+@pytest.mark.parametrize("make", [fa.grad, fa.value_and_grad, fa.vmap, fa.jit, fa.jacfwd, fa.jacrev, fa.hessian,
+                                  fa.custom_vjp, fa.custom_jvp])
+def test_transforms_refuse_a_non_function_when_made(make):
+    with pytest.raises(TypeError, match="expected a function, got int 42"):
+        make(42)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(static_argnums=("1",)), "static_argnums must be an int or a sequence of ints, got ('1',)"),
+    (dict(static_argnums=True), "static_argnums must be an int or a sequence of ints, got True"),
+    (dict(static_argnames=1), "static_argnames must be a str or a sequence of strs, got 1"),
+])
+def test_jit_checks_its_static_argument_options(kwargs, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        fa.jit(lambda a, n: a * n, **kwargs)
+
+
+def test_jit_says_a_static_array_argument_is_unhashable_because_it_is_static():
+    x = fa.asarray(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="argument 1 is static .* but its value, a Array, is not hashable"):
+        fa.jit(lambda a, n: a * n, static_argnums=1)(x, x)
+
+
+def test_custom_vjp_nondiff_argnums_must_be_ints():
+    with pytest.raises(TypeError, match="nondiff_argnums must be an int or a tuple of ints, got None"):
+        fa.custom_vjp(lambda a: a, nondiff_argnums=None)

@@ -1,6 +1,7 @@
 """fa.random: the generator against known answers and JAX, bit-exact across backends, fused, and
 statistically sound (moments and Kolmogorov-Smirnov distances on fixed seeds, so deterministic)."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -388,3 +389,47 @@ def test_permutation_refuses_what_it_cannot_permute(x, axis, match):
 def test_a_float_in_a_shape_is_a_type_error():
     with pytest.raises(TypeError, match="sequence of ints"):
         fa.random.normal(fa.random.key(0), (2.0,))
+
+
+def test_bernoulli_draws_per_element_for_numpy_torch_and_list_p():
+    """p as numpy, torch or a list is one draw per element, exactly as the same p as an fa array."""
+    k = R.key(3)
+    p = np.array([0.3, 0.6, 0.5])
+    want = np.asarray(R.bernoulli(k, fa.asarray(p.astype(np.float32))))
+    for given in (p.astype(np.float32), torch.tensor(p, dtype=torch.float32), [0.3, 0.6, 0.5]):
+        got = R.bernoulli(k, given)
+        assert got.shape == (3,)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    draws = np.asarray(fa.vmap(lambda kk: R.bernoulli(kk, p))(R.split(k, 400)))
+    assert 0 < np.mean(draws[:, 0] != draws[:, 1]) < 1   # the elements are not one shared draw
+
+
+def test_dtype_none_is_the_default_dtype():
+    k = R.key(0)
+    for fn in (R.uniform, R.normal, R.gumbel):
+        got = fn(k, (3,), dtype=None)
+        assert got.dtype == fa.float32
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(fn(k, (3,))))
+    assert R.randint(k, (3,), 0, 5, dtype=None).dtype == fa.int32
+
+
+def test_array_bounds_given_as_numpy_work_as_fa_arrays():
+    k = R.key(1)
+    lo, hi = np.array([0.0, 10.0], np.float32), np.array([1.0, 11.0], np.float32)
+    np.testing.assert_array_equal(np.asarray(R.uniform(k, (2,), minval=lo, maxval=hi)),
+                                  np.asarray(R.uniform(k, (2,), minval=fa.asarray(lo), maxval=fa.asarray(hi))))
+    ints = R.randint(k, (2,), np.array([0, 100]), 5)
+    np.testing.assert_array_equal(np.asarray(ints), np.asarray(R.randint(k, (2,), fa.asarray([0, 100]), 5)))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda k: R.uniform(k, None), "shape must be an int or a sequence of ints, got None"),
+    (lambda k: R.normal(k, 2.0), "shape must be an int or a sequence of ints, got 2.0"),
+    (lambda k: R.uniform(k, (2,), minval=None), "uniform: minval must be a real number or an array, got None"),
+    (lambda k: R.randint(k, (2,), fa.asarray([0, 1]), 2.5), "randint: maxval must be an int or an integer array"),
+    (lambda k: R.permutation([0, 1], 3), "permutation: expected a key"),
+    (lambda k: R.permutation(None, fa.arange(3)), "permutation: expected a key"),
+])
+def test_bad_sampler_arguments_are_named(call, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        call(R.key(0))

@@ -121,6 +121,10 @@ def _fit(g, node, what):
     return g.astype(node.dtype, copy=False) if g.dtype != node.dtype else g
 
 
+def _fit_dtype(g, node):
+    return g.astype(node.dtype, copy=False) if g.dtype != node.dtype else g
+
+
 def _zeros(node):
     return ad_rules.zeros(node.shape, node.dtype, node.device)
 
@@ -452,6 +456,8 @@ def _prepare(fun, args, kwargs, argnums, where):
 def value_and_grad(fun, argnums=0, has_aux=False):
     """``fun``'s value and its gradient w.r.t. the arguments ``argnums`` (an int or a tuple of ints);
     ``fun`` must return a float scalar (shape ()), or (scalar, aux) with ``has_aux``."""
+    recording.check_callable(fun, "grad")
+
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
         partial, diff_args, single = _prepare(fun, args, kwargs, argnums, "grad")
@@ -601,8 +607,11 @@ class custom_vjp:
     linear_tangent = None  # internal: where fun is linear, its map of tangents (forward mode through it)
 
     def __init__(self, fun, nondiff_argnums=()):
+        recording.check_callable(fun, "custom_vjp")
         functools.update_wrapper(self, fun)
         self.fun, self.fwd, self.bwd = fun, None, None
+        if not isinstance(nondiff_argnums, (int, tuple, list)):
+            raise TypeError(f"custom_vjp: nondiff_argnums must be an int or a tuple of ints, got {nondiff_argnums!r}")
         nums = (nondiff_argnums,) if isinstance(nondiff_argnums, int) else tuple(nondiff_argnums)
         if any(isinstance(i, bool) or not isinstance(i, int) for i in nums):
             raise TypeError(f"custom_vjp: nondiff_argnums must be ints, got {nondiff_argnums!r}")
@@ -678,6 +687,7 @@ class custom_jvp:
     """
 
     def __init__(self, fun):
+        recording.check_callable(fun, "custom_jvp")
         functools.update_wrapper(self, fun)
         self.fun, self.rule = fun, None
 
@@ -700,7 +710,19 @@ class custom_jvp:
         res = self.rule(tuple(args), tuple(t_args))
         if not (isinstance(res, (tuple, list)) and len(res) == 2):
             raise TypeError(f"custom_jvp {self.__name__}: the rule must return (primal_out, tangent_out)")
-        return tu._flatten_up_to(call.out_tree, res[1], 2)
+        outs = tu._flatten_up_to(call.out_tree, res[1], 2)
+        return [t if isinstance(t, Array) else self._constant_tangent(t, node)
+                for t, node in zip(outs, call.out_nodes)]
+
+    def _constant_tangent(self, t, node):
+        """A tangent the rule gave as a number or a numpy array (a constant, often 0.0): an array of the
+        output's shape and dtype, so reverse mode, which differentiates the rule, can take it too."""
+        from ..ops import asarray, broadcast_to
+        try:
+            return broadcast_to(_fit_dtype(asarray(t, device=node.device), node), node.shape)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"custom_jvp {self.__name__}: a tangent output must be an array (or a number) that "
+                            f"broadcasts to its output's shape {node.shape}, got {type(t).__name__}: {exc}") from None
 
     def _jvp(self, call, t, e):
         primals = e.x

@@ -194,6 +194,7 @@ def vmap(fun, in_axes=0, out_axes=0):
     not depend on the batched arguments). Keyword arguments are batched at axis 0. The batched axes must
     all have the same size.
     """
+    recording.check_callable(fun, "vmap")
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)  # JAX takes a list of per-argument axes as a tuple
 

@@ -17,6 +17,7 @@ import functools
 from .. import tree_util as tu
 from .autodiff import _differentiable, _prepare, jvp, vjp
 from .batching import vmap
+from .recording import check_callable
 
 __all__ = ["hessian", "jacfwd", "jacrev", "linearize"]
 
@@ -53,6 +54,8 @@ def jacfwd(fun, argnums=0, has_aux=False):
     """The Jacobian of ``fun`` w.r.t. argument(s) ``argnums``, by forward mode (JAX's jax.jacfwd): one
     jvp per input entry, vectorized with vmap. With ``has_aux``, ``fun`` returns (output, aux) and the
     function (jacobian, aux)."""
+    check_callable(fun, "jacfwd")
+
     @functools.wraps(fun)
     def jacfun(*args, **kwargs):
         partial, dyn, single = _prepare(fun, args, kwargs, argnums, "jacfwd")
@@ -79,6 +82,8 @@ def jacrev(fun, argnums=0, has_aux=False):
     """The Jacobian of ``fun`` w.r.t. argument(s) ``argnums``, by reverse mode (JAX's jax.jacrev): one
     vjp per output entry, vectorized with vmap. ``fun``'s outputs must be real-valued. With ``has_aux``,
     ``fun`` returns (output, aux) and the function (jacobian, aux)."""
+    check_callable(fun, "jacrev")
+
     @functools.wraps(fun)
     def jacfun(*args, **kwargs):
         partial, dyn, single = _prepare(fun, args, kwargs, argnums, "jacrev")

@@ -29,6 +29,7 @@ import torch
 from .. import graphs, ir, plan, runtime, tree_util
 from .._array import Array
 from . import recording
+from .recording import check_callable
 
 
 def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
@@ -42,10 +43,10 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
                                  cuda_graph=cuda_graph)
+    check_callable(fn, "fa.jit")
     if cuda_graph not in (None, True, False):
         raise TypeError(f"fa.jit: cuda_graph must be None, True or False, got {cuda_graph!r}")
-    static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    static_argnums, static_argnames = _static_args(static_argnums, static_argnames)
     _check_static_names(fn, static_argnums, static_argnames)
     cache = _Traces()
 
@@ -123,6 +124,17 @@ def _inside_a_transform() -> bool:
     return recording.depth.value > 0
 
 
+def _static_args(static_argnums, static_argnames) -> tuple:
+    """(static_argnums, static_argnames) as tuples: an int or ints, a str or strs; TypeError else."""
+    nums = (static_argnums,) if isinstance(static_argnums, int) else static_argnums
+    names = (static_argnames,) if isinstance(static_argnames, str) else static_argnames
+    if not isinstance(nums, (tuple, list)) or any(isinstance(i, bool) or not isinstance(i, int) for i in nums):
+        raise TypeError(f"fa.jit: static_argnums must be an int or a sequence of ints, got {static_argnums!r}")
+    if not isinstance(names, (tuple, list)) or any(not isinstance(n, str) for n in names):
+        raise TypeError(f"fa.jit: static_argnames must be a str or a sequence of strs, got {static_argnames!r}")
+    return tuple(nums), tuple(names)
+
+
 def _check_static_names(fn, static_argnums, static_argnames):
     try:
         params = inspect.signature(fn).parameters
@@ -145,11 +157,11 @@ def _check_static_names(fn, static_argnums, static_argnames):
 def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tuple:
     n = len(args)
     statics = {i % n for i in static_argnums if -n <= i < n} if static_argnums else ()
-    key = [_static_key(a, f"argument {i}") if i in statics else _flatten(a, tensors, f"argument {i}")
+    key = [_static_key(a, f"argument {i}", static=True) if i in statics else _flatten(a, tensors, f"argument {i}")
            for i, a in enumerate(args)]
     for name in sorted(kwargs):
         value = kwargs[name]
-        key.append((name, _static_key(value, name) if name in static_argnames
+        key.append((name, _static_key(value, name, static=True) if name in static_argnames
                     else _flatten(value, tensors, name)))
     return tuple(key)
 
@@ -203,10 +215,14 @@ def _structure(treedef):
     return (treedef.kind, treedef.aux, tuple([_structure(c) for c in treedef.children]))
 
 
-def _static_key(value, where):
+def _static_key(value, where, static=False):
     try:
         return plan.freeze(value)
     except TypeError:
+        if static:   # named static by the caller: being an array does not help it
+            raise TypeError(f"fa.jit: {where} is static (static_argnums/static_argnames) but its value, a "
+                            f"{type(value).__name__}, is not hashable; a static argument is part of the "
+                            "signature, so pass hashable values there (or leave an array argument traced)") from None
         raise TypeError(f"fa.jit: {where} ({type(value).__name__}) is neither an array nor hashable; pass arrays "
                         "as fa.Array or torch.Tensor (or pytrees of them: tuples, lists, dicts, namedtuples, "
                         "registered classes), and other arguments as hashable values") from None

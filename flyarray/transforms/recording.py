@@ -20,3 +20,10 @@ def recording():
         yield
     finally:
         depth.value -= 1
+
+
+def check_callable(fun, where: str):
+    """Every transform's first check: ``fun`` is callable, refused when the transform is made (fa.grad(42)),
+    not at its first call."""
+    if not callable(fun):
+        raise TypeError(f"{where}: expected a function, got {type(fun).__name__} {fun!r:.60}")
