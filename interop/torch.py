@@ -56,9 +56,7 @@ def rms_norm(x: torch.Tensor, weight=None, eps: float = 1e-6, residual=None):
 def softmax(x: torch.Tensor, dim: int = -1, log: bool = False):
     """Differentiable softmax / log_softmax along ``dim`` (``torch.ops.flyarray.softmax``)."""
     _tensors("softmax", x=x)
-    if not isinstance(log, bool):
-        raise TypeError(f"softmax: log must be a bool, got {log!r}")
-    return torch.ops.flyarray.softmax(x, _int("softmax", "dim", dim), log)
+    return torch.ops.flyarray.softmax(x, _int("softmax", "dim", dim), _bool("softmax", "log", log))
 
 
 def dot_product_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causal=False):
@@ -66,7 +64,8 @@ def dot_product_attention(q, k, v, bias=None, mask=None, *, scale=None, is_causa
     (``torch.ops.flyarray.dot_product_attention``); GQA when key/value have fewer heads."""
     _tensors("dot_product_attention", query=q, key=k, value=v, bias=bias, mask=mask)
     scale = None if scale is None else float(_number("dot_product_attention", "scale", scale))
-    return torch.ops.flyarray.dot_product_attention(q, k, v, bias, mask, scale, bool(is_causal))
+    return torch.ops.flyarray.dot_product_attention(q, k, v, bias, mask, scale,
+                                                    _bool("dot_product_attention", "is_causal", is_causal))
 
 
 def matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None):
@@ -77,7 +76,32 @@ def matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None):
         raise TypeError(f"matmul: activation must be None or a str (relu, silu, gelu, gelu_tanh), got {activation!r}")
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise TypeError(f"matmul: out_dtype must be None or a torch.dtype, got {out_dtype!r}")
+    _check_epilogue_shapes(a, b, bias, residual)
     return torch.ops.flyarray.matmul(a, b, bias, residual, activation, out_dtype)
+
+
+def _check_epilogue_shapes(a, b, bias, residual):
+    """a @ b's batch dims broadcast, and bias and residual broadcast to its shape (they may not grow it):
+    refused here, naming the argument, rather than by the broadcast inside the op. Inner dimensions
+    (and 0-d operands) are the op's own check."""
+    if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != b.shape[-2 if b.ndim > 1 else -1]:
+        return
+    try:
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"matmul: the batch dims of a {tuple(a.shape)} and b {tuple(b.shape)} do not "
+                         "broadcast") from None
+    out = tuple(batch) + tuple(a.shape[-2:-1]) + tuple(b.shape[-1:] if b.ndim > 1 else ())
+    for name, t in (("bias", bias), ("residual", residual)):
+        if t is None:
+            continue
+        try:
+            fits = tuple(torch.broadcast_shapes(t.shape, out)) == out
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"matmul: {name} of shape {tuple(t.shape)} does not broadcast to the product's "
+                             f"shape {out}")
 
 
 def ragged_dot(lhs, rhs, group_sizes):
@@ -97,6 +121,8 @@ def top_k(x, k: int):
 def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype=torch.bfloat16):
     """MX GEMM (``torch.ops.flyarray.scaled_matmul``): operands from ``mx_quantize``, K-major."""
     _tensors("scaled_matmul", lhs=lhs, rhs=rhs, lhs_scales=lhs_scales, rhs_scales=rhs_scales)
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"scaled_matmul: out_dtype must be a floating torch.dtype, got {out_dtype!r}")
     return torch.ops.flyarray.scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, out_dtype)
 
 
@@ -116,6 +142,12 @@ def _to_torch(leaf):
 def _number(op, name, value):
     from flyarray.ops import checks
     checks.check_number(op, name, value)  # fa.nn's message, word for word
+    return value
+
+
+def _bool(op, name, value):
+    if not isinstance(value, bool):   # bool("False") is True: a string would switch the option on
+        raise TypeError(f"{op}: {name} must be a bool, got {value!r}")
     return value
 
 

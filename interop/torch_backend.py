@@ -451,10 +451,11 @@ def _in_torch_dtypes(node, args):
 
 
 def _cpu_scalar_opmath(node, i, value, want):
-    """The dtype operand ``i`` of a float16/bfloat16 op takes: ``want``, except a 0-d float tensor as the
-    second operand of mul/div on the CPU, which torch's CPU kernels read in float32 (their opmath) from
-    its own dtype instead of rounding it to the result's (CUDA kernels round a 0-d CUDA tensor)."""
-    if (i == 1 and value.ndim == 0 and value.dtype.kind == "f" and want in (fa.float16, fa.bfloat16)
+    """The dtype operand ``i`` of a float16/bfloat16 op takes: ``want``, except a 0-d real tensor (float,
+    integer or bool) as the second operand of mul/div on the CPU, which torch's CPU kernels read in
+    float32 (their opmath) from its own dtype instead of rounding it to the result's (x * tensor(70000)
+    is finite); CUDA kernels round a 0-d CUDA tensor."""
+    if (i == 1 and value.ndim == 0 and value.dtype.kind in "fiub" and want in (fa.float16, fa.bfloat16)
             and node.target in (aten.mul.Tensor, aten.div.Tensor) and value.device.type == "cpu"):
         return fa.float32
     return want

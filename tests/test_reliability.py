@@ -199,6 +199,11 @@ X = torch.randn(4, 8)
 Q = torch.randn(1, 4, 2, 16)
 
 
+def _mx_operands():
+    data, scales = fat.mx_quantize(torch.randn(4, 32), "e4m3")
+    return data, data, scales, scales
+
+
 @pytest.mark.parametrize("call, err, words", [
     (lambda: fat.rms_norm(X, torch.ones(4)), ValueError, r"rms_norm: weight shape \(4,\).*\(4, 8\)"),
     (lambda: fat.rms_norm(X, residual=torch.ones(4, 7)), ValueError, r"rms_norm: residual shape \(4, 7\)"),
@@ -208,6 +213,8 @@ Q = torch.randn(1, 4, 2, 16)
     (lambda: fat.rms_norm(torch.ones(())), ValueError, r"rms_norm: x must have at least one dimension"),
     (lambda: fat.rms_norm(X, eps="1e-6"), TypeError, r"rms_norm: eps must be a real number"),
     (lambda: fat.rms_norm(X, eps=-1.0), ValueError, r"rms_norm: eps must be >= 0"),
+    (lambda: fat.rms_norm(X, eps=float("nan")), ValueError, r"rms_norm: eps must be >= 0, got nan"),
+    (lambda: fat.rms_norm(X, residual=X, eps=float("nan")), ValueError, r"rms_norm: eps must be >= 0, got nan"),
     (lambda: fat.rms_norm(X.numpy()), TypeError, r"rms_norm: x must be a torch.Tensor"),
     (lambda: fat.rms_norm(X, torch.ones(8, device="meta")), ValueError, r"rms_norm: .*different devices"),
     (lambda: fat.softmax(X, dim=5), ValueError, r"softmax: dim 5 is out of range .* rank 2"),
@@ -229,6 +236,16 @@ Q = torch.randn(1, 4, 2, 16)
     (lambda: fat.dot_product_attention(Q, Q, Q, bias=torch.ones(4, 4, dtype=torch.int64)), TypeError,
      r"bias has dtype fa.int64"),
     (lambda: fat.dot_product_attention(Q, Q, Q, scale="x"), TypeError, r"scale must be a real number"),
+    (lambda: fat.dot_product_attention(Q, Q, Q, is_causal="False"), TypeError,
+     r"dot_product_attention: is_causal must be a bool, got 'False'"),
+    (lambda: fat.matmul(X, X.T, bias=torch.ones(8)), ValueError,
+     r"matmul: bias of shape \(8,\) does not broadcast to the product's shape \(4, 4\)"),
+    (lambda: fat.matmul(X, X.T, residual=torch.ones(2, 4, 4)), ValueError,
+     r"matmul: residual of shape \(2, 4, 4\) does not broadcast to the product's shape \(4, 4\)"),
+    (lambda: fat.matmul(torch.ones(2, 4, 8), torch.ones(3, 8, 4)), ValueError,
+     r"matmul: the batch dims of a \(2, 4, 8\) and b \(3, 8, 4\) do not broadcast"),
+    (lambda: fat.scaled_matmul(*_mx_operands(), out_dtype=torch.int32), TypeError,
+     r"scaled_matmul: out_dtype must be a floating torch.dtype, got torch.int32"),
     (lambda: fat.dot_product_attention(Q, Q, torch.randn(1, 4, 2, 16, device="meta")), ValueError,
      r"different devices"),
 ])

@@ -1170,3 +1170,15 @@ def test_sdpa_on_the_cpu_returns_eagers_contiguous_layout():
     got, want = torch.compile(fn, backend="flyarray")(q, k, v), fn(q, k, v)
     assert got.stride() == want.stride() and got.is_contiguous()
     torch.testing.assert_close(got.view(-1), want.view(-1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_times_a_0d_integer_tensor_reads_it_in_float32_on_the_cpu(dtype):
+    """x * tensor(70000) is finite in eager (torch's CPU mul/div read a second-operand 0-d tensor in
+    float32), where 70000 rounded to float16 first would be inf."""
+    x = torch.tensor([0.3333, 0.2, 0.0], dtype=dtype)
+    fn = lambda x, n, m: (x * n, x / m, x * m)  # noqa: E731
+    args = (x, torch.tensor(70000), torch.tensor(100000))
+    torch._dynamo.reset()
+    for got, want in zip(torch.compile(fn, backend="flyarray")(*args), fn(*args)):
+        assert got.dtype == want.dtype and torch.equal(got, want), (got, want)

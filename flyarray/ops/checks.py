@@ -92,5 +92,5 @@ def check_norm(op: str, x, *, weight=None, bias=None, residual=None, eps=0.0, al
             raise ValueError(f"{op}: residual shape {tuple(residual.shape)} differs from x's {tuple(x.shape)}")
         check_float(op, "residual", residual, allowed)
     check_number(op, "eps", eps)
-    if eps < 0:
+    if not eps >= 0:   # NaN too: it would turn every output into NaN
         raise ValueError(f"{op}: eps must be >= 0, got {eps}")
