@@ -118,9 +118,14 @@ def _axes_and_sizes(op, x, s, axes):
         if len(set(axes)) != len(axes):
             raise ValueError(f"fft.{op}: axes {axes} repeat an axis")
     if s is not None:
-        s = tuple(_length(op, v, "each entry of s") for v in s)
+        s = tuple(v if v == -1 and not isinstance(v, bool) else _length(op, v, "each entry of s (or -1)")
+                  for v in s)
         if len(s) != len(axes):
             raise ValueError(f"fft.{op}: s {s} and axes {axes} have different lengths")
+        # -1: the whole axis (the array API's), as s=None would take it
+        s = tuple(x.shape[a] if v == -1 else v for v, a in zip(s, axes))
+        if any(v < 1 for v in s):
+            raise ValueError(f"fft.{op}: x (shape {x.shape}) is empty along an axis that s takes whole")
     if not axes:
         raise ValueError(f"fft.{op}: no axes to transform (x has shape {x.shape})")
     return s, axes
@@ -203,7 +208,7 @@ def _many(op, fn, x, s, axes, norm, want):
 
 def fftn(x, /, *, s=None, axes=None, norm="backward"):
     """n-dimensional Fourier transform over ``axes`` (default: all, or the last len(s)); ``s`` gives the
-    length used per axis. Complex in, the same dtype out. A lazy library call to torch.fft."""
+    length used per axis (-1: the whole axis). Complex in, the same dtype out. A lazy library call to torch.fft."""
     return _many("fftn", "fftn", x, s, axes, norm, "complex")
 
 
@@ -220,12 +225,14 @@ def rfftn(x, /, *, s=None, axes=None, norm="backward"):
 
 def irfftn(x, /, *, s=None, axes=None, norm="backward"):
     """Inverse of ``rfftn``: a real array with lengths ``s`` over ``axes`` (default: the input's, the last
-    one 2 * (m - 1)). A lazy library call to torch.fft."""
+    one 2 * (m - 1)). An entry -1 in ``s`` takes its axis whole, as the array API says: the input's length,
+    and for the last axis 2 * (m - 1), which reads all m inputs (numpy 2 gives m there). A lazy library call
+    to torch.fft."""
     x = _input("irfftn", x, "complex")
     given = s
     s, axes = _axes_and_sizes("irfftn", x, s, axes)
-    if given is None:
-        s = tuple(x.shape[a] for a in axes[:-1]) + (2 * (x.shape[axes[-1]] - 1),)
+    if given is None or given[-1] == -1:   # the last axis's default output length, 2 * (m - 1)
+        s = (s[:-1] if given is not None else tuple(x.shape[a] for a in axes[:-1])) + (2 * (x.shape[axes[-1]] - 1),)
         if any(v < 1 for v in s):
             raise ValueError(f"fft.irfftn: the output lengths {s} for shape {x.shape} are not positive; pass s")
     return _record(x, "irfftn", s, axes, _norm("irfftn", norm))

@@ -164,10 +164,26 @@ def _floor_divide_reference(a, b):
     return _by_nonzero_uint8(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
 
 
+def _remainder_of(a, b):
+    """torch.remainder, except for float64 on the CPU: torch's vectorized CPU remainder (and fmod)
+    computes a - floor(a / b) * b, NaN where a / b overflows (1.0 % 1e-310, 1e300 % 1e-300) though the
+    remainder is finite; numpy's is libm's exact fmod."""
+    t = a if isinstance(a, torch.Tensor) else b
+    if not (t.dtype == torch.float64 and t.device.type == "cpu"):
+        return torch.remainder
+    return _exact_remainder_f64
+
+
+def _exact_remainder_f64(a, b):
+    a, b = torch.broadcast_tensors(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return torch.from_numpy(np.asarray(np.remainder(a.numpy(), b.numpy())))   # 0-d gives a numpy scalar
+
+
 def _remainder_reference(a, b, out=None):
     """torch.remainder, with a zero result signed as the divisor (the array API's rule; torch keeps the
     dividend's sign for floats)."""
-    r = _by_nonzero_uint8(torch.remainder, a, b)
+    r = _by_nonzero_uint8(_remainder_of(a, b), a, b)
     if r.dtype.is_floating_point:
         r = torch.where(r == 0, torch.copysign(torch.zeros_like(r), torch.as_tensor(b, dtype=r.dtype)), r)
     return r if out is None else out.copy_(r)
@@ -274,9 +290,11 @@ for _name, _ref, _op in [("equal", torch.eq, "=="), ("not_equal", torch.ne, "!="
                          ("less_equal", torch.le, "<="), ("greater", torch.gt, ">"),
                          ("greater_equal", torch.ge, ">=")]:
     _ew(_name, 2, "any", "bool", _ref, _f("({0} %s {1})" % _op))
-_ew("logical_and", 2, "any", "bool", torch.logical_and, _f("(({0} != 0) & ({1} != 0))"))
-_ew("logical_or", 2, "any", "bool", torch.logical_or, _f("(({0} != 0) | ({1} != 0))"))
-_ew("logical_xor", 2, "any", "bool", torch.logical_xor, _f("(({0} != 0) ^ ({1} != 0))"))
+# Selects and a comparison rather than & | ^ of two truth values: Triton's interpreter cannot take a
+# bitwise op of a block of them with a scalar one from a float argument (logical_or(x, 0.0)).
+_ew("logical_and", 2, "any", "bool", torch.logical_and, _f("tl.where({0} != 0, {1} != 0, False)"))
+_ew("logical_or", 2, "any", "bool", torch.logical_or, _f("tl.where({0} != 0, True, {1} != 0)"))
+_ew("logical_xor", 2, "any", "bool", torch.logical_xor, _f("(({0} != 0) != ({1} != 0))"))
 _ew("bitwise_and", 2, "int_bool", "same", torch.bitwise_and, _f("({0} & {1})"))
 _ew("bitwise_or", 2, "int_bool", "same", torch.bitwise_or, _f("({0} | {1})"))
 _ew("bitwise_xor", 2, "int_bool", "same", torch.bitwise_xor, _f("({0} ^ {1})"))

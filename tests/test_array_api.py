@@ -584,3 +584,50 @@ def test_pad_and_repeat_edge_forms_as_numpy():
     assert fa.repeat(fa.asarray(np.zeros((0, 2), np.int32)), [], axis=0).shape == (0, 2)
     with pytest.raises(TypeError, match="repeats"):
         fa.repeat(fa.asarray(np.zeros((0, 2), np.int32)), np.zeros(0), axis=0)
+
+
+def test_logical_ops_with_a_python_float_on_every_backend(backend):
+    """logical_and/or/xor of a float array with a float scalar (the interpreter took no bitwise op of a
+    block of truth values with a scalar one)."""
+    x = np.array([0.0, 2.0, 0.0, -1.5])
+    b = np.array([True, False, True, False])
+    for name in ("logical_and", "logical_or", "logical_xor"):
+        for lhs, rhs in ((x, 0.0), (x, 1.0), (b, 1.0), (0.0, x), (x, b)):
+            got = getattr(fa, name)(fa.asarray(lhs) if isinstance(lhs, np.ndarray) else lhs,
+                                    fa.asarray(rhs) if isinstance(rhs, np.ndarray) else rhs)
+            np.testing.assert_array_equal(np.asarray(got), getattr(np, name)(lhs, rhs), err_msg=name)
+
+
+def test_cumulative_sum_of_complex_takes_dtype_bool_and_refuses_a_real_dtype():
+    z = fa.asarray(np.array([1j, 0, 2 + 0j, 0]))
+    np.testing.assert_array_equal(np.asarray(fa.cumulative_sum(z, dtype=fa.bool)), [True, True, True, True])
+    np.testing.assert_array_equal(np.asarray(fa.cumulative_prod(z, dtype=fa.bool)), [True, False, False, False])
+    with pytest.raises(TypeError, match="cumulative_sum: dtype=fa.float64 would drop the imaginary part"):
+        fa.cumulative_sum(z, dtype=fa.float64)
+
+
+def test_float64_remainder_where_the_quotient_overflows():
+    """1.0 % 1e-310 and 1e300 % 1e-300 are finite (libm's fmod); torch's vectorized CPU remainder gives NaN
+    from 8 elements on."""
+    x = np.array([1.0, -1.0, 1e300, -1e300, 7.0, 2.5, -3.0, 1.0, 5.0])
+    y = np.array([1e-310, 1e-310, 1e-300, 1e-310, -1e-310, 1e-310, -1e-310, 3.0, -2.0])
+    np.testing.assert_array_equal(np.asarray(fa.asarray(x) % fa.asarray(y)), np.remainder(x, y))
+    np.testing.assert_array_equal(np.asarray(fa.asarray(x) % 1e-310), np.remainder(x, 1e-310))
+
+
+@pytest.mark.parametrize("shape, fn", [((0,), lambda a: fa.linalg.vector_norm(a, ord=math.inf)),
+                                       ((2, 0), lambda a: fa.linalg.vector_norm(a, axis=1, ord=math.inf)),
+                                       ((0, 3), lambda a: fa.linalg.matrix_norm(a, ord=math.inf)),
+                                       ((3, 0), lambda a: fa.linalg.matrix_norm(a, ord=1)),
+                                       ((2, 0, 3), lambda a: fa.linalg.matrix_norm(a, ord=math.inf, keepdims=True))])
+def test_inf_norms_of_empty_arrays_are_zero(shape, fn):
+    x = np.zeros(shape, np.float32)
+    got = fn(fa.asarray(x))
+    want_shape = {(0,): (), (2, 0): (2,), (0, 3): (), (3, 0): (), (2, 0, 3): (2, 1, 1)}[shape]
+    assert got.shape == want_shape
+    np.testing.assert_array_equal(np.asarray(got), np.zeros(want_shape))
+
+
+def test_tensordot_names_a_repeated_axis():
+    with pytest.raises(ValueError, match=r"tensordot: axes \(\[0, 0\], \[0, 1\]\) name an axis of x1"):
+        fa.tensordot(fa.ones((2, 2)), fa.ones((2, 2)), axes=([0, 0], [0, 1]))

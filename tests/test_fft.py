@@ -118,3 +118,19 @@ def test_namespace_is_the_array_apis():
     xp = pytest.importorskip("array_api_strict")
     assert set(xp.fft.__all__) == set(fa.fft.__all__)
     assert all(callable(getattr(fa.fft, n)) and getattr(fa.fft, n).__doc__ for n in fa.fft.__all__)
+
+
+@pytest.mark.parametrize("name", ["fftn", "ifftn", "rfftn", "irfftn"])
+@pytest.mark.parametrize("s", [(-1, 2), (4, -1), (-1, -1)])
+def test_minus_one_in_s_takes_the_whole_axis(name, s):
+    """The array API: s[i] == -1 uses axes[i] whole. For irfftn's last axis that is an output of 2 * (m - 1),
+    which reads all m inputs (numpy 2 reads -1 as m there, which reads m // 2 + 1 of them)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5)) + (1j * rng.standard_normal((3, 5)) if name != "rfftn" else 0)
+    got = getattr(fa.fft, name)(fa.asarray(x), s=s)
+    whole = [m if v == -1 else v for v, m in zip(s, x.shape)]
+    if name == "irfftn" and s[-1] == -1:
+        whole[-1] = 2 * (x.shape[-1] - 1)
+    want = getattr(np.fft, name)(x, s=whole)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-10)

@@ -277,6 +277,9 @@ def tensordot(x1, x2, /, *, axes=2):
             raise ValueError(f"tensordot: axes must be an int or two sequences of axes, got {axes!r}")
         ax1 = [views.normalize_axis(v, len(a.shape), "tensordot: axes") for v in views.axis_tuple(axes[0])]
         ax2 = [views.normalize_axis(v, len(b.shape), "tensordot: axes") for v in views.axis_tuple(axes[1])]
+        for name, ax, shape in (("x1", ax1, a.shape), ("x2", ax2, b.shape)):
+            if len(set(ax)) != len(ax):
+                raise ValueError(f"tensordot: axes {axes!r} name an axis of {name} (shape {shape}) twice")
     if len(ax1) != len(ax2) or any(a.shape[i] != b.shape[j] for i, j in zip(ax1, ax2)):
         raise ValueError(f"tensordot: contracted axes {ax1} of {a.shape} and {ax2} of {b.shape} differ in size")
     x1, x2 = _promoted(x1, x2)
@@ -366,7 +369,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     if ord == 1:
         return R.sum(a, axis=axis, keepdims=keepdims)
     if ord == math.inf:
-        return R.max(a, axis=axis, keepdims=keepdims)
+        return _max_of_magnitudes(a, axis, keepdims)
     if ord == -math.inf:
         return R.min(a, axis=axis, keepdims=keepdims)
     if ord == 0:
@@ -396,8 +399,17 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
         raise ValueError(f"matrix_norm: ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got {ord!r}")
     inner, outer_axis = (-2, -1) if ord in (1, -1) else (-1, -2)
     sums = R.sum(_abs(x), axis=inner, keepdims=True)
-    r = R.max(sums, axis=outer_axis, keepdims=True) if ord > 0 else R.min(sums, axis=outer_axis, keepdims=True)
+    r = _max_of_magnitudes(sums, outer_axis, True) if ord > 0 else R.min(sums, axis=outer_axis, keepdims=True)
     return r if keepdims else r[..., 0, 0]
+
+
+def _max_of_magnitudes(a, axis, keepdims):
+    """max(|x|) over ``axis``: 0 where the axes are empty (the inf-norm of nothing, as numpy's), which a
+    plain max refuses."""
+    from . import reductions as R
+    if any(a.shape[i] == 0 for i in views.normalize_axes(axis, a.ndim)):
+        return R.sum(a, axis=axis, keepdims=keepdims)   # zeros of the reduced shape
+    return R.max(a, axis=axis, keepdims=keepdims)
 
 
 # ---- numpy's spellings at the top level (fa.diagonal, fa.trace): any two axes, default the first two -------------

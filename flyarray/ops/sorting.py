@@ -77,6 +77,10 @@ def _from_last(y, axis):
 
 def _scan(op, x, axis, dtype, include_initial):
     x = array_arg(x, f"cumulative_{op}: x")
+    if x.dtype.kind == "c" and dtype is not None and dt.dtype(dtype).kind != "c":
+        if dt.dtype(dtype).kind != "b":   # as sum: only bool, which astype allows, takes a complex x
+            raise TypeError(f"cumulative_{op}: dtype={dt.dtype(dtype)} would drop the imaginary part of a complex x")
+        x = x.astype(dt.bool_)
     if dtype is not None and dt.dtype(dtype).kind == "c" or x.dtype.kind == "c":
         return _complex_scan(op, x if dtype is None else x.astype(dt.dtype(dtype), copy=False), axis, include_initial)
     _real(f"cumulative_{op}", "x", x._node, allow_bool=True)
