@@ -55,9 +55,9 @@ def cuda_graphs() -> bool:
 
 
 def gemm_warp_specialized() -> bool:
-    """FLYARRAY_GEMM_WS=1: 16-bit square GEMMs on sm_90 take gemm_hopper's warp-specialized kernel
-    (an A/B switch while it is timed against the Triton GEMM; off by default)."""
-    return os.environ.get("FLYARRAY_GEMM_WS", "0") not in ("", "0")
+    """16-bit square GEMMs on sm_90 take gemm_hopper's warp-specialized kernel (on by default since the
+    twenty-first session's H100 run, docs/benchmarks.md); FLYARRAY_GEMM_WS=0 keeps the Triton GEMM."""
+    return os.environ.get("FLYARRAY_GEMM_WS", "1") not in ("", "0")
 
 
 def precompile() -> bool:
