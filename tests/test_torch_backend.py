@@ -111,7 +111,8 @@ def test_custom_op_gradients_match_torch():
     (lambda: fat.softmax(torch.randn(3, 8), dim=2), "dim 2 is out of range"),
     (lambda: fat.matmul(torch.randn(3, 8), torch.randn(7, 5)), "inner dimensions differ"),
     (lambda: fat.matmul(torch.randn(3, 8), torch.randn(8, 5), activation="swish"), "activation must be"),
-    (lambda: fat.matmul(torch.randn(3, 8), torch.randn(8, 5), bias=torch.randn(4)), "do not broadcast"),
+    (lambda: fat.matmul(torch.randn(3, 8), torch.randn(8, 5), bias=torch.randn(4)),
+     r"matmul: bias of shape \(4,\) does not broadcast"),
     (lambda: fat.top_k(torch.randn(3, 8), 9), "k=9 must be in 1..8"),
     (lambda: fat.ragged_dot(torch.randn(6, 8), torch.randn(2, 8, 4), torch.tensor([2, 4, 0])), "group sizes"),
     (lambda: fat.mx_quantize(torch.randn(2, 48), "e4m3"), "not a multiple of 32"),
@@ -826,7 +827,7 @@ def _mx_pair(rows_lhs=4, rows_rhs=5, fmt_rhs="e4m3"):
      r"lhs_scales must have shape \(4, 2\)"),
     (lambda a, b, sa, sb: (a, b[:, :32].contiguous(), sa, sb[:, :1].contiguous(), torch.float32), ValueError,
      "lhs .* holds K=64 but rhs .* holds K=32"),
-    (lambda a, b, sa, sb: (a, b, sa, sb, torch.int32), TypeError, "preferred_element_type must be a floating"),
+    (lambda a, b, sa, sb: (a, b, sa, sb, torch.int32), TypeError, "out_dtype must be a floating torch.dtype"),
     (lambda a, b, sa, sb: (a, b, None, sb, torch.float32), TypeError, "MX data needs its lhs_scales"),
 ])
 def test_scaled_matmul_checks_k_and_the_scales_shapes_before_any_work(change, exc, message):
