@@ -178,23 +178,26 @@ def _ipow(a, b):
 
 
 @triton.jit
-def _nextafter16(x, y):
-    # one step of a 16-bit float (fp16 or bf16) toward y, on its sign-magnitude bits
+def _nextafter16(xf, yf, x):
+    # one step of a 16-bit float x (fp16 or bf16) toward y, on its sign-magnitude bits; xf, yf: x and y
+    # widened to fp32 (exactly), where the comparisons are made: Triton's interpreter holds bf16 values
+    # as their raw bits, so comparing them there compares bit patterns
     ix = x.to(tl.int16, bitcast=True)
-    iy = y.to(tl.int16, bitcast=True)
-    step = tl.where((x > 0) == (y > x), 1, -1).to(tl.int16)
-    bits = tl.where(x == 0, (iy & -32768) | 1, ix + step)
-    out = bits.to(x.dtype, bitcast=True)
-    out = tl.where(x == y, y, out)
-    out = tl.where(y != y, x + y, out)
-    return tl.where(x != x, x + y, out)  # nested: see _maximum
+    iy = yf.to(x.dtype).to(tl.int16, bitcast=True)
+    step = tl.where((xf > 0) == (yf > xf), 1, -1).to(tl.int16)
+    bits = tl.where(xf == 0, (iy & -32768) | 1, ix + step)
+    out = bits.to(x.dtype, bitcast=True).to(tl.float32)
+    out = tl.where(xf == yf, yf, out)
+    out = tl.where(yf != yf, xf + yf, out)
+    return tl.where(xf != xf, xf + yf, out)  # nested: see _maximum
 
 
 @triton.jit
 def _logaddexp(a, b):
     m = _maximum(a, b)
     d = tl.abs(a - b)
-    return tl.where(tl.abs(m) == float("inf"), m, m + tl.log(1.0 + tl.exp(-d)))
+    # log1p: log(1 + e) loses e below the unit roundoff (logaddexp(0, -20) would be 0, not 2.1e-9)
+    return tl.where(tl.abs(m) == float("inf"), m, m + ext.log1p(tl.exp(-d)))
 
 
 # threefry2x32 (fa.random) on uint32 words (they wrap, as the algorithm wants); int64 in and out.
@@ -664,6 +667,12 @@ class _Emitter:
     def finish_reduce(self, i, op: Reduce) -> str:
         if op.prim in ("any", "all"):
             return f"(v{i} != 0)"
+        if op.dtype in (dt.float16, dt.bfloat16):
+            # rounded to its dtype even where it stays in the kernel: the scheduler recomputes a reduction
+            # in each kernel that reads it inline, and another kernel may store it (rounded) for others, so
+            # an unrounded copy here would disagree with it (softmax(prod(x)) in bf16 above 1). A row's
+            # result is rounded once; the accumulation itself stays in float32.
+            return f"v{i}.to({_tl(op.dtype)}).to(tl.float32)"
         return f"v{i}.to({_tl(_cdt(op.dtype))})"
 
     def emit_looped(self):

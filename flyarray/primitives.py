@@ -226,7 +226,12 @@ for _name, _ref, _low in [
 # ---- activations (first-class so the scheduler can move them into a GEMM epilogue) ----------
 _ew("relu", 1, "numeric", "same", torch.relu, _f("tl.where({0} < 0, 0, {0})"))
 _ew("silu", 1, "float", "same", torch.nn.functional.silu, _f("({0} / (1.0 + tl.exp(-{0})))"))
-_ew("gelu", 1, "float", "same", torch.nn.functional.gelu, _f("(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))"))
+def _gelu_reference(x):
+    """torch's gelu, except at +inf: its CPU kernel gives NaN there (0.5 * inf * (1 + erf(inf)) is inf)."""
+    return torch.where(torch.isposinf(x), x, torch.nn.functional.gelu(x))
+
+
+_ew("gelu", 1, "float", "same", _gelu_reference, _f("(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))"))
 _ew("gelu_tanh", 1, "float", "same", lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
     _f("(0.5 * {0} * (1.0 + ext.tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}))))"))
 
@@ -284,7 +289,8 @@ _ew("atan2", 2, "float", "same", torch.atan2, _f("ext.atan2({0}, {1})"))
 _ew("hypot", 2, "float", "same", torch.hypot, _f("ext.hypot({0}, {1})"))
 _ew("copysign", 2, "float", "same", torch.copysign, _f("ext.copysign({0}, {1})"))
 _ew("nextafter", 2, "float", "same", torch.nextafter, _f("ext.nextafter({0}, {1})"),
-    lambda a, d: f"_nextafter16({a[0]}.to(tl.{d.triton}), {a[1]}.to(tl.{d.triton})).to(tl.float32)")
+    lambda a, d: (f"_nextafter16({a[0]}.to(tl.{d.triton}).to(tl.float32), {a[1]}.to(tl.{d.triton}).to(tl.float32), "
+                  f"{a[0]}.to(tl.{d.triton}))"))
 _ew("logaddexp", 2, "float", "same", torch.logaddexp, _f("_logaddexp({0}, {1})"))
 for _name, _ref, _op in [("equal", torch.eq, "=="), ("not_equal", torch.ne, "!="), ("less", torch.lt, "<"),
                          ("less_equal", torch.le, "<="), ("greater", torch.gt, ">"),

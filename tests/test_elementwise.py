@@ -497,3 +497,39 @@ def test_binary_math_with_a_scalar_first_inside_a_row_kernel(backend):
     for f, ref in ((fa.hypot, np.hypot), (fa.atan2, np.arctan2), (fa.pow, np.power)):
         got = f(3.0, fa.asarray(x)) - fa.sum(fa.asarray(x), axis=1, keepdims=True)
         np.testing.assert_allclose(np.asarray(got), ref(np.float32(3.0), x) - x.sum(1, keepdims=True), rtol=1e-6)
+
+
+def test_logaddexp_keeps_a_result_near_zero(backend):
+    """log(1 + e) would lose e below the unit roundoff: logaddexp(0, -20) is 2.06e-9, not 0."""
+    for dtype, b in ((np.float32, -20.0), (np.float64, -40.0)):
+        a = np.array([0.0, 0.0, -1e-3], dtype)
+        bb = np.array([b, b - 20, -100.0], dtype)
+        got = np.asarray(fa.logaddexp(fa.asarray(a), fa.asarray(bb)))
+        np.testing.assert_allclose(got, np.logaddexp(a, bb), rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_nextafter_on_every_backend(backend, dtype):
+    t = getattr(torch, dtype)
+    x = torch.tensor([-0.0, 1.0, 2.5, 65280.0 if dtype == "bfloat16" else 65504.0, float("inf"), float("nan")],
+                     dtype=t)
+    for toward in (2.0, -1.0):
+        y = torch.full_like(x, toward)
+        got = fa.nextafter(fa.asarray(x), fa.asarray(y)).torch()
+        assert torch.equal(got.isnan(), torch.nextafter(x, y).isnan())
+        assert torch.equal(got.nan_to_num(), torch.nextafter(x, y).nan_to_num()), (toward, got, torch.nextafter(x, y))
+
+
+def test_pow_by_a_python_half_is_pow_not_sqrt(backend):
+    """pow(-inf, 0.5) is inf and pow(-0.0, 0.5) is +0.0 (C99); numpy's scalar fast path would take sqrt."""
+    x = np.array([-np.inf, -0.0, 4.0], np.float32)
+    got = np.asarray(fa.pow(fa.asarray(x), 0.5))
+    np.testing.assert_array_equal(got, [np.inf, 0.0, 2.0])
+    assert not np.signbit(got[1])
+
+
+def test_gelu_of_plus_infinity_is_infinity(backend):
+    """0.5 * inf * (1 + erf(inf)); torch's CPU gelu gives NaN there, which the reference backend corrects."""
+    got = np.asarray(fa.nn.gelu(fa.asarray(np.array([np.inf, 3.0], np.float32))))
+    assert got[0] == np.inf
+    np.testing.assert_allclose(got[1], 3.0 * 0.5 * (1 + math.erf(3.0 / math.sqrt(2))), rtol=1e-6)

@@ -6,6 +6,7 @@ by dropping work.
 """
 import numpy as np
 import pytest
+import torch
 
 import flyarray as fa
 
@@ -380,3 +381,11 @@ def test_a_row_statistic_another_kernel_needs_is_stored_not_recomputed(backend):
     r64 = 1 / np.sqrt((a.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)
     assert_matches(w, (d * a * r64).sum(0).astype(np.float32), rtol=1e-4, atol=1e-5)
     assert_matches(y, (d * r64).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_a_half_precision_reduction_recomputed_in_a_later_kernel_agrees_with_its_stored_copy(backend):
+    """softmax(prod(exp(x))) in bfloat16: the max and sum kernels read prod's stored (rounded) copy while
+    the last kernel recomputes prod inline; rounded there too, the largest entry is exactly 1."""
+    x = fa.asarray(torch.tensor([[3.0, 4.5], [-2.0, -2.0]], dtype=torch.bfloat16))
+    y = fa.nn.softmax(fa.prod(fa.exp(x), axis=-1), axis=-1)
+    assert y.torch().float().tolist() == [1.0, 0.0]

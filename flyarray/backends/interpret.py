@@ -29,6 +29,14 @@ def _lift(np_fn, result_bool=False):
     return fn
 
 
+def _power(x, y):
+    # numpy takes a scalar exponent of 0.5 as sqrt (sqrt(-inf) is NaN, C's pow(-inf, 0.5) is inf, and
+    # -0.0 keeps its sign): operands of one shape go through pow itself
+    shape = np.broadcast(x, y).shape   # the interpreter's scalars are 1-element arrays; numpy reads a
+    # broadcast (stride 0) exponent as a scalar too, so it is copied out
+    return np.power(np.ascontiguousarray(np.broadcast_to(x, shape)), np.ascontiguousarray(np.broadcast_to(y, shape)))
+
+
 class InterpreterMath:
     tan = staticmethod(_lift(np.tan))
     tanh = staticmethod(_lift(np.tanh))
@@ -46,7 +54,7 @@ class InterpreterMath:
     trunc = staticmethod(_lift(np.trunc))
     rint = staticmethod(_lift(np.rint))
     signbit = staticmethod(_lift(np.signbit, result_bool=True))
-    pow = staticmethod(_lift(np.power))
+    pow = staticmethod(_lift(_power))
     atan2 = staticmethod(_lift(np.arctan2))
     hypot = staticmethod(_lift(np.hypot))
     copysign = staticmethod(_lift(np.copysign))
