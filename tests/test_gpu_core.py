@@ -309,3 +309,20 @@ def test_gemm_on_a_thread_of_its_own():
     thread.join()
     assert not errors, errors
     assert _rel(out[0], want) < 1e-2
+
+
+def test_logaddexp_near_zero_and_half_precision_nextafter():
+    """The twenty-first session's codegen fixes on the GPU backend: logaddexp through libdevice's log1p,
+    fp16/bf16 nextafter compared in fp32, a bf16 reduction rounded where it is recomputed."""
+    a = torch.tensor([0.0, 0.0, -1e-3], device="cuda")
+    b = torch.tensor([-20.0, -40.0, -100.0], device="cuda")
+    got = torch.from_dlpack(fa.logaddexp(fa.asarray(a), fa.asarray(b)))
+    torch.testing.assert_close(got, torch.logaddexp(a.double(), b.double()).float(), rtol=1e-5, atol=0)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.tensor([-0.0, 1.0, 2.5, 100.0, float("inf")], device="cuda", dtype=dtype)
+        for toward in (2.0, -1.0):
+            y = torch.full_like(x, toward)
+            assert torch.equal(torch.from_dlpack(fa.nextafter(fa.asarray(x), fa.asarray(y))), torch.nextafter(x, y))
+    x = fa.asarray(torch.tensor([[3.0, 4.5], [-2.0, -2.0]], device="cuda", dtype=torch.bfloat16))
+    y = fa.nn.softmax(fa.prod(fa.exp(x), axis=-1), axis=-1)
+    assert torch.from_dlpack(y).float().tolist() == [1.0, 0.0]
