@@ -106,6 +106,25 @@ class Explanation:
         return "".join(parts)
 
 
+def _refuse_traced(roots):
+    """Inside a function fa.jit traces, the arguments are placeholders with no buffers, so no plan can
+    be cut from them (the scheduler would wait for them forever). fa.vmap's batched arrays are
+    explained as they are."""
+    traced = plan._trace.sources
+    if not traced:
+        return
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node.id in traced:
+            raise plan.ConcretizationError(
+                "fa.explain: an array computed from the arguments of a function fa.jit is tracing has no plan of "
+                "its own yet; explain the jitted function's result outside it, e.g. fa.explain(f(x)) after the call")
+        if node.id not in seen:
+            seen.add(node.id)
+            stack.extend(node.inputs)
+
+
 def explain(*arrays) -> Explanation:
     """The pending graph under ``arrays`` and how an evaluation would cut it into kernels, without
     launching or compiling anything (see the module docstring)."""
@@ -118,6 +137,7 @@ def explain(*arrays) -> Explanation:
         roots = [r for r in plan.requested_nodes(flat) if plan._pending(r)]
         if not roots:
             return Explanation(states, [])
+        _refuse_traced(roots)
         if plan._companions:
             roots = plan._with_companions(roots)
         device = roots[0].device

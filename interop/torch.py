@@ -187,11 +187,16 @@ def _families(ops):
         return None
     if isinstance(ops, (str, bytes)) or not isinstance(ops, collections.abc.Iterable):
         raise TypeError(f"accelerate: ops must be a collection of family names or a dict, got {ops!r}")
+    if not isinstance(ops, dict):
+        ops = list(ops)   # a one-shot iterable is read once, here
     unknown = set(ops) - set(torch_backend.FAMILIES)   # a dict's keys, or the collection's names
     if unknown:
         raise ValueError(f"accelerate: unknown op families {sorted(map(str, unknown))}; expected some of "
                          f"{torch_backend.FAMILIES}")
     if isinstance(ops, dict):
+        bad = {k: v for k, v in ops.items() if not isinstance(v, bool)}
+        if bad:   # "False" would be true
+            raise TypeError(f"accelerate: ops dict values must be bools, got {bad!r}")
         return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
     return set(ops)
 

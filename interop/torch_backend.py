@@ -131,7 +131,11 @@ def _log_softmax(x, dim, half_to_float):
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     """(out, mean, rstd) of aten.native_layer_norm over the last axis; statistics in fp32 (fp64 for a
-    float64 x: torch's accumulation type)."""
+    float64 x: torch's accumulation type). Parameters in x's dtype, or float32 ones beside a float16/bfloat16
+    x (torch's mixed-dtype rule); other mixes run as torch's op, which refuses them."""
+    for p in (weight, bias):
+        if p is not None and p.dtype != x.dtype and not (p.dtype == fa.float32 and x.dtype in (fa.float16, fa.bfloat16)):
+            raise TypeError(f"layer_norm: a {p.dtype.name} parameter beside a {x.dtype.name} input")
     out = fa.nn.layer_norm(x, weight, bias, eps)
     xf = x.astype(fa.dtypes.compute_dtype(x.dtype))
     mean = fa.mean(xf, axis=-1, keepdims=True)
@@ -149,7 +153,21 @@ def _pow_scalar(x, exponent):
     return fa.pow(x, exponent)
 
 
+def _same_dtypes(op, *arrays):
+    """torch's GEMMs refuse operands of different dtypes, where flyarray's promote: refused here too, so
+    the node runs as the torch op (and raises torch's error)."""
+    dtypes = {a.dtype for a in arrays if isinstance(a, fa.Array)}
+    if len(dtypes) > 1:
+        raise TypeError(f"{op}: operands of different dtypes {sorted(d.name for d in dtypes)}")
+
+
+def _mm(a, b):
+    _same_dtypes("mm", a, b)
+    return fa.matmul(a, b)
+
+
 def _addmm(bias, a, b, *, beta=1, alpha=1):
+    _same_dtypes("addmm", bias, a, b)
     if bias.dtype.kind in "iub":  # torch converts alpha and beta to an integer result's type (0.5 -> 0)
         beta, alpha = int(beta), int(alpha)
     y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
@@ -208,7 +226,7 @@ _EW = {
     aten.select_backward.default: _select_backward, aten.cat.default: _cat, aten.full.default: _full,
 }
 _FAMILY_OPS = {
-    "matmul": {aten.mm.default: fa.matmul, aten.bmm.default: fa.matmul, aten.addmm.default: _addmm,
+    "matmul": {aten.mm.default: _mm, aten.bmm.default: _mm, aten.addmm.default: _addmm,
                torch.ops.flyarray.matmul.default: lambda a, b, bias, res, act, out: torch_ops._matmul(
                    a, b, bias, res, activation=act, out_dtype=None if out is None else dt.from_torch(out)),
                torch.ops.flyarray.ragged_dot.default: fa.ragged_dot, aten._grouped_mm.default: _grouped_mm},

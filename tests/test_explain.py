@@ -219,3 +219,15 @@ def test_explain_says_which_library_outputs_are_written_into_a_concat():
     text = str(fa.explain(fa.stack(pull(fa.asarray(ct)), axis=2)))
     assert text.count("into step 0's buffer") == 3, text
     assert "fused kernel" not in text, text
+
+
+def test_explain_inside_a_jit_trace_says_why_it_cannot():
+    """The traced arguments have no buffers, so there is no plan to describe: a clear error (it used to
+    hang in the scheduler); under fa.vmap explain still describes the batched work."""
+    x = fa.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.raises(fa.ConcretizationError, match="fa.explain: an array computed from the arguments of a function"):
+        fa.jit(lambda a: (fa.explain(a * 2), a * 2)[1])(x)
+    seen = []
+    out = fa.vmap(lambda a: (seen.append(fa.explain(a * 2)), a * 2)[1])(x)
+    np.testing.assert_array_equal(np.asarray(out), np.arange(6).reshape(2, 3) * 2)
+    assert "fa.explain" in str(seen[0])

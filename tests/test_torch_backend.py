@@ -645,6 +645,13 @@ def test_accelerate_can_turn_op_families_off():
         fat.accelerate(model, ops=5)
     fat.accelerate(model, ops={"norm": True, "matmul": True}.keys())   # any iterable of names
     fat.accelerate(model, ops=iter(["norm"]))
+    with pytest.raises(TypeError, match=r"ops dict values must be bools, got \{'matmul': 'False'\}"):
+        fat.accelerate(model, ops={"matmul": "False"})   # a non-empty string would be true
+    torch._dynamo.reset()
+    with torch.no_grad():   # a one-shot iterable is read once: its families are lowered
+        fa.reset_stats()
+        fat.accelerate(model, ops=iter(["matmul"]))(x)
+        assert fa.stats()["library_calls"] > 0
     with pytest.raises(ValueError, match="mx must be one of"):
         fat.accelerate(model, mx="int4")
 
@@ -692,6 +699,52 @@ def test_accelerate_with_mx_weights_has_gradients_for_what_comes_before(mx, fmt)
     for got, want in ((x_ours.grad, x_dense.grad), (model[1].weight.grad, dense[1].weight.grad)):
         assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
     assert model[0].bias.grad is None    # the MX layers themselves are frozen
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_eager_mx_linear_passes_the_gradient_to_its_input(fmt):
+    """quantize_linear_weights' MXLinear (no torch.compile) is frozen but differentiable in its input, as
+    x @ dequantized(W)^T: the layers before it train (it used to cut the graph silently)."""
+    from .interpreter_probe import INTERPRETER_PROBLEM
+    if INTERPRETER_PROBLEM:
+        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    dense = copy.deepcopy(model)
+    fa.quant.quantize_linear_weights(model, weight_format=fmt)
+    for mx_layer, linear in ((model[0], dense[0]), (model[2], dense[2])):
+        w = fa.quant.mx_dequantize(fa.asarray(mx_layer.weight_data), fa.asarray(mx_layer.weight_scales), fmt)
+        linear.weight.data = torch.from_dlpack(w).clone()
+    dense.double()
+    x = torch.randn(3, 64)
+    x_ours, x_dense = x.clone().requires_grad_(), x.double().requires_grad_()
+    model(x_ours).square().sum().backward()
+    dense(x_dense).square().sum().backward()
+    assert ((x_ours.grad.double() - x_dense.grad).norm() / x_dense.grad.norm()).item() < 3e-3
+    act_model = torch.nn.Sequential(torch.nn.Linear(64, 8))
+    fa.quant.quantize_linear_weights(act_model, weight_format=fmt, activation_format="e4m3")
+    with pytest.raises(RuntimeError, match="with activation_format the input is quantized, which has no gradient"):
+        act_model(x.clone().requires_grad_())
+    with torch.no_grad():
+        act_model(x.clone().requires_grad_())   # inference still runs
+
+
+@pytest.mark.parametrize("fn, args", [
+    (lambda a, b: a @ b, (torch.randn(2, 4, dtype=torch.bfloat16), torch.randn(4, 3))),
+    (torch.mm, (torch.randn(2, 4), torch.randn(4, 3, dtype=torch.float64))),
+    (torch.addmm, (torch.randn(3, dtype=torch.bfloat16), torch.randn(2, 4), torch.randn(4, 3))),
+    (lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b),
+     (torch.randn(2, 4), torch.randn(4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16))),
+])
+def test_mixed_dtype_gemms_and_norms_raise_torchs_error(fn, args):
+    """flyarray's GEMMs promote mixed dtypes; torch refuses them, so the backend runs these as torch ops,
+    which raise as eager does."""
+    with pytest.raises(RuntimeError) as eager:
+        fn(*args)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError) as ours:
+        torch.compile(fn, backend="flyarray")(*args)
+    assert str(eager.value).splitlines()[0] in str(ours.value)
 
 
 def test_backend_is_an_installed_entry_point():

@@ -463,28 +463,53 @@ class MXLinear(nn.Module):
                                                                    requires_grad=False)
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        if x.dtype in (torch.bfloat16, torch.float16):
-            return x.dtype
-        # the CPU runs kernels through Triton's interpreter, which has no bf16 arithmetic
-        return torch.bfloat16 if x.is_cuda else torch.float16
+        if not x.is_cuda:   # the CPU runs kernels through Triton's interpreter, which has no bf16 arithmetic
+            return torch.float16
+        return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-        if self.activation_format is None:
-            lhs, lhs_scales = rows.to(self._compute_dtype(x)), None
+        if torch.is_grad_enabled() and x.requires_grad:   # the layers before it train through it
+            if self.activation_format is not None:
+                raise RuntimeError("MXLinear: with activation_format the input is quantized, which has no "
+                                   "gradient; use weight-only MX (activation_format=None) to train through the "
+                                   "layer, or run it under torch.no_grad()")
+            y = _WeightOnlyMXLinear.apply(rows, self, out_dtype)
         else:
-            lhs, lhs_scales = mx_quantize(rows.contiguous(), self.activation_format)
-        from flyarray.kernels.scaled_matmul import scaled_matmul  # it imports this module
-        y = scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales,
-                          preferred_element_type=out_dtype, rhs_format=self.weight_format)
+            y = self._matmul(rows, out_dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def _matmul(self, rows, out_dtype):
+        if self.activation_format is None:
+            lhs, lhs_scales = rows.to(self._compute_dtype(rows)), None
+        else:
+            lhs, lhs_scales = mx_quantize(rows.contiguous(), self.activation_format)
+        from flyarray.kernels.scaled_matmul import scaled_matmul  # it imports this module
+        return scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales,
+                             preferred_element_type=out_dtype, rhs_format=self.weight_format)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"weight_format={self.weight_format}, activation_format={self.activation_format}")
+
+
+class _WeightOnlyMXLinear(torch.autograd.Function):
+    """rows @ dequant(W)^T with a gradient to rows (W is frozen codes, so it gets none):
+    d rows = dy @ dequant(W), in float32, rounded to rows' dtype."""
+
+    @staticmethod
+    def forward(ctx, rows, module, out_dtype):
+        ctx.module, ctx.rows_dtype = module, rows.dtype
+        return module._matmul(rows, out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        m = ctx.module
+        w = mx_dequantize(m.weight_data, m.weight_scales, m.weight_format, dtype=torch.float32)  # [out, in]
+        return (dy.float() @ w).to(ctx.rows_dtype), None, None
 
 
 def _relative_error(after, before) -> float:
