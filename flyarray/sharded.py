@@ -59,6 +59,13 @@ class ShardedArray:
         raise TypeError("a ShardedArray holds only this rank's shard; use np.asarray(fa.device_get(x)) for the "
                         "whole array")
 
+    def __dlpack_device__(self):
+        return self.local.__dlpack_device__()
+
+    def __dlpack__(self, *args, **kwargs):   # torch.from_dlpack(x): this message, not an invalid capsule
+        raise TypeError("a ShardedArray holds only this rank's shard; use torch.from_dlpack(fa.device_get(x)) for "
+                        "the whole array, or x.local for this rank's shard")
+
     # ---- ops (the propagation rules below) ---------------------------------------------------------
     def __matmul__(self, other):
         return matmul(self, other)

@@ -438,6 +438,12 @@ def check_sharded_operands_and_errors():
         assert "device_get" in str(e)
     else:
         raise AssertionError("np.asarray of a ShardedArray")
+    try:
+        torch.from_dlpack(s)
+    except TypeError as e:   # ours, not torch's "invalid capsule"
+        assert "device_get" in str(e), e
+    else:
+        raise AssertionError("torch.from_dlpack of a ShardedArray")
     rep = fa.device_put(a, NamedSharding(mesh, P(None)))  # replicated, spelled with an entry: vmap takes it
     _close(fa.vmap(lambda r: r.sum())(rep).local, an.sum(axis=1), atol=1e-5, what="vmap over a replicated array")
     y = fa.shard_map(lambda b: b * 2.0, mesh, P("x"), P("x"))(s)
