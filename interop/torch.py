@@ -21,6 +21,8 @@ torch_backend.register()  # backend="flyarray" from a source tree too (a pip ins
 
 def to_torch(x) -> torch.Tensor:
     """The array as a torch tensor (same memory where torch can express the layout)."""
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"to_torch: expected an fa.Array (or another DLPack exporter), got {type(x).__name__}")
     return torch.from_dlpack(x)
 
 
@@ -34,6 +36,8 @@ def function(fn):
 
     No autograd: use the differentiable ops below, or torch, where gradients are needed.
     """
+    if not callable(fn):
+        raise TypeError(f"function: expected a function, got {type(fn).__name__}")
     jitted = fa.jit(fn)
 
     def wrapped(*args):
@@ -76,32 +80,7 @@ def matmul(a, b, *, bias=None, activation=None, residual=None, out_dtype=None):
         raise TypeError(f"matmul: activation must be None or a str (relu, silu, gelu, gelu_tanh), got {activation!r}")
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise TypeError(f"matmul: out_dtype must be None or a torch.dtype, got {out_dtype!r}")
-    _check_epilogue_shapes(a, b, bias, residual)
     return torch.ops.flyarray.matmul(a, b, bias, residual, activation, out_dtype)
-
-
-def _check_epilogue_shapes(a, b, bias, residual):
-    """a @ b's batch dims broadcast, and bias and residual broadcast to its shape (they may not grow it):
-    refused here, naming the argument, rather than by the broadcast inside the op. Inner dimensions
-    (and 0-d operands) are the op's own check."""
-    if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != b.shape[-2 if b.ndim > 1 else -1]:
-        return
-    try:
-        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except RuntimeError:
-        raise ValueError(f"matmul: the batch dims of a {tuple(a.shape)} and b {tuple(b.shape)} do not "
-                         "broadcast") from None
-    out = tuple(batch) + tuple(a.shape[-2:-1]) + tuple(b.shape[-1:] if b.ndim > 1 else ())
-    for name, t in (("bias", bias), ("residual", residual)):
-        if t is None:
-            continue
-        try:
-            fits = tuple(torch.broadcast_shapes(t.shape, out)) == out
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(f"matmul: {name} of shape {tuple(t.shape)} does not broadcast to the product's "
-                             f"shape {out}")
 
 
 def ragged_dot(lhs, rhs, group_sizes):
@@ -189,6 +168,8 @@ def _families(ops):
         raise TypeError(f"accelerate: ops must be a collection of family names or a dict, got {ops!r}")
     if not isinstance(ops, dict):
         ops = list(ops)   # a one-shot iterable is read once, here
+        if not all(isinstance(f, str) for f in ops):
+            raise TypeError(f"accelerate: ops must name op families by str, got {ops!r}")
     unknown = set(ops) - set(torch_backend.FAMILIES)   # a dict's keys, or the collection's names
     if unknown:
         raise ValueError(f"accelerate: unknown op families {sorted(map(str, unknown))}; expected some of "
@@ -222,7 +203,7 @@ def _mx_linear_forward(self, x):
     y = torch.ops.flyarray.scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales, out_dtype)
     if self.bias is not None:
         y = y + self.bias.to(y.dtype)
-    return y.reshape(*x.shape[:-1], self.out_features)
+    return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype if x.dtype == torch.float64 else y.dtype)
 
 
 def _tensors(op, **tensors):

@@ -136,6 +136,8 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     for p in (weight, bias):
         if p is not None and p.dtype != x.dtype and not (p.dtype == fa.float32 and x.dtype in (fa.float16, fa.bfloat16)):
             raise TypeError(f"layer_norm: a {p.dtype.name} parameter beside a {x.dtype.name} input")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        raise TypeError(f"layer_norm: weight {weight.dtype.name} and bias {bias.dtype.name} differ")
     out = fa.nn.layer_norm(x, weight, bias, eps)
     xf = x.astype(fa.dtypes.compute_dtype(x.dtype))
     mean = fa.mean(xf, axis=-1, keepdims=True)

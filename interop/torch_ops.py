@@ -104,6 +104,14 @@ def _attention_grads(do, q, k, v, out, lse, dlse, bias, mask, *, scale, is_causa
 _ACTIVATIONS = {"relu": fa.relu, "silu": fa.silu, "gelu": fa.gelu, "gelu_tanh": lambda y: fa.gelu(y, approximate=True)}
 
 
+def _broadcasts_to(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without growing it (plain comparisons, so Dynamo traces
+    them on its sizes)."""
+    if len(shape) > len(target):
+        return False
+    return all(s == 1 or s == t for s, t in zip(reversed(tuple(shape)), reversed(tuple(target))))
+
+
 def _matmul(a, b, bias, residual, *, activation, out_dtype):
     """[cast]([residual +] [act](a @ b [+ bias])): the pattern the scheduler fuses into one GEMM."""
     y = fa.matmul(a, b)
@@ -302,21 +310,25 @@ attention_forward.register_autograd(_attention_forward_backward, setup_context=_
 
 # ---- matmul with its epilogue -----------------------------------------------------------------------------
 def _check_matmul(a, b, bias, residual, activation, out_dtype):
-    from flyarray import views
     from flyarray.ops.linalg import ACTIVATIONS, _matmul_abstract
     op = "matmul"
     aa, ba, biasa, ra = _avals(op, a=a, b=b, bias=bias, residual=residual)
     for name, x in (("a", aa), ("b", ba)):
         if len(x.shape) < 2:
             raise ValueError(f"{op}: {name} must be at least 2-D, got shape {x.shape}")
-    ((shape, dtype),) = _matmul_abstract(aa, ba)
+    try:
+        ((shape, dtype),) = _matmul_abstract(aa, ba)
+    except ValueError as exc:
+        if "do not broadcast" not in str(exc):
+            raise
+        raise ValueError(f"{op}: the batch dims of a {aa.shape} and b {ba.shape} do not broadcast") from None
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"{op}: activation must be one of {sorted(ACTIVATIONS)} or None, got {activation!r}")
     for name, x in (("bias", biasa), ("residual", ra)):
         if x is not None:
             checks.check_float(op, name, x)
-            if views.broadcast_shapes(x.shape, shape) != shape:
-                raise ValueError(f"{op}: {name} of shape {x.shape} does not broadcast to the output {shape}")
+            if not _broadcasts_to(x.shape, shape):
+                raise ValueError(f"{op}: {name} of shape {x.shape} does not broadcast to the product's shape {shape}")
             dtype = dt.result_type(dtype, x.dtype)
     if out_dtype is not None:
         dtype = dt.from_torch(out_dtype)

@@ -1236,3 +1236,45 @@ def test_half_precision_times_a_0d_integer_tensor_reads_it_in_float32_on_the_cpu
     torch._dynamo.reset()
     for got, want in zip(torch.compile(fn, backend="flyarray")(*args), fn(*args)):
         assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+def test_mx_swap_leaves_multihead_attention_alone_and_keeps_codes_through_dtype_casts():
+    """nn.MultiheadAttention reads out_proj.weight itself, so its out_proj stays an nn.Linear; .to(dtype)
+    leaves the MX codes' dtypes alone; a float64 model keeps float64 outputs."""
+    from .interpreter_probe import INTERPRETER_PROBLEM
+    if INTERPRETER_PROBLEM:
+        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, dim_feedforward=64, batch_first=True)
+    report = fa.quant.quantize_linear_weights(layer, weight_format="e4m3")
+    assert "self_attn.out_proj" in report["skipped"] and type(layer.linear1).__name__ == "MXLinear"
+    layer.eval()(torch.randn(2, 3, 32))
+    codes = layer.linear1.weight_data.dtype
+    layer.to(torch.bfloat16)
+    assert layer.linear1.weight_data.dtype == codes and layer.linear1.bias.dtype == torch.bfloat16
+    assert layer(torch.randn(2, 3, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4)).double()
+    fa.quant.quantize_linear_weights(torch.nn.Sequential(model[0]), weight_format="e4m3")
+    assert model(torch.randn(2, 32, dtype=torch.float64)).dtype == torch.float64
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: fat.to_torch(None), "to_torch: expected an fa.Array"),
+    (lambda: fat.function(None), "function: expected a function, got NoneType"),
+    (lambda: fat.accelerate(torch.nn.Linear(2, 2), ops=[["matmul"]]), "ops must name op families by str"),
+    (lambda: torch.ops.flyarray.matmul(torch.randn(3, 4), torch.randn(4, 5), torch.randn(4), None, None, None),
+     r"matmul: bias of shape \(4,\) does not broadcast to the product's shape \(3, 5\)"),
+])
+def test_interop_entry_points_name_bad_arguments(call, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        call()
+
+
+def test_layer_norm_weight_and_bias_of_different_dtypes_raise_torchs_error():
+    x, w, b = torch.randn(2, 4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16), torch.randn(4)
+    fn = lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b)  # noqa: E731
+    with pytest.raises(RuntimeError):
+        fn(x, w, b)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError):
+        torch.compile(fn, backend="flyarray")(x, w, b)

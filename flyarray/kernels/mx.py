@@ -461,6 +461,9 @@ class MXLinear(nn.Module):
         self.register_buffer("weight_scales", scales)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                    requires_grad=False)
+        # nn.TransformerEncoderLayer's inference fast path reads linear.weight itself, which MXLinear has
+        # not; a module with a forward hook turns that path off, so the layer calls this forward instead
+        self.register_forward_pre_hook(_no_fast_path)
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
         if not x.is_cuda:   # the CPU runs kernels through Triton's interpreter, which has no bf16 arithmetic
@@ -480,7 +483,19 @@ class MXLinear(nn.Module):
             y = self._matmul(rows, out_dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype if x.dtype == torch.float64 else y.dtype)
+
+    def _apply(self, fn, recurse=True):
+        """``.to(dtype)``, ``.half()``, ``.double()`` cast a module's floating buffers: the MX codes (float8
+        data, E8M0 scales) keep their dtypes and follow only a move to another device."""
+        codes = {name: self._buffers.pop(name) for name in ("weight_data", "weight_scales")}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            device = fn(torch.empty(0, device=codes["weight_data"].device)).device
+            for name, t in codes.items():
+                self._buffers[name] = t.to(device)
+        return self
 
     def _matmul(self, rows, out_dtype):
         if self.activation_format is None:
@@ -494,6 +509,10 @@ class MXLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"weight_format={self.weight_format}, activation_format={self.activation_format}")
+
+
+def _no_fast_path(module, args):
+    return None
 
 
 class _WeightOnlyMXLinear(torch.autograd.Function):
@@ -534,7 +553,8 @@ def quantize_linear_weights(model: nn.Module, sample_input=None, weight_format: 
             if not isinstance(child, nn.Linear):
                 continue
             full = f"{parent_name}.{child_name}" if parent_name else child_name
-            if child.in_features % BLOCK_SIZE:
+            # nn.MultiheadAttention's forward reads out_proj.weight itself: an MXLinear there has none
+            if child.in_features % BLOCK_SIZE or isinstance(parent, nn.MultiheadAttention):
                 skipped.append(full)
                 continue
             new = MXLinear(child, weight_format, activation_format)
