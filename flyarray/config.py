@@ -8,6 +8,8 @@ FLYARRAY_EAGER_ROUNDING  1: round fused intermediates to their dtype as eager to
 FLYARRAY_PLAN_CHECK 1: on every plan-cache hit, also build the plan from scratch and compare
 FLYARRAY_PRECOMPILE 0: compile a new GPU plan's generated kernels at their launches only, not also ahead
                     in a background thread pool (flyarray/precompile.py)
+FLYARRAY_GEMM_WS    0: sm_90's 16-bit square GEMMs keep the Triton GEMM instead of the warp-specialized
+                    Gluon kernel (kernels/gemm_hopper.py; on by default)
 
 The switches an evaluation consults on its hot path (CHECK, EAGER_ROUNDING, PLAN_CHECK) are read
 at import and again by ``fa.clear_caches()``.
