@@ -111,18 +111,10 @@ def _refuse_traced(roots):
     be cut from them (the scheduler would wait for them forever). fa.vmap's batched arrays are
     explained as they are."""
     traced = plan._trace.sources
-    if not traced:
-        return
-    seen, stack = set(), list(roots)
-    while stack:
-        node = stack.pop()
-        if node.id in traced:
-            raise plan.ConcretizationError(
-                "fa.explain: an array computed from the arguments of a function fa.jit is tracing has no plan of "
-                "its own yet; explain the jitted function's result outside it, e.g. fa.explain(f(x)) after the call")
-        if node.id not in seen:
-            seen.add(node.id)
-            stack.extend(node.inputs)
+    if traced and any(node.id in traced for node in plan.upstream(roots)):
+        raise plan.ConcretizationError(
+            "fa.explain: an array computed from the arguments of a function fa.jit is tracing has no plan of "
+            "its own yet; explain the jitted function's result outside it, e.g. fa.explain(f(x)) after the call")
 
 
 def explain(*arrays) -> Explanation:

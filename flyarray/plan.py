@@ -596,9 +596,7 @@ def _refuse_traced(roots):
     batched arguments stands for every example at once; asking for its value is an error (JAX's rule),
     not the first example's value."""
     traced, batched = _trace.sources or (), _trace.batched or ()
-    seen, stack = set(), list(roots)
-    while stack:
-        node = stack.pop()
+    for node in upstream(roots):
         if node.id in traced:
             raise ConcretizationError(
                 f"fa.jit: {_user_line()} needs the value of an array that depends on the traced arguments, "
@@ -611,8 +609,16 @@ def _refuse_traced(roots):
                 "inside the vectorized function it stands for every example at once, so it has no single value "
                 "(float(), bool(), .item(), printing, a Python if on it). Use fa.where for a data-dependent "
                 "choice, or compute the Python value outside the vmapped function.")
+
+
+def upstream(roots):
+    """Every node ``roots`` depend on (themselves included), each once."""
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
         if node.id not in seen:
             seen.add(node.id)
+            yield node
             stack.extend(node.inputs)
 
 

@@ -157,8 +157,8 @@ def _low_bits(k, shape, nbits):
 def _shape(shape):
     if isinstance(shape, numbers.Integral):
         shape = (shape,)
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)) or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool)
-                                                  for s in shape):
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (tuple, list)) or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in shape):
         raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):

@@ -201,9 +201,7 @@ def _mx_linear_forward(self, x):
     else:
         lhs, lhs_scales = torch.ops.flyarray.mx_quantize(rows.contiguous(), self.activation_format, -1, 32)
     y = torch.ops.flyarray.scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales, out_dtype)
-    if self.bias is not None:
-        y = y + self.bias.to(y.dtype)
-    return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype if x.dtype == torch.float64 else y.dtype)
+    return self._output(y, x)
 
 
 def _tensors(op, **tensors):

@@ -675,6 +675,14 @@ def test_accelerate_with_mx_weights(mx, fmt):
     assert type(model[0]).__name__ == "MXLinear"
 
 
+def _dequantized_into(dense, model, fmt):
+    """``dense`` (a copy of ``model`` before its MX swap) with the MX layers' dequantized weights, in float64."""
+    for mx_layer, linear in ((model[0], dense[0]), (model[2], dense[2])):
+        w = fa.quant.mx_dequantize(fa.asarray(mx_layer.weight_data), fa.asarray(mx_layer.weight_scales), fmt)
+        linear.weight.data = torch.from_dlpack(w).clone()
+    dense.double()
+
+
 @pytest.mark.parametrize("mx, fmt", [("mxfp8", "e4m3"), ("mxfp4", "e2m1")])
 def test_accelerate_with_mx_weights_has_gradients_for_what_comes_before(mx, fmt):
     """MX layers are frozen, but a trainable layer before one (here a LayerNorm) gets its gradient, and so
@@ -687,10 +695,7 @@ def test_accelerate_with_mx_weights_has_gradients_for_what_comes_before(mx, fmt)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)).eval()
     dense = copy.deepcopy(model)   # the same layers with the dequantized weights, in float64
     compiled = fat.accelerate(model, mx=mx)
-    for mx_layer, linear in ((model[0], dense[0]), (model[2], dense[2])):
-        w = fa.quant.mx_dequantize(fa.asarray(mx_layer.weight_data), fa.asarray(mx_layer.weight_scales), fmt)
-        linear.weight.data = torch.from_dlpack(w).clone()
-    dense.double()
+    _dequantized_into(dense, model, fmt)
     x = torch.randn(3, 64)
     x_ours, x_dense = x.clone().requires_grad_(), x.double().requires_grad_()
     compiled(x_ours).square().sum().backward()     # no torch.no_grad(): autograd traces the backward
@@ -712,10 +717,7 @@ def test_eager_mx_linear_passes_the_gradient_to_its_input(fmt):
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
     dense = copy.deepcopy(model)
     fa.quant.quantize_linear_weights(model, weight_format=fmt)
-    for mx_layer, linear in ((model[0], dense[0]), (model[2], dense[2])):
-        w = fa.quant.mx_dequantize(fa.asarray(mx_layer.weight_data), fa.asarray(mx_layer.weight_scales), fmt)
-        linear.weight.data = torch.from_dlpack(w).clone()
-    dense.double()
+    _dequantized_into(dense, model, fmt)
     x = torch.randn(3, 64)
     x_ours, x_dense = x.clone().requires_grad_(), x.double().requires_grad_()
     model(x_ours).square().sum().backward()

@@ -481,6 +481,11 @@ class MXLinear(nn.Module):
             y = _WeightOnlyMXLinear.apply(rows, self, out_dtype)
         else:
             y = self._matmul(rows, out_dtype)
+        return self._output(y, x)
+
+    def _output(self, y, x):
+        """The product rows ``y`` of input ``x`` as the layer's output: + bias, x's leading dims, and float64
+        for a float64 x (the GEMM computes in float32 at most)."""
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype if x.dtype == torch.float64 else y.dtype)
