@@ -11,7 +11,8 @@
 3. The Gluon dk/dv kernel the same way: checked against the Triton backward, then the whole backward
    timed with it beside the Triton one and SDPA's backward (multi-head shapes).
 Rows are JSON lines on stdout and all of them go to argv[1] as they are made (a hang keeps the rest).
-GLUON_ONLY=ws keeps only the warp-specialized forward configs (and the best plain one, 128x128); GLUON_BWD=0
+GLUON_ONLY=ws keeps only the warp-specialized forward configs (and the best plain one, 128x128), GLUON_ONLY=pws
+the persistent ones beside the WS default; GLUON_BWD=0
 skips part 3: a short call for the forward alone.
 """
 import json
@@ -41,8 +42,21 @@ CONFIGS = [
     dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=4, CONSUMER_REGS=240, PRODUCER_REGS=40),
     dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=232, PRODUCER_REGS=24),
 ]
+# persistent (one program per SM looping over query blocks; the producer runs into the next block while the
+# consumers store the current one): untimed until this runs
+PERSISTENT = [
+    dict(GLUON=True, WS=True, PERSISTENT=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
+         CONSUMER_REGS=240, PRODUCER_REGS=40),
+    dict(GLUON=True, WS=True, PERSISTENT=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
+         CONSUMER_REGS=232, PRODUCER_REGS=24),
+    dict(GLUON=True, WS=True, PERSISTENT=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=5,
+         CONSUMER_REGS=240, PRODUCER_REGS=40),
+]
+CONFIGS += PERSISTENT
 if os.environ.get("GLUON_ONLY") == "ws":
     CONFIGS = [c for c in CONFIGS if c.get("WS") or (c["BLOCK_M"], c["BLOCK_N"]) == (128, 128)]
+if os.environ.get("GLUON_ONLY") == "pws":   # the persistent configs beside the WS default
+    CONFIGS = [c for c in CONFIGS if c.get("PERSISTENT") or c == attention._SM90["fwd_gluon_ws"][128]]
 # (name, B, Hq, Hkv, Sq, Sk, D, causal)
 CHECKS = [
     ("causal_square", 2, 4, 4, 384, 384, 128, True),
@@ -52,6 +66,10 @@ CHECKS = [
     ("full_ragged", 2, 4, 1, 257, 1000, 128, False),
     ("full_d64", 1, 4, 4, 512, 700, 64, False),
     ("causal_d64", 1, 4, 4, 640, 640, 64, True),
+    # more query blocks than SMs: a persistent program runs several, its ring and barriers carried over
+    ("multi_tile_causal_gqa", 3, 24, 8, 777, 777, 128, True),
+    ("multi_tile_full_d64", 2, 40, 40, 300, 1200, 64, False),
+    ("multi_tile_sq_gt_sk", 2, 48, 48, 600, 200, 128, True),
 ]
 SHAPES = [
     ("B2_H32_S2048_D128_causal", 2, 32, 32, 2048, 2048, 128, True),

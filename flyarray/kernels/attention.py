@@ -947,12 +947,20 @@ def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
     B, Sq, Hq, D = q.shape
     ensure_tma_allocator()
     grid = (cdiv(Sq, cfg["BLOCK_M"]), B * Hq)
+    args = _slice_fwd_args(q, k, v, out, lse, scale)
     extra = {}
     kernel = attention_hopper._attn_fwd_hopper_kernel
     if cfg.get("WS"):
         kernel = attention_hopper._attn_fwd_hopper_ws_kernel
         extra = dict(CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), PRODUCER_REGS=cfg.get("PRODUCER_REGS", 40))
-    _launch(kernel, grid, q.device, *_slice_fwd_args(q, k, v, out, lse, scale),
+    if cfg.get("PERSISTENT"):
+        if not cfg.get("WS"):
+            raise ValueError("attention_fwd: config PERSISTENT=True needs WS=True (the persistent kernel is the "
+                             "warp-specialized one)")
+        kernel = attention_hopper._attn_fwd_hopper_persistent_kernel
+        grid = (min(grid[0] * grid[1], _facts(q.device)[1]),)
+        args = (*args, B * Hq)
+    _launch(kernel, grid, q.device, *args,
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         STAGES=cfg["STAGES"], num_warps=cfg["num_warps"], **extra,
     )
@@ -1317,6 +1325,9 @@ def _specs_for_arch(arch: str) -> list:
                                          table["fwd_gluon_causal" if causal else "fwd_gluon"][D]))
                 specs.append(_gluon_spec(f"attn_fwd_gluon_ws_{dtype}_d{D}{'_causal' if causal else ''}",
                                          "_attn_fwd_hopper_ws_kernel", dtype, D, causal, table["fwd_gluon_ws"][D]))
+                specs.append(_gluon_spec(f"attn_fwd_gluon_pws_{dtype}_d{D}{'_causal' if causal else ''}",
+                                         "_attn_fwd_hopper_persistent_kernel", dtype, D, causal,
+                                         dict(table["fwd_gluon_ws"][D], PERSISTENT=True)))
             if "fwd_tma" in table and HAS_TENSOR_DESCRIPTORS:  # sm_90: the TMA forward as well
                 for variant, cfg in _tma_variants(table["fwd_tma_causal" if causal else "fwd_tma"][D]):
                     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],

@@ -437,7 +437,7 @@ def test_cross_compile_gluon_forward_overlaps_the_softmax():
     from flyarray.targets import compile_for
 
     specs = [s for s in compile_specs("sm_90") if s.name.startswith("attn_fwd_gluon")]
-    assert len(specs) == 12   # the plain and the warp-specialized kernel, 6 specializations each
+    assert len(specs) == 18   # the plain, warp-specialized and persistent kernels, 6 specializations each
     for spec in specs[:2]:
         rep = compile_for(spec, "sm_90")
         assert rep.spills == 0 and rep.shared_bytes <= 227 * 1024, rep.summary()
@@ -453,13 +453,15 @@ def test_cross_compile_warp_specialized_gluon_forward_has_no_cta_barrier_in_its_
 
     from flyarray.targets import compile_for
 
-    spec = next(s for s in compile_specs("sm_90") if s.name == "attn_fwd_gluon_ws_bf16_d128_causal")
-    rep = compile_for(spec, "sm_90")
-    assert rep.spills == 0 and rep.shared_bytes <= 227 * 1024, rep.summary()
-    assert "setmaxnreg.inc.sync.aligned.u32" in rep.asm and "setmaxnreg.dec.sync.aligned.u32" in rep.asm
-    cta_wide = [line for line in rep.asm.splitlines() if re.match(r"\s*bar\.sync\s+\d+;", line)]
-    assert not cta_wide, cta_wide    # every bar.sync names its warpgroup's 128 threads
-    assert "mbarrier.arrive.shared" in rep.asm and "wgmma.wait_group.sync.aligned 1;" in rep.asm
+    for kind in ("ws", "pws"):   # and its persistent form, which loads 4-D boxes of one descriptor per tensor
+        spec = next(s for s in compile_specs("sm_90") if s.name == f"attn_fwd_gluon_{kind}_bf16_d128_causal")
+        rep = compile_for(spec, "sm_90")
+        assert rep.spills == 0 and rep.shared_bytes <= 227 * 1024, rep.summary()
+        assert "setmaxnreg.inc.sync.aligned.u32" in rep.asm and "setmaxnreg.dec.sync.aligned.u32" in rep.asm
+        cta_wide = [line for line in rep.asm.splitlines() if re.match(r"\s*bar\.sync\s+\d+;", line)]
+        assert not cta_wide, cta_wide    # every bar.sync names its warpgroup's 128 threads
+        assert "mbarrier.arrive.shared" in rep.asm and "wgmma.wait_group.sync.aligned 1;" in rep.asm
+    assert "cp.async.bulk.tensor.4d" in rep.asm
 
 
 def test_gluon_math_survives_an_interpreted_launch():
@@ -483,14 +485,16 @@ def _sm90():
 
 # the warp-specialized Gluon forward (written without a GPU; these are its first checks on one)
 _WS = dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=240, PRODUCER_REGS=40)
+# its persistent form; the last shape below has more query blocks (504) than the GPU has SMs
+_PWS = dict(_WS, PERSISTENT=True)
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
 @pytest.mark.parametrize("cfg", [_gluon_cfg(), _gluon_cfg(bn=128), _gluon_cfg(bm=64, warps=4), _gluon_cfg(stages=4),
-                                 _WS, dict(_WS, BLOCK_N=64)])
+                                 _WS, dict(_WS, BLOCK_N=64), _PWS, dict(_PWS, BLOCK_N=64, STAGES=5)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (2, 513, 1031, 8, 2, 64), (1, 1031, 300, 8, 1, 128),
-                                   (1, 77, 77, 2, 2, 128)])
+                                   (1, 77, 77, 2, 2, 128), (3, 777, 777, 24, 8, 128)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gluon_forward_vs_pointer_kernel(cfg, causal, shape, dtype):
     """Against SDPA in fp32 and the pointer kernel's lse: ragged lengths, Sq > Sk (rows with no key:
