@@ -12,7 +12,7 @@
    timed with it beside the Triton one and SDPA's backward (multi-head shapes).
 Rows are JSON lines on stdout and all of them go to argv[1] as they are made (a hang keeps the rest).
 GLUON_ONLY=ws keeps only the warp-specialized forward configs (and the best plain one, 128x128), GLUON_ONLY=pws
-the persistent ones beside the WS default; GLUON_BWD=0
+the persistent ones beside the WS default, GLUON_ONLY=pingpong the ping-pong ones; GLUON_BWD=0
 skips part 3: a short call for the forward alone.
 """
 import json
@@ -51,12 +51,23 @@ PERSISTENT = [
          CONSUMER_REGS=232, PRODUCER_REGS=24),
     dict(GLUON=True, WS=True, PERSISTENT=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=5,
          CONSUMER_REGS=240, PRODUCER_REGS=40),
+    # FlashAttention-3's ping-pong: the consumers take turns issuing their matmuls (128 x 128 spills 25-225
+    # bytes under Triton 3.6 at 240 registers, 65-169 at 248; 128 x 64 does not)
+    dict(GLUON=True, WS=True, PERSISTENT=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=64, num_warps=4, STAGES=5,
+         CONSUMER_REGS=240, PRODUCER_REGS=40),
+    dict(GLUON=True, WS=True, PERSISTENT=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
+         CONSUMER_REGS=240, PRODUCER_REGS=40),
+    dict(GLUON=True, WS=True, PERSISTENT=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
+         CONSUMER_REGS=248, PRODUCER_REGS=24),
 ]
 CONFIGS += PERSISTENT
 if os.environ.get("GLUON_ONLY") == "ws":
     CONFIGS = [c for c in CONFIGS if c.get("WS") or (c["BLOCK_M"], c["BLOCK_N"]) == (128, 128)]
 if os.environ.get("GLUON_ONLY") == "pws":   # the persistent configs beside the WS default
-    CONFIGS = [c for c in CONFIGS if c.get("PERSISTENT") or c == attention._SM90["fwd_gluon_ws"][128]]
+    CONFIGS = [c for c in CONFIGS if (c.get("PERSISTENT") and not c.get("PINGPONG"))
+               or c == attention._SM90["fwd_gluon_ws"][128]]
+if os.environ.get("GLUON_ONLY") == "pingpong":   # the ping-pong configs beside the WS default
+    CONFIGS = [c for c in CONFIGS if c.get("PINGPONG") or c == attention._SM90["fwd_gluon_ws"][128]]
 # (name, B, Hq, Hkv, Sq, Sk, D, causal)
 CHECKS = [
     ("causal_square", 2, 4, 4, 384, 384, 128, True),

@@ -957,14 +957,88 @@ def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
         if not cfg.get("WS"):
             raise ValueError("attention_fwd: config PERSISTENT=True needs WS=True (the persistent kernel is the "
                              "warp-specialized one)")
-        kernel = attention_hopper._attn_fwd_hopper_persistent_kernel
-        grid = (min(grid[0] * grid[1], _facts(q.device)[1]),)
-        args = (*args, B * Hq)
+        schedule = _persistent_schedule(q.device, B, Hq, k.shape[2], Sq, k.shape[1], D, q.element_size(),
+                                        bool(is_causal), cfg["BLOCK_M"], cfg["BLOCK_N"])
+        if schedule is not None:   # None: first seen while a CUDA graph is being captured (no upload then)
+            tiles, programs = schedule
+            kernel = attention_hopper._attn_fwd_hopper_persistent_kernel
+            grid = (programs,)
+            args = (*args, tiles, B * Hq)
+            extra["PINGPONG"] = bool(cfg.get("PINGPONG", False))
     _launch(kernel, grid, q.device, *args,
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         STAGES=cfg["STAGES"], num_warps=cfg["num_warps"], **extra,
     )
     return out, lse
+
+
+_SCHEDULES: dict = {}     # (device, shape, tiles) -> the persistent forward's tile table, on the device
+_SCHEDULES_MAX = 64      # distinct shapes kept; the oldest is dropped past that
+
+
+def _persistent_schedule(device, B, Hq, Hkv, Sq, Sk, D, elem_bytes, causal, BLOCK_M, BLOCK_N):
+    """(the persistent forward's tile table, G: its program count). The table (int32 on ``device``): G + 1
+    offsets, program p running codes [offsets[p], offsets[p + 1]), then the codes (m_block * B * Hq +
+    batch * Hq + head).
+
+    Tiles are ordered for L2 and balance: kv heads in sections whose keys and values fit half the L2,
+    within a section query blocks heaviest first (causal), and within a query block a kv head's query
+    heads side by side (GQA siblings read the same keys). Programs take the tiles in that order, each
+    the next tile of the least loaded program (longest-processing-time first, a tile costing its key
+    blocks plus one for its start and store), so they finish together and run near each other's
+    heads. Built once per shape and device; None when first asked for while a CUDA graph is captured."""
+    key = (str(device), B, Hq, Hkv, Sq, Sk, D, elem_bytes, causal, BLOCK_M, BLOCK_N)
+    found = _SCHEDULES.get(key)
+    if found is not None:
+        return found
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    codes, starts = _lpt_tiles(B, Hq, Hkv, Sq, Sk, D * elem_bytes * 2, causal, BLOCK_M, BLOCK_N,
+                               _facts(device)[1], _l2_bytes(device))
+    found = (torch.tensor(starts + codes, dtype=torch.int32).to(device), len(starts) - 1)
+    if len(_SCHEDULES) >= _SCHEDULES_MAX:
+        _SCHEDULES.pop(next(iter(_SCHEDULES)), None)
+    _SCHEDULES[key] = found
+    return found
+
+
+def _l2_bytes(device) -> int:
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 << 20)
+    return 50 << 20
+
+
+def _lpt_tiles(B, Hq, Hkv, Sq, Sk, kv_row_bytes, causal, BLOCK_M, BLOCK_N, sms, l2_bytes):
+    """(codes grouped by program, G + 1 offsets): ``_persistent_schedule``'s order and assignment, on the host."""
+    import heapq
+
+    n_m = cdiv(Sq, BLOCK_M)
+    group = Hq // Hkv
+    kv_heads = [(b, hk) for b in range(B) for hk in range(Hkv)]
+    per_section = max(1, (l2_bytes // 2) // max(1, Sk * kv_row_bytes))
+    programs = max(1, min(sms, n_m * B * Hq))
+    load = [(0, p) for p in range(programs)]
+    mine = [[] for _ in range(programs)]
+    for s0 in range(0, len(kv_heads), per_section):
+        for mi in range(n_m):
+            m = n_m - 1 - mi if causal else mi
+            blocks = 1 + cdiv(_keys_seen(m, BLOCK_M, Sq, Sk, causal), BLOCK_N)
+            for b, hk in kv_heads[s0:s0 + per_section]:
+                for g in range(group):
+                    busy, p = heapq.heappop(load)
+                    mine[p].append(m * B * Hq + b * Hq + hk * group + g)
+                    heapq.heappush(load, (busy + blocks, p))
+    starts = [0]
+    for tiles in mine:
+        starts.append(starts[-1] + len(tiles))
+    return [c for tiles in mine for c in tiles], starts
+
+
+def _keys_seen(m, BLOCK_M, Sq, Sk, causal) -> int:
+    """How many keys query block m reads (bottom-right causal: row i sees keys <= i + Sk - Sq)."""
+    if not causal:
+        return Sk
+    return max(0, min(Sk, (m + 1) * BLOCK_M + Sk - Sq))
 
 
 def _num_programs_target(device, cfg_table) -> int:
@@ -1270,6 +1344,8 @@ def _spec(name, kernel, dtype: str, constexprs: dict, cfg: dict):
             signature[arg] = "*fp32"
         elif arg == "Mask":
             signature[arg] = "*u8"
+        elif arg == "Tiles":
+            signature[arg] = "*i32"
         elif arg[0].isupper() and arg not in ("Hq", "Hkv", "Sq", "Sk"):
             signature[arg] = f"*{dtype}"
         elif arg in _FP32_SCALARS:
@@ -1304,6 +1380,8 @@ def _gluon_spec(name: str, kernel_name: str, dtype: str, D: int, causal: bool, c
                  STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
     if cfg.get("WS"):
         const.update(CONSUMER_REGS=cfg["CONSUMER_REGS"], PRODUCER_REGS=cfg["PRODUCER_REGS"])
+    if cfg.get("PERSISTENT"):
+        const.update(PINGPONG=bool(cfg.get("PINGPONG", False)))
     return _spec(name, getattr(attention_hopper, kernel_name), dtype, const,
                  dict(num_warps=cfg["num_warps"], num_stages=1))
 

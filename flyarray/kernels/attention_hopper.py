@@ -367,7 +367,9 @@ def _attn_fwd_hopper_ws_kernel(
 # is a large share. Here the grid is one program per SM looping over query blocks ("tiles"); the producer
 # runs ahead into the next tile (its q as soon as the consumers' last q.k^T is done, its keys as slots
 # free up) while the consumers normalise and store the current one straight from registers (the q
-# buffer is not borrowed for staging, so the next q can land during the store). Descriptors are built
+# buffer is not borrowed for staging, so the next q can land during the store). Which tiles a program
+# runs, in which order, is a table the host builds once per shape (attention._persistent_schedule: heavy
+# causal tiles first, heads grouped so their keys stay in L2, programs balanced). Descriptors are built
 # once per program, 4-D over (batch, sequence, head, head_dim), so every (batch, head) slice is a box of
 # one descriptor: rows past Sq/Sk still read as zero.
 @gluon.constexpr_function
@@ -393,56 +395,51 @@ def _bshd_descriptor(base, batches, rows, heads, sb, ss, sh, BLOCK: gl.constexpr
 
 
 @gluon.jit
-def _persistent_tile(i, n_tiles, bh_count, causal, BLOCK_M: gl.constexpr, Sq):
-    """This program's i-th tile: (whether it exists, its first query row, its batch * head).
-
-    Tiles are numbered query block by query block (the (batch, head) slices of one query block next to each
-    other, so GQA siblings share their keys in L2), heaviest first when causal; program p takes tile p of
-    even rounds and G - 1 - p of odd ones (G programs), so each program's causal work adds up to about the
-    same."""
-    G = gl.num_programs(0)
+def _tile_range(Tiles):
+    """This program's tiles: [first, end) of the schedule's codes (``attention._persistent_schedule``)."""
     p = gl.program_id(0)
-    odd = i % 2
-    pos = i * G + p + odd * (G - 1 - 2 * p)
-    m_idx = pos // bh_count
-    n_m = gl.cdiv(Sq, BLOCK_M)
-    m_idx = gl.where(causal != 0, n_m - 1 - m_idx, m_idx)
-    return pos < n_tiles, m_idx * BLOCK_M, pos % bh_count
+    return gl.load(Tiles + p), gl.load(Tiles + p + 1)
 
 
 @gluon.jit
-def _pws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+def _tile(Tiles, k, bh_count, BLOCK_M: gl.constexpr):
+    """The k-th tile code of the schedule: (its first query row, its batch * query head)."""
+    code = gl.load(Tiles + gl.num_programs(0) + 1 + k)
+    return (code // bh_count) * BLOCK_M, code % bh_count
+
+
+@gluon.jit
+def _pws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles,
                   Hq, Sq, Sk, kv_group, bh_count, causal):
     HALF: gl.constexpr = q_smem.shape[1]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    n_tiles = gl.cdiv(Sq, 2 * HALF) * bh_count
+    first, end = _tile_range(Tiles)
     it = 0    # key blocks loaded so far, over all tiles: the ring's position
     tc = 0    # tiles started so far: the q barriers' phase
-    for i in range(0, gl.cdiv(n_tiles, gl.num_programs(0))):
-        valid, m0, bh = _persistent_tile(i, n_tiles, bh_count, causal, 2 * HALF, Sq)
-        if valid:
-            b = bh // Hq
-            h = bh % Hq
-            n_blocks, _ = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
-            for half in gl.static_range(2):
-                # the consumer of this half has issued its last q.k^T of the previous tile and waited for it
-                mbarrier.wait(q_empty.index(half), (tc & 1) ^ 1)
-                mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [b, m0 + half * HALF, h, 0], q_ready.index(half), _box(q_smem.index(half)))
-            for j in range(0, n_blocks):
-                slot = it % STAGES
-                mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-                bar = ready.index(slot)
-                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-                _tma_load(k_desc, [b, j * BLOCK_N, h // kv_group, 0], bar, _box(k_smem.index(slot)))
-                _tma_load(v_desc, [b, j * BLOCK_N, h // kv_group, 0], bar, _box(v_smem.index(slot)))
-                it += 1
-            tc += 1
+    for k in range(first, end):
+        m0, bh = _tile(Tiles, k, bh_count, 2 * HALF)
+        b = bh // Hq
+        h = bh % Hq
+        n_blocks, _ = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
+        for half in gl.static_range(2):
+            # the consumer of this half has issued its last q.k^T of the previous tile and waited for it
+            mbarrier.wait(q_empty.index(half), (tc & 1) ^ 1)
+            mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [b, m0 + half * HALF, h, 0], q_ready.index(half), _box(q_smem.index(half)))
+        for j in range(0, n_blocks):
+            slot = it % STAGES
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            _tma_load(k_desc, [b, j * BLOCK_N, h // kv_group, 0], bar, _box(k_smem.index(slot)))
+            _tma_load(v_desc, [b, j * BLOCK_N, h // kv_group, 0], bar, _box(v_smem.index(slot)))
+            it += 1
+        tc += 1
 
 
 @gluon.jit
-def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, sob, sos, soh,
+def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles, sob, sos, soh,
                   Hq, Sq, Sk, bh_count, qk_scale_log2, causal, half_index):
     """One 64-row half of every tile of this program: _ws_consumer's key loop, with the ring position
     carried across tiles, the q buffer handed back after the last q.k^T, and the output stored from
@@ -461,60 +458,128 @@ def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, emp
     offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
     offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
     causal_offset = Sk - Sq
-    n_tiles = gl.cdiv(Sq, 2 * HALF) * bh_count
+    first_tile, end = _tile_range(Tiles)
     it = 0
     tc = 0
-    for i in range(0, gl.cdiv(n_tiles, gl.num_programs(0))):
-        valid, m0, bh = _persistent_tile(i, n_tiles, bh_count, causal, 2 * HALF, Sq)
-        if valid:
-            n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
-            first = m0 + half_index * HALF
-            rows = first + gl.arange(0, HALF, s_rows)
-            m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
-            l_i = gl.zeros([HALF], gl.float32, s_rows)
-            acc = warpgroup_mma_init(gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout))
-            p_op = gl.zeros([HALF, BLOCK_N], dtype, p_layout)
-            mbarrier.wait(q_ready.index(half_index), tc & 1)
+    for k in range(first_tile, end):
+        m0, bh = _tile(Tiles, k, bh_count, 2 * HALF)
+        n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
+        first = m0 + half_index * HALF
+        rows = first + gl.arange(0, HALF, s_rows)
+        m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
+        l_i = gl.zeros([HALF], gl.float32, s_rows)
+        acc = warpgroup_mma_init(gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout))
+        p_op = gl.zeros([HALF, BLOCK_N], dtype, p_layout)
+        mbarrier.wait(q_ready.index(half_index), tc & 1)
 
-            last = it + n_blocks
-            s = _issue_scores(q_tile, k_smem, ready, it, last, s_layout, HALF, BLOCK_N, STAGES)
-            s = warpgroup_mma_wait(0, deps=(s,))
-            for j in range(0, n_blocks):
-                s_next = _issue_scores(q_tile, k_smem, ready, it + j + 1, last, s_layout, HALF, BLOCK_N, STAGES)
-                p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk,
-                                                     causal_offset, causal != 0, qk_scale_log2, BLOCK_N)
-                acc, p_op = warpgroup_mma_wait(1, deps=(acc, p_op))     # pv_{j-1} done: its slot is free
-                mbarrier.arrive(empty.index((it + j + STAGES - 1) % STAGES), pred=j >= 1)
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                acc = warpgroup_mma(p_op, v_smem.index((it + j) % STAGES), acc, is_async=True)
-                s = warpgroup_mma_wait(1, deps=(s_next,))
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            # q and the last key block are no longer read (the scores issued past the last block, which
-            # nobody reads, were waited for above): the producer may refill both
-            mbarrier.arrive(q_empty.index(half_index))
-            mbarrier.arrive(empty.index((last + STAGES - 1) % STAGES), pred=n_blocks > 0)
+        last = it + n_blocks
+        s = _issue_scores(q_tile, k_smem, ready, it, last, s_layout, HALF, BLOCK_N, STAGES)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        for j in range(0, n_blocks):
+            s_next = _issue_scores(q_tile, k_smem, ready, it + j + 1, last, s_layout, HALF, BLOCK_N, STAGES)
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk,
+                                                 causal_offset, causal != 0, qk_scale_log2, BLOCK_N)
+            acc, p_op = warpgroup_mma_wait(1, deps=(acc, p_op))     # pv_{j-1} done: its slot is free
+            mbarrier.arrive(empty.index((it + j + STAGES - 1) % STAGES), pred=j >= 1)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = warpgroup_mma(p_op, v_smem.index((it + j) % STAGES), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_next,))
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        # q and the last key block are no longer read (the scores issued past the last block, which
+        # nobody reads, were waited for above): the producer may refill both
+        mbarrier.arrive(q_empty.index(half_index))
+        mbarrier.arrive(empty.index((last + STAGES - 1) % STAGES), pred=n_blocks > 0)
 
-            l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
-            out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(dtype)
-            out_rows = first + gl.arange(0, HALF, o_rows)
-            base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
-            ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
-            gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
-            it = last
-            tc += 1
+        l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
+        out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(dtype)
+        out_rows = first + gl.arange(0, HALF, o_rows)
+        base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
+        ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
+        gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
+        it = last
+        tc += 1
+
+
+@gluon.jit
+def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles, sob, sos, soh,
+                           Hq, Sq, Sk, bh_count, qk_scale_log2, causal, half_index, turn):
+    """_pws_consumer with FlashAttention-3's ping-pong: the two consumers take turns (``turn``, one mbarrier
+    each) to issue their two matmuls of a step back to back, so one's softmax runs while the other's
+    matmuls occupy the tensor cores. A step j issues s_{j+1} = q.k_{j+1}^T and acc += p_j.v_j, then runs
+    the softmax of s_{j+1} under them, then waits for p_j.v_j and rescales. The step past the last block
+    reads a stale slot whose scores the causal/bounds mask turns all to -inf: p = 0, alpha = 1."""
+    HALF: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
+    o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+    q_tile = q_smem.index(half_index)
+    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    causal_offset = Sk - Sq
+    first_tile, end = _tile_range(Tiles)
+    it = 0
+    tc = 0
+    turns = 0
+    for k in range(first_tile, end):
+        m0, bh = _tile(Tiles, k, bh_count, 2 * HALF)
+        n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
+        first = m0 + half_index * HALF
+        rows = first + gl.arange(0, HALF, s_rows)
+        m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
+        l_i = gl.zeros([HALF], gl.float32, s_rows)
+        acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(q_ready.index(half_index), tc & 1)
+
+        last = it + n_blocks
+        s = _issue_scores(q_tile, k_smem, ready, it, last, s_layout, HALF, BLOCK_N, STAGES)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, first_masked, rows, offs_n, Sk, causal_offset,
+                                             causal != 0, qk_scale_log2, BLOCK_N)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(0, n_blocks):
+            mbarrier.wait(turn.index(half_index), turns & 1)
+            s_next = _issue_scores(q_tile, k_smem, ready, it + j + 1, last, s_layout, HALF, BLOCK_N, STAGES)
+            acc = warpgroup_mma(p_op, v_smem.index((it + j) % STAGES), acc, is_async=True)
+            mbarrier.arrive(turn.index(1 - half_index))
+            turns += 1
+            s = warpgroup_mma_wait(1, deps=(s_next,))
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j + 1, first_masked, rows, offs_n, Sk,
+                                                 causal_offset, causal != 0, qk_scale_log2, BLOCK_N)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            mbarrier.arrive(empty.index((it + j) % STAGES))      # p_j.v_j done: block j's slot is free
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.arrive(q_empty.index(half_index))
+
+        l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
+        out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(dtype)
+        out_rows = first + gl.arange(0, HALF, o_rows)
+        base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
+        ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
+        gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
+        it = last
+        tc += 1
 
 
 @gluon.jit
 def _attn_fwd_hopper_persistent_kernel(
     Q, K, V, Out, Lse,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
-    Hq, Sq, Sk, kv_group, qk_scale_log2, bh_count,
+    Hq, Sq, Sk, kv_group, qk_scale_log2, Tiles, bh_count,
     IS_CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """_attn_fwd_hopper_ws_kernel's semantics and partitions, persistent: launched with one program per
-    SM at most (``bh_count`` = batch * query heads), each looping over its tiles (``_persistent_tile``)."""
+    SM at most, each looping over the tiles ``Tiles`` gives it (``attention._persistent_schedule``: int32,
+    G + 1 offsets then the tile codes m_block * bh_count + batch * Hq + head; ``bh_count`` = batch * Hq)."""
     gl.static_assert(BLOCK_M == 128, "two consumer warpgroups of 64 rows")
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(STAGES >= 3, "a consumer waits for block j+1 before it releases block j-1")
@@ -541,14 +606,27 @@ def _attn_fwd_hopper_persistent_kernel(
     fence_async_shared()
 
     causal = gl.to_tensor(IS_CAUSAL).to(gl.int32)
-    consumer_args = (Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, sob, sos, soh,
+    consumer_args = (Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles, sob, sos, soh,
                      Hq, Sq, Sk, bh_count, qk_scale_log2, causal)
-    gl.warp_specialize([
-        (_pws_consumer, consumer_args + (gl.to_tensor(0),)),
-        (_pws_consumer, consumer_args + (gl.to_tensor(1),)),
-        (_pws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
-                         Hq, Sq, Sk, kv_group, bh_count, causal)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles,
+                     Hq, Sq, Sk, kv_group, bh_count, causal)
+    if PINGPONG:
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        fence_async_shared()
+        mbarrier.arrive(turn.index(0))     # the first consumer has the first turn
+        gl.warp_specialize([
+            (_pws_consumer_pingpong, consumer_args + (gl.to_tensor(0), turn)),
+            (_pws_consumer_pingpong, consumer_args + (gl.to_tensor(1), turn)),
+            (_pws_producer, producer_args),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_pws_consumer, consumer_args + (gl.to_tensor(0),)),
+            (_pws_consumer, consumer_args + (gl.to_tensor(1),)),
+            (_pws_producer, producer_args),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------

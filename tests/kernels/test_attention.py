@@ -483,6 +483,35 @@ def _sm90():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+@pytest.mark.parametrize("shape", [(2, 32, 32, 2048, 2048, True), (1, 32, 32, 8192, 8192, False),
+                                   (4, 32, 8, 4096, 4096, True), (1, 2, 2, 300, 77, True), (3, 24, 8, 777, 777, True),
+                                   (1, 1, 1, 5, 5, False)])
+def test_persistent_schedule_runs_every_tile_once_balanced_heaviest_first(shape):
+    """The persistent forward's host-built tile table: each (query block, batch, head) exactly once; the
+    programs' key-block loads within 5% of each other where there are many tiles a program (the 300 x 77
+    case has 6 tiles of unequal cost for 6 programs); a causal program runs its heaviest tiles first
+    within each L2 section; GQA siblings (query heads of one kv head) adjacent."""
+    from flyarray.kernels.attention import _keys_seen, _lpt_tiles
+
+    B, Hq, Hkv, Sq, Sk, causal = shape
+    codes, starts = _lpt_tiles(B, Hq, Hkv, Sq, Sk, 512, causal, 128, 128, 132, 1 << 40)   # one L2 section
+    n_m = -(-Sq // 128)
+    assert sorted(codes) == list(range(n_m * B * Hq))
+    assert len(starts) - 1 == min(132, len(codes)) and starts[0] == 0 and starts[-1] == len(codes)
+    cost = lambda code: 1 + -(-_keys_seen(code // (B * Hq), 128, Sq, Sk, causal) // 128)
+    mine = [codes[a:b] for a, b in zip(starts, starts[1:])]
+    assert all(mine)
+    loads = [sum(map(cost, tiles)) for tiles in mine]
+    if len(codes) >= 4 * len(mine):
+        assert max(loads) <= 1.05 * sum(loads) / len(loads), (max(loads), sum(loads) / len(loads))
+    for tiles in mine:
+        assert [cost(c) for c in tiles] == sorted((cost(c) for c in tiles), reverse=True)
+    if Hq != Hkv and len(codes) > len(mine):
+        group = Hq // Hkv
+        order = [c for tiles in zip(*mine) for c in tiles]   # first round, program order
+        assert all(order[i] // group == order[i + 1] // group for i in range(0, group - 1))
+
+
 # the warp-specialized Gluon forward (written without a GPU; these are its first checks on one)
 _WS = dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3, CONSUMER_REGS=240, PRODUCER_REGS=40)
 # its persistent form; the last shape below has more query blocks (504) than the GPU has SMs
@@ -491,7 +520,8 @@ _PWS = dict(_WS, PERSISTENT=True)
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
 @pytest.mark.parametrize("cfg", [_gluon_cfg(), _gluon_cfg(bn=128), _gluon_cfg(bm=64, warps=4), _gluon_cfg(stages=4),
-                                 _WS, dict(_WS, BLOCK_N=64), _PWS, dict(_PWS, BLOCK_N=64, STAGES=5)])
+                                 _WS, dict(_WS, BLOCK_N=64), _PWS, dict(_PWS, BLOCK_N=64, STAGES=5),
+                                 dict(_PWS, PINGPONG=True, BLOCK_N=64, STAGES=5)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (2, 513, 1031, 8, 2, 64), (1, 1031, 300, 8, 1, 128),
                                    (1, 77, 77, 2, 2, 128), (3, 777, 777, 24, 8, 128)])
