@@ -123,8 +123,17 @@ _SM90 = {
     # 2.62: 1.03x; GQA 32q/8kv S4096 causal 1.275 vs 1.283: even), 0.84x at B2 S2048 causal (0.213 vs 0.179):
     # the default at hd128 from fwd_gluon_ws_min_keys keys (its own switch: fwd_gluon_enabled is the plain
     # Gluon forward's); hd64 untimed, so off.
+    # Since the twenty-second session the default there is its persistent form with FlashAttention-3's
+    # ping-pong (attention_hopper._attn_fwd_hopper_persistent_kernel, PINGPONG: one program per SM over a
+    # host-built tile table; the consumers take turns issuing their matmuls). Timed on an H100
+    # (benchmarks/tune_attention_gluon.py GLUON_ONLY=pingpong, 2026-12-06; bf16 hd128, us, SDPA / pointer /
+    # WS / this): B2 S2048 causal 143.8 / 178.8 / 211.0 / 168.4; B1 S8192 1738 / 2183 / 2131 / 2092; B8 S4096
+    # causal 1981 / 2727 / 2500 / 2391; GQA 32q/8kv B4 S4096 causal 989 / 1401 / 1298 / 1101. 128 x 128 tiles
+    # were faster still (157.6 / 1909 / 2148 / 1031 us) but spill 25-225 bytes under Triton 3.6, so not taken.
     "fwd_gluon_ws_head_dims": (128,),
-    "fwd_gluon_ws_min_keys": 4096,
+    "fwd_gluon_ws_min_keys": 2048,
+    "fwd_gluon_pws": {128: dict(GLUON=True, WS=True, PERSISTENT=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=64,
+                                num_warps=4, STAGES=5, CONSUMER_REGS=240, PRODUCER_REGS=40)},
     "fwd_gluon_ws": {64: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
                               CONSUMER_REGS=240, PRODUCER_REGS=40),
                      128: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
@@ -838,7 +847,7 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
                              "16-byte aligned pointers and strides")
         return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, config)
     if config is None and _gluon_ws_fwd_default(q, D, Sk) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
-        return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, _table(q.device)["fwd_gluon_ws"][D])
+        return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, _table(q.device)["fwd_gluon_pws"][D])
     if config is None and _gluon_fwd_default(q) and _tma_fwd_ok(q, k, v, out, D, extras, scale):
         table = _table(q.device)
         return _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal,
@@ -1405,7 +1414,8 @@ def _specs_for_arch(arch: str) -> list:
                                          "_attn_fwd_hopper_ws_kernel", dtype, D, causal, table["fwd_gluon_ws"][D]))
                 specs.append(_gluon_spec(f"attn_fwd_gluon_pws_{dtype}_d{D}{'_causal' if causal else ''}",
                                          "_attn_fwd_hopper_persistent_kernel", dtype, D, causal,
-                                         dict(table["fwd_gluon_ws"][D], PERSISTENT=True)))
+                                         table["fwd_gluon_pws"].get(D, dict(table["fwd_gluon_ws"][D],
+                                                                            PERSISTENT=True))))
             if "fwd_tma" in table and HAS_TENSOR_DESCRIPTORS:  # sm_90: the TMA forward as well
                 for variant, cfg in _tma_variants(table["fwd_tma_causal" if causal else "fwd_tma"][D]):
                     const = dict(IS_CAUSAL=causal, HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],

@@ -141,9 +141,13 @@ def _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk, causal_offse
                     BLOCK_N: gl.constexpr):
     """Key block j's step of the online softmax: (p, alpha, m_i, l_i) from its scores ``s``, masked from
     block ``first_masked`` on (keys past Sk; with ``causal``, a constexpr or a run-time flag, keys past
-    each row's diagonal)."""
+    each row's diagonal). ``offs_n`` None: the column offsets are made where the mask needs them (held
+    across the loop they cost 32 registers a thread)."""
     if j >= first_masked:
-        cols = j * BLOCK_N + offs_n
+        if offs_n is None:
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s.type.layout))
+        else:
+            cols = j * BLOCK_N + offs_n
         keep = (cols[None, :] < Sk) & ((cols[None, :] <= rows[:, None] + causal_offset) | (not causal))
         s = gl.where(keep, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale_log2)
@@ -455,8 +459,6 @@ def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, emp
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
     q_tile = q_smem.index(half_index)
-    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
     causal_offset = Sk - Sq
     first_tile, end = _tile_range(Tiles)
     it = 0
@@ -477,7 +479,7 @@ def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, emp
         s = warpgroup_mma_wait(0, deps=(s,))
         for j in range(0, n_blocks):
             s_next = _issue_scores(q_tile, k_smem, ready, it + j + 1, last, s_layout, HALF, BLOCK_N, STAGES)
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, first_masked, rows, offs_n, Sk,
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, first_masked, rows, None, Sk,
                                                  causal_offset, causal != 0, qk_scale_log2, BLOCK_N)
             acc, p_op = warpgroup_mma_wait(1, deps=(acc, p_op))     # pv_{j-1} done: its slot is free
             mbarrier.arrive(empty.index((it + j + STAGES - 1) % STAGES), pred=j >= 1)
@@ -494,6 +496,7 @@ def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, emp
         l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
         out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(dtype)
         out_rows = first + gl.arange(0, HALF, o_rows)
+        offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
         base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
         ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
         gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
@@ -520,8 +523,6 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
     q_tile = q_smem.index(half_index)
-    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
     causal_offset = Sk - Sq
     first_tile, end = _tile_range(Tiles)
     it = 0
@@ -540,7 +541,7 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
         last = it + n_blocks
         s = _issue_scores(q_tile, k_smem, ready, it, last, s_layout, HALF, BLOCK_N, STAGES)
         s = warpgroup_mma_wait(0, deps=(s,))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, first_masked, rows, offs_n, Sk, causal_offset,
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, first_masked, rows, None, Sk, causal_offset,
                                              causal != 0, qk_scale_log2, BLOCK_N)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(0, n_blocks):
@@ -550,17 +551,19 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
             mbarrier.arrive(turn.index(1 - half_index))
             turns += 1
             s = warpgroup_mma_wait(1, deps=(s_next,))
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j + 1, first_masked, rows, offs_n, Sk,
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j + 1, first_masked, rows, None, Sk,
                                                  causal_offset, causal != 0, qk_scale_log2, BLOCK_N)
+            p_next = gl.convert_layout(p.to(dtype), p_layout)    # narrowed before the wait: fewer registers
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
             mbarrier.arrive(empty.index((it + j) % STAGES))      # p_j.v_j done: block j's slot is free
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            p_op = p_next
         mbarrier.arrive(q_empty.index(half_index))
 
         l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
         out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(dtype)
         out_rows = first + gl.arange(0, HALF, o_rows)
+        offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
         base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
         ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
         gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))

@@ -574,8 +574,9 @@ def test_gpu_gluon_backward_vs_triton_kernels(cfg, causal, shape, dtype):
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_default_forward_from_the_warp_specialized_threshold(causal):
-    """From fwd_gluon_ws_min_keys keys at hd128 the default is the warp-specialized Gluon kernel: checked
-    against fp32 SDPA at the threshold (ragged query count, GQA) as a user reaches it, with no config."""
+    """From fwd_gluon_ws_min_keys keys at hd128 the default is the persistent warp-specialized Gluon kernel
+    (fwd_gluon_pws): checked against fp32 SDPA at the threshold (ragged query count, GQA) as a user reaches
+    it, with no config."""
     from flyarray.kernels import attention as attn
     Sk = attn._SM90["fwd_gluon_ws_min_keys"]
     q, k, v = _qkv(1, Sk - 3, Sk, 4, 2, 128, torch.bfloat16, device="cuda", bhsd=True)
