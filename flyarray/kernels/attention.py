@@ -995,7 +995,9 @@ def _persistent_schedule(device, B, Hq, Hkv, Sq, Sk, D, elem_bytes, causal, BLOC
     heads side by side (GQA siblings read the same keys). Programs take the tiles in that order, each
     the next tile of the least loaded program (longest-processing-time first, a tile costing its key
     blocks plus one for its start and store), so they finish together and run near each other's
-    heads. Built once per shape and device; None when first asked for while a CUDA graph is captured."""
+    heads. Built once per shape and device; None when first asked for while a CUDA graph is captured. A
+    table made under a FakeTensorMode (a dry run, precompile.py) is a fake: returned, never kept (a kept
+    one would reach a real launch as a pointer to nothing)."""
     key = (str(device), B, Hq, Hkv, Sq, Sk, D, elem_bytes, causal, BLOCK_M, BLOCK_N)
     found = _SCHEDULES.get(key)
     if found is not None:
@@ -1005,6 +1007,8 @@ def _persistent_schedule(device, B, Hq, Hkv, Sq, Sk, D, elem_bytes, causal, BLOC
     codes, starts = _lpt_tiles(B, Hq, Hkv, Sq, Sk, D * elem_bytes * 2, causal, BLOCK_M, BLOCK_N,
                                _facts(device)[1], _l2_bytes(device))
     found = (torch.tensor(starts + codes, dtype=torch.int32).to(device), len(starts) - 1)
+    if type(found[0]) is not torch.Tensor:
+        return found
     if len(_SCHEDULES) >= _SCHEDULES_MAX:
         _SCHEDULES.pop(next(iter(_SCHEDULES)), None)
     _SCHEDULES[key] = found

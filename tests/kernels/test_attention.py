@@ -483,6 +483,24 @@ def _sm90():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def test_persistent_schedule_made_in_a_dry_run_is_not_kept():
+    """precompile's dry runs call the library under a FakeTensorMode: a tile table made there is a fake,
+    and a kept one reached the next real launch as a dangling pointer (an illegal address on the GPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flyarray.kernels import attention as attn
+
+    args = (torch.device("cpu"), 1, 2, 2, 300, 300, 128, 2, True, 128, 64)
+    attn._SCHEDULES.clear()
+    with FakeTensorMode():
+        fake, programs = attn._persistent_schedule(*args)
+    assert type(fake) is not torch.Tensor and not attn._SCHEDULES
+    table, programs = attn._persistent_schedule(*args)
+    assert type(table) is torch.Tensor and attn._persistent_schedule(*args)[0] is table
+    starts = table[:programs + 1].tolist()   # 3 query blocks x 2 heads over the CPU's stand-in 2 "SMs"
+    assert starts[0] == 0 and starts[-1] == 6 and sorted(table[programs + 1:].tolist()) == list(range(6))
+
+
 @pytest.mark.parametrize("shape", [(2, 32, 32, 2048, 2048, True), (1, 32, 32, 8192, 8192, False),
                                    (4, 32, 8, 4096, 4096, True), (1, 2, 2, 300, 77, True), (3, 24, 8, 777, 777, True),
                                    (1, 1, 1, 5, 5, False)])
