@@ -34,9 +34,10 @@ tensor descriptors built on the device, one 2-D descriptor per (batch, head)
 slice, when ``_SM90["fwd_tma_enabled"]`` is on (off: on the H200 it never beat
 the pointer kernel; ``config=dict(TMA=True, ...)`` forces it). Its warp-specialized
 variant (``WARP_SPEC``) returned NaN rows there under Triton 3.6 and is refused on a GPU.
-``attention_hopper`` holds a third sm_90 forward, in Gluon, that overlaps each warpgroup's softmax
-with its next q.k^T (asynchronous wgmma); ``_SM90["fwd_gluon_enabled"]`` turns it on (off: not yet
-run on a GPU), ``config=dict(GLUON=True, ...)`` forces it.
+``attention_hopper`` holds the Gluon sm_90 forwards, which overlap each warpgroup's softmax with its
+matmuls (asynchronous wgmma): the plain one (``_SM90["fwd_gluon_enabled"]``, off: slower), the
+warp-specialized one, and its persistent ping-pong form, the default at hd128 from
+``fwd_gluon_ws_min_keys`` keys (``_SM90["fwd_gluon_pws"]``); ``config=dict(GLUON=True, ...)`` forces one.
 """
 from __future__ import annotations
 
