@@ -603,6 +603,30 @@ def test_gpu_default_forward_from_the_warp_specialized_threshold(causal):
     _check_gpu_forward(q, k, v, causal, out, lse)
 
 
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
+def test_gpu_default_forward_first_called_inside_a_cuda_graph_capture():
+    """The persistent kernel's tile table is not uploaded during a capture: a shape first seen there runs
+    the warp-specialized kernel (same config), which the graph then replays correctly; the next plain
+    call builds the table and takes the persistent kernel."""
+    from flyarray.kernels import attention as attn
+
+    q, k, v = _qkv(1, 2048 - 5, 2048, 4, 2, 128, torch.bfloat16, device="cuda", bhsd=True)
+    attn._SCHEDULES.clear()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out, lse = attention_fwd(q, k, v, is_causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert not attn._SCHEDULES
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_gpu_forward(q, k, v, True, out, lse)
+    out2, lse2 = attention_fwd(q, k, v, is_causal=True)
+    assert len(attn._SCHEDULES) == 1
+    _check_gpu_forward(q, k, v, True, out2, lse2)
+
+
 def test_backward_into_checks_the_buffers_before_any_work():
     """attention_bwd(into=...) writes the gradients into given (strided) tensors: a buffer of the wrong
     shape or dtype is refused by name before anything runs; a right one receives the gradient."""
