@@ -120,9 +120,10 @@ def _bf16_as_float32(args: tuple, kwargs: dict):
     multiplies bit patterns (values ~1e10), and comparisons order them as unsigned integers (upstream:
     unsupported, cast to float32 first). So an interpreted kernel sees float32 copies instead, with the
     same sizes, strides and offsets, over one copy per storage span (arguments that alias still alias
-    each other), and ``write_back`` rounds the copies back into the bfloat16 storage (inputs come back
-    unchanged: bf16 -> fp32 -> bf16 is exact). The kernel computes in float32 where a GPU would round
-    an intermediate value to bf16 (attention's probabilities): the CPU result is the more accurate one.
+    each other), and ``write_back`` rounds the elements the kernel changed back into the bfloat16
+    storage (the rest, inputs included, keep their bits: NaN sign and payload too). The kernel computes
+    in float32 where a GPU would round an intermediate value to bf16 (attention's probabilities): the
+    CPU result is the more accurate one.
     """
     tensors = [t for t in (*args, *kwargs.values()) if _is_cpu_bf16(t)]
     if not tensors:
@@ -146,11 +147,31 @@ def _bf16_as_float32(args: tuple, kwargs: dict):
             return wide.as_strided(t.shape, t.stride(), t.storage_offset() - lo)
 
     def write_back():
-        with torch.no_grad():
-            for _, span, wide in copies.values():
-                span.copy_(wide)
+        for _, span, wide in copies.values():
+            _store_changed_bf16(span, wide)
 
     return tuple(widened(a) for a in args), {k: widened(v) for k, v in kwargs.items()}, write_back
+
+
+def _store_changed_bf16(span: torch.Tensor, wide: torch.Tensor):
+    """Round into ``span`` (bf16) only the elements of its float32 stand-in ``wide`` the kernel changed.
+
+    The launch does not know which arguments are outputs, but an element the kernel left alone still
+    holds its bf16 bits shifted up 16: those keep their exact bits. Rewriting them all went through
+    torch's float32 -> bf16 ``copy_``, which turns every NaN into 0xFFFF (negative): a read-only
+    input's +NaN came back -NaN, and every stored NaN lost its sign and payload."""
+    old = span.view(torch.int16).numpy()
+    new = wide.numpy().view(np.uint32)
+    changed = new != (old.view(np.uint16).astype(np.uint32) << 16)
+    if changed.any():
+        old.view(np.uint16)[changed] = _bf16_bits_keeping_nan_payload(new[changed])
+
+
+def _bf16_bits_keeping_nan_payload(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits of float32 ``bits`` (uint32), to nearest even; a value bf16 holds exactly (its low 16
+    bits zero: a NaN loaded from bf16 and stored back) moves as is, so a signalling NaN stays one."""
+    exact = (bits & 0xFFFF) == 0
+    return np.where(exact, bits >> 16, _bf16_bits_nearest_even(bits.view(np.float32))).astype(np.uint16)
 
 
 def _is_cpu_bf16(t) -> bool:

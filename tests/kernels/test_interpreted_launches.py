@@ -106,6 +106,42 @@ def test_a_failed_launch_leaves_bf16_data_as_it_was():
     assert torch.equal(x, keep)
 
 
+def _bf16(bits) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+# +NaN, +NaN with a payload (signalling), -NaN, -NaN with a payload, -inf, a subnormal, -0.0, 1.0
+_NAN_BITS = [0x7FC0, 0x7F81, 0xFFC0, 0xFF81, 0xFF80, 0x0001, 0x8000, 0x3F80]
+
+
+def test_a_read_only_bf16_input_keeps_its_bits():
+    """The stand-ins went back through torch's float32 -> bf16 copy_ into inputs too, which made every
+    NaN 0xFFFF: reading a +NaN flipped it to -NaN in the caller's tensor."""
+    x = _bf16(_NAN_BITS)
+    keep = x.view(torch.int16).clone()
+    out = torch.empty(x.numel())
+    _triton.runner(_scale_kernel, torch.device("cpu"))[(1,)](x, out, x.numel(), 1, 1, 2.0, BLOCK=8)
+    assert torch.equal(x.view(torch.int16), keep)
+
+
+def test_a_stored_bf16_nan_keeps_its_sign():
+    x = torch.tensor([0x7FC00000, 0xFFC00000 - (1 << 32), 0x7FC10000, 0x3F800000], dtype=torch.int32)
+    out = torch.empty(4, dtype=torch.bfloat16)
+    _triton.runner(_to_bf16_kernel, torch.device("cpu"))[(1,)](x.view(torch.float32), out, 4, BLOCK=4)
+    assert torch.equal(out.view(torch.int16), _bf16([0x7FC0, 0xFFC0, 0x7FC1, 0x3F80]).view(torch.int16))
+
+
+def test_flyarray_bf16_nans_keep_their_sign(interpret_backend):
+    """The repro through fa: a read-only use of t rewrote it, and astype(+nan) stored a -NaN."""
+    t = _bf16(_NAN_BITS)
+    keep = t.view(torch.int16).clone()
+    fa.eval(fa.asarray(t) * 2)
+    assert torch.equal(t.view(torch.int16), keep)
+    y = fa.eval(fa.astype(fa.asarray(np.array([np.nan, -np.nan, 1.0])), fa.bfloat16))
+    assert y.torch().view(torch.int16).tolist() == _bf16([0x7FC0, 0xFFC0, 0x3F80]).view(torch.int16).tolist()
+    assert fa.signbit(y).torch().tolist() == [False, True, False]
+
+
 def test_other_dtypes_and_empty_tensors_pass_through():
     t16, empty = torch.ones(3, dtype=torch.float16), torch.empty(0, dtype=torch.bfloat16)
     args, kwargs, _ = _triton._bf16_as_float32((t16, 5, empty), {"BLOCK": 4})
