@@ -285,6 +285,11 @@ def _(do, q, k, v, out, lse, dlse, bias, mask, scale, is_causal):
 
 def _attention_forward_context(ctx, inputs, output):
     q, k, v, bias, mask, scale, is_causal = inputs
+    if bias is not None and bias.requires_grad:
+        # refused here, at the forward, not in a backward that runs later (and maybe far away)
+        raise NotImplementedError("flyarray::attention_forward: bias requires grad, but this op has no "
+                                  "gradient w.r.t. bias; flyarray::dot_product_attention has one (or pass "
+                                  "bias.detach())")
     ctx.save_for_backward(q, k, v, output[0], output[1], bias, mask)
     ctx.scale, ctx.is_causal = scale, is_causal
     # lse is a residual, not a result to differentiate: no tangent for it (AOTAutograd would otherwise
@@ -295,9 +300,6 @@ def _attention_forward_context(ctx, inputs, output):
 
 def _attention_forward_backward(ctx, dout, dlse):
     q, k, v, out, lse, bias, mask = ctx.saved_tensors
-    if ctx.needs_input_grad[3]:
-        raise NotImplementedError("flyarray::attention_forward: no gradient w.r.t. bias here; "
-                                  "flyarray::dot_product_attention has one")
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.flyarray.attention_backward(dout, q, k, v, out, lse, dlse, bias, mask, ctx.scale,

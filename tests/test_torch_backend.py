@@ -85,6 +85,19 @@ def test_attention_forward_backward_pair_matches_autograd_and_runs_the_forward_o
         torch.ops.flyarray.attention_backward(go, q, k, v, out, lse[:, :1], None, None, None, None, True)
 
 
+def test_attention_forward_refuses_a_grad_requiring_bias_at_the_forward():
+    """flyarray::attention_forward has no gradient w.r.t. bias: a bias that requires grad is refused when
+    the forward records (it used to fail only when the backward ran); without grad mode it runs."""
+    q, k, v = (_r(1, 4, 2, 8).requires_grad_() for _ in range(3))
+    bias = _r(1, 2, 4, 4).requires_grad_()
+    with pytest.raises(NotImplementedError, match="bias requires grad"):
+        torch.ops.flyarray.attention_forward(q, k, v, bias, None, None, False)
+    with torch.no_grad():
+        out, _ = torch.ops.flyarray.attention_forward(q, k, v, bias, None, None, False)
+    out2, _ = torch.ops.flyarray.attention_forward(q, k, v, bias.detach(), None, None, False)
+    torch.testing.assert_close(out, out2.detach())
+
+
 def test_custom_op_gradients_match_torch():
     x, w, r = _r(4, 16, dtype=torch.float64), _r(16, dtype=torch.float64), _r(4, 16, dtype=torch.float64)
     y, h = fat.rms_norm(x, w, 1e-6, residual=r)
