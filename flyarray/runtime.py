@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from . import codegen, config, diskcache, ir, precompile, unsigned
+from . import codegen, config, diskcache, ir, precompile, unsigned, views
 from .kernel_ir import Kernel
 from .kernels._triton import launch_hooks_set
 
@@ -306,7 +306,7 @@ def _torch_movement(t: torch.Tensor, op) -> torch.Tensor:
     if kind == "slice":
         _, starts, steps, shape = op
         offset = t.storage_offset() + sum(s * st for s, st in zip(starts, t.stride()))
-        return t.as_strided(shape, [st * step for st, step in zip(t.stride(), steps)], offset)
+        return t.as_strided(shape, views.stepped_strides(t.stride(), steps, shape), offset)
     if kind == "flip":
         # torch has no negative strides: this one copies (uint16/32/64 through their signed view: no flip kernel)
         return unsigned.unsigned_view(unsigned.signed_view(t).flip(op[1]), t.dtype)

@@ -56,7 +56,7 @@ def apply(view: View, op: tuple) -> Optional[View]:
     if kind == "slice":
         _, starts, steps, shape = op
         offset = view.offset + sum(s * st for s, st in zip(starts, view.strides))
-        strides = tuple(st * step for st, step in zip(view.strides, steps))
+        strides = stepped_strides(view.strides, steps, shape)
         return View(tuple(shape), strides, offset)
     if kind == "flip":
         offset, strides = view.offset, list(view.strides)
@@ -66,6 +66,12 @@ def apply(view: View, op: tuple) -> Optional[View]:
             strides[ax] = -strides[ax]
         return View(view.shape, tuple(strides), offset)
     raise ValueError(f"unknown movement op {kind}")
+
+
+def stepped_strides(strides, steps, shape) -> tuple:
+    """Strides after stepping; an axis of at most one element keeps its stride (any stride addresses it),
+    so steps composed over and over never overflow an int64 stride."""
+    return tuple(st * step if n > 1 else st for st, step, n in zip(strides, steps, shape))
 
 
 def apply_all(view: View, ops) -> Optional[View]:

@@ -166,6 +166,22 @@ def test_chains_of_views(backend):
                        np.moveaxis(v[::-1, 1:4], 0, -1)[..., ::3].reshape(-1))
 
 
+def test_a_step_past_the_axis_selects_one_element(backend):
+    """numpy: a step longer than the axis picks its first element; huge steps (and a step applied over and
+    over to a length-1 axis) must not overflow a stride."""
+    v = np.arange(12, dtype=np.float32).reshape(3, 4)
+    keys = [np.s_[::2**62], np.s_[::-2**62], np.s_[1::2**61], np.s_[-2**70:2**70:2**65], np.s_[5::2**70],
+            np.s_[[0, 2], ::2**65]]
+    for label, x in sources(v):
+        for key in keys:
+            assert_matches(x[key], v[key])
+        a, w = x, v
+        for _ in range(64):
+            a, w = a[::2], w[::2]
+        assert_matches(a, w)
+        assert_matches(x.at[[2, 0], ::2**65].add(1.0), v + np.float32([[1, 0, 0, 0], [0] * 4, [1, 0, 0, 0]]))
+
+
 def test_view_of_realized_lazy_value(backend):
     v = np.arange(12, dtype=np.float32).reshape(3, 4)
     y = lazy(v) * 2

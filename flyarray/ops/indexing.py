@@ -204,7 +204,9 @@ class _Slots(list):
 def _slot(kind, axis, size, value):
     if kind == "slice":
         start, stop, step = value.indices(size)
-        return Slot("slice", axis, (start, step, len(range(start, stop, step))))
+        count = len(range(start, stop, step))
+        # a step longer than the axis picks at most one element: step 1 keeps strides (and ramps) in range
+        return Slot("slice", axis, (start, step if count > 1 else 1, count))
     if kind == "int":
         if not -size <= value < size:
             raise IndexError(f"index {value} is out of bounds for axis {axis} with size {size}")
