@@ -368,3 +368,19 @@ def test_set_with_repeated_indices_lands_the_last_value_and_only_it_gets_a_gradi
     assert_matches(gv, np.where(landed[..., None], weights[idx], 0.0))
     _, tangent = fa.jvp(lambda v: fa.asarray(x).at[fa.asarray(idx)].set(v), (fa.asarray(vals),), (fa.asarray(vals),))
     assert_matches(tangent, want)
+
+
+def test_update_dtype_errors_come_when_recorded(no_evaluation):
+    """Ordering updates refuse complex arrays, arithmetic updates refuse float8 (a storage format), with an
+    integer-array key as with a basic one; float8 set stays a move."""
+    c = lazy((3,), "complex64")
+    for key in ([0, 0], 1):
+        for mode in ("min", "max"):
+            with pytest.raises(TypeError, match=f"at\\[\\].{mode} does not accept fa.complex64"):
+                getattr(c.at[key], mode)(1j)
+    f8 = fa.exp(fa.asarray(np.zeros(4, np.float32))).astype(fa.float8_e4m3fn)
+    for key in ([0, 0, 3], slice(1, 3), fa.asarray(np.array([1]))):
+        for mode in ("add", "multiply", "divide", "min", "max"):
+            with pytest.raises(TypeError, match=f"at\\[\\].{mode} does not accept fa.float8_e4m3fn"):
+                getattr(f8.at[key], mode)(2.0)
+        f8.at[key].set(2.0)

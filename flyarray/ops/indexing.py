@@ -500,10 +500,7 @@ def update(x, key, values, mode) -> Array:
     """``x.at[key].<mode>(values)``: the record-time checks, then one of three routes (module docstring)."""
     from .creation import asarray
     node = node_of(x)
-    if mode == "divide" and node.dtype.kind != "f":
-        raise TypeError(f"at[].divide needs a float array, got {node.dtype}")
-    if mode in ("min", "max") and node.dtype == dt.bool_:
-        raise TypeError(f"at[].{mode} does not accept bool arrays (use add for or, multiply for and)")
+    _check_update_dtype(mode, node.dtype)
     v = values if isinstance(values, Array) else asarray(values, device=node.device) \
         if not isinstance(values, (bool, int, float)) else _scalar_of(values, node.dtype)
     if isinstance(v, Array) and v.dtype != node.dtype:
@@ -519,6 +516,20 @@ def update(x, key, values, mode) -> Array:
     if any(s.kind == "array" for s in slots):
         return _scatter(x, slots, v, mode)
     return _region_update(x, slots, v, mode)
+
+
+def _check_update_dtype(mode, d):
+    """Every route's record-time dtype rules (a scatter would otherwise fail only when evaluated)."""
+    from ..primitives import check_storage_only
+    if mode == "set":
+        return  # a move: any dtype, float8 included
+    check_storage_only(f"at[].{mode}", d)
+    if mode == "divide" and d.kind not in "fc":
+        raise TypeError(f"at[].divide needs a float or complex array, got {d}")
+    if mode in ("min", "max") and d == dt.bool_:
+        raise TypeError(f"at[].{mode} does not accept bool arrays (use add for or, multiply for and)")
+    if mode in ("min", "max") and d.kind == "c":
+        raise TypeError(f"at[].{mode} does not accept {d} arrays (complex numbers have no order)")
 
 
 def _scalar_of(value, dtype):
