@@ -76,6 +76,8 @@ def _scatter_torch(z, idx, v, *, mode):
             out, v = unsigned.order_key(out), unsigned.order_key(v)
     if mode == "set":
         out = _set_last_wins(out, idx, v)
+    elif mode == "multiply" and out.is_complex():
+        out = _multiply_in_order(out, idx, v)
     elif mode == "add" and not as_bool:
         out.index_put_((idx,), v, accumulate=True)
     else:
@@ -99,6 +101,26 @@ def _set_last_wins(out, idx, v):
     winner.scatter_reduce_(0, idx, order, "amax")
     hit = (winner >= 0).reshape((-1,) + (1,) * (out.dim() - 1))
     return torch.where(hit, v[winner.clamp(min=0)], out)
+
+
+def _multiply_in_order(out, idx, v):
+    """``out[idx] *= v`` for complex dtypes (index_reduce_ has no complex kernel). Repeated indices multiply
+    in the order they come, as numpy's multiply.at (complex products are not associative in floating
+    point): round k takes the k-th occurrence of every index, so one round's indices are distinct."""
+    if idx.numel() == 0:
+        return out
+    sorted_idx, perm = torch.sort(idx, stable=True)
+    pos = torch.arange(idx.numel(), device=idx.device)
+    new = torch.ones_like(sorted_idx, dtype=torch.bool)
+    new[1:] = sorted_idx[1:] != sorted_idx[:-1]
+    first = torch.cummax(torch.where(new, pos, 0), 0).values  # where each run of one index starts
+    rank = torch.empty_like(pos)
+    rank[perm] = pos - first
+    for k in range(int(rank.max()) + 1):  # a host read: as many rounds as the most repeated index
+        hit = rank == k
+        rows = idx[hit]
+        out[rows] = out[rows] * v[hit]
+    return out
 
 
 SCATTER = Library("scatter", _scatter_abstract, _scatter_torch, _scatter_torch)
