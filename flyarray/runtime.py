@@ -308,6 +308,6 @@ def _torch_movement(t: torch.Tensor, op) -> torch.Tensor:
         offset = t.storage_offset() + sum(s * st for s, st in zip(starts, t.stride()))
         return t.as_strided(shape, views.stepped_strides(t.stride(), steps, shape), offset)
     if kind == "flip":
-        # torch has no negative strides: this one copies (uint16/32/64 through their signed view: no flip kernel)
-        return unsigned.unsigned_view(unsigned.signed_view(t).flip(op[1]), t.dtype)
+        # torch has no negative strides: this one copies (uint16/32/64, float8 through an integer view: no flip kernel)
+        return unsigned.from_bits(unsigned.bits_view(t).flip(op[1]), t.dtype)
     raise ValueError(kind)

@@ -37,6 +37,22 @@ def unsigned_view(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.view(dtype) if dtype in _SIGNED else t
 
 
+# float8 (storage formats): torch's CPU has no move kernels (flip, gather) for them either
+_MOVED_AS = {**_SIGNED, **{d: torch.int8 for d in (getattr(torch, n, None) for n in (
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")) if d is not None}}
+
+
+def bits_view(t: torch.Tensor) -> torch.Tensor:
+    """The same bytes as a same-width integer dtype torch has move kernels for (flip, gather): a view for
+    moves only, never for values (-0.0 and 0.0 differ in it)."""
+    return t.view(_MOVED_AS[t.dtype]) if t.dtype in _MOVED_AS else t
+
+
+def from_bits(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Undo ``bits_view``."""
+    return t.view(dtype) if dtype in _MOVED_AS else t
+
+
 def to_lanes(t: torch.Tensor) -> torch.Tensor:
     """int64 lanes: uint16/uint32 values, uint64 bits."""
     if t.dtype == torch.uint64:

@@ -181,3 +181,16 @@ def test_a_result_laid_out_like_a_transposed_input_is_copied_contiguous(referenc
     got = (fa.exp(fa.asarray(t)) * 2.0).torch()
     assert got.is_contiguous()
     assert torch.equal(got, torch.exp(t) * 2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_reversed_views_of_a_float8_buffer(reference, dtype):
+    """torch's CPU has no flip for float8: a negative-step read of an evaluated float8 array moves its bytes."""
+    import numpy as np
+    t = torch.tensor([1.0, 2.0, -3.0, 4.0, 0.5]).to(dtype)
+    want = t.float().numpy()
+    x = fa.eval(fa.asarray(t))
+    for got, expected in [(x[::-1], want[::-1]), (x[3::-2], want[3::-2]), (fa.flip(x), want[::-1]),
+                          (x[[4, 0]], want[[4, 0]])]:
+        assert got.dtype == x.dtype
+        np.testing.assert_array_equal(np.asarray(got.astype(fa.float32)), expected)

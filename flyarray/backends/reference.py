@@ -34,9 +34,9 @@ def _strided_reader(view: View):
         strides[d] = -strides[d]
     shape, strides = tuple(view.shape), tuple(abs(s) for s in strides)
     as_strided = torch.as_strided
-    if neg:  # flipped through the signed view: torch has no flip for uint16/32/64
-        return lambda t: unsigned.unsigned_view(
-            unsigned.signed_view(as_strided(t, shape, strides, t.storage_offset() + offset)).flip(neg), t.dtype)
+    if neg:  # flipped through an integer view: torch has no flip for uint16/32/64 or float8
+        return lambda t: unsigned.from_bits(
+            unsigned.bits_view(as_strided(t, shape, strides, t.storage_offset() + offset)).flip(neg), t.dtype)
     return lambda t: as_strided(t, shape, strides, t.storage_offset() + offset)
 
 

@@ -42,7 +42,7 @@ def _gather_abstract(z, idx):
 
 
 def _gather_torch(z, idx):
-    return unsigned.unsigned_view(unsigned.signed_view(z)[idx.long()], z.dtype)  # a move: any dtype
+    return unsigned.from_bits(unsigned.bits_view(z)[idx.long()], z.dtype)  # a move: any dtype
 
 
 GATHER = Library("gather", _gather_abstract, _gather_torch, _gather_torch)
