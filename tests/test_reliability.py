@@ -52,6 +52,22 @@ def test_float8_casts_and_views_still_work(dtype):  # reference backend: the int
     assert back.dtype == dtype and back.float().tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("dtype", FP8)
+def test_float8_constants_stored_by_a_generated_kernel(backend, dtype):
+    """A float8 constant broadcast into a store (pad, concat with zeros, at[].set): no float8 arithmetic in
+    the generated Triton code (fp8 + int32 is a Triton TypeError)."""
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0]).to(dtype)
+    x = fa.asarray(t).astype(fa.float32).astype(dtype)  # lazy: one generated kernel per case
+    w = t.float().numpy()
+    cases = [(fa.pad(x, (1, 1)), np.pad(w, (1, 1))),
+             (fa.concat([x, fa.zeros((2,), dtype=dtype)]), np.concatenate([w, np.zeros(2, np.float32)])),
+             (x.at[[0, 3]].set(2.0), np.array([2, 2, 3, 2], np.float32)),
+             (x.at[1:3].set(fa.asarray([5.0, 6.0]).astype(dtype)), np.array([1, 5, 6, 4], np.float32))]
+    for got, want in cases:
+        assert got.dtype == x.dtype
+        assert_matches(got.astype(fa.float32), want)
+
+
 # ---- 2. shapes and axes -----------------------------------------------------------------------------
 @pytest.mark.parametrize("make, err, words", [
     (lambda: fa.broadcast_to(lazy((1,)), (-5,)), ValueError, r"broadcast_to.*\(-5,\).*non-negative"),
