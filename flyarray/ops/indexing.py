@@ -486,7 +486,7 @@ class AtIndex:
         return self._update(values, "multiply", **options)
 
     def divide(self, values, **options):
-        """A new array: ``x`` divided by ``values`` at ``key`` (float dtypes); repeated indices divide by the
+        """A new array: ``x`` divided by ``values`` at ``key`` (float and complex dtypes); repeated indices divide by the
         product of their values."""
         return self._update(values, "divide", **options)
 
