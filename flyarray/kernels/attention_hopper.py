@@ -413,6 +413,36 @@ def _tile(Tiles, k, bh_count, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
+def _tile_start(m0, Sq, Sk, causal, half_index, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                s_layout: gl.constexpr):
+    """A consumer's start of the tile at query row m0: (key blocks, first masked block, its first row, its
+    rows, the running max and sum of its online softmax)."""
+    n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
+    first = m0 + half_index * HALF
+    rows = first + gl.arange(0, HALF, gl.SliceLayout(1, s_layout))
+    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    return n_blocks, first_masked, first, rows, m_i, l_i
+
+
+@gluon.jit
+def _store_tile(Out, Lse, acc, m_i, l_i, rows, first, bh, Hq, Sq, sob, sos, soh):
+    """A consumer's end of a tile: its rows' lse, and its output (acc / l) stored from registers (rows past
+    Sq are not written)."""
+    HALF: gl.constexpr = acc.shape[0]
+    HEAD_DIM: gl.constexpr = acc.shape[1]
+    o_layout: gl.constexpr = acc.type.layout
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
+    out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(Out.dtype.element_ty)
+    out_rows = first + gl.arange(0, HALF, o_rows)
+    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
+    ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
+    gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
+
+
+@gluon.jit
 def _pws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles,
                   Hq, Sq, Sk, kv_group, bh_count, causal):
     HALF: gl.constexpr = q_smem.shape[1]
@@ -455,7 +485,6 @@ def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, emp
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
     q_tile = q_smem.index(half_index)
@@ -465,11 +494,8 @@ def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, emp
     tc = 0
     for k in range(first_tile, end):
         m0, bh = _tile(Tiles, k, bh_count, 2 * HALF)
-        n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
-        first = m0 + half_index * HALF
-        rows = first + gl.arange(0, HALF, s_rows)
-        m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
-        l_i = gl.zeros([HALF], gl.float32, s_rows)
+        n_blocks, first_masked, first, rows, m_i, l_i = _tile_start(m0, Sq, Sk, causal, half_index, HALF, BLOCK_N,
+                                                                    s_layout)
         acc = warpgroup_mma_init(gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout))
         p_op = gl.zeros([HALF, BLOCK_N], dtype, p_layout)
         mbarrier.wait(q_ready.index(half_index), tc & 1)
@@ -493,13 +519,7 @@ def _pws_consumer(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, emp
         mbarrier.arrive(q_empty.index(half_index))
         mbarrier.arrive(empty.index((last + STAGES - 1) % STAGES), pred=n_blocks > 0)
 
-        l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
-        out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(dtype)
-        out_rows = first + gl.arange(0, HALF, o_rows)
-        offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
-        base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
-        ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
-        gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
+        _store_tile(Out, Lse, acc, m_i, l_i, rows, first, bh, Hq, Sq, sob, sos, soh)
         it = last
         tc += 1
 
@@ -519,7 +539,6 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
     s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
     q_tile = q_smem.index(half_index)
@@ -530,11 +549,8 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
     turns = 0
     for k in range(first_tile, end):
         m0, bh = _tile(Tiles, k, bh_count, 2 * HALF)
-        n_blocks, first_masked = _fwd_key_blocks(m0, Sq, Sk, causal != 0, 2 * HALF, BLOCK_N)
-        first = m0 + half_index * HALF
-        rows = first + gl.arange(0, HALF, s_rows)
-        m_i = gl.full([HALF], float("-inf"), gl.float32, s_rows)
-        l_i = gl.zeros([HALF], gl.float32, s_rows)
+        n_blocks, first_masked, first, rows, m_i, l_i = _tile_start(m0, Sq, Sk, causal, half_index, HALF, BLOCK_N,
+                                                                    s_layout)
         acc = gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout)
         mbarrier.wait(q_ready.index(half_index), tc & 1)
 
@@ -560,13 +576,7 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
             p_op = p_next
         mbarrier.arrive(q_empty.index(half_index))
 
-        l_safe = _store_lse(Lse, bh, Sq, rows, m_i, l_i)
-        out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(dtype)
-        out_rows = first + gl.arange(0, HALF, o_rows)
-        offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
-        base = Out + (bh // Hq).to(gl.int64) * sob + (bh % Hq).to(gl.int64) * soh
-        ptrs = base + out_rows.to(gl.int64)[:, None] * sos + offs_d[None, :]
-        gl.store(ptrs, out, mask=(out_rows[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
+        _store_tile(Out, Lse, acc, m_i, l_i, rows, first, bh, Hq, Sq, sob, sos, soh)
         it = last
         tc += 1
 
