@@ -172,7 +172,10 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
     _same_dtypes("addmm", bias, a, b)
     if bias.dtype.kind in "iub":  # torch converts alpha and beta to an integer result's type (0.5 -> 0)
         beta, alpha = int(beta), int(alpha)
-    y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
+    if alpha == 0:  # torch does not read the product then: inf and NaN in a or b do not propagate
+        y = fa.broadcast_to(fa.zeros_like(a[:, :1]), (a.shape[0], b.shape[1]))
+    else:
+        y = fa.matmul(a, b) if alpha == 1 else fa.matmul(a, b) * alpha  # a bare mm + bias: the fused epilogue
     if beta == 0:   # torch ignores the input then: NaN and inf in it do not propagate
         return y
     return y + (bias if beta == 1 else bias * beta)
@@ -309,11 +312,13 @@ def _lowerable(node, table) -> bool:
         return args[0] in table[_VJP_ENABLED]
     if t is aten.native_layer_norm.default:
         return len(args[1]) == 1
-    if t is aten.topk.default:
-        ndim = args[0].meta["val"].ndim
+    if t is aten.topk.default:   # fa.top_k: the last dim of a >= 1-d fp16/bf16/fp32 array, largest first
+        x = args[0].meta["val"]
         dim = args[2] if len(args) > 2 else -1
         largest = args[3] if len(args) > 3 else node.kwargs.get("largest", True)
-        return dim % ndim == ndim - 1 and largest
+        if x.ndim == 0 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return False
+        return dim % x.ndim == x.ndim - 1 and largest
     if t is aten._grouped_mm.default:  # the MoE forward: a [m, k] x b [g, k, n] with offs, nothing else
         a, b = args[0].meta["val"], args[1].meta["val"]
         extra = [args[i] if len(args) > i else node.kwargs.get(k) for i, k in ((2, "offs"), (3, "bias"),
@@ -508,23 +513,47 @@ def _meta_value(node):
     the Python value, or None where a symbolic size has no hint (the dry run is skipped then)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        shape, stride = [_hint(d) for d in val.shape], [_hint(d) for d in val.stride()]
+        shape, stride = [_dry_run_size(d) for d in val.shape], [_dry_run_size(d) for d in val.stride()]
         if None in shape or None in stride:
             return None
         return fa.asarray(torch.empty_strided(shape, stride, dtype=val.dtype, device="meta"))
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return _hint(val)
+        return _dry_run_size(val)
     return val
 
 
-def _hint(size):
-    """An int, or a symbolic size's example value (its hint): a graph compiled for dynamic shapes is
-    dry-run on the sizes it was traced with, so dtype and case refusals still fall back to torch;
-    None for a size without one (data-dependent)."""
+def _dry_run_size(size):
+    """An int, or a symbolic value's example (its hint): a graph compiled for dynamic shapes is dry-run on
+    the sizes it was traced with, so dtype and case refusals still fall back to torch. A data-dependent
+    size (unbacked: a boolean mask's row count, mark_unbacked) has no hint: its expression is evaluated
+    with each unbacked symbol at a stand-in value (``_unbacked_stand_in``; layout decisions, which must
+    not rest on a stand-in, use ``_hint``); None if that fails."""
     if type(size) is int:
         return size
-    hint = getattr(getattr(size, "node", None), "hint", None)
-    return None if hint is None else type(hint)(hint)
+    node = getattr(size, "node", None)
+    hint = getattr(node, "hint", None)
+    if hint is not None:
+        return type(hint)(hint)
+    return _unbacked_stand_in(node) if isinstance(size, torch.SymInt) else None
+
+
+_UNBACKED_SIZE = 2   # the dry run only records (dtypes, cases): any size past the 0/1 special cases serves
+
+
+def _unbacked_stand_in(node):
+    """A data-dependent size's value for the dry run alone: backed symbols at their hints, unbacked ones at
+    _UNBACKED_SIZE. Without it the dry run skipped such regions, and a case flyarray does not cover (an
+    int64 top-k) crashed instead of running as the torch op."""
+    expr, shape_env = getattr(node, "expr", None), getattr(node, "shape_env", None)
+    if expr is None or shape_env is None:
+        return None
+    known = getattr(shape_env, "backed_var_to_val", None)   # torch >= 2.13 (var_to_val: deprecated there)
+    known = shape_env.var_to_val if known is None else known
+    values = {sym: known.get(sym, _UNBACKED_SIZE) for sym in expr.free_symbols}
+    try:
+        return int(expr.xreplace(values))
+    except (TypeError, ValueError):
+        return None
 
 
 def _dry_run(steps, table):
@@ -536,7 +565,7 @@ def _dry_run(steps, table):
         if kind != "region":
             continue
         values = [_meta_value(n) for n in region.inputs]
-        if any(v is None for v in values):  # a symbolic size, or no recorded value: trust the lowering
+        if any(v is None for v in values):  # no recorded value, or a size no stand-in reaches: trust the lowering
             continue
         try:
             _region_fn(region, table, on_error=_Failed)(*values)
@@ -669,10 +698,15 @@ def _copy_in_order(t, order):
 
 
 def _known_contiguous(val) -> bool:
+    """Whether ``val`` is contiguous without guarding on a symbolic size (an unbacked one cannot be
+    guarded on: Tensor.is_contiguous raised GuardOnDataDependentSymNode for a mask-selected result)."""
     if not isinstance(val, torch.Tensor):
         return False
+    import torch._prims_common as prims
+    if hasattr(prims, "is_contiguous_or_false"):
+        return prims.is_contiguous_or_false(val)
     from torch.fx.experimental.symbolic_shapes import statically_known_true
-    return statically_known_true(val.is_contiguous())   # symbolic sizes: only what needs no guard
+    return statically_known_true(val.is_contiguous())   # older torch: only what needs no guard
 
 
 # lowered to flyarray movement (or nothing): their result may be an input's memory, viewed

@@ -1293,3 +1293,46 @@ def test_layer_norm_weight_and_bias_of_different_dtypes_raise_torchs_error():
     torch._dynamo.reset()
     with pytest.raises(RuntimeError):
         torch.compile(fn, backend="flyarray")(x, w, b)
+
+
+@torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+def test_data_dependent_sizes_still_fall_back_and_keep_their_layout():
+    """Rows picked by a boolean mask have an unbacked (data-dependent) count: the dry run records such a
+    region at a stand-in size, so a case flyarray does not cover still runs as the torch op (a uint8
+    compare with 300 crashed), and a transposed output of that size compiles (its contiguity was asked
+    with a guard: GuardOnDataDependentSymNode)."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    def compare(img, keep):
+        return img[keep] < 300
+
+    def transposed(x):
+        return x[x.sum(-1) > 0].t() * 3
+
+    def int_top_k(x):
+        return (x * 2).topk(2, -1).values
+
+    img = torch.randint(0, 255, (4, 3), dtype=torch.uint8)
+    keep = torch.tensor([True, False, True, True])
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(compare, backend="flyarray")(img, keep), compare(img, keep))
+    x = torch.randn(5, 4)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(transposed, backend="flyarray")(x), transposed(x))
+    xi = torch.randint(-9, 9, (3, 5))
+    mark_unbacked(xi, 0)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(int_top_k, backend="flyarray")(xi), int_top_k(xi))
+
+
+def test_topk_of_a_0d_tensor_and_addmm_with_alpha_0_follow_eager():
+    """topk of a 0-d tensor runs as torch's (our top_k takes >= 1-d; the check divided by ndim 0), and
+    addmm with alpha=0 does not read the product (inf in a gave NaN rows), as eager."""
+    torch._dynamo.reset()
+    scalar = torch.tensor(1.5)
+    got = torch.compile(lambda t: t.topk(1), backend="flyarray")(scalar)
+    assert got.values.item() == 1.5 and got.indices.item() == 0
+    bias, a, b = torch.tensor([5.0, 1.0]), torch.tensor([[float("inf"), 1.0], [2.0, 3.0]]), torch.ones(2, 2)
+    torch._dynamo.reset()
+    got = torch.compile(lambda x, y, z: torch.addmm(x, y, z, beta=1, alpha=0), backend="flyarray")(bias, a, b)
+    torch.testing.assert_close(got, torch.addmm(bias, a, b, beta=1, alpha=0))
