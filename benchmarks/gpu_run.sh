@@ -15,6 +15,9 @@
 # benchmarks/tune_gemm_ws.py (every layout and epilogue checked; the 15 Llama GEMMs beside cuBLAS and the
 # Triton GEMM), then `bench --suite torch` with FLYARRAY_GEMM_WS=1 and =0 (skipped if the tests hung, or
 # with WS_BENCH=0).
+# MODE=pp2: the in-flight ping-pong attention candidate (fwd_gluon_pp2, written in the twenty-second session
+# after its last GPU call): the tuner's ping-pong configs beside SDPA, the pointer, WS and default kernels,
+# then the attention GPU tests, then `bench --suite attention`.
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -71,6 +74,22 @@ if [ "${MODE:-tests}" = ws_profile ]; then  # the seed block forward, kernel by 
   for ws in 1 0 1 0; do
     FLYARRAY_GEMM_WS=$ws timeout 90 python3 benchmarks/profile_seed_block.py ws$ws 2>&1 | grep -v Warning | head -20
   done
+  exit 0
+fi
+if [ "${MODE:-tests}" = pp2 ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  GLUON_ONLY=pingpong GLUON_BWD=0 timeout 260 python3 benchmarks/tune_attention_gluon.py "$OUT/pp.json" \
+    > "$OUT/pp.log" 2>&1
+  echo "tuner rc=$?; checks ok: $(grep -c '"ok": true' "$OUT/pp.log"), failed: $(grep -c '"ok": false' "$OUT/pp.log")"
+  grep '"kind": "time"' "$OUT/pp.log" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line); c = r.get('config') or {}
+    print(r['shape'][:28], r['label'], round(r.get('ms', 0) * 1e3, 1), c.get('PINGPONG'), c.get('BLOCK_N'),
+          c.get('CONSUMER_REGS'), r.get('error', ''))"
+  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_attention.py 2>&1 | tail -3
+  timeout 150 python3 -m flyarray bench --suite attention 2>&1 | grep "attn fwd B\|attn fwd GQA"
   exit 0
 fi
 if [ "${MODE:-tests}" = pending_mx ]; then
