@@ -64,7 +64,10 @@ def wrap_key_data(data, *, device=None) -> Array:
             raise TypeError(f"wrap_key_data: key data must be integers, got {data.dtype}")
         out = ew.bitwise_and(data.astype(dt.int64), _M32)
     else:
-        out = creation.asarray(torch.as_tensor(np.asarray(data).astype(np.int64)) & _M32, device=device)
+        a = np.asarray(data)
+        if a.dtype.kind not in "iu":   # astype(int64) would truncate floats silently
+            raise TypeError(f"wrap_key_data: key data must be integers, got {a.dtype}")
+        out = creation.asarray(torch.as_tensor(a.astype(np.int64)) & _M32, device=device)
     _check_keys(out, "wrap_key_data")
     return out
 

@@ -433,3 +433,10 @@ def test_array_bounds_given_as_numpy_work_as_fa_arrays():
 def test_bad_sampler_arguments_are_named(call, message):
     with pytest.raises(TypeError, match=re.escape(message)):
         call(R.key(0))
+
+
+# ---- fuzz fixes ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("data", [np.array([1.5, 2.7]), [1.5, 2.7], torch.tensor([1.0, 2.0]), np.array([True, False])])
+def test_wrap_key_data_refuses_non_integer_data_of_every_type(data):
+    with pytest.raises(TypeError, match="wrap_key_data: key data must be integers"):
+        R.wrap_key_data(data)
