@@ -314,55 +314,90 @@ def categorical(k, logits, axis=-1) -> Array:
 
 
 # ---- integers -------------------------------------------------------------------------------------
+_SIGN = -2 ** 63   # x ^ _SIGN is x - 2**63 mod 2**64: maps uint64 bits onto int64 keeping their order
+
+
 def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
     """Integers in [minval, maxval) (clipped to dtype's range), as ``jax.random.randint``: two 32-bit
-    words per value reduced mod the span (JAX's formula, bias about span / 2**32). int64 uses 32-bit
-    words too (JAX's would use 64): its span must be at most 2**32. That is checked for Python-int
-    bounds; array bounds are lazy, so a wider span is not refused: its samples cover only its first 2**32
-    values."""
+    words per value reduced mod the span (JAX's formula, bias about span / 2**32). int64 and uint64 use
+    32-bit words too (JAX's would use 64): their span must be at most 2**32. That is checked for
+    Python-int bounds; array bounds are lazy, so a wider span is not refused: it is cut to 2**32, so its
+    samples cover only its first 2**32 values (still in [minval, maxval))."""
     d = dt.int32 if dtype is None else dt.dtype(dtype)
     if d.kind not in "iu":
         raise TypeError(f"randint: dtype must be an integer type, got {d}")
     shape = _shape(shape)
+    _check_key(k, "randint")
     mask = _M32  # 32-bit words for every dtype: JAX samples 8- and 16-bit types as int32
-    info = dt.iinfo(d)
-    narrow = d.bits < 32
-    top = info.max + 1 if narrow else info.max  # JAX clips a narrow maxval to max + 1: 256 for uint8
     if isinstance(minval, numbers.Real) and isinstance(maxval, numbers.Real):   # Python (or numpy) numbers
-        out_of_range = not narrow and int(maxval) > info.max
-        lo, hi = min(max(int(minval), info.min), info.max), min(max(int(maxval), info.min), top)
-        span = 1 if hi <= lo else hi - lo + out_of_range
-        if span > 2 ** 32:
-            raise ValueError(f"randint: the range [{minval}, {maxval}) is wider than 2**32")
+        lo, span = _python_span(minval, maxval, d)
         mult = ((2 ** 16 % span) ** 2 & mask) % span
     else:
-        _check_key(k, "randint")
-        mn, mx = (_int_bound(x, name, k.device) for x, name in ((minval, "minval"), (maxval, "maxval")))
-        lo, hi = ew.clip(mn, info.min, info.max), ew.clip(mx, info.min, top)
-        grow = ew.logical_and(mx > info.max, hi > lo).astype(dt.int64) if not narrow else 0
-        span = core.where(hi <= lo, 1, hi - lo + grow)
+        lo, span = _array_span(k, shape, minval, maxval, d)
         mult = ew.remainder(ew.bitwise_and(ew.square(ew.remainder(2 ** 16, span)), mask), span)
-    _check_key(k, "randint")
     keys = split(k)
     k1, k2 = keys[0], keys[1]
     higher, lower = _low_bits(k1, shape, 32), _low_bits(k2, shape, 32)
     offset = ew.bitwise_and(ew.remainder(higher, span) * mult, mask)
     offset = ew.remainder(ew.bitwise_and(offset + ew.remainder(lower, span), mask), span)
-    out = (offset + lo).astype(d)
+    out = offset + lo                 # no overflow: lo + offset < maxval
+    if d is dt.uint64:                # back from the shifted int64 domain (see _array_span)
+        out = ew.bitwise_xor(out, _SIGN)
+    out = out.astype(d)
     return manipulation.broadcast_to(out, shape) if out.shape != shape else out
 
 
-def _int_bound(x, name, device):
-    """A randint bound beside an array bound: an int64 array (fa, numpy, torch or a Python int)."""
+def _python_span(minval, maxval, d):
+    """(lo, span) for Python-number bounds, exact Python ints; lo as an int64 value (uint64: shifted)."""
+    info = dt.iinfo(d)
+    narrow = d.bits < 32
+    top = info.max + 1 if narrow else info.max  # JAX clips a narrow maxval to max + 1: 256 for uint8
+    out_of_range = not narrow and int(maxval) > info.max
+    lo, hi = min(max(int(minval), info.min), info.max), min(max(int(maxval), info.min), top)
+    span = 1 if hi <= lo else hi - lo + out_of_range
+    if span > 2 ** 32:
+        raise ValueError(f"randint: the range [{minval}, {maxval}) is wider than 2**32")
+    return (lo + _SIGN if d is dt.uint64 else lo), span
+
+
+def _array_span(k, shape, minval, maxval, d):
+    """(lo, span) as int64 arrays for array bounds. uint64 works in int64 shifted by -2**63 (order kept,
+    every value fits), so all the arithmetic below is int64. The span is computed so it cannot wrap:
+    hi - lo past 2**63 - 1 wraps negative, and any span over 2**32 is cut to 2**32."""
+    (mn, _), (mx, over) = (_int_bound(x, name, k.device, d, shape) for x, name in
+                           ((minval, "minval"), (maxval, "maxval")))
+    narrow = d.bits < 32
+    info = dt.iinfo(dt.int64 if d is dt.uint64 else d)
+    top = info.max + 1 if narrow else info.max  # JAX clips a narrow maxval to max + 1: 256 for uint8
+    lo, hi = ew.clip(mn, info.min, info.max), ew.clip(mx, info.min, top)
+    grow = 0
+    if not narrow:   # maxval above the dtype's max: max itself is a value too
+        grow = ew.logical_and(ew.logical_or(mx > info.max, over), hi > lo).astype(dt.int64)
+    diff = hi - lo
+    diff = core.where(diff < 0, 2 ** 32, ew.minimum(diff, 2 ** 32))
+    return lo, core.where(hi <= lo, 1, ew.minimum(diff + grow, 2 ** 32))
+
+
+def _int_bound(x, name, device, d, shape):
+    """A randint bound beside an array bound, as (int64 array, over): uint64 target ``d`` shifted by
+    -2**63 (see _array_span); values beyond int64 saturate, ``over`` where a bound was above it."""
     if isinstance(x, numbers.Integral) and not isinstance(x, bool):
-        return creation.asarray(int(x), dtype=dt.int64, device=device)
+        x = int(x)
+        if d is dt.uint64:   # clip to uint64's range, then shift
+            return creation.asarray(min(max(x, 0), 2 ** 64 - 1) + _SIGN, dtype=dt.int64, device=device), False
+        return creation.asarray(min(max(x, -2 ** 63), 2 ** 63 - 1), dtype=dt.int64, device=device), x >= 2 ** 63
     if not isinstance(x, Array):
         if x is None or isinstance(x, (float, bool, str, bytes)):
             raise TypeError(f"randint: {name} must be an int or an integer array, got {x!r}")
         x = creation.asarray(x)
     if x.dtype.kind not in "iub":
         raise TypeError(f"randint: {name} must be an int or an integer array, got {x.dtype}")
-    return x.astype(dt.int64, copy=False)
+    v = x.astype(dt.int64, copy=False)
+    if d is dt.uint64:   # into the shifted domain; a negative bound is below uint64's 0
+        return (ew.bitwise_xor(v, _SIGN) if x.dtype is dt.uint64 else ew.maximum(v, 0) + _SIGN), False
+    if x.dtype is dt.uint64:   # a uint64 bound above 2**63 - 1 was cast negative: saturate it
+        return core.where(v < 0, 2 ** 63 - 1, v), v < 0
+    return v, False
 
 
 def permutation(k, x, axis=0) -> Array:

@@ -436,6 +436,38 @@ def test_bad_sampler_arguments_are_named(call, message):
 
 
 # ---- fuzz fixes ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lo, hi", [(-2 ** 63, 0), (-2 ** 62, 2 ** 62), (-2 ** 63, 2 ** 63 - 1), (2 ** 63 - 9, 2 ** 63 - 1)])
+def test_randint_int64_array_bounds_whose_span_overflows_stay_in_range(backend, lo, hi):
+    """hi - lo past 2**63 - 1 wrapped: samples fell outside [lo, hi). The span is now cut to 2**32."""
+    x = _np(R.randint(R.key(1), (64,), fa.asarray(lo), fa.asarray(hi), fa.int64))
+    assert ((x >= lo) & (x < hi)).all()
+    assert len(set(x.tolist())) > (1 if hi - lo < 64 else 32)
+
+
+def test_randint_uint64_bound_above_int64_saturates(backend):
+    """A uint64 maxval above 2**63 - 1 for int64 samples clips (max included), not wraps negative."""
+    hi = fa.asarray(np.array(2 ** 63 + 5, np.uint64))
+    x = _np(R.randint(R.key(2), (64,), fa.asarray(2 ** 63 - 3), hi, fa.int64))
+    assert set(x.tolist()) == {2 ** 63 - 3, 2 ** 63 - 2, 2 ** 63 - 1}
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 5), (2 ** 63, 2 ** 63 + 5), (2 ** 64 - 4, 2 ** 64 - 1)])
+def test_randint_uint64(backend, lo, hi):
+    """uint64 works in int64 shifted by -2**63: Python, int64 and uint64 array bounds give the same samples."""
+    k = R.key(1)
+    want = (_np(R.randint(k, (16,), 0, hi - lo, fa.int32)).astype(np.uint64) + np.uint64(lo)).tolist()
+    as_u64 = [fa.asarray(np.array(v, np.uint64)) for v in (lo, hi)]
+    calls = [(lo, hi), as_u64, (as_u64[0], hi)] + ([(fa.asarray(lo), fa.asarray(hi))] if hi < 2 ** 63 else [])
+    for a, b in calls:
+        got = R.randint(k, (16,), a, b, fa.uint64)
+        assert got.dtype == fa.uint64 and _np(got).tolist() == want
+
+
+def test_randint_uint64_clips_negative_bounds_to_zero():
+    x = _np(R.randint(R.key(3), (32,), fa.asarray(-7), 3, fa.uint64))
+    assert x.dtype == np.uint64 and set(x.tolist()) == {0, 1, 2}
+
+
 @pytest.mark.parametrize("data", [np.array([1.5, 2.7]), [1.5, 2.7], torch.tensor([1.0, 2.0]), np.array([True, False])])
 def test_wrap_key_data_refuses_non_integer_data_of_every_type(data):
     with pytest.raises(TypeError, match="wrap_key_data: key data must be integers"):
