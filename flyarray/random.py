@@ -108,6 +108,7 @@ _BOTH_WORDS = ("threefry2x32_0", "threefry2x32_1")
 
 def split(k, num=2) -> Array:
     """``num`` new keys, shape (num, 2): key i is threefry2x32(k, (0, i)), as JAX."""
+    _check_key(k, "split")
     shape = num if isinstance(num, tuple) else (num,)
     if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in shape):
         raise TypeError(f"split: num must be an integer (or a tuple of them), got {num!r}")
@@ -139,6 +140,7 @@ def bits(k, shape=(), dtype=None) -> Array:
     """Random bits, as ``jax.random.bits``. dtype None: int64 holding 32 bits (JAX's uint32), in
     [0, 2**32); uint8 / uint16 / uint32 / int8 / int16 / int32: that many low bits (signed ones two's
     complement); uint64: JAX's 64 bits; int64: the same 64 bits, two's complement."""
+    _check_key(k, "bits")
     shape = _shape(shape)
     d = dt.int64 if dtype is None else dt.dtype(dtype)
     if dtype is not None and d in (dt.int64, dt.uint64):
@@ -193,23 +195,26 @@ def _unit(k, shape, d) -> Array:
     return u if d is dt.float32 else u.astype(d)
 
 
-def _scalar_or(x, d, name):
-    """A Python number stays a (weak) scalar; an array (fa, numpy, torch) is cast to ``d``."""
+def _scalar_or(x, d, fn, name, shape):
+    """A Python number stays a (weak) scalar; an array (fa, numpy, torch) is cast to ``d`` and must
+    broadcast to ``shape``."""
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         return float(x)
     if not isinstance(x, Array):
         if x is None or isinstance(x, (bool, str, bytes)):
-            raise TypeError(f"{name} must be a real number or an array, got {x!r}")
+            raise TypeError(f"{fn}: {name} must be a real number or an array, got {x!r}")
         x = creation.asarray(x)
+    _check_fits(x, shape, fn, name)
     return x.astype(d, copy=False)
 
 
 def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
     """Uniform on [minval, maxval), as ``jax.random.uniform``."""
+    _check_key(k, "uniform")
     d = _float_dtype(dtype, "uniform")
     shape = _shape(shape)
+    lo, hi = _scalar_or(minval, d, "uniform", "minval", shape), _scalar_or(maxval, d, "uniform", "maxval", shape)
     u = _unit(k, shape, d)
-    lo, hi = _scalar_or(minval, d, "uniform: minval"), _scalar_or(maxval, d, "uniform: maxval")
     if not isinstance(lo, Array) and not isinstance(hi, Array) and (lo, hi) == (0.0, 1.0):
         return u
     out = u * (hi - lo) + lo
@@ -249,6 +254,7 @@ def _erfinv(x: Array) -> Array:
 def normal(k, shape=(), dtype=dt.float32) -> Array:
     """Standard normal, as ``jax.random.normal``: sqrt(2) * erfinv(u), u uniform on (-1, 1).
     The erfinv is float32-accurate (Giles), also for float64."""
+    _check_key(k, "normal")
     d = _float_dtype(dtype, "normal")
     u = uniform(k, shape, d, _nextafter(-1.0, 0.0, d), 1.0)
     return _in(d, math.sqrt(2.0) * _erfinv(_wide(u)))
@@ -264,10 +270,13 @@ def _in(d, x):
 
 def truncated_normal(k, lower, upper, shape=None, dtype=dt.float32) -> Array:
     """Standard normal conditioned on (lower, upper), as ``jax.random.truncated_normal``."""
+    _check_key(k, "truncated_normal")
     d = _float_dtype(dtype, "truncated_normal")
     lo = creation.asarray(lower, dtype=d) if not isinstance(lower, Array) else lower.astype(d, copy=False)
     hi = creation.asarray(upper, dtype=d) if not isinstance(upper, Array) else upper.astype(d, copy=False)
     shape = _shape(broadcast_shapes(lo.shape, hi.shape) if shape is None else shape)
+    _check_fits(lo, shape, "truncated_normal", "lower")
+    _check_fits(hi, shape, "truncated_normal", "upper")
     sqrt2 = math.sqrt(2.0)
     a, b = ew.erf(_wide(lo) / sqrt2), ew.erf(_wide(hi) / sqrt2)
     u = uniform(k, shape, d, _in(d, a), _in(d, b))
@@ -278,6 +287,7 @@ def truncated_normal(k, lower, upper, shape=None, dtype=dt.float32) -> Array:
 
 def gumbel(k, shape=(), dtype=dt.float32) -> Array:
     """Standard Gumbel, as ``jax.random.gumbel`` (mode 'low'): -log(-log(u)), u uniform on [tiny, 1)."""
+    _check_key(k, "gumbel")
     d = _float_dtype(dtype, "gumbel")
     u = uniform(k, shape, d, dt.finfo(d).smallest_normal, 1.0)
     return _in(d, -ew.log(-ew.log(_wide(u))))
@@ -285,11 +295,17 @@ def gumbel(k, shape=(), dtype=dt.float32) -> Array:
 
 def bernoulli(k, p=0.5, shape=None) -> Array:
     """True with probability p, as ``jax.random.bernoulli``: uniform(k, shape, p's dtype) < p."""
+    _check_key(k, "bernoulli")
     if not isinstance(p, Array) and not (isinstance(p, numbers.Real) and not isinstance(p, bool)):
+        if p is None or isinstance(p, (bool, str, bytes)):
+            raise TypeError(f"bernoulli: p must be a real number or an array, got {p!r}")
         p = creation.asarray(p)   # numpy, torch, lists: one draw per element, as for an fa array
     d = p.dtype if isinstance(p, Array) and p.dtype.kind == "f" else dt.float32
     if shape is None:
         shape = p.shape if isinstance(p, Array) else ()
+    shape = _shape(shape)
+    if isinstance(p, Array):
+        _check_fits(p, shape, "bernoulli", "p")
     return uniform(k, shape, _float_dtype(d, "bernoulli")) < p
 
 
@@ -304,6 +320,7 @@ def categorical(k, logits, axis=-1) -> Array:
     """Samples of the categorical distributions exp(logits) (normalized along ``axis``), as
     ``jax.random.categorical``: argmax(logits + gumbel). The noise, the add and the argmax are one
     row kernel."""
+    _check_key(k, "categorical")
     if not isinstance(logits, Array):
         logits = creation.asarray(logits)
     if logits.ndim == 0:
@@ -349,6 +366,9 @@ def randint(k, shape, minval, maxval, dtype=dt.int32) -> Array:
 
 def _python_span(minval, maxval, d):
     """(lo, span) for Python-number bounds, exact Python ints; lo as an int64 value (uint64: shifted)."""
+    for x, name in ((minval, "minval"), (maxval, "maxval")):
+        if not isinstance(x, numbers.Integral) and not math.isfinite(x):
+            raise ValueError(f"randint: {name} must be finite, got {x}")
     info = dt.iinfo(d)
     narrow = d.bits < 32
     top = info.max + 1 if narrow else info.max  # JAX clips a narrow maxval to max + 1: 256 for uint8
@@ -392,12 +412,23 @@ def _int_bound(x, name, device, d, shape):
         x = creation.asarray(x)
     if x.dtype.kind not in "iub":
         raise TypeError(f"randint: {name} must be an int or an integer array, got {x.dtype}")
+    _check_fits(x, shape, "randint", name)
     v = x.astype(dt.int64, copy=False)
     if d is dt.uint64:   # into the shifted domain; a negative bound is below uint64's 0
         return (ew.bitwise_xor(v, _SIGN) if x.dtype is dt.uint64 else ew.maximum(v, 0) + _SIGN), False
     if x.dtype is dt.uint64:   # a uint64 bound above 2**63 - 1 was cast negative: saturate it
         return core.where(v < 0, 2 ** 63 - 1, v), v < 0
     return v, False
+
+
+def _check_fits(x, shape, fn, name):
+    """An array parameter must broadcast to the sample shape (checked before any work)."""
+    try:
+        fits = broadcast_shapes(tuple(x.shape), tuple(shape)) == tuple(shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{fn}: {name} of shape {tuple(x.shape)} does not broadcast to shape {tuple(shape)}")
 
 
 def permutation(k, x, axis=0) -> Array:

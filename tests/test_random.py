@@ -472,3 +472,33 @@ def test_randint_uint64_clips_negative_bounds_to_zero():
 def test_wrap_key_data_refuses_non_integer_data_of_every_type(data):
     with pytest.raises(TypeError, match="wrap_key_data: key data must be integers"):
         R.wrap_key_data(data)
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda k: R.bernoulli(k, "a", (2,)), TypeError, "bernoulli: p must be a real number or an array, got 'a'"),
+    (lambda k: R.bernoulli(k, None, (2,)), TypeError, "bernoulli: p must be a real number or an array, got None"),
+    (lambda k: R.bernoulli(k, fa.full((2, 3), 0.5), (3,)), ValueError,
+     "bernoulli: p of shape (2, 3) does not broadcast to shape (3,)"),
+    (lambda k: R.uniform(k, (3,), minval=fa.zeros((2, 3))), ValueError,
+     "uniform: minval of shape (2, 3) does not broadcast to shape (3,)"),
+    (lambda k: R.uniform(k, (3,), maxval=fa.ones((4,))), ValueError,
+     "uniform: maxval of shape (4,) does not broadcast to shape (3,)"),
+    (lambda k: R.randint(k, (3,), fa.zeros((2, 3), dtype=fa.int32), 5), ValueError,
+     "randint: minval of shape (2, 3) does not broadcast to shape (3,)"),
+    (lambda k: R.truncated_normal(k, fa.zeros((2,)), 1.0, (3,)), ValueError,
+     "truncated_normal: lower of shape (2,) does not broadcast to shape (3,)"),
+    (lambda k: R.randint(k, (3,), 0, float("inf")), ValueError, "randint: maxval must be finite, got inf"),
+    (lambda k: R.randint(k, (3,), float("nan"), 5), ValueError, "randint: minval must be finite, got nan"),
+    (lambda k: R.uniform(fa.asarray([0.0, 1.0]), (3,)), TypeError, "uniform: a key is an int64 array"),
+    (lambda k: R.normal(R.split(k), (3,)), ValueError, "normal: expected one key"),
+    (lambda k: R.split(R.split(k)), ValueError, "split: expected one key"),
+    (lambda k: R.bits(None, (3,)), TypeError, "bits: expected a key"),
+    (lambda k: R.gumbel(fa.zeros((2,), dtype=fa.int32)), TypeError, "gumbel: a key is"),
+    (lambda k: R.bernoulli(R.split(k), 0.5), ValueError, "bernoulli: expected one key"),
+    (lambda k: R.categorical(None, fa.zeros((3,))), TypeError, "categorical: expected a key"),
+])
+def test_errors_name_the_function_and_the_argument(call, exc, message):
+    fa.reset_stats()
+    with pytest.raises(exc, match=re.escape(message)):
+        call(R.key(0))
+    assert fa.stats()["kernels_launched"] == fa.stats()["evaluations"] == 0   # refused before any work
