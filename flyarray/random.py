@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 import numpy as np
 import torch
@@ -196,16 +197,21 @@ def _unit(k, shape, d) -> Array:
 
 
 def _scalar_or(x, d, fn, name, shape):
-    """A Python number stays a (weak) scalar; an array (fa, numpy, torch) is cast to ``d`` and must
-    broadcast to ``shape``."""
+    """A Python number stays a (weak) scalar, rounded to ``d`` first as JAX converts it; an array (fa,
+    numpy, torch) is cast to ``d`` and must broadcast to ``shape``."""
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
-        return float(x)
+        return _round(float(x), d)
     if not isinstance(x, Array):
         if x is None or isinstance(x, (bool, str, bytes)):
             raise TypeError(f"{fn}: {name} must be a real number or an array, got {x!r}")
         x = creation.asarray(x)
     _check_fits(x, shape, fn, name)
     return x.astype(d, copy=False)
+
+
+def _round(x: float, d) -> float:
+    """``x`` rounded to the nearest value of dtype ``d`` (numpy's astype), as a Python float."""
+    return float(torch.tensor(x, dtype=torch.float64).to(d.torch))
 
 
 def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
@@ -215,11 +221,23 @@ def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
     shape = _shape(shape)
     lo, hi = _scalar_or(minval, d, "uniform", "minval", shape), _scalar_or(maxval, d, "uniform", "maxval", shape)
     u = _unit(k, shape, d)
-    if not isinstance(lo, Array) and not isinstance(hi, Array) and (lo, hi) == (0.0, 1.0):
-        return u
-    out = u * (hi - lo) + lo
-    out = ew.maximum(out, lo)
+    if not isinstance(lo, Array) and not isinstance(hi, Array):
+        if (lo, hi) == (0.0, 1.0):
+            return u
+        width = _round(hi - lo, d)   # JAX subtracts in the dtype
+    else:
+        width = _op_in(d, operator.sub, hi, lo)
+    out = ew.maximum(_op_in(d, operator.add, _op_in(d, operator.mul, u, width), lo), lo)
     return manipulation.broadcast_to(out, shape) if out.shape != shape else out
+
+
+def _op_in(d, op, a, b):
+    """``op(a, b)`` rounded to ``d``, as JAX's ops in ``d`` are. A fused kernel holds float16/bfloat16
+    values in float32 and rounds only where it stores or where a cast asks, so the op runs in float32
+    (exact for a product of 16-bit values, and a sum or difference of close ones) and is cast to ``d``
+    explicitly: every backend then gives the same bits (normal's erfinv sees JAX's u)."""
+    a, b = (_wide(x) if isinstance(x, Array) else x for x in (a, b))
+    return op(a, b).astype(d, copy=False)
 
 
 def _nextafter(x: float, toward: float, d) -> float:

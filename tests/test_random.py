@@ -502,3 +502,31 @@ def test_errors_name_the_function_and_the_argument(call, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         call(R.key(0))
     assert fa.stats()["kernels_launched"] == fa.stats()["evaluations"] == 0   # refused before any work
+
+
+@pytest.mark.parametrize("dtype, npd", [(fa.float32, np.float32), (fa.float16, np.float16), (fa.float64, np.float64)])
+def test_uniform_python_float_bounds_are_rounded_to_the_dtype_first(backend, dtype, npd):
+    """JAX converts minval/maxval to the dtype, then subtracts and scales in it: bit for bit with that."""
+    k = R.key(42)
+    u = _np(R.uniform(k, (256,), dtype))
+    lo, hi = npd(0.1), npd(0.7)
+    want = np.maximum(lo, (u * (hi - lo)).astype(npd) + lo).astype(npd)
+    np.testing.assert_array_equal(_np(R.uniform(k, (256,), dtype, 0.1, 0.7)), want)
+    np.testing.assert_array_equal(_np(R.uniform(k, (256,), dtype, 0.1, fa.asarray(hi))), want)
+
+
+@pytest.mark.parametrize("dtype", [fa.float16, fa.bfloat16])
+def test_16_bit_normal_and_uniform_are_the_same_bits_on_every_backend(dtype):
+    """A fused kernel kept uniform's u * width + lo in float32 (the reference rounds each op to the
+    dtype), so normal's erfinv saw another u: hundreds of ulps apart in the tails. Now cast per op."""
+    k = R.key(5)
+    got = {}
+    for b in ("reference", "interpret"):
+        fa.set_backend(b)
+        try:
+            got[b] = [_bits16(f()) for f in (lambda: R.normal(k, (2048,), dtype),
+                                             lambda: R.uniform(k, (2048,), dtype, -0.3, 0.9),
+                                             lambda: R.uniform(k, (2048,), dtype, fa.asarray(-3.0, dtype=dtype), 1.7))]
+        finally:
+            fa.set_backend(None)
+    assert got["reference"] == got["interpret"]
