@@ -59,6 +59,21 @@ def test_take(axis):
     assert_matches(fa.take(fa.asarray(X), idx.tolist(), axis=axis), np.take(X, idx, axis=axis))
 
 
+def test_take_clip_mode_clamps_host_indices_too():
+    """mode='clip' clamps indices given on the host (lists, numpy, ints) as it does fa arrays: negative ones
+    count from the end first (JAX's rule), then every index is clamped into the axis (it raised IndexError)."""
+    X = np.arange(24.0).reshape(2, 3, 4)
+    x = fa.asarray(X)
+    idx = [5, -1, -7, 0, 3]
+    want = np.take(X, [3, 3, 0, 0, 3], axis=2)
+    assert_matches(fa.take(x, idx, axis=2, mode="clip"), want)
+    assert_matches(fa.take(x, np.asarray(idx), axis=2, mode="clip"), want)
+    assert_matches(fa.take(x, fa.asarray(idx), axis=2, mode="clip"), want)
+    assert_matches(fa.take(x, 99, mode="clip"), np.asarray(23.0))
+    with pytest.raises(IndexError, match="size 0"):
+        fa.take(fa.zeros((2, 0)), [0], axis=1, mode="clip")
+
+
 def test_take_wrap_mode():
     assert_matches(fa.take(fa.asarray(X), [5, -7], axis=2, mode="wrap"), np.take(X, [5, -7], axis=2, mode="wrap"))
 

@@ -378,8 +378,10 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
     """Elements of ``x`` at ``indices`` along ``axis`` (flattened ``x`` when None): numpy's/JAX's take,
     ``x[(slice(None),) * axis + (indices,)]``. Any dtype for ``x``; integer indices of any shape.
 
-    ``mode``: None or 'clip' (out-of-range host indices raise IndexError; fa/torch arrays clamp), 'wrap'
-    (indices are taken modulo the axis size). A lazy library call (gather)."""
+    ``mode``: None (out-of-range host indices -- ints, lists, numpy -- raise IndexError; fa/torch arrays
+    clamp), 'clip' (every index is clamped: negative ones count from the end first, as JAX's; numpy's
+    'clip' sends them to 0 instead), 'wrap' (indices are taken modulo the axis size). A lazy library call
+    (gather)."""
     from .manipulation import reshape
     node = node_of(x)
     if axis is None:
@@ -392,11 +394,13 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
     kind, idx = _classify(indices if not isinstance(indices, (int, np.integer)) else np.asarray(indices))
     if kind != "array":
         raise TypeError(f"take: indices must be an integer array (or list), got {type(indices).__name__}")
+    n = x.shape[axis]
+    if mode in ("wrap", "clip") and n == 0 and np.size(idx):
+        raise IndexError(f"take: cannot {mode} indices into axis {axis} of size 0")
     if mode == "wrap":
-        n = x.shape[axis]
-        if n == 0:
-            raise IndexError(f"take: cannot wrap indices into axis {axis} of size 0")
         idx = np.mod(idx, n) if isinstance(idx, np.ndarray) else idx % n
+    elif mode == "clip" and isinstance(idx, np.ndarray):   # lazy indices clamp when gathered
+        idx = np.clip(np.where(idx < 0, idx + n, idx), 0, max(n - 1, 0))
     return getitem(x, (slice(None),) * axis + (idx,))
 
 
