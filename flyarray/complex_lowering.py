@@ -334,7 +334,7 @@ def ctanh(z: Parts) -> Parts:
     s = a.sinh()
     rho = (1.0 + s * s).sqrt()
     den = 1.0 + beta * s * s
-    far = a.abs().greater(22.0)
+    far = a.abs().greater(22.0) & (b.isfinite() | a.isinf())   # finite a with b inf/NaN: NaN + NaN j (C99)
     re = where(far, F(a._const(1.0)).copysign(a), where(a.equal(0), a, beta * rho * s / den))
     tail = where(b.isfinite(), 4.0 * b.sin() * b.cos() * (-2.0 * a.abs()).exp(), 0.0)  # tanh(inf + i inf) = 1 + 0j
     im = where(far, tail, t / den)
@@ -401,7 +401,12 @@ def catanh(z: Parts) -> Parts:
     a, b = z.re, z.im
     s = a.abs()  # atanh is odd: on |a| the log1p argument stays positive (near -1 it rounded to -1: -inf)
     one_minus = 1.0 - s
-    re = (0.25 * (4.0 * s / (one_minus * one_minus + b * b)).log1p()).copysign(a)
+    den = one_minus * one_minus + b * b
+    kahan = 0.25 * (4.0 * s / den).log1p()
+    # near |a| = 1 the denominator underflows for a tiny b (4s / 0 = inf); there the two logarithms do not
+    # cancel, so their difference over hypot (which does not underflow) is accurate
+    near_one = 0.5 * ((1.0 + s).hypot(b).log() - one_minus.hypot(b).log())
+    re = where(den.less(0.25), near_one, kahan).copysign(a)
     im = 0.5 * (2.0 * b).atan2(one_minus * (1.0 + s) - b * b)
     m = a.hypot(b)
     inf = m.isinf()
@@ -442,7 +447,8 @@ def _sign(z: Parts) -> Parts:
     rb = where(inf, where(b.isinf(), F(b._const(1.0)).copysign(b), 0.0), b / big)
     m = ra.hypot(rb)
     zero = big.equal(0)
-    return Parts(where(zero, 0.0, ra / m), where(zero, 0.0, rb / m))
+    nan = a.isnan() | b.isnan()   # a NaN part is NaN + NaN j (as numpy); the max above picked the other part
+    return Parts(where(nan, a + b, where(zero, 0.0, ra / m)), where(nan, a + b, where(zero, 0.0, rb / m)))
 
 
 def _acos(z: Parts) -> Parts:
