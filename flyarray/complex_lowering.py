@@ -247,13 +247,19 @@ def cdiv(a: Parts, b: Parts) -> Parts:
 
 def cexp(z: Parts) -> Parts:
     """e^a (cos b + i sin b), with C99's special values: exp(x + 0j) = e^x + 0j exactly (x = +-inf too),
-    exp(-inf + i y) = 0 for every y, exp(+inf + i y) = inf + nan j for infinite or NaN y."""
+    exp(-inf + i y) = 0 for every y, exp(+inf + i y) = inf + nan j for infinite or NaN y, exp(x + i y) = nan +
+    nan j for a finite x and such a y; past e^a's overflow, a finite e^a cos b is kept (scaled)."""
     e = z.re.exp()
     real_axis = z.im.equal(0)
     zero = e.equal(0)
-    blown = e.isinf() & z.im.isfinite().logical_not()
-    re = where(real_axis, e, where(zero | blown, e, e * z.im.cos()))
-    im = where(real_axis, z.im, where(zero, e, where(blown, _nan(e), e * z.im.sin())))
+    blown = z.re.isinf() & e.isinf() & z.im.isfinite().logical_not()   # +inf with b inf/NaN (a finite: NaN, NaN)
+    # e^a overflows a little before e^a cos b does: past it, (e^(a/2) cos b) e^(a/2) (as C's cexp scales)
+    half = (0.5 * z.re).exp()
+    over = e.isinf() & z.re.isfinite()
+    cos_part = where(over, half * z.im.cos() * half, e * z.im.cos())
+    sin_part = where(over, half * z.im.sin() * half, e * z.im.sin())
+    re = where(real_axis, e, where(zero | blown, e, cos_part))
+    im = where(real_axis, z.im, where(zero, e, where(blown, _nan(e), sin_part)))
     return Parts(re, im)
 
 
