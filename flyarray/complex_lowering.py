@@ -368,6 +368,10 @@ def _add(a, b):
     return Parts(a.re + b.re, a.im + b.im)
 
 
+def _neg(z: Parts) -> Parts:
+    return Parts(-z.re, -z.im)
+
+
 def _sub(a, b):
     return Parts(a.re - b.re, a.im - b.im)
 
@@ -423,8 +427,13 @@ def catanh(z: Parts) -> Parts:
 
 
 def cacosh(z: Parts) -> Parts:
-    """log(z + sqrt(z + 1) sqrt(z - 1)); log(2 z) for large |z|."""
-    return _choose(_big(z), _log2z(z), clog(_add(z, cmul(csqrt(_plus(z, 1.0)), csqrt(_plus(z, -1.0))))))
+    """Kahan's form: asinh(Re(conj(sqrt(z - 1)) sqrt(z + 1))) + 2i atan(Im sqrt(z - 1) / Re sqrt(z + 1)) (the
+    log of z + sqrt(z + 1) sqrt(z - 1) lost the result next to 1: acosh(1 + 1e-100j) was 0); log(2 z) for
+    large |z|."""
+    below, above = csqrt(_plus(z, -1.0)), csqrt(_plus(z, 1.0))
+    re = (below.re * above.re + below.im * above.im).asinh()
+    im = 2.0 * below.im.atan2(above.re)
+    return _choose(_big(z), _log2z(z), Parts(re, im))
 
 
 def casin(z: Parts) -> Parts:
@@ -458,8 +467,14 @@ def _sign(z: Parts) -> Parts:
 
 
 def _acos(z: Parts) -> Parts:
+    """Kahan's form: 2 atan(Re sqrt(1 - z) / Re sqrt(1 + z)) + i asinh(Im(conj(sqrt(1 + z)) sqrt(1 - z))) (pi/2 -
+    asin(z) cancelled next to 1: acos(1 + 1e-100j) was -0j); pi/2 - asin(z) for large |z|."""
     r = casin(z)
-    return Parts(math.pi / 2 - r.re, -r.im)
+    far = Parts(math.pi / 2 - r.re, -r.im)
+    one_minus, one_plus = csqrt(_plus(_neg(z), 1.0)), csqrt(_plus(z, 1.0))
+    re = 2.0 * one_minus.re.atan2(one_plus.re)
+    im = (one_plus.re * one_minus.im - one_plus.im * one_minus.re).asinh()
+    return _choose(_big(z), far, Parts(re, im))
 
 
 def _cexpm1(z: Parts) -> Parts:
