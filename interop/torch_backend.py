@@ -20,7 +20,7 @@ import torch.fx
 
 import flyarray as fa
 from flyarray import dtypes as dt
-from flyarray.ops.checks import ATTENTION_MAX_HEAD_DIM
+from flyarray.ops.checks import ATTENTION_MAX_HEAD_DIM, KERNEL_FLOATS
 
 from . import torch_ops
 
@@ -312,11 +312,11 @@ def _lowerable(node, table) -> bool:
         return args[0] in table[_VJP_ENABLED]
     if t is aten.native_layer_norm.default:
         return len(args[1]) == 1
-    if t is aten.topk.default:   # fa.top_k: the last dim of a >= 1-d fp16/bf16/fp32 array, largest first
+    if t is aten.topk.default:   # fa.top_k: the last dim of a >= 1-d array of a kernel float, largest first
         x = args[0].meta["val"]
         dim = args[2] if len(args) > 2 else -1
         largest = args[3] if len(args) > 3 else node.kwargs.get("largest", True)
-        if x.ndim == 0 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        if x.ndim == 0 or dt.from_torch(x.dtype) not in KERNEL_FLOATS:
             return False
         return dim % x.ndim == x.ndim - 1 and largest
     if t is aten._grouped_mm.default:  # the MoE forward: a [m, k] x b [g, k, n] with offs, nothing else
@@ -509,8 +509,9 @@ def _getitem_refs(node, count):
 
 
 def _meta_value(node):
-    """A stand-in for ``node``'s value to record on: a meta-device array (recording runs nothing),
-    the Python value, or None where a symbolic size has no hint (the dry run is skipped then)."""
+    """A stand-in for ``node``'s value to record on: a meta-device array (recording runs nothing, sizes
+    from ``_dry_run_size``), the Python value, or None where no size can be given (the dry run is
+    skipped then)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         shape, stride = [_dry_run_size(d) for d in val.shape], [_dry_run_size(d) for d in val.stride()]

@@ -582,8 +582,8 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
 
 
 @gluon.jit
-def _pws_consumer_pingpong_inflight(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles, sob, sos, soh,
-                           Hq, Sq, Sk, bh_count, qk_scale_log2, causal, half_index, turn):
+def _pws_consumer_pingpong_inflight(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles,
+                                    sob, sos, soh, Hq, Sq, Sk, bh_count, qk_scale_log2, causal, half_index, turn):
     """_pws_consumer_pingpong with p.v kept in flight across the step boundary: a step first waits for the
     previous p.v and rescales, then takes its turn. acc stays a wgmma accumulator from step to step (the
     other form waits and rescales at the end of a step, so acc is carried as a plain tensor, copied into
