@@ -15,8 +15,7 @@
 # benchmarks/tune_gemm_ws.py (every layout and epilogue checked; the 15 Llama GEMMs beside cuBLAS and the
 # Triton GEMM), then `bench --suite torch` with FLYARRAY_GEMM_WS=1 and =0 (skipped if the tests hung, or
 # with WS_BENCH=0).
-# MODE=pp2: the in-flight ping-pong attention candidate (fwd_gluon_pp2, written in the twenty-second session
-# after its last GPU call): the tuner's ping-pong configs beside SDPA, the pointer, WS and default kernels,
+# MODE=pingpong: the tuner's ping-pong attention configs beside SDPA, the pointer, WS and default kernels,
 # then the attention GPU tests, then `bench --suite attention`.
 # Results under $OUT; a short table last.
 set -uo pipefail
@@ -76,7 +75,7 @@ if [ "${MODE:-tests}" = ws_profile ]; then  # the seed block forward, kernel by 
   done
   exit 0
 fi
-if [ "${MODE:-tests}" = pp2 ]; then
+if [ "${MODE:-tests}" = pingpong ]; then
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
   mkdir -p "$OUT"
   GLUON_ONLY=pingpong GLUON_BWD=0 timeout 260 python3 benchmarks/tune_attention_gluon.py "$OUT/pp.json" \

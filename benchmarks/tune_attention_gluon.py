@@ -59,9 +59,6 @@ PERSISTENT = [
          CONSUMER_REGS=240, PRODUCER_REGS=40),
     dict(GLUON=True, WS=True, PERSISTENT=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
          CONSUMER_REGS=248, PRODUCER_REGS=24),
-    # p.v kept in flight across steps (PINGPONG=2): 128 x 128 fits 248/24 without spilling
-    attention._SM90["fwd_gluon_pp2"],
-    dict(attention._SM90["fwd_gluon_pp2"], BLOCK_N=64, STAGES=5, CONSUMER_REGS=240, PRODUCER_REGS=40),
 ]
 CONFIGS += PERSISTENT
 if os.environ.get("GLUON_ONLY") == "ws":

@@ -131,17 +131,13 @@ _SM90 = {
     # WS / this): B2 S2048 causal 143.8 / 178.8 / 211.0 / 168.4; B1 S8192 1738 / 2183 / 2131 / 2092; B8 S4096
     # causal 1981 / 2727 / 2500 / 2391; GQA 32q/8kv B4 S4096 causal 989 / 1401 / 1298 / 1101. 128 x 128 tiles
     # were faster still (157.6 / 1909 / 2148 / 1031 us) but spill 25-225 bytes under Triton 3.6, so not taken.
+    # A consumer keeping p.v in flight across steps fitted 128 x 128 without spills but took 210.6 us at B2
+    # S2048 causal (this default 170.3, the spilling 128 x 128 158.6; H100, 2026-12-06, MODE=pingpong
+    # benchmarks/gpu_run.sh): removed.
     "fwd_gluon_ws_head_dims": (128,),
     "fwd_gluon_ws_min_keys": 2048,
     "fwd_gluon_pws": {128: dict(GLUON=True, WS=True, PERSISTENT=True, PINGPONG=True, BLOCK_M=128, BLOCK_N=64,
                                 num_warps=4, STAGES=5, CONSUMER_REGS=240, PRODUCER_REGS=40)},
-    # The next candidate, written after the last GPU call of the twenty-second session: the ping-pong
-    # consumer with p.v kept in flight across steps (PINGPONG=2), which fits 128 x 128 tiles at 248/24
-    # registers without spilling (Triton 3.6 and 3.9); the other ping-pong form, 6-10% faster than the
-    # default at 128 x 128, spilled there. Cross-compiled (in compile_specs), not yet run: the tuner's
-    # GLUON_ONLY=pingpong and the GPU tests check and time it.
-    "fwd_gluon_pp2": dict(GLUON=True, WS=True, PERSISTENT=True, PINGPONG=2, BLOCK_M=128, BLOCK_N=128, num_warps=4,
-                          STAGES=3, CONSUMER_REGS=248, PRODUCER_REGS=24),
     "fwd_gluon_ws": {64: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
                               CONSUMER_REGS=240, PRODUCER_REGS=40),
                      128: dict(GLUON=True, WS=True, BLOCK_M=128, BLOCK_N=128, num_warps=4, STAGES=3,
@@ -981,7 +977,7 @@ def _attention_fwd_gluon(q, k, v, out, lse, scale, is_causal, cfg):
             kernel = attention_hopper._attn_fwd_hopper_persistent_kernel
             grid = (programs,)
             args = (*args, tiles, B * Hq)
-            extra["PINGPONG"] = int(cfg.get("PINGPONG", 0))   # 0 off, 1 (True) on, 2 with p.v kept in flight
+            extra["PINGPONG"] = int(cfg.get("PINGPONG", 0))
     _launch(kernel, grid, q.device, *args,
         IS_CAUSAL=bool(is_causal), HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         STAGES=cfg["STAGES"], num_warps=cfg["num_warps"], **extra,
@@ -1434,10 +1430,6 @@ def _specs_for_arch(arch: str) -> list:
                                  EVEN_N=True, WARP_SPEC=bool(cfg.get("WARP_SPEC", False)))
                     specs.append(_spec(f"attn_fwd_tma{variant}_{dtype}_d{D}{'_causal' if causal else ''}",
                                        _attn_fwd_tma_kernel, dtype, const, cfg))
-    if "fwd_gluon_pp2" in table:   # sm_90: the in-flight ping-pong candidate (not yet run on a GPU)
-        for causal in (False, True):
-            specs.append(_gluon_spec(f"attn_fwd_gluon_pp2_bf16_d128{'_causal' if causal else ''}",
-                                     "_attn_fwd_hopper_persistent_kernel", "bf16", 128, causal, table["fwd_gluon_pp2"]))
     # Backward in bf16 (the training dtype), hd64 and hd128; decode at hd128.
     for D in (64, 128):
         if "bwd_dkdv_gluon" in table:  # sm_90: the Gluon dk/dv kernel as well

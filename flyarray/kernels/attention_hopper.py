@@ -582,66 +582,6 @@ def _pws_consumer_pingpong(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, r
 
 
 @gluon.jit
-def _pws_consumer_pingpong_inflight(Out, Lse, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, Tiles,
-                                    sob, sos, soh, Hq, Sq, Sk, bh_count, qk_scale_log2, causal, half_index, turn):
-    """_pws_consumer_pingpong with p.v kept in flight across the step boundary: a step first waits for the
-    previous p.v and rescales, then takes its turn. acc stays a wgmma accumulator from step to step (the
-    other form waits and rescales at the end of a step, so acc is carried as a plain tensor, copied into
-    the accumulator at each issue): at 128 x 128 this one fits 248/24 registers without spilling (Triton
-    3.6; the other spills at every split tried). Written and cross-compiled, not yet run on a GPU."""
-    HALF: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    s_layout: gl.constexpr = _mma_layout(4, BLOCK_N)
-    o_layout: gl.constexpr = _mma_layout(4, HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    dtype: gl.constexpr = q_smem.dtype
-    q_tile = q_smem.index(half_index)
-    causal_offset = Sk - Sq
-    first_tile, end = _tile_range(Tiles)
-    it = 0
-    tc = 0
-    turns = 0
-    for k in range(first_tile, end):
-        m0, bh = _tile(Tiles, k, bh_count, 2 * HALF)
-        n_blocks, first_masked, first, rows, m_i, l_i = _tile_start(m0, Sq, Sk, causal, half_index, HALF, BLOCK_N,
-                                                                    s_layout)
-        acc = warpgroup_mma_init(gl.zeros([HALF, HEAD_DIM], gl.float32, o_layout))
-        mbarrier.wait(q_ready.index(half_index), tc & 1)
-
-        last = it + n_blocks
-        s = _issue_scores(q_tile, k_smem, ready, it, last, s_layout, HALF, BLOCK_N, STAGES)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, first_masked, rows, None, Sk, causal_offset,
-                                             causal != 0, qk_scale_log2, BLOCK_N)
-        p_next = gl.convert_layout(p.to(dtype), p_layout)
-        p_op = gl.zeros([HALF, BLOCK_N], dtype, p_layout)
-        for j in range(0, n_blocks):
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))          # p_{j-1}.v_{j-1} done
-            mbarrier.arrive(empty.index((it + j + STAGES - 1) % STAGES), pred=j >= 1)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]     # alpha of block j (acc is 0 at j = 0)
-            p_op = p_next
-            mbarrier.wait(turn.index(half_index), turns & 1)
-            s_next = _issue_scores(q_tile, k_smem, ready, it + j + 1, last, s_layout, HALF, BLOCK_N, STAGES)
-            acc = warpgroup_mma(p_op, v_smem.index((it + j) % STAGES), acc, is_async=True)
-            mbarrier.arrive(turn.index(1 - half_index))
-            turns += 1
-            s = warpgroup_mma_wait(1, deps=(s_next,))
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j + 1, first_masked, rows, None, Sk,
-                                                 causal_offset, causal != 0, qk_scale_log2, BLOCK_N)
-            p_next = gl.convert_layout(p.to(dtype), p_layout)
-        acc = warpgroup_mma_wait(0, deps=(acc,))   # the stale step's alpha is 1 (or acc is 0): no rescale
-        mbarrier.arrive(empty.index((last + STAGES - 1) % STAGES), pred=n_blocks > 0)
-        mbarrier.arrive(q_empty.index(half_index))
-
-        _store_tile(Out, Lse, acc, m_i, l_i, rows, first, bh, Hq, Sq, sob, sos, soh)
-        it = last
-        tc += 1
-
-
-@gluon.jit
 def _attn_fwd_hopper_persistent_kernel(
     Q, K, V, Out, Lse,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
@@ -689,18 +629,11 @@ def _attn_fwd_hopper_persistent_kernel(
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()
         mbarrier.arrive(turn.index(0))     # the first consumer has the first turn
-        if PINGPONG == 2:
-            gl.warp_specialize([
-                (_pws_consumer_pingpong_inflight, consumer_args + (gl.to_tensor(0), turn)),
-                (_pws_consumer_pingpong_inflight, consumer_args + (gl.to_tensor(1), turn)),
-                (_pws_producer, producer_args),
-            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-        else:
-            gl.warp_specialize([
-                (_pws_consumer_pingpong, consumer_args + (gl.to_tensor(0), turn)),
-                (_pws_consumer_pingpong, consumer_args + (gl.to_tensor(1), turn)),
-                (_pws_producer, producer_args),
-            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([
+            (_pws_consumer_pingpong, consumer_args + (gl.to_tensor(0), turn)),
+            (_pws_consumer_pingpong, consumer_args + (gl.to_tensor(1), turn)),
+            (_pws_producer, producer_args),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_pws_consumer, consumer_args + (gl.to_tensor(0),)),
