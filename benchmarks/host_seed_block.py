@@ -11,12 +11,15 @@ interval. So for each of flyarray's backend, eager and Inductor this prints:
 - syncs: synchronizing CUDA calls in one call (``torch.cuda.set_sync_debug_mode("warn")``);
 - do_bench with and without the L2 flush, and back-to-back calls (one sync at the end).
 
-Then cProfile's top functions of flyarray's call (50 calls), by cumulative and by own time.
+Then flyarray's call taken apart (host us, median of 30 calls, the GPU idle before each): the whole call,
+the backend's CompiledGraph call, fa.jit's replay, the plan's run and each of its steps by label; then
+cProfile's top functions of flyarray's call (50 calls), by cumulative and by own time.
 
     PYTHONPATH=$PWD python benchmarks/host_seed_block.py
 """
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import time
@@ -50,6 +53,11 @@ def _launch_timeline(fn):
         torch.cuda.synchronize()
     events = prof.events()
     call = next(e for e in events if e.name == "seed_call")
+    runtime_calls = {}
+    for e in events:   # the CUDA runtime/driver calls of one call: a memcpy or synchronize here stalls the host
+        if e.name.startswith(("cuda", "cu")) and e.device_type == torch.autograd.DeviceType.CPU:
+            runtime_calls[e.name] = runtime_calls.get(e.name, 0) + 1
+    print("  runtime calls:", runtime_calls)
     launches = sorted(e.time_range.start for e in events
                       if "LaunchKernel" in e.name or e.name in ("cuLaunchKernelEx", "cudaLaunchKernelExC"))
     if not launches:
@@ -80,6 +88,51 @@ def _back_to_back_us(fn, n=50):
     return (time.perf_counter() - t0) / n * 1e6
 
 
+class _Timed:
+    """Wraps a function, keeping the host microseconds of each call under ``name``."""
+
+    def __init__(self, fn, name, into):
+        self.fn, self.name, self.into = fn, name, into
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.into.setdefault(self.name, []).append((time.perf_counter() - t0) * 1e6)
+
+
+def _breakdown(fn):
+    """Host us of flyarray's call, layer by layer and step by step (see the module docstring)."""
+    from flyarray import plan as fa_plan
+    import importlib
+    fa_jit = importlib.import_module("flyarray.transforms.jit")
+    from flyarray.interop import torch_backend
+
+    times = {}
+    program = fa_plan._newest
+    saved = (torch_backend.CompiledGraph.__call__, fa_jit._Trace.replay, program.steps)
+    torch_backend.CompiledGraph.__call__ = lambda self, *a: _Timed(saved[0], "CompiledGraph", times)(self, *a)
+    fa_jit._Trace.replay = lambda self, t: _Timed(saved[1], "jit replay", times)(self, t)
+    program.steps = [_Timed(step, f"step {i} {label}", times)
+                     for i, (step, label) in enumerate(zip(saved[2], program.labels))]
+    run = program.run
+    program_run = _Timed(run.__func__, "plan run", times)
+    try:
+        fa_plan.Plan.run = lambda self, *a: program_run(self, *a) if self is program else run.__func__(self, *a)
+        _Timed(fn, "whole call", times)()
+        times.clear()
+        for _ in range(30):
+            torch.cuda.synchronize()
+            _Timed(fn, "whole call", times)()
+        torch.cuda.synchronize()
+    finally:
+        torch_backend.CompiledGraph.__call__, fa_jit._Trace.replay, program.steps = saved
+        fa_plan.Plan.run = run.__func__
+    for name, samples in times.items():
+        print(f"  {name:60s} {statistics.median(samples):8.1f} us  (x{len(samples) // 31 or 1})")
+
+
 def main():
     torch.manual_seed(1)
     block = Block(4096, 32).to(device="cuda", dtype=torch.float16).eval()
@@ -98,6 +151,8 @@ def main():
                        back_to_back_us=_back_to_back_us(fn))
             print(name, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
         fn = lambda: peers["flyarray"](x)  # noqa: E731
+        fn()
+        _breakdown(fn)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(50):
@@ -106,8 +161,13 @@ def main():
         torch.cuda.synchronize()
     for key in ("cumulative", "tottime"):
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(28)
-        print(out.getvalue()[-6000:])
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(70)
+        text = out.getvalue()
+        print(text[-4000:])
+        out_dir = os.environ.get("OUT")
+        if out_dir:
+            with open(os.path.join(out_dir, f"cprofile_{key}.txt"), "w") as f:
+                f.write(text)
 
 
 if __name__ == "__main__":

@@ -344,11 +344,13 @@ class _Builder:
         aimed = tuple((i, self.slot[concat.id], where) for i, (concat, where) in sorted((into or {}).items()))
         aimed_slots = {outs[i] for i, _, _ in aimed}
 
+        moves = [(slot, runtime.Movement(ops) if ops else None) for slot, ops in ins]
+
         def run_library(slots, scalars):
             if counts:
                 runtime._stats["library_calls"] += 1
                 runtime._stats["kernels_launched"] += 1
-            tensors = [runtime.apply_movement(slots[s], ops) if ops else slots[s] for s, ops in ins]
+            tensors = [slots[s] if move is None else move(slots[s]) for s, move in moves]
             given = None
             if aimed:
                 given = [None] * len(outs)

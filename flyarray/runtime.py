@@ -295,6 +295,31 @@ def apply_movement(t: torch.Tensor, ops) -> torch.Tensor:
     return t
 
 
+class Movement:
+    """``apply_movement(t, ops)`` for one plan step's input, remembered per input layout: a chain of views
+    (reshape, permute, expand, slice) lands on a fixed (shape, strides, offset from t's) for a given layout
+    of ``t``, so later calls make that view with one ``as_strided`` instead of a torch call per op (each
+    costs microseconds of host time). Chains that copy (a flip, a reshape torch cannot view) always run op
+    by op."""
+    __slots__ = ("ops", "views")
+
+    def __init__(self, ops):
+        self.ops, self.views = ops, {}
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        key = (t.shape, t.stride())
+        found = self.views.get(key)
+        if found is not None:
+            size, stride, delta = found
+            return t.as_strided(size, stride, t.storage_offset() + delta)
+        out = apply_movement(t, self.ops)
+        if key not in self.views and len(self.views) < 16:
+            same = out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and out.dtype == t.dtype
+            if same and not any(op[0] == "flip" for op in self.ops):
+                self.views[key] = (tuple(out.shape), out.stride(), out.storage_offset() - t.storage_offset())
+        return out
+
+
 def _torch_movement(t: torch.Tensor, op) -> torch.Tensor:
     kind = op[0]
     if kind == "reshape":
