@@ -41,6 +41,7 @@ warp-specialized one, and its persistent ping-pong form, the default at hd128 fr
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 from typing import Optional
@@ -49,8 +50,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, _element_span, aligned16, cdiv, current_arch, empty,
-                                     ensure_tma_allocator, next_pow2, pick_config, runner)
+from flyarray.kernels._triton import (HAS_TENSOR_DESCRIPTORS, FixedLaunch, _element_span, aligned16, cdiv,
+                                     current_arch, empty, ensure_tma_allocator, is_warming_up, launch_cache,
+                                     next_pow2, pick_config, runner)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -779,7 +781,65 @@ def _attn_decode_combine_kernel(
 # Launchers (torch tensors in, torch tensors out)
 # ---------------------------------------------------------------------------
 def _launch(kernel, grid, device, *args, **kwargs):
+    recorded = _RECORDED.get()
+    if recorded is not None:
+        recorded.append((kernel, grid, device, args, kwargs))
     return runner(kernel, device)[grid](*args, **kwargs)
+
+
+# ---- the forward's steady state: one prepared launch per signature -------------------------------------------
+# Choosing the forward's kernel, checking TMA's rules, building its arguments and Triton's specialization key
+# cost ~150-300 us of host time a call on the GPU machine (benchmarks/host_seed_block.py), as long as the seed
+# block's attention itself on some hosts. All of it follows from the signature (shapes, strides, dtypes,
+# 16-byte alignment of q/k/v, device, scale, causality): the first call with a signature records its one
+# launch, later calls allocate out and lse and launch the compiled kernel directly (FixedLaunch).
+_RECORDED = contextvars.ContextVar("flyarray_attention_recorded", default=None)
+_FWD_LAUNCHES: dict = launch_cache()   # signature -> _PreparedForward
+_PREPARED_ON_CPU = False   # tests turn it on: the interpreter then takes the same path (FixedLaunch runs it)
+
+
+def _fwd_signature(q, k, v, scale, is_causal):
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, q.device, scale, bool(is_causal))
+
+
+class _PreparedForward:
+    """One signature's forward launch: its constant arguments kept, q/k/v/out/lse put in their places."""
+    __slots__ = ("fixed", "template", "places", "lse_shape", "tma")
+
+    def __init__(self, kernel, grid, device, args, kwargs, q, k, v, out, lse):
+        self.fixed = FixedLaunch(kernel, device, grid, kwargs)
+        self.template = list(args)
+        self.places = [(i, j) for i, a in enumerate(args) for j, t in enumerate((q, k, v, out, lse)) if a is t]
+        self.lse_shape = tuple(lse.shape)
+        self.tma = kernel is not _attn_fwd_kernel   # TMA and Gluon kernels build device descriptors
+
+    def __call__(self, q, k, v):
+        out = torch.empty_like(q)
+        lse = empty(self.lse_shape, torch.float32, q.device)
+        tensors = (q, k, v, out, lse)
+        args = self.template.copy()
+        for i, j in self.places:
+            args[i] = tensors[j]
+        if self.tma:
+            ensure_tma_allocator()
+        self.fixed(*args)
+        return out, lse
+
+
+def _remember_forward(key, recorded, q, k, v, out, lse) -> None:
+    """Keep the launch a forward just made for its signature, when it was one plain launch of real tensors
+    (not a dry run, not inside a CUDA-graph capture, which may pick another kernel)."""
+    if len(recorded) != 1 or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    if len({id(q), id(k), id(v)}) < 3:
+        return   # one tensor passed twice: its launch's arguments could not tell which place is which
+    kernel, grid, device, args, kwargs = recorded[0]
+    if any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args):
+        return   # fakes (FakeTensorMode)
+    if len(_FWD_LAUNCHES) >= 1024:
+        _FWD_LAUNCHES.clear()
+    _FWD_LAUNCHES[key] = _PreparedForward(kernel, grid, device, args, kwargs, q, k, v, out, lse)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -826,9 +886,31 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
     num_warps, STAGES) the Gluon Hopper kernel (ValueError off sm_90 GPUs or where the inputs
     cannot take it); without either the pointer-load kernel.
     """
+    plain = (bias is None and mask is None and config is None and type(q) is torch.Tensor
+             and (q.is_cuda or _PREPARED_ON_CPU) and not is_warming_up())
+    if plain:
+        key = _fwd_signature(q, k, v, scale, is_causal)
+        prepared = _FWD_LAUNCHES.get(key)
+        if prepared is not None:
+            return prepared(q, k, v)
     B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     if Sq <= DECODE_MAX_QUERIES and bias is None and mask is None and config is None:
         return attention_decode(q, k, v, scale=scale, is_causal=is_causal)
+    if plain:
+        recorded = []
+        token = _RECORDED.set(recorded)
+        try:
+            out, lse = _attention_fwd_chosen(q, k, v, None, None, scale, is_causal, None)
+        finally:
+            _RECORDED.reset(token)
+        _remember_forward(key, recorded, q, k, v, out, lse)
+        return out, lse
+    return _attention_fwd_chosen(q, k, v, bias, mask, scale, is_causal, config)
+
+
+def _attention_fwd_chosen(q, k, v, bias, mask, scale, is_causal, config):
+    """attention_fwd past its fast path and the decode path: the kernel for these inputs, launched."""
+    B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
     out = torch.empty_like(q)
     lse = empty((B, Hq, Sq), torch.float32, q.device)
     if B * Hq * Sq == 0:

@@ -174,6 +174,9 @@ def _leaf_key(t):
 def _flatten(value, tensors, where):
     """The signature of one argument (a pytree, flattened with fa.tree_util): its structure and, per
     leaf, the array signature or the static key; its array leaves are appended to ``tensors``."""
+    if type(value) is torch.Tensor and not value.requires_grad:   # the commonest case first (the torch backend's)
+        tensors.append(value)
+        return _leaf_key(value)
     if type(value) is np.ndarray:
         value = _numpy_leaf(value)
     if type(value) is Array:  # the common cases first: one array, no tree to walk

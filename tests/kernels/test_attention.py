@@ -49,6 +49,31 @@ def test_forward_ragged_causal(dtype, causal, Sq, Sk):
     _check_fwd(q, k, v, dtype, is_causal=causal)
 
 
+def test_forward_prepared_launch_replays_its_signature(monkeypatch):
+    """The second forward with a signature skips the kernel choice and launches what the first one recorded
+    (the interpreter takes that path when tests turn it on): fresh data, a storage offset and a GQA layout
+    give the reference's answer; a call passing one tensor twice records nothing (its argument places would be
+    ambiguous), nor does one with a bias."""
+    from flyarray.kernels import attention
+
+    monkeypatch.setattr(attention, "_PREPARED_ON_CPU", True)
+    monkeypatch.setattr(attention, "_FWD_LAUNCHES", {})
+    torch.manual_seed(3)
+    for causal in (False, True):
+        q, k, v = _qkv(1, 19, 23, 4, 2, 16, torch.float32, bhsd=True)
+        _check_fwd(q, k, v, torch.float32, is_causal=causal, scale=0.5)
+        assert len(attention._FWD_LAUNCHES) == 1 + causal
+        for _ in range(2):   # the same signature, new values: the prepared launch
+            q2, k2, v2 = (t.clone().transpose(1, 2).contiguous().transpose(1, 2).normal_() for t in (q, k, v))
+            assert q2.stride() == q.stride()
+            _check_fwd(q2, k2, v2, torch.float32, is_causal=causal, scale=0.5)
+        assert len(attention._FWD_LAUNCHES) == 1 + causal
+    x = torch.randn(1, 9, 2, 16)
+    _check_fwd(x, x, x, torch.float32)   # q is k is v
+    _check_fwd(x, x.clone(), x.clone(), torch.float32, bias=torch.zeros(1, 2, 9, 9))
+    assert len(attention._FWD_LAUNCHES) == 2
+
+
 @settings(max_examples=12, deadline=None)
 @given(B=st.integers(1, 2), Sq=st.integers(17, 40), Sk=st.integers(1, 40), groups=st.sampled_from([(4, 4), (4, 2), (4, 1)]),
        D=st.sampled_from([16, 32, 24]), causal=st.booleans(), seed=st.integers(0, 2**16))
@@ -612,19 +637,36 @@ def test_gpu_default_forward_first_called_inside_a_cuda_graph_capture():
 
     q, k, v = _qkv(1, 2048 - 5, 2048, 4, 2, 128, torch.bfloat16, device="cuda", bhsd=True)
     attn._SCHEDULES.clear()
+    attn._FWD_LAUNCHES.clear()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         out, lse = attention_fwd(q, k, v, is_causal=True)
     torch.cuda.current_stream().wait_stream(stream)
-    assert not attn._SCHEDULES
+    assert not attn._SCHEDULES and not attn._FWD_LAUNCHES   # nor is the capture's launch kept for later calls
     graph.replay()
     torch.cuda.synchronize()
     _check_gpu_forward(q, k, v, True, out, lse)
     out2, lse2 = attention_fwd(q, k, v, is_causal=True)
-    assert len(attn._SCHEDULES) == 1
+    assert len(attn._SCHEDULES) == 1 and len(attn._FWD_LAUNCHES) == 1
     _check_gpu_forward(q, k, v, True, out2, lse2)
+
+
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU (Gluon Hopper kernel)")
+@pytest.mark.parametrize("S,D", [(2048, 128), (300, 64)])   # the persistent kernel; the pointer kernel
+def test_gpu_forward_prepared_launch_on_qkv_views(S, D):
+    """q, k, v as views of one (B, S, 3, H, D) projection (a torch model's layout): the first call records
+    its launch, later calls with new values and new views replay it (the steady state of a compiled model)."""
+    from flyarray.kernels import attention as attn
+
+    attn._FWD_LAUNCHES.clear()
+    for i in range(3):
+        qkv = torch.randn(2, S, 3, 4, D, device="cuda").to(torch.bfloat16)
+        q, k, v = qkv.unbind(2)
+        out, lse = attention_fwd(q, k, v, is_causal=True)
+        _check_gpu_forward(q, k, v, True, out, lse)
+        assert len(attn._FWD_LAUNCHES) == 1
 
 
 def test_backward_into_checks_the_buffers_before_any_work():
