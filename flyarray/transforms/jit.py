@@ -171,10 +171,15 @@ def _leaf_key(t):
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)   # as the plan's leaf key: no offset
 
 
+_PARAMETER = torch.nn.Parameter
+
+
 def _flatten(value, tensors, where):
     """The signature of one argument (a pytree, flattened with fa.tree_util): its structure and, per
     leaf, the array signature or the static key; its array leaves are appended to ``tensors``."""
-    if type(value) is torch.Tensor and not value.requires_grad:   # the commonest case first (the torch backend's)
+    if type(value) is torch.Tensor or type(value) is _PARAMETER:   # the commonest cases first (the torch backend's)
+        if value.requires_grad:  # taken detached, as fa.asarray does (arrays carry no autograd)
+            value = value.detach()
         tensors.append(value)
         return _leaf_key(value)
     if type(value) is np.ndarray:
