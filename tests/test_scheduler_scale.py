@@ -155,3 +155,19 @@ def test_fp8_loads_and_round_trip_on_the_interpreter(interpret):
     torch.testing.assert_close(back.torch(), t.to(torch.float8_e4m3fn).float(), rtol=0, atol=0)
     e5 = torch.tensor([0.5, -3.0, 96.0, 0.0], dtype=torch.float8_e5m2)
     torch.testing.assert_close(fa.asarray(e5).astype(fa.float32).torch(), e5.float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_casts_match_torch_on_the_interpreter(interpret, dtype):
+    # the interpreter's own fp8 conversion rounded 464 -> e4m3 to 480 and 500 to 256, read e4m3's NaN code
+    # (0x7F) and e5m2's Inf/NaN codes (0x7C/0x7D) as finite numbers: every code decodes as torch's does,
+    # and float32 encodes as torch's does (e4m3fn saturates to +-448, e5m2 keeps inf, NaN stays NaN)
+    tdt = getattr(torch, dtype)
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(tdt)
+    got = fa.asarray(codes).astype(fa.float32).torch()
+    torch.testing.assert_close(got, codes.float(), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.signbit(got), torch.signbit(codes.float()))
+    t = torch.tensor([-17.0, 0.001, 464.0, 500.0, 1e6, float("inf"), -float("inf"), float("nan"), 61440.0, -0.0,
+                      1e-9, 3.0e-3])
+    enc = fa.asarray(t).astype(getattr(fa, dtype)).torch()
+    assert torch.equal(enc.view(torch.uint8), t.to(tdt).view(torch.uint8))

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton._C.libtriton import ir as _ir
 from triton.runtime.interpreter import InterpretedFunction, InterpreterBuilder, TensorHandle, _patch_lang
 
 from flyarray import precompile
@@ -63,6 +64,7 @@ class _InterpretedLaunch:
                 try:
                     _interpret_tensor_methods()
                     InterpreterBuilder.cast_impl = _cast_rounding_bf16_to_nearest_even
+                    InterpreterBuilder.create_fp_to_fp = _fp_to_fp_exact_fp8
                     result = self.fn[grid](*args, **kwargs)
                 finally:
                     _restore(snapshot)
@@ -225,6 +227,41 @@ def _cast_rounding_bf16_to_nearest_even(builder, src, dst_type):
     if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:   # the same exponent range
         return TensorHandle((np.asarray(src.data).astype(np.uint32) << 16).view(np.float32), tl.float32)
     return _INTERPRETER_CAST(builder, src, dst_type)
+
+
+_INTERPRETER_FP_TO_FP = InterpreterBuilder.create_fp_to_fp
+# The fp8 formats torch knows, keyed by Triton's type: the interpreter stores their codes as uint8.
+_TORCH_FP8 = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+
+
+def _fp_to_fp_exact_fp8(builder, src, dst_type, rounding_mode):
+    """The interpreter's float -> float conversion, except to and from float8_e4m3fn / float8_e5m2, which
+    go through torch's own conversion (exact, to nearest even): the interpreter's bit arithmetic neither
+    rounds a carry into the exponent nor saturates (464 -> e4m3 gave 480, 500 gave 256) and reads e4m3's
+    NaN code and e5m2's Inf/NaN codes as finite numbers. As torch (the reference backend) and the GPU's
+    ``cvt.rn.satfinite``: e4m3fn saturates out-of-range values and infinities to +-448, NaN stays NaN;
+    e5m2 keeps infinities (torch; see docs/semantics.md). Round-toward-zero keeps the interpreter's path."""
+    src_t, dst_t = src.dtype.scalar, dst_type.scalar
+    if (src_t not in _TORCH_FP8 and dst_t not in _TORCH_FP8) or rounding_mode == _ir.ROUNDING_MODE.RTZ:
+        return _INTERPRETER_FP_TO_FP(builder, src, dst_type, rounding_mode)
+    data = np.asarray(src.data)
+    if src_t in _TORCH_FP8:   # every fp8 value is exact in float32 (and in float16/bfloat16/float64)
+        wide = torch.from_numpy(data.astype(np.uint8).copy()).view(_TORCH_FP8[src_t]).float()
+    elif src_t == tl.bfloat16:   # raw 16-bit patterns in the interpreter
+        wide = torch.from_numpy((data.astype(np.uint32) << 16).view(np.float32).copy())
+    else:
+        wide = torch.from_numpy(np.ascontiguousarray(data))
+    if dst_t in _TORCH_FP8:
+        out = wide.to(_TORCH_FP8[dst_t]).view(torch.uint8).numpy()
+    elif dst_t == tl.bfloat16:
+        out = _bf16_bits_nearest_even(wide.float().numpy())
+    else:
+        out = wide.numpy().astype(_np_float(dst_t))
+    return TensorHandle(np.asarray(out).reshape(data.shape), dst_t)
+
+
+def _np_float(t) -> np.dtype:
+    return {tl.float16: np.float16, tl.float32: np.float32, tl.float64: np.float64}[t]
 
 
 def _bf16_bits_nearest_even(values: np.ndarray) -> np.ndarray:

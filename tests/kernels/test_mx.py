@@ -118,6 +118,16 @@ def test_dequantize_every_code_matches_reference(fmt):
     _check_every_code(fmt, "cpu")
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_native_fp8_dequantize_every_code_on_the_interpreter(fmt, monkeypatch):
+    """The conversion-instruction decode through Triton's interpreter: its own fp8 conversion read e4m3's
+    NaN and e5m2's Inf/NaN codes as numbers; interpreted launches now convert fp8 as torch does."""
+    from flyarray.kernels._triton import current_arch, pick_config
+    cfg = pick_config(mx.CONFIGS, current_arch(torch.device("cpu")))
+    monkeypatch.setitem(cfg, "dequant_native_fp8", True)
+    _check_every_code(fmt, "cpu")
+
+
 @NEEDS_GPU
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("native_fp8", [False, True])
