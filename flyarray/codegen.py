@@ -586,6 +586,11 @@ class _Emitter:
             return f"tl.cast({name}, tl.int64).to(tl.float64, bitcast=True)"
         if op.dtype.kind == "b":
             return f"(tl.cast({name}, tl.int32) != 0)"
+        if _cdt(op.dtype) is not op.dtype and op.dtype.kind == "f":
+            # A float16/bfloat16 constant (a weak Python float meeting such an array) holds that dtype's
+            # value: rounded here (one conversion per program, no host cost), not used at float32
+            # precision (f16 ``x == 0.1`` was False). Through float32, as the reference's torch.full.
+            return f"tl.cast({name}, tl.float32).to({_tl(op.dtype)}).to(tl.float32)"
         return f"tl.cast({name}, {_tl(_cdt(op.dtype))})"
 
     def iota_expr(self, i, op: Iota) -> str:

@@ -259,6 +259,21 @@ def test_python_scalars_are_weak(backend, dtype, scalar, want, reflected):
     assert_matches(got, expect)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_weak_float_scalar_is_rounded_to_a_narrow_dtype(backend, dtype):
+    # a Python float meeting a float16/bfloat16 array takes that dtype, so it is rounded first (numpy, JAX):
+    # generated kernels used it at float32 precision (f16 x == 0.1 was False, 0.1 / x differed from numpy)
+    import torch
+    tdt = getattr(torch, dtype)
+    x = fa.asarray(torch.tensor([0.1, 1.0, -3.0], dtype=tdt))
+    assert (x == 0.1).tolist() == [True, False, False]
+    assert (x < 0.1).tolist() == [False, False, True]
+    assert (0.1 != x).tolist() == [False, True, True]
+    t = torch.tensor([0.7, -1.3, 2.9, 0.05], dtype=tdt)
+    want = torch.tensor(0.1, dtype=tdt).float() / t.float()   # one rounding of the exact quotient
+    assert torch.equal((0.1 / fa.asarray(t)).torch(), want.to(tdt))
+
+
 @pytest.mark.parametrize("op", ["sub", "mul", "truediv", "floordiv", "mod", "pow", "lt", "ge", "eq", "ne"])
 def test_scalar_operators_both_sides(backend, op):
     import operator
