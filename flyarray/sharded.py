@@ -290,11 +290,20 @@ def reduce(name, x: ShardedArray, axis=None, keepdims=False) -> ShardedArray:
     mesh, dim_axes = x.sharding.mesh, x.dim_axes
     over = _ordered(mesh, {n for d in axes for n in dim_axes[d]})
     op = "sum" if name in ("sum", "mean") else name
-    out = getattr(x.local, op)(axis=axes, keepdims=keepdims)
+    local = x.local
+    # float16/bfloat16 sums and means accumulate in float32 across ranks too, rounded once at the end (as
+    # fa.sum/fa.mean): a float16 partial sum overflowed (the mean of 60000s was inf)
+    narrow = op == "sum" and x.dtype.name in ("float16", "bfloat16")
+    if narrow:
+        from . import float32
+        local = local.astype(float32)
+    out = getattr(local, op)(axis=axes, keepdims=keepdims)
     if over:
         out = C.psum(out, mesh, over, op=op, grad="full")
     if name == "mean":
         out = out / math.prod(x.shape[d] for d in axes)
+    if narrow:
+        out = out.astype(x.dtype)
     kept = [() if d in axes else a for d, a in enumerate(dim_axes)]
     if not keepdims:
         kept = [a for d, a in enumerate(kept) if d not in axes]

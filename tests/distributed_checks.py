@@ -203,6 +203,24 @@ def check_shard_map_collectives():
     assert r in (0, 1)
 
 
+
+def check_narrow_float_reductions():
+    """float16/bfloat16 sums and means accumulate in float32 across ranks (as fa.sum/fa.mean): a float16
+    partial sum overflowed, so the mean of 60000s was inf and 6e4 + 6e4 - 6e4 - 6e4 was nan."""
+    mesh = _mesh()
+    for dtype in (fa.float16, fa.bfloat16):
+        h = fa.asarray(np.full((4, 2), 60000, dtype=np.float32), device=DEVICE).astype(dtype)
+        xs = fa.device_put(h, NamedSharding(mesh, P("x")))
+        for got, want in ((xs.mean(axis=0), fa.mean(h, axis=0)), (xs.mean(axis=1), fa.mean(h, axis=1)),
+                          (xs.mean(), fa.mean(h))):
+            got = fa.device_get(got)
+            assert got.dtype == dtype and np.isfinite(np.asarray(got.astype(fa.float32))).all(), (dtype, got)
+            assert got.astype(fa.float32).tolist() == want.astype(fa.float32).tolist(), (dtype, got, want)
+        k = fa.asarray(np.array([60000, 60000, -60000, -60000], dtype=np.float32), device=DEVICE).astype(dtype)
+        total = fa.device_get(fa.device_put(k, NamedSharding(mesh, P("x"))).sum())
+        assert total.dtype == dtype and total.astype(fa.float32).item() == 0.0, (dtype, total)
+
+
 def check_vmap_of_collectives():
     """vmap over the rows of each rank's block inside shard_map: the same as the collective on the
     whole block (the batch axis rides along; gather/scatter/split axes move one right)."""
