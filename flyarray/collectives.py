@@ -67,12 +67,49 @@ def _inverse(positions):
     return inverse
 
 
+# Integer dtypes torch.distributed's backends do not all take (gloo: "Invalid scalar type" for every 16-bit
+# integer and uint32/uint64; NCCL has no 16-bit integer). Data movement sends their bytes; reductions
+# widen 16-bit integers to int32 (exact: sums wrap back modulo 2^16 when narrowed) and view uint32/uint64
+# as the signed type of their width: a sum wraps the same, and max/min compare as unsigned with the sign
+# bit flipped on the way in and out (which maps unsigned order onto signed order).
+_SIGNED_OF = {torch.uint32: torch.int32, torch.uint64: torch.int64}
+_SIXTEEN = (torch.int16, torch.uint16)
+_AS_BYTES = frozenset((torch.int16, torch.uint16, torch.uint32, torch.uint64))
+
+
+def _bytes(t):
+    """A contiguous tensor of one of ``_AS_BYTES`` as its bytes (a view, last dimension times the item
+    size; a 0-d tensor becomes 1-d); other tensors as they are."""
+    if t.dtype not in _AS_BYTES:
+        return t
+    return (t if t.dim() else t.reshape(1)).view(torch.uint8)
+
+
+def _reducible(t, op):
+    """``t`` as a tensor every backend reduces with ``op`` (a new buffer), and the function that brings a
+    reduced one back to ``t``'s dtype."""
+    d = t.dtype
+    if d in _SIXTEEN:
+        wide = t.to(torch.int32)
+        narrow = (lambda r: (r & 0xFFFF).to(torch.uint16)) if d is torch.uint16 else \
+                 (lambda r: (r & 0xFFFF).to(torch.uint16).view(torch.int16))
+        return wide, narrow
+    signed = _SIGNED_OF.get(d)
+    if signed is None:
+        return t.contiguous().clone(), lambda r: r
+    if op == "sum":   # two's complement addition wraps as unsigned addition does
+        return t.contiguous().view(signed).clone(), lambda r: r.view(d)
+    flip = torch.iinfo(signed).min
+    return t.contiguous().view(signed) ^ flip, lambda r: (r ^ flip).view(d)
+
+
 def _all_reduce(x, *, mesh, axes, op, grad):
-    out = x.contiguous().clone()  # torch.distributed reduces in place; the input buffer stays the input's
+    # torch.distributed reduces in place: a new buffer, the input's stays the input's
+    out, back = _reducible(x, op)
     if mesh_of(mesh).size(axes) == 1:  # no axes, or axes of one rank: nothing to reduce with
-        return out
+        return back(out)
     _dist().all_reduce(out, op=getattr(_dist().ReduceOp, _REDUCE_OPS[op]), group=mesh_of(mesh).group(axes))
-    return out
+    return back(out)
 
 
 def _all_gather(x, *, mesh, axes, axis, tiled, grad):
@@ -82,7 +119,7 @@ def _all_gather(x, *, mesh, axes, axis, tiled, grad):
     if n == 1:  # a new buffer, as every collective's result
         return src.movedim(0, axis).clone(memory_format=torch.contiguous_format)
     out = torch.empty((n * src.shape[0],) + tuple(src.shape[1:]), dtype=x.dtype, device=x.device)
-    _dist().all_gather_into_tensor(out, src, group=m.group(axes))
+    _dist().all_gather_into_tensor(_bytes(out), _bytes(src), group=m.group(axes))
     pos = _group_positions(m, axes)
     if pos is not None:  # block k: from index k along axes as given
         out = out.view((n, -1) + tuple(src.shape[1:]))[pos].flatten(0, 1)
@@ -98,9 +135,10 @@ def _reduce_scatter(x, *, mesh, axes, axis, tiled):
     pos = _group_positions(m, axes)
     if pos is not None:  # group position j keeps block k, the one of its index k along axes as given
         src = src.view((n, -1) + tuple(src.shape[1:]))[_inverse(pos)].flatten(0, 1).contiguous()
-    out = torch.empty((src.shape[0] // n,) + tuple(src.shape[1:]), dtype=x.dtype, device=x.device)
+    src, back = _reducible(src, "sum")
+    out = torch.empty((src.shape[0] // n,) + tuple(src.shape[1:]), dtype=src.dtype, device=x.device)
     _dist().reduce_scatter_tensor(out, src, group=m.group(axes))
-    out = out.movedim(0, axis)
+    out = back(out).movedim(0, axis)
     return (out if tiled else out.squeeze(axis)).contiguous()
 
 
@@ -114,7 +152,7 @@ def _all_to_all(x, *, mesh, axes, split_axis, concat_axis):
     if pos is not None:  # the group sends chunk j to group position j: put index k's chunk at pos[k]
         src = src[_inverse(pos)].contiguous()
     out = torch.empty_like(src)
-    _dist().all_to_all_single(out, src, group=m.group(axes))
+    _dist().all_to_all_single(_bytes(out), _bytes(src), group=m.group(axes))
     if pos is not None:  # received from group position j = index inverse[j]: back in index order
         out = out[pos]
     return torch.cat(out.unbind(0), dim=concat_axis).contiguous()
@@ -123,10 +161,10 @@ def _all_to_all(x, *, mesh, axes, split_axis, concat_axis):
 def _ppermute(x, *, mesh, axes, perm):
     dist, m = _dist(), mesh_of(mesh)
     ranks, me = m.group_ranks(axes), m.index(axes)
-    out = torch.zeros_like(x)  # JAX: an index no pair sends to gets zeros
+    out = torch.zeros_like(x, memory_format=torch.contiguous_format)  # JAX: an index no pair sends to gets zeros
     src = x.contiguous()
-    ops = [dist.P2POp(dist.isend, src, ranks[d]) for s, d in perm if s == me and d != me]
-    ops += [dist.P2POp(dist.irecv, out, ranks[s]) for s, d in perm if d == me and s != me]
+    ops = [dist.P2POp(dist.isend, _bytes(src), ranks[d]) for s, d in perm if s == me and d != me]
+    ops += [dist.P2POp(dist.irecv, _bytes(out), ranks[s]) for s, d in perm if d == me and s != me]
     if (me, me) in perm:
         out.copy_(src)
     for work in (dist.batch_isend_irecv(ops) if ops else []):

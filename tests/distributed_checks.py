@@ -221,6 +221,39 @@ def check_narrow_float_reductions():
         assert total.dtype == dtype and total.astype(fa.float32).item() == 0.0, (dtype, total)
 
 
+def check_integer_dtypes_cross_collectives():
+    """int16 and uint16/32/64 arrays cross every collective (gloo has none of them: their bytes move, and
+    reductions widen 16-bit integers or flip unsigned ones onto the signed type of their width)."""
+    mesh = _mesh()
+    for name in ("int16", "uint8", "uint16", "uint32", "uint64"):
+        npd = getattr(np, name)
+        top = np.iinfo(npd).max
+        vals = np.array([[top, 1], [top // 2 + 1, 3], [5, top // 2], [0, top - 1]], dtype=npd)
+        a = fa.asarray(vals, device=DEVICE)
+        xs = fa.device_put(a, NamedSharding(mesh, P("x")))
+        assert fa.device_get(xs).tolist() == vals.tolist(), name
+        for red in ("max", "min"):   # over the split axis: an all-reduce of the unsigned order
+            assert fa.device_get(getattr(xs, red)(axis=0)).tolist() == getattr(vals, red)(axis=0).tolist(), \
+                (name, red)
+        total = fa.device_get(xs.sum(axis=0))   # int64/uint64 (the array API rule), wrapping modulo 2^64
+        assert total.dtype == fa.sum(a, axis=0).dtype and total.tolist() == fa.sum(a, axis=0).tolist(), name
+
+        def run(f, out_spec):
+            return fa.device_get(fa.shard_map(f, mesh, (P("x"),), out_spec)(xs))
+        blocks = [vals[:2], vals[2:]]
+        summed = (blocks[0] + blocks[1]).tolist()   # numpy wraps as the dtype does
+        assert run(lambda b: fa.lax.psum(b, "x"), P()).tolist() == summed, name
+        got = run(lambda b: fa.lax.psum_scatter(b, "x", scatter_dimension=1, tiled=True), P(None, "x"))
+        assert got.tolist() == summed, name
+        assert run(lambda b: fa.lax.all_gather(b, "x", axis=1), P()).tolist() == np.stack(blocks, 1).tolist()
+        got = run(lambda b: fa.lax.ppermute(b, "x", [(0, 1), (1, 0)]), P("x"))
+        assert got.tolist() == np.concatenate([blocks[1], blocks[0]]).tolist(), name
+        got = run(lambda b: fa.lax.all_to_all(b, "x", 1, 0), P("x"))
+        want = np.concatenate([np.concatenate([blocks[0][:, i:i + 1], blocks[1][:, i:i + 1]]) for i in range(2)])
+        assert got.tolist() == want.tolist(), name
+        assert got.dtype == a.dtype
+
+
 def check_vmap_of_collectives():
     """vmap over the rows of each rank's block inside shard_map: the same as the collective on the
     whole block (the batch axis rides along; gather/scatter/split axes move one right)."""
