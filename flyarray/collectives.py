@@ -231,11 +231,21 @@ def _check_float_or_int(name, x):
         raise TypeError(f"{name}: {d} is a storage format; cast it first")
 
 
+def _counts(x):
+    """A bool ``x`` as int32 for a sum over ranks (jax.lax.psum counts; a backend's bool SUM is an OR)."""
+    from .ops import astype
+    from .ops.core import node_of
+    return astype(x, dt.int32) if node_of(x).dtype.kind == "b" else x
+
+
 def psum(x, mesh, axes, *, op="sum", grad="psum"):
-    """The sum (or max/min) of ``x`` over the ranks of mesh axes ``axes``, on each of them (all_reduce)."""
+    """The sum (or max/min) of ``x`` over the ranks of mesh axes ``axes``, on each of them (all_reduce).
+    A bool sum counts, in int32 (as jax.lax.psum); max/min of bools stay bool."""
     _check_float_or_int("psum", x)
     if op not in _REDUCE_OPS:
         raise ValueError(f"psum: op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
+    if op == "sum":
+        x = _counts(x)
     return call(ALL_REDUCE, [x], mesh=register_mesh(mesh), axes=mesh.check_axes(axes), op=op, grad=grad)[0]
 
 
@@ -248,8 +258,10 @@ def all_gather(x, mesh, axes, *, axis=0, tiled=False, grad="psum"):
 
 
 def psum_scatter(x, mesh, axes, *, axis=0, tiled=False):
-    """The sum over ``axes`` of ``x``, of which each rank keeps its block along ``axis`` (reduce_scatter)."""
+    """The sum over ``axes`` of ``x``, of which each rank keeps its block along ``axis`` (reduce_scatter).
+    A bool sum counts, in int32 (as psum)."""
     _check_float_or_int("psum_scatter", x)
+    x = _counts(x)
     axis = _axis("psum_scatter", axis, x.ndim)
     return call(REDUCE_SCATTER, [x], mesh=register_mesh(mesh), axes=mesh.check_axes(axes), axis=axis,
                 tiled=bool(tiled))[0]

@@ -254,6 +254,17 @@ def check_integer_dtypes_cross_collectives():
         assert got.dtype == a.dtype
 
 
+def check_psum_of_bool_counts():
+    """psum of a bool array counts, in int32 (jax.lax.psum; a backend's bool SUM is a logical OR)."""
+    mesh = _mesh()
+    b = fa.device_put(fa.asarray(np.array([True, False, True, True]), device=DEVICE), NamedSharding(mesh, P("x")))
+    got = fa.device_get(fa.shard_map(lambda v: fa.lax.psum(v, "x"), mesh, P("x"), P())(b))
+    assert got.dtype == fa.int32 and got.tolist() == [2, 1], got
+    got = fa.device_get(fa.shard_map(lambda v: fa.lax.psum_scatter(v[None], "x", scatter_dimension=1, tiled=True),
+                                     mesh, P("x"), P(None, "x"))(b))
+    assert got.dtype == fa.int32 and got.tolist() == [[2, 1]], got
+
+
 def check_vmap_of_collectives():
     """vmap over the rows of each rank's block inside shard_map: the same as the collective on the
     whole block (the batch axis rides along; gather/scatter/split axes move one right)."""
