@@ -140,7 +140,7 @@ class Array:
 
     def __array__(self, dtype=None, copy=None):
         """The value as a numpy array (evaluates): the array's own memory, read-only (arrays are immutable),
-        unless ``copy`` or a ``dtype`` asks for a new one. bfloat16 needs the ``ml_dtypes`` package."""
+        unless ``copy`` or a ``dtype`` asks for a new one. bfloat16 and float8 need the ``ml_dtypes`` package."""
         t = self._values()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -355,16 +355,22 @@ def _operand_ok(x) -> bool:
     return isinstance(x, (Array, bool, int, float, complex, np.ndarray, np.generic, torch.Tensor))
 
 
+# dtypes numpy lacks, by their ml_dtypes name: the tensor's bits are viewed as that dtype
+_ML_DTYPES = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
+
+
 def _numpy_view(t: torch.Tensor):
-    """A CPU tensor as a numpy array over the same memory; bfloat16 through ml_dtypes' dtype."""
-    if t.dtype != torch.bfloat16:
+    """A CPU tensor as a numpy array over the same memory; bfloat16 and float8 through ml_dtypes' dtypes."""
+    name = _ML_DTYPES.get(t.dtype)
+    if name is None:
         return t.numpy()
     try:
         import ml_dtypes
     except ImportError:
-        raise TypeError("numpy has no bfloat16: install ml_dtypes (pip install ml_dtypes), or use "
+        raise TypeError(f"numpy has no {name}: install ml_dtypes (pip install ml_dtypes), or use "
                         "x.astype(fa.float32) first") from None
-    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    bits = torch.int16 if t.dtype.itemsize == 2 else torch.uint8
+    return t.view(bits).numpy().view(getattr(ml_dtypes, name))
 
 
 def _unary(name):

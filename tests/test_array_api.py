@@ -411,6 +411,18 @@ def test_numpy_view_is_read_only_and_bfloat16_converts():
     np.testing.assert_allclose(b.astype(np.float32), X, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_numpy_view_of_float8_is_ml_dtypes(name):
+    # np.asarray of a float8 array failed with torch's "Got unsupported ScalarType Float8_e4m3fn"
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = fa.asarray([1.5, -2.0, 448.0 if name == "float8_e4m3fn" else 57344.0]).astype(getattr(fa, name))
+    a = np.asarray(x)
+    assert a.dtype == np.dtype(getattr(ml_dtypes, name))
+    assert a.astype(np.float32).tolist() == x.astype(fa.float32).tolist()
+    assert np.asarray(x, dtype=np.float32).tolist() == x.astype(fa.float32).tolist()
+    assert np.asarray(x, copy=True).view(np.uint8).tolist() == x.torch().view(torch.uint8).tolist()
+
+
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint32"])
 @pytest.mark.parametrize("shapes", [((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((1, 2, 3), (4, 3, 2))])
 def test_integer_matmul_and_tensordot_keep_their_dtype(backend, dtype, shapes):
