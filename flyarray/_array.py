@@ -4,7 +4,7 @@ Nothing computes when an op is recorded. Evaluation is triggered only by
 ``fa.eval``, ``block_until_ready`` and data access (``__repr__``,
 ``__array__``, ``__dlpack__``, ``torch()``, ``item``,
 ``tolist``, ``__bool__``, ``__int__``, ``__float__``, ``__index__``,
-``__complex__``) -- that list is the whole of it (docs/semantics.md).
+``__complex__``, ``__format__``) -- that list is the whole of it (docs/semantics.md).
 """
 from __future__ import annotations
 
@@ -208,6 +208,16 @@ class Array:
         if self.ndim != 0:  # as numpy: a (1,)-shaped array is no scalar index
             raise TypeError(f"only 0-d integer arrays can be used as a Python index, got shape {self.shape}")
         return int(self.item())
+
+    def __format__(self, spec):
+        """``format(x, spec)`` / f-strings (evaluates): the empty spec gives ``str(x)``; a 0-d array formats
+        its Python scalar with any other spec (``f"{x:.2f}"``); any other array raises TypeError, as numpy."""
+        if not spec:
+            return str(self)
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        raise TypeError(f"unsupported format string {spec!r} passed to Array.__format__ (for an array of "
+                        f"shape {self.shape}; only a 0-d array formats its value)")
 
     def __hash__(self):
         raise TypeError("Array is unhashable (it is a value, not an identity)")

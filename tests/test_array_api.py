@@ -423,6 +423,17 @@ def test_numpy_view_of_float8_is_ml_dtypes(name):
     assert np.asarray(x, copy=True).view(np.uint8).tolist() == x.torch().view(torch.uint8).tolist()
 
 
+def test_format_of_arrays(backend):
+    # format() with a spec raised on a 0-d array; numpy and torch format its value
+    x = fa.asarray(3.14159)
+    assert format(x, ".2f") == "3.14" and f"{x:.3}" == "3.14" and f"{x}" == str(x)
+    assert f"{fa.asarray(7):>4d}" == "   7"
+    v = fa.asarray([1.0, 2.0])
+    assert f"{v}" == str(v)
+    with pytest.raises(TypeError, match="unsupported format string"):
+        format(v, ".2f")
+
+
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint32"])
 @pytest.mark.parametrize("shapes", [((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((1, 2, 3), (4, 3, 2))])
 def test_integer_matmul_and_tensordot_keep_their_dtype(backend, dtype, shapes):
