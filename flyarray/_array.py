@@ -4,7 +4,7 @@ Nothing computes when an op is recorded. Evaluation is triggered only by
 ``fa.eval``, ``block_until_ready`` and data access (``__repr__``,
 ``__array__``, ``__dlpack__``, ``torch()``, ``item``,
 ``tolist``, ``__bool__``, ``__int__``, ``__float__``, ``__index__``,
-``__complex__``, ``__format__``) -- that list is the whole of it (docs/semantics.md).
+``__complex__``, ``__format__``, ``__contains__``) -- that list is the whole of it (docs/semantics.md).
 """
 from __future__ import annotations
 
@@ -218,6 +218,13 @@ class Array:
             return format(self.item(), spec)
         raise TypeError(f"unsupported format string {spec!r} passed to Array.__format__ (for an array of "
                         f"shape {self.shape}; only a 0-d array formats its value)")
+
+    def __contains__(self, value):
+        """``value in x`` (evaluates): whether any element equals ``value``, ``(x == value).any()``, as numpy."""
+        equal = self == value
+        if not isinstance(equal, Array):   # an operand arrays do not compare with (None, a str): False
+            return bool(equal)
+        return bool(_ops().any(equal))
 
     def __hash__(self):
         raise TypeError("Array is unhashable (it is a value, not an identity)")

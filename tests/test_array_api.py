@@ -434,6 +434,14 @@ def test_format_of_arrays(backend):
         format(v, ".2f")
 
 
+def test_in_compares_every_element(backend):
+    # `value in x` on a 2-D array raised (Python iterated the rows and called bool(row == value))
+    x = fa.asarray([[1.0, 2.0], [3.0, 4.0]])
+    assert 2.0 in x and 4 in x and 5.0 not in x
+    assert fa.asarray(3.0) in x and np.float32(1.0) in x
+    assert None not in x and "a" not in x
+
+
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint32"])
 @pytest.mark.parametrize("shapes", [((2, 3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((1, 2, 3), (4, 3, 2))])
 def test_integer_matmul_and_tensordot_keep_their_dtype(backend, dtype, shapes):
