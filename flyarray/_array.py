@@ -226,6 +226,18 @@ class Array:
             return bool(equal)
         return bool(_ops().any(equal))
 
+    def __divmod__(self, other):
+        """``divmod(x, y)``: ``(x // y, x % y)``, floor semantics, as numpy."""
+        if not _operand_ok(other):
+            return NotImplemented
+        return _ops().floor_divide(self, other), _ops().remainder(self, other)
+
+    def __rdivmod__(self, other):
+        """``divmod(y, x)`` for a scalar or numpy/torch ``y``: ``(y // x, y % x)``."""
+        if not _operand_ok(other):
+            return NotImplemented
+        return _ops().floor_divide(other, self), _ops().remainder(other, self)
+
     def __hash__(self):
         raise TypeError("Array is unhashable (it is a value, not an identity)")
 

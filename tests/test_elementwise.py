@@ -287,6 +287,21 @@ def test_scalar_operators_both_sides(backend, op):
         assert_matches(got, np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
+def test_divmod_is_floor_divide_and_remainder(backend):
+    # divmod() raised: Array had // and % but no __divmod__ / __rdivmod__
+    a = np.array([7, -7, 5], dtype=np.int32)
+    for got, want in ((divmod(fa.asarray(a), 2), divmod(a, 2)), (divmod(7, fa.asarray(a)), divmod(7, a)),
+                      (divmod(fa.asarray(a), fa.asarray(a[::-1])), divmod(a, a[::-1])),
+                      (divmod(fa.asarray(a * 1.5), -2.0), divmod(a * 1.5, -2.0)),
+                      (divmod(a, fa.asarray(np.array([2, -3, 4], dtype=np.int32))), divmod(a, np.array([2, -3, 4]))),
+                      ):
+        assert isinstance(got, tuple) and len(got) == 2
+        assert_matches(got[0], want[0].astype(str(got[0].dtype.name)))
+        assert_matches(got[1], want[1].astype(str(got[1].dtype.name)))
+    with pytest.raises(TypeError):
+        divmod(fa.asarray(a), "2")
+
+
 def test_scalar_that_does_not_fit_the_dtype_is_an_error():
     x = fa.asarray(np.zeros(3, np.int8))
     with pytest.raises(OverflowError):
