@@ -26,7 +26,7 @@ import torch
 
 from . import collectives as C
 from . import tree_util, views
-from ._array import Array
+from ._array import Array, _operand_ok
 from .sharding import NamedSharding, PartitionSpec
 
 __all__ = ["ShardedArray", "device_put", "device_get", "from_local", "apply", "elementwise"]
@@ -68,9 +68,13 @@ class ShardedArray:
 
     # ---- ops (the propagation rules below) ---------------------------------------------------------
     def __matmul__(self, other):
+        if not isinstance(other, ShardedArray) and not _operand_ok(other):
+            return NotImplemented
         return matmul(self, other)
 
     def __rmatmul__(self, other):
+        if not _operand_ok(other):
+            return NotImplemented
         return matmul(other, self)
 
     def sum(self, axis=None, keepdims=False):
@@ -98,12 +102,16 @@ class ShardedArray:
 
 def _binary(op, reflected=False):
     def method(self, other):
+        if not isinstance(other, ShardedArray) and not _operand_ok(other):
+            # None, a str, a list...: Python's own answer, as fa.Array's (``xs == None`` is False,
+            # ``xs + "a"`` a TypeError), never a NotImplemented passed on as a shard
+            return NotImplemented
         fn = getattr(Array, op)
         return elementwise(lambda a, b: fn(b, a) if reflected else fn(a, b), self, other)
     return method
 
 
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor"):
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift"):
     setattr(ShardedArray, f"__{_name}__", _binary(f"__{_name}__"))
     setattr(ShardedArray, f"__r{_name}__", _binary(f"__{_name}__", reflected=True))
 for _name in ("lt", "le", "gt", "ge", "eq", "ne"):

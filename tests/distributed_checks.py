@@ -531,6 +531,30 @@ def check_sharded_operands_and_errors():
             raise AssertionError("a tiled all_gather of a 0-d array was accepted")
 
 
+
+def check_sharded_operators_as_arrays():
+    """ShardedArray has fa.Array's shifts, and an operand arrays do not take gets Python's own answer:
+    ``xs == None`` is False (as ``a == None``), ``xs + "a"`` the usual TypeError (NotImplemented was passed
+    on as a shard: "local must be an fa.Array")."""
+    mesh = _mesh()
+    vals = np.arange(8, dtype=np.int32).reshape(4, 2)
+    a = fa.asarray(vals, device=DEVICE)
+    xs = fa.device_put(a, NamedSharding(mesh, P("x")))
+    assert fa.device_get(xs << 1).tolist() == (vals << 1).tolist()
+    assert fa.device_get(xs >> 1).tolist() == (vals >> 1).tolist()
+    assert fa.device_get(1 << xs).tolist() == (1 << vals).tolist()
+    assert fa.device_get(64 >> xs).tolist() == (64 >> vals).tolist()
+    assert (xs == None) is False and (xs != None) is True and (a == None) is False  # noqa: E711
+    for bad in ("a", None, [1, 2]):
+        for op in (lambda: xs + bad, lambda: bad * xs, lambda: xs < bad, lambda: xs << bad, lambda: xs @ bad):
+            try:
+                op()
+            except TypeError as e:
+                assert "ShardedArray: local" not in str(e), e   # Python's message, not a shard's
+            else:
+                raise AssertionError(f"an operation with {bad!r} was accepted")
+
+
 def check_two_d_mesh():
     """A (1, 2) mesh: collectives over one axis, the other (one rank per group), and both; DP x TP grads."""
     mesh = Mesh(("dp", "tp"), (1, 2))
