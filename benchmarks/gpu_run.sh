@@ -17,6 +17,9 @@
 # with WS_BENCH=0).
 # MODE=pingpong: the tuner's ping-pong attention configs beside SDPA, the pointer, WS and default kernels,
 # then the attention GPU tests, then `bench --suite attention`.
+# MODE=host_ab: the GPU tests of the host-path changes' code (attention, GEMM, torch backend, plans, core), then
+# benchmarks/host_seed_block.py alternating OLD=<dir> (a `git archive <rev> flyarray interop` of the code
+# before) and this tree, twice each, then `bench --suite torch`.
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -89,6 +92,21 @@ for line in sys.stdin:
           c.get('CONSUMER_REGS'), r.get('error', ''))"
   timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_attention.py 2>&1 | tail -3
   timeout 150 python3 -m flyarray bench --suite attention 2>&1 | grep "attn fwd B\|attn fwd GQA"
+  exit 0
+fi
+if [ "${MODE:-tests}" = host_ab ]; then
+  export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  PYTHONPATH=$PWD timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -n 8 -p no:cacheprovider tests/kernels/test_attention.py \
+    tests/test_torch_backend.py tests/test_plan.py tests/test_gpu_core.py tests/kernels/test_gemm.py > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -12
+  for tree in "$OLD" "$PWD" "$OLD" "$PWD"; do
+    echo "== $tree"
+    PYTHONPATH=$tree timeout 120 python3 benchmarks/host_seed_block.py 2>&1 \
+      | grep -E "^(flyarray|eager|inductor) [{]|^  (step|plan|jit|Compiled|whole)"
+  done
+  PYTHONPATH=$PWD timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench_torch.json" --suite torch \
+    > "$OUT/bench_torch.log" 2>&1; echo "bench rc=$?"; grep -E "^(llama|block|mlp|seed)" "$OUT/bench_torch.log" | tail -8
   exit 0
 fi
 if [ "${MODE:-tests}" = pending_mx ]; then
