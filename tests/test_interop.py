@@ -208,6 +208,30 @@ def test_torch_conjugate_and_negative_views_keep_their_values_every_way_out(back
         fa.from_dlpack(torch.eye(2).to_sparse())
 
 
+def test_negative_and_conjugate_bits_on_tensors_that_are_not_views_and_jit_arguments(backend):
+    """The bits are not only on views: t.detach() of one (z.conj().imag.detach()) carries them too, and fa.jit /
+    fat.function bind torch arguments themselves. Every way in takes the values, not the raw memory."""
+    import flyarray.interop.torch as fat
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    t = z.conj().imag.detach()                       # [-2, 4]: the negative bit, not a view
+    c = z.conj().detach()                            # [1-2j, 3+4j]: the conjugate bit, not a view
+    assert t.is_neg() and not t._is_view() and c.is_conj() and not c._is_view()
+    a = fa.asarray(t)
+    for out in (torch.from_dlpack(a), np.from_dlpack(a), np.asarray(a), (a * 2).torch() / 2):
+        assert out.tolist() == [-2.0, 4.0]
+    assert float(fa.sum(a)) == 2.0
+    ac = fa.asarray(c)
+    for out in (torch.from_dlpack(ac), np.asarray(ac), (ac * 1).torch()):
+        assert out.tolist() == [1 - 2j, 3 + 4j]
+    nv = torch._neg_view(torch.tensor([1.0, -2.0]))  # [-1, 2]: a view
+    for arg in (t, nv, torch._neg_view(torch.tensor([1.0, -2.0])).data):
+        want = (arg * 2).tolist()
+        assert fa.jit(lambda x: x * 2)(arg).tolist() == want
+        assert fa.jit(lambda xs: xs[0] * 2)([arg]).tolist() == want
+        assert fat.function(lambda x: x * 2)(arg).tolist() == want
+    assert fa.jit(lambda x: x * 1)(c).tolist() == [1 - 2j, 3 + 4j]
+
+
 def test_from_dlpack_copy_true_copies_every_source(backend):
     a = np.ones(3)
     snapshot = fa.from_dlpack(a, copy=True)

@@ -47,8 +47,9 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     "Aliasing and zero copy"); ``copy=True`` takes a snapshot instead. A (nested) list that holds arrays
     or tensors is their stack (lazy, as numpy's and JAX's ``asarray([a, b])``)."""
     if type(obj) is torch.Tensor and dtype is None and device is None and not copy and not obj.requires_grad \
-            and obj.layout is torch.strided and not (obj._is_view() and (obj.is_neg() or obj.is_conj())):
-        # (the neg/conj bits live on views only: 0.05 us)
+            and obj.layout is torch.strided and not obj.is_neg() and not obj.is_conj():
+        # (a tensor with the negative or conjugate bit goes the slow way, which resolves it: kernels read raw
+        # memory. Not only views carry the bits: t.conj().imag.detach() does; is_neg/is_conj cost ~0.05 us)
         d = dt.TORCH_TO_FLYARRAY.get(obj.dtype)
         if d is not None:  # the hot path of a torch round trip: no checks left to make, no copy. The buffer
             # is a tensor object of our own over the same memory (0.5 us): the caller's t.t_(), resize_()

@@ -104,7 +104,7 @@ def _tensors_as_arrays(args, kwargs, static_argnums, static_argnames):
             return _numpy_leaf(leaf)
         if not isinstance(leaf, torch.Tensor):
             return leaf
-        return Array(ir.source(leaf.detach() if leaf.requires_grad else leaf))   # as _flatten takes it
+        return Array(ir.source(_plain(leaf)))   # as _flatten takes it
 
     def convert(value):
         return tree_util.tree_map(leaf_array, value)
@@ -166,6 +166,17 @@ def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tup
     return tuple(key)
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A tensor argument as a plan binds it, as fa.asarray takes it: detached (arrays carry no autograd) and
+    with its negative/conjugate bit resolved (a copy only then): kernels read the raw memory, which holds
+    the values before the bit's negation/conjugation (torch._neg_view(r), z.conj().imag.detach())."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_neg() or t.is_conj():
+        t = t.resolve_conj().resolve_neg()
+    return t
+
+
 def _leaf_key(t):
     """What a plan's launches specialize on for one array leaf."""
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)   # as the plan's leaf key: no offset
@@ -178,8 +189,8 @@ def _flatten(value, tensors, where):
     """The signature of one argument (a pytree, flattened with fa.tree_util): its structure and, per
     leaf, the array signature or the static key; its array leaves are appended to ``tensors``."""
     if type(value) is torch.Tensor or type(value) is _PARAMETER:   # the commonest cases first (the torch backend's)
-        if value.requires_grad:  # taken detached, as fa.asarray does (arrays carry no autograd)
-            value = value.detach()
+        if value.requires_grad or value.is_neg() or value.is_conj():
+            value = _plain(value)
         tensors.append(value)
         return _leaf_key(value)
     if type(value) is np.ndarray:
@@ -189,8 +200,8 @@ def _flatten(value, tensors, where):
     if _numpy_scalar(value):  # a 0-d array (as in JAX and as eager ops take it), not a static value that
         value = _numpy_leaf(value)  # would retrace for every new learning rate
     if type(value) is torch.Tensor:
-        if value.requires_grad:  # taken detached, as fa.asarray does (arrays carry no autograd)
-            value = value.detach()
+        if value.requires_grad or value.is_neg() or value.is_conj():
+            value = _plain(value)
         tensors.append(value)
         return _leaf_key(value)
     leaves, treedef = tree_util.tree_flatten(value)
@@ -201,7 +212,7 @@ def _flatten(value, tensors, where):
         if isinstance(leaf, Array):
             leaf = leaf._tensor()
         if isinstance(leaf, torch.Tensor):
-            leaf = leaf.detach() if leaf.requires_grad else leaf
+            leaf = _plain(leaf)
             tensors.append(leaf)
             keys.append(_leaf_key(leaf))
         else:
