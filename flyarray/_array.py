@@ -146,14 +146,29 @@ class Array:
             t = t.cpu()
             if copy is False:
                 raise ValueError("copy=False: the array is on a GPU, numpy needs host memory")
+        elif copy is False and self._copied_view(t):
+            raise ValueError("copy=False, but this view has no memory of its own (torch has no strides for it, "
+                             "e.g. a flip): numpy would get a copy")
         arr = _numpy_view(t.detach())
         if dtype is not None:
+            if copy is False and np.dtype(dtype) != arr.dtype:
+                raise ValueError(f"copy=False, but the array is {arr.dtype}, not {np.dtype(dtype)}: converting "
+                                 "copies (as numpy's np.array(a, dtype=..., copy=False) refuses)")
             arr = arr.astype(dtype, copy=bool(copy))
         if copy:
             return arr.copy()
         arr = arr.view()  # a read-only window on the buffer: writing would change an immutable array
         arr.flags.writeable = False
         return arr
+
+    def _copied_view(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (this array's ``_tensor()``) is a fresh copy rather than this array's memory: a view
+        torch cannot express over its base (a flip, a reshape of a transposed buffer) is materialized anew."""
+        node = self._node
+        if node.prim is not _VIEW or not t.numel():
+            return False
+        base = node.inputs[0].buffer
+        return base is not None and t.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
 
     def __array_namespace__(self, /, *, api_version=None):
         """The array API namespace of this array: the ``flyarray`` module (``api_version``: None or a

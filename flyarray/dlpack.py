@@ -77,6 +77,9 @@ _TORCH_MAX_VERSION = _torch_takes_max_version()
 
 def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=None):
     tensor = array._tensor()
+    if copy is False and array._copied_view(tensor):
+        raise BufferError("copy=False, but this view has no memory of its own (DLPack has no strides for it, "
+                          "e.g. a flip): exporting it needs a copy")
     if dl_device is not None and tuple(dl_device) != tuple(dlpack_device(tensor)):
         if copy is False:
             raise BufferError(f"copy=False, but the consumer asks for device {dl_device} and the data lives on "

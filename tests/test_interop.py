@@ -128,6 +128,29 @@ def test_dlpack_protocol_arguments(backend):
     assert copied.data_ptr() != torch.from_dlpack(x).data_ptr()
 
 
+def test_copy_false_refuses_every_export_and_import_that_must_copy(backend):
+    """copy=False means no copy or an error (DLPack: BufferError; numpy and from_dlpack: ValueError), never a
+    silent copy: a flip has no strides of its own, a dtype change and a device move make new memory."""
+    y = fa.eval(fa.asarray(torch.arange(6, dtype=torch.float32)) * 2)
+    flipped = fa.flip(y, axis=0)
+    with pytest.raises(BufferError, match="copy=False"):
+        flipped.__dlpack__(copy=False)
+    with pytest.raises(ValueError, match="copy=False"):
+        np.array(flipped, copy=False)
+    with pytest.raises(ValueError, match="copy=False"):
+        np.array(y, dtype=np.float64, copy=False)
+    with pytest.raises(ValueError, match="copy=False"):
+        fa.from_dlpack(torch.arange(3.0), device="meta", copy=False)
+    # what needs no copy still shares, and the copies asked for still come
+    base = y.torch().data_ptr()
+    assert torch.from_dlpack(y[1:4].__dlpack__(copy=False)).data_ptr() == base + 4
+    assert np_ptr(np.array(y[1:4], copy=False)) == base + 4
+    assert np_ptr(np.array(y, dtype=np.float32, copy=False)) == base
+    assert torch.from_dlpack(flipped.__dlpack__(copy=True)).tolist() == [10.0, 8.0, 6.0, 4.0, 2.0, 0.0]
+    assert np.array(flipped, dtype=np.float64).tolist() == np.asarray(flipped).tolist() == [10, 8, 6, 4, 2, 0]
+    assert fa.from_dlpack(torch.arange(3.0), device="meta").device.type == "meta"
+
+
 def test_capsules_of_a_realized_array_are_its_buffer_in_every_protocol_form(backend):
     x = (fa.asarray(torch.arange(6.0)) * 2).block_until_ready()
     buffer = x.torch()

@@ -206,6 +206,8 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
     if copy:
         t = t.clone()
     if device is not None and t.device != _device(device):
+        if copy is False:
+            raise ValueError(f"copy=False, but the data is on {t.device}, not {device}")
         t = t.to(_device(device))
     return Array(ir.source(t))
 
