@@ -423,6 +423,19 @@ def test_numpy_view_of_float8_is_ml_dtypes(name):
     assert np.asarray(x, copy=True).view(np.uint8).tolist() == x.torch().view(torch.uint8).tolist()
 
 
+def test_numpy_strides_not_a_multiple_of_the_itemsize_are_copied(backend):
+    # a field of a structured array (float32, strides (5,)) raised torch's "strides not a multiple of the
+    # element byte size", even with copy=True
+    s = np.zeros(4, dtype=[("a", "f4"), ("b", "i1")])
+    s["a"] = [1.5, 2.5, 3.5, 4.5]
+    v = s["a"]
+    assert v.strides == (5,)
+    assert fa.asarray(v).tolist() == fa.asarray(v, copy=True).tolist() == fa.from_dlpack(v).tolist() == v.tolist()
+    np.testing.assert_allclose(np.asarray(fa.sin(v)), np.sin(v), rtol=1e-6)
+    with pytest.raises(ValueError, match="copy=False.*itemsize"):
+        fa.asarray(v, copy=False)
+
+
 def test_format_of_arrays(backend):
     # format() with a spec raised on a 0-d array; numpy and torch format its value
     x = fa.asarray(3.14159)

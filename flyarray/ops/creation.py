@@ -168,11 +168,13 @@ def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
 def _from_numpy(arr: np.ndarray, copy) -> torch.Tensor:
     if arr.dtype.name not in {d.name for d in dt.ALL} and arr.dtype != np.bool_:
         raise TypeError(f"numpy dtype {arr.dtype} has no flyarray equivalent")
-    # torch has no negative strides, read-only or byte-swapped memory: those arrays are copied
-    if not arr.flags.writeable or arr.dtype.byteorder not in "=|" or any(s < 0 for s in arr.strides):
+    # torch has no negative strides, strides that are not a whole number of elements (a field of a
+    # structured array), read-only or byte-swapped memory: those arrays are copied
+    size = arr.itemsize
+    if not arr.flags.writeable or arr.dtype.byteorder not in "=|" or any(s < 0 or s % size for s in arr.strides):
         if copy is False:
-            raise ValueError("copy=False, but this numpy array is read-only, byte-swapped or has negative strides "
-                             "and must be copied")
+            raise ValueError("copy=False, but this numpy array is read-only, byte-swapped, or has negative strides "
+                             "or strides that are not a multiple of its itemsize, and must be copied")
         arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C", copy=True)
     return torch.from_numpy(arr)
 
