@@ -423,6 +423,20 @@ def test_numpy_view_of_float8_is_ml_dtypes(name):
     assert np.asarray(x, copy=True).view(np.uint8).tolist() == x.torch().view(torch.uint8).tolist()
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_numpy_ml_dtypes_arrays_come_in_without_a_copy(name):
+    # fa.asarray of an ml_dtypes array raised torch's "can't convert np.ndarray of type ml_dtypes.bfloat16"
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.array([1.5, 2.25, -3.0], dtype=np.float32).astype(getattr(ml_dtypes, name))
+    for x in (fa.asarray(a), fa.from_dlpack(a), fa.asarray(a, copy=True), fa.asarray(a[::-1])):
+        assert x.dtype == getattr(fa, name)
+        assert sorted(x.astype(fa.float32).tolist()) == sorted(a.astype(np.float32).tolist())
+    x = fa.asarray(a)
+    assert x.torch().data_ptr() == a.__array_interface__["data"][0]   # zero copy: a view of the same bits
+    assert np.asarray(x).dtype == a.dtype and np.asarray(x).view(np.uint8).tolist() == a.view(np.uint8).tolist()
+    assert fa.asarray(a, copy=True).torch().data_ptr() != x.torch().data_ptr()
+
+
 def test_numpy_strides_not_a_multiple_of_the_itemsize_are_copied(backend):
     # a field of a structured array (float32, strides (5,)) raised torch's "strides not a multiple of the
     # element byte size", even with copy=True

@@ -9,7 +9,7 @@ import torch
 
 from .. import dtypes as dt
 from .. import ir, views
-from .._array import Array
+from .._array import Array, _numpy_view
 from .core import astype, constant
 
 
@@ -165,6 +165,12 @@ def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
     return t
 
 
+# dtypes numpy has only through ml_dtypes (what np.asarray gives out for them): taken in as same-width
+# integers, which torch.from_numpy knows, then viewed back as torch's dtype of that name
+_ML_DTYPES = {"bfloat16": (np.int16, torch.bfloat16), "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
+              "float8_e5m2": (np.uint8, torch.float8_e5m2)}
+
+
 def _from_numpy(arr: np.ndarray, copy) -> torch.Tensor:
     if arr.dtype.name not in {d.name for d in dt.ALL} and arr.dtype != np.bool_:
         raise TypeError(f"numpy dtype {arr.dtype} has no flyarray equivalent")
@@ -176,6 +182,9 @@ def _from_numpy(arr: np.ndarray, copy) -> torch.Tensor:
             raise ValueError("copy=False, but this numpy array is read-only, byte-swapped, or has negative strides "
                              "or strides that are not a multiple of its itemsize, and must be copied")
         arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C", copy=True)
+    ml = _ML_DTYPES.get(arr.dtype.name)
+    if ml is not None and arr.dtype.itemsize == np.dtype(ml[0]).itemsize:
+        return torch.from_numpy(arr.view(ml[0])).view(ml[1])
     return torch.from_numpy(arr)
 
 
@@ -195,7 +204,7 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
         return asarray(x, device=device, copy=copy)
     if isinstance(x, np.ndarray):
         t = _from_numpy(x, copy)
-        copy = copy and np.may_share_memory(x, t.numpy())  # a copy already made (read-only memory) is not made twice
+        copy = copy and np.may_share_memory(x, _numpy_view(t))  # a copy already made (read-only memory) is not made twice
     elif isinstance(x, torch.Tensor):
         # taken as asarray takes it, not through torch's own export: that refuses a tensor that requires
         # grad or has the conjugate bit, and drops the negative bit (the values would change sign)
