@@ -151,6 +151,29 @@ def test_asarray_copy_semantics():
         fa.asarray(t, dtype=fa.float64, copy=False)
 
 
+def test_asarray_takes_the_buffer_protocol():
+    """The array API's asarray takes SupportsBufferProtocol: array.array, memoryview, bytearray (numpy reads
+    the format); writable memory is shared, read-only memory copied (so copy=False refuses it)."""
+    import array
+    buf = array.array("d", [1.5, 2.5])
+    x = fa.asarray(buf)
+    assert x.dtype == fa.float64 and x.tolist() == [1.5, 2.5]
+    buf[0] = 7.0
+    assert x.tolist() == [7.0, 2.5]                             # the same memory
+    assert fa.asarray(buf, copy=True).tolist() == [7.0, 2.5]
+    snapshot = fa.asarray(buf, copy=True)
+    buf[1] = 0.0
+    assert snapshot.tolist() == [7.0, 2.5]
+    m = memoryview(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert fa.asarray(m).shape == (2, 3) and fa.asarray(m, dtype=fa.float64).tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert fa.asarray(bytearray(b"\x01\x02")).tolist() == [1, 2]
+    assert fa.asarray(b"\x01\x02").dtype == fa.uint8            # read-only: copied
+    with pytest.raises(ValueError, match="copy=False"):
+        fa.asarray(b"\x01\x02", copy=False)
+    with pytest.raises(TypeError, match="buffer protocol"):
+        fa.asarray(object())
+
+
 def test_asarray_of_array_and_from_dlpack(backend):
     x = fa.asarray(np.arange(3, dtype=np.int32))
     assert fa.asarray(x) is x

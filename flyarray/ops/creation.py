@@ -133,8 +133,15 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
             t = t.float()  # the array API's default float is float32
         _check_supported(t.dtype)
         return t
+    try:  # the buffer protocol (array.array, memoryview, bytearray), as the array API's asarray takes it
+        view = memoryview(obj)
+    except TypeError:
+        view = None
+    if view is not None:  # numpy reads the format and shape; the same memory unless read-only (then a copy)
+        return _from_numpy(np.asarray(view), copy)
     raise TypeError(f"cannot make an array from {type(obj).__name__}: it is not a DLPack producer "
-                    "(no __dlpack__), a numpy array, or a (nested) sequence of numbers")
+                    "(no __dlpack__), a numpy array, an object with the buffer protocol, or a (nested) "
+                    "sequence of numbers")
 
 
 def _ints_within(t: torch.Tensor, d) -> torch.Tensor:
