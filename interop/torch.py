@@ -40,9 +40,10 @@ def function(fn):
         raise TypeError(f"function: expected a function, got {type(fn).__name__}")
     jitted = fa.jit(fn)
 
-    def wrapped(*args):
-        # any pytree of arrays comes back with the same structure, each leaf a tensor over its memory
-        return fa.tree_util.tree_map(_to_torch, jitted(*args))
+    def wrapped(*args, **kwargs):
+        # keywords as fa.jit takes them (tensors traced, other values static); any pytree of arrays comes
+        # back with the same structure, each leaf a tensor over its memory
+        return fa.tree_util.tree_map(_to_torch, jitted(*args, **kwargs))
 
     wrapped.__wrapped__ = fn
     return wrapped

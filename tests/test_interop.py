@@ -305,6 +305,15 @@ def test_interop_function_returns_any_pytree_and_matmul_checks_its_options():
         fat.matmul(a, b, out_dtype="float16")
 
 
+def test_interop_function_takes_keyword_arguments_as_fa_jit_does():
+    # fat.function's wrapper took *args only: a keyword raised "unexpected keyword argument"
+    import flyarray.interop.torch as fat
+    f = fat.function(lambda a, scale=2.0, bias=None: a * scale + (0 if bias is None else bias))
+    assert torch.equal(f(torch.ones(2), scale=3.0), torch.full((2,), 3.0))
+    assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+    assert torch.equal(f(torch.ones(2), bias=torch.arange(2.0), scale=1.0), torch.tensor([1.0, 2.0]))
+
+
 def test_repr_shows_flyarrays_dtype_only_also_when_torch_wraps_the_line():
     text = repr(fa.asarray(np.array([np.inf, 0.5, 1 / 3, np.nan, 2.0, 3.0, 4.0, 5.0])))
     assert text.endswith(", dtype=float64)") and "torch" not in text
