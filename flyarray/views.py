@@ -214,13 +214,15 @@ def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
     return axis % ndim if ndim else 0
 
 
-def axis_tuple(axis, name: str = "axis") -> tuple:
-    """An int or a sequence of ints -> a tuple (not yet normalized); a TypeError names anything else."""
+def axis_tuple(axis, name: str = "axis", none_ok: bool = False) -> tuple:
+    """An int or a sequence of ints -> a tuple (not yet normalized); a TypeError names anything else.
+    ``none_ok``: the caller takes None itself (before calling), so the message offers it."""
     if hasattr(axis, "__index__") and not isinstance(axis, bool):
         return (axis,)
     if isinstance(axis, (tuple, list)):
         return tuple(axis)
-    raise TypeError(f"{name} must be an int, a tuple of ints or None, got {axis!r} of type {type(axis).__name__}")
+    allowed = "an int, a tuple of ints or None" if none_ok else "an int or a tuple of ints"
+    raise TypeError(f"{name} must be {allowed}, got {axis!r} of type {type(axis).__name__}")
 
 
 def normalize_axes(axis, ndim: int, name: str = "axis") -> tuple:
@@ -228,7 +230,7 @@ def normalize_axes(axis, ndim: int, name: str = "axis") -> tuple:
         return tuple(range(ndim))
     if type(axis) is int and -ndim <= axis < ndim:  # the common case, checked in full below otherwise
         return (axis % ndim,)
-    axes = axis_tuple(axis, name)
+    axes = axis_tuple(axis, name, none_ok=True)
     out = tuple(sorted(normalize_axis(a, ndim, name) for a in axes))
     if len(set(out)) != len(out):
         raise ValueError(f"repeated {name} in {axis}")

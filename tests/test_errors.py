@@ -119,6 +119,18 @@ def test_bad_axes(no_evaluation):
         fa.stack([lazy((2, 3)), lazy((3, 2))])
 
 
+def test_none_where_only_ints_belong_is_refused_without_offering_none(no_evaluation):
+    # reshape/tile/permute_dims(None) said "must be an int, a tuple of ints or None, got None"
+    x = lazy((2, 3))
+    for call, name in ((lambda: fa.reshape(x, None), "reshape: shape"), (lambda: fa.tile(x, None), "tile: repetitions"),
+                       (lambda: fa.permute_dims(x, None), "permute_dims: axes"),
+                       (lambda: fa.roll(x, None, axis=0), "roll: shift")):
+        with pytest.raises(TypeError, match=f"^{name} must be an int or a tuple of ints, got None"):
+            call()
+    with pytest.raises(TypeError, match="axis must be an int, a tuple of ints or None, got 'a'"):
+        fa.sum(x, axis="a")
+
+
 def test_immutable_and_unhashable():
     x = fa.asarray(np.zeros(3, np.float32))
     with pytest.raises(TypeError):

@@ -329,7 +329,7 @@ def roll(x, /, shift, *, axis=None) -> Array:
     node = node_of(x)
     if axis is None:
         return reshape(roll(reshape(x, (-1,)), shift, axis=0), node.shape)
-    shifts, axes = views.axis_tuple(shift, "roll: shift"), views.axis_tuple(axis, "roll: axis")
+    shifts, axes = views.axis_tuple(shift, "roll: shift"), views.axis_tuple(axis, "roll: axis", none_ok=True)
     if len(shifts) == 1 and len(axes) > 1:
         shifts = shifts * len(axes)
     if len(shifts) != len(axes):
