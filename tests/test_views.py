@@ -303,3 +303,27 @@ def test_a_held_value_read_through_a_view_its_inputs_allow_but_its_buffer_does_n
     fa.eval(y, b)
     np.testing.assert_array_equal(np.asarray(y), np.full(4, 6.0, np.float32))
     np.testing.assert_array_equal(np.asarray(b), np.full(2, 3.0, np.float32))
+
+
+def test_remembered_movement_gives_the_op_chains_view_for_every_layout():
+    """runtime.Movement makes a library input's view with one as_strided per remembered input layout: the
+    same sizes, strides and storage offset as the op chain, for a new storage offset too; a chain torch must
+    copy (a reshape of a transposed tensor) is never remembered and still gives the chain's values."""
+    import torch
+
+    from flyarray import runtime
+
+    ops = (("reshape", (2, 3, 3, 4)), ("permute", (2, 0, 3, 1)), ("slice", (1, 0, 0, 0), (1, 1, 2, 1), (1, 2, 2, 3)))
+    move = runtime.Movement(ops)
+    base = torch.arange(200.0)
+    for start in (0, 5, 5, 17):   # a layout seen before, at new offsets
+        t = base[start:start + 72].view(6, 12)
+        want, got = runtime.apply_movement(t, ops), move(t)
+        assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        assert torch.equal(got, want)
+    assert len(move.views) == 1
+    copying = runtime.Movement((("reshape", (72,)),))
+    t = torch.arange(72.0).view(6, 12).t()
+    for _ in range(2):
+        assert torch.equal(copying(t), t.reshape(72))
+    assert not copying.views
