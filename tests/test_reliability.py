@@ -42,6 +42,27 @@ def test_float8_arithmetic_is_refused_at_record_time(no_evaluation, dtype, op):
 
 
 @pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("op", [
+    lambda x, d: fa.sum(x, dtype=d), lambda x, d: fa.prod(x, dtype=d), lambda x, d: fa.sum(x, axis=0, dtype=d),
+    lambda x, d: fa.linalg.trace(x[None] * x[:, None], dtype=d),
+    lambda x, d: fa.cumulative_sum(x, dtype=d), lambda x, d: fa.cumulative_prod(x, dtype=d),
+])
+def test_float8_reduction_dtype_is_refused_at_record_time(no_evaluation, dtype, op):
+    """sum/prod(dtype=float8) were recorded, then failed inside torch (reference) or summed wrongly in the
+    interpreter (sum of arange(6) gave 7): the requested dtype is what the reduction computes in."""
+    x = fa.asarray(np.arange(6.0, dtype=np.float32))
+    with pytest.raises(TypeError, match=r"float8.*astype"):
+        op(x, getattr(fa, str(dtype).removeprefix("torch.")))
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_float8_cumulative_sum_with_a_compute_dtype(dtype):
+    """As sum(x8, dtype=float32): an explicit accumulation dtype casts the float8 input first."""
+    t = torch.arange(4, dtype=torch.float32).to(dtype)
+    assert_matches(fa.cumulative_sum(fa.asarray(t), dtype=fa.float32), np.float32([0, 1, 3, 6]))
+
+
+@pytest.mark.parametrize("dtype", FP8)
 def test_float8_casts_and_views_still_work(dtype):  # reference backend: the interpreter cannot load fp8
     t = torch.arange(8, dtype=torch.float32).to(dtype)
     x = fa.asarray(t)

@@ -267,8 +267,9 @@ def astype(x, dtype, /, *, copy=True, device=None) -> Array:
 def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     prim = REDUCE[name]
     node = node_of(x)
-    if dtype is None:
-        check_storage_only(name, node.dtype)
+    # float8 is storage: no reduction computes in it. An explicit dtype= is what the reduction computes
+    # in (the input is cast to it first: sum(x8, dtype=float32) is fine), so that is the one checked.
+    check_storage_only(name, node.dtype if dtype is None or name in ("any", "all") else dt.dtype(dtype))
     if (node.dtype.kind == "c" or dtype is not None and dt.dtype(dtype).kind == "c") and \
             name not in ("sum", "prod", "any", "all"):
         raise TypeError(f"{name} does not accept complex inputs (complex numbers have no order)")

@@ -83,9 +83,9 @@ def _scan(op, x, axis, dtype, include_initial):
         x = x.astype(dt.bool_)
     if dtype is not None and dt.dtype(dtype).kind == "c" or x.dtype.kind == "c":
         return _complex_scan(op, x if dtype is None else x.astype(dt.dtype(dtype), copy=False), axis, include_initial)
-    _real(f"cumulative_{op}", "x", x._node, allow_bool=True)
-    if dtype is not None:
+    if dtype is not None:  # cast first, as sum(dtype=): the dtype computed in is the one checked (not float8)
         x = x.astype(dt.dtype(dtype), copy=False)
+    _real(f"cumulative_{op}", "x", x._node, allow_bool=True)
     moved, axis = _last_axis(f"cumulative_{op}", x, axis)
     (out,) = call(SCAN, [moved], op=op, include_initial=bool(include_initial))
     out = _from_last(out, axis)
