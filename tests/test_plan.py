@@ -873,6 +873,21 @@ def test_user_copies_fuse_and_only_grads_stand_ins_are_stored(backend):
     assert sum(r.calls for r in profile.rows) == 2, [r.name for r in profile.rows]
 
 
+def test_check_mode_compares_at_the_narrowest_float_of_the_kernel(interpret, monkeypatch):
+    """tanh(float16) + float32: the fused kernel keeps the float16 tanh in float32 (docs/semantics.md), the
+    reference rounds it to float16; the float32 output was compared with float32's tolerance and raised."""
+    monkeypatch.setenv("FLYARRAY_CHECK", "1")
+    fa.clear_caches()
+    try:
+        a = np.array([[0.3, -1.2], [0.7, 0.11]], np.float16)
+        b = np.array([0.5, -0.25], np.float32)
+        got = np.asarray(fa.tanh(fa.asarray(a)) + fa.asarray(b))
+        np.testing.assert_allclose(got, np.tanh(a.astype(np.float64)) + b, rtol=1e-6)
+    finally:
+        monkeypatch.delenv("FLYARRAY_CHECK")
+        fa.clear_caches()
+
+
 def test_check_mode_sees_a_write_before_a_view_of_a_source_is_taken(backend, monkeypatch):
     monkeypatch.setenv("FLYARRAY_CHECK", "1")
     fa.clear_caches()
