@@ -256,3 +256,16 @@ def test_a_list_where_an_array_belongs_is_a_type_error_naming_the_argument(call)
 def test_a_python_int_out_of_the_dtypes_range_overflows(value, dtype):
     with pytest.raises(OverflowError):
         fa.asarray(value, dtype=dtype)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda x: fa.var(x, correction="a"), r"var: correction must be a real number.*'a'"),
+    (lambda x: fa.std(x, correction=None), r"std: correction must be a real number.*None"),
+    (lambda x: fa.unique_values(x.astype(fa.complex64)), r"unique_values: x must have a real-valued"),
+    (lambda x: fa.unique_counts(x.astype(fa.complex64)), r"unique_counts: x must have a real-valued"),
+    (lambda x: fa.unique_all(x.astype(fa.float8_e4m3fn)), r"unique_all does not accept fa.float8"),
+])
+def test_reduction_and_unique_arguments_are_named_in_their_errors(call, words):
+    """var(correction='a') was a bare TypeError from operator '-'; unique_values of a complex array said 'sort:'."""
+    with pytest.raises(TypeError, match=words):
+        call(fa.asarray(np.arange(4.0, dtype=np.float32)))

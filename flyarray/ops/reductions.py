@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from .. import dtypes as dt
 from .. import views
@@ -97,7 +98,9 @@ def mean(x, /, *, axis=None, keepdims=False):
     return astype(m, out, copy=False)
 
 
-def _var(xf, axis, correction, keepdims):
+def _var(xf, axis, correction, keepdims, name="var"):
+    if not isinstance(correction, numbers.Real):
+        raise TypeError(f"{name}: correction must be a real number (numpy's ddof), got {correction!r}")
     n = _count(xf, axis)
     centered = xf - mean(xf, axis=axis, keepdims=True)
     denom = n - correction
@@ -117,7 +120,7 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     integer/bool inputs give float32 (numpy: float64)."""
     from .core import elementwise
     xf, out = _float_input("std", x)
-    return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims)), out, copy=False)
+    return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims, "std")), out, copy=False)
 
 
 def count_nonzero(x, /, *, axis=None, keepdims=False):

@@ -255,13 +255,14 @@ class UniqueInverse(NamedTuple):
     inverse_indices: object
 
 
-def _unique(x, want_inverse):
-    """(values, first indices, inverse (x's shape) or None, counts), evaluating where groups start."""
+def _unique(x, want_inverse, op="unique"):
+    """(values, first indices, inverse (x's shape) or None, counts), evaluating where groups start.
+    ``op`` (the public function's name) names the errors."""
     from .creation import asarray, zeros
     from .indexing import nonzero, take
     from .manipulation import concat, reshape
-    x = array_arg(x, "unique: x")
-    check_storage_only("unique", x.dtype)
+    x = array_arg(x, f"{op}: x")
+    _real(op, "x", x._node, allow_bool=True)  # (complex values have no order to sort them by)
     flat = reshape(x, (x.size,))
     n = x.size
     keys = flat.astype(dt.uint8) if x.dtype == dt.bool_ else flat  # the sort kernel orders bytes
@@ -281,23 +282,23 @@ def _unique(x, want_inverse):
 def unique_values(x, /):
     """The distinct values of ``x``, sorted (1-D): the array API's ``unique_values``. NaNs are each
     distinct; -0.0 and 0.0 are one value. **Evaluates** ``x`` (the length depends on the values)."""
-    return _unique(x, False)[0]
+    return _unique(x, False, "unique_values")[0]
 
 
 def unique_counts(x, /):
     """(values, counts) of ``x``'s distinct values: the array API's ``unique_counts``. **Evaluates** ``x``."""
-    values, _, _, counts = _unique(x, False)
+    values, _, _, counts = _unique(x, False, "unique_counts")
     return UniqueCounts(values, counts)
 
 
 def unique_inverse(x, /):
     """(values, inverse_indices): ``values[inverse_indices] == x`` (inverse has ``x``'s shape): the array
     API's ``unique_inverse``. **Evaluates** ``x``."""
-    values, _, inverse, _ = _unique(x, True)
+    values, _, inverse, _ = _unique(x, True, "unique_inverse")
     return UniqueInverse(values, inverse)
 
 
 def unique_all(x, /):
     """(values, indices of first occurrences, inverse_indices, counts): the array API's ``unique_all``.
     **Evaluates** ``x``."""
-    return UniqueAll(*_unique(x, True))
+    return UniqueAll(*_unique(x, True, "unique_all"))
