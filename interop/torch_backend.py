@@ -803,6 +803,8 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     backward reads the forward's (out, lse) instead of recomputing them; the result in eager's memory order. Under torch.autocast the inputs
     are cast to its dtype first, as torch's SDPA (autocast has no rule for our op, which would run in fp32)."""
     device = query.device.type
+    if query.shape[1] == 0:   # no heads (_sdpa_takes): the empty result, connected to every input for autograd
+        return query * 0 + (key.sum() + value.sum()).to(query.dtype) * 0
     if torch.is_autocast_enabled(device):
         low = torch.get_autocast_dtype(device)
         query, key, value = (t.to(low) for t in (query, key, value))
@@ -864,12 +866,15 @@ def _sdpa_takes(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
         return False
     if q.shape[-1] > ATTENTION_MAX_HEAD_DIM:  # past our kernels' widest head
         return False
-    if q.shape[1] == 0 or k.shape[1] == 0:                # no heads: torch's empty result, no kernel
-        return False
     if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
         return False                  # float64 and mixed dtypes stay torch's (our kernels are fp16/bf16/fp32)
     if k.shape != v.shape or k.shape[0] != q.shape[0]:
         return False                  # torch broadcasts batch and kv-head dims; our kernels take them equal
+    if q.shape[1] == 0:               # no heads: an empty result, made by _sdpa without a kernel (torch 2.11's
+        # CPU flash kernel stops the process with a division by zero on it: SIGFPE, eager included)
+        return attn_mask is None and not dropout_p and (k.shape[1] == 0 or enable_gqa)
+    if k.shape[1] == 0:               # kv without heads for query heads: torch's error
+        return False
     # GQA: with enable_gqa, query head h reads key/value head h // (Hq / Hkv), as our kernels do
     heads = k.shape[1] == q.shape[1] or (enable_gqa and 0 < k.shape[1] and q.shape[1] % k.shape[1] == 0)
     return (attn_mask is None and not dropout_p and heads
