@@ -1096,13 +1096,31 @@ def _visible_outputs(user_outputs):
     return None if start is None else range(start, start + user_outputs)
 
 
+# What Dynamo records for ``t[i] = v`` and for augmented assignments on a tensor (``t += 1``, ``t *= 2``):
+# functions of the operator module, not methods ending in ``_``.
+_OPERATOR_IN_PLACE = frozenset((operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+                                operator.ixor, operator.ilshift, operator.irshift, operator.imatmul))
+
+
+def _may_be_tensor(arg) -> bool:
+    """Whether a Dynamo graph argument is (or, with no recorded value, may be) a tensor."""
+    if not isinstance(arg, torch.fx.Node):
+        return isinstance(arg, torch.Tensor)
+    value = arg.meta.get("example_value", arg.meta.get("val"))
+    return value is None or isinstance(value, torch.Tensor)
+
+
 def _updates_in_place(gm: torch.fx.GraphModule) -> bool:
-    """Whether a Dynamo graph has an in-place op (``x.add_``, ``torch.relu_``, ``F.relu(x, inplace=True)``;
-    an ATen op whose schema mutates, as ``_mutates`` reads it)."""
+    """Whether a Dynamo graph has an in-place op (``x.add_``, ``torch.relu_``, ``F.relu(x, inplace=True)``,
+    ``torch.mul(x, 3, out=x)``, ``x[i] = v``, ``x += 1``; an ATen op whose schema mutates, as ``_mutates``
+    reads it)."""
     for node in gm.graph.nodes:
         if node.op not in ("call_method", "call_function"):
             continue
-        if _mutates(node) or node.kwargs.get("inplace"):
+        if _mutates(node) or node.kwargs.get("inplace") or node.kwargs.get("out") is not None:
+            return True
+        if node.target in _OPERATOR_IN_PLACE and node.args and _may_be_tensor(node.args[0]):
             return True
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
         if name.endswith("_") and not name.endswith("__") and name != "requires_grad_":

@@ -1157,6 +1157,54 @@ def test_a_buffer_updated_after_its_use_gives_eagers_gradient():
     torch.testing.assert_close(model.b, eager.b)
 
 
+def _buffer_update(mode, buf):
+    if mode == "setitem":
+        buf[:] = buf * 2 + 1
+    elif mode == "setitem one":
+        buf[1] = 7.0
+    elif mode == "+=":
+        buf += 1
+    elif mode == "*=":
+        buf *= 2
+    elif mode == "out=":
+        torch.mul(buf, 3, out=buf)
+    else:
+        buf.copy_(buf * 2 + 1)
+
+
+@pytest.mark.parametrize("mode", ["copy_", "setitem", "setitem one", "+=", "*=", "out="])
+def test_a_buffer_updated_by_setitem_augmented_assignment_or_out_gives_eagers_gradient(mode):
+    """The same update as above, written as ``buf[...] = v`` (Dynamo's operator.setitem), ``buf += 1``
+    (operator.iadd) or ``torch.mul(buf, 3, out=buf)``: _updates_in_place missed these forms, so the
+    min-cut partition recomputed from the overwritten buffer and the backward raised torch's
+    version-counter error."""
+    class Update(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.linspace(0.5, 2, 4))
+
+        def forward(self, x):
+            y = (x * (self.buf * 1.5)).sin()
+            _buffer_update(mode, self.buf)
+            return y
+    seen = []
+
+    def detect(gm, example_inputs):
+        seen.append(torch_backend._updates_in_place(gm))
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(Update(), backend=detect)(torch.randn(3, 4))
+    assert seen == [True]  # Dynamo's graph, whichever form the update takes there
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    eager, model = Update(), Update()
+    x_eager, x_model = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager(x_eager).sum().backward()
+    fat.accelerate(model)(x_model).sum().backward()
+    torch.testing.assert_close(x_model.grad, x_eager.grad)
+    torch.testing.assert_close(model.buf, eager.buf)
+
+
 _U8, _I8 = torch.tensor([3, 200, 100], dtype=torch.uint8), torch.tensor([100, -41, 7], dtype=torch.int8)
 _H = torch.tensor([1e-3, -3e-3, 0.5], dtype=torch.float16)
 
