@@ -428,7 +428,7 @@ class _Emitter:
         stores = tuple((st.op, st.domain, st.dtype.name) for st in self.k.stores)
         scalars = tuple(d.name for d in self.k.scalar_dtypes)
         return (self.rows, self.p, self.q, self.pow2_sizes(), self.lay.index64, self.one_pass, self.t, ops, stores,
-                self.k.n_inputs, scalars, config.eager_rounding())
+                self.k.n_inputs, scalars, config.eager_rounding_in_effect())
 
     def launch_shape(self):
         lay = self.lay
@@ -636,7 +636,7 @@ class _Emitter:
             return expr
         if op.prim != "astype":
             expr = f"({expr}).to({_tl(out_cdt)})"
-        if config.eager_rounding() and op.dtype in (dt.float16, dt.bfloat16):
+        if config.eager_rounding_in_effect() and op.dtype in (dt.float16, dt.bfloat16):
             expr = f"{expr}.to({_tl(op.dtype)}).to(tl.float32)"
         return expr
 

@@ -12,10 +12,14 @@ FLYARRAY_GEMM_WS    0: sm_90's 16-bit square GEMMs keep the Triton GEMM instead 
                     Gluon kernel (kernels/gemm_hopper.py; on by default)
 
 The switches an evaluation consults on its hot path (CHECK, EAGER_ROUNDING, PLAN_CHECK) are read
-at import and again by ``fa.clear_caches()``.
+at import and again by ``fa.clear_caches()``. ``eager_rounding_scope()`` turns eager rounding on (or
+off) for the evaluations made inside it, whatever the environment says: the torch.compile backend
+runs its regions so (a torch program's values are eager torch's).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import pathlib
 
@@ -44,7 +48,36 @@ def check_mode() -> bool:
 
 
 def eager_rounding() -> bool:
+    """FLYARRAY_EAGER_ROUNDING: the process-wide default (off), which ``eager_rounding_scope`` overrides."""
     return os.environ.get("FLYARRAY_EAGER_ROUNDING", "") not in ("", "0")
+
+
+_forced_eager_rounding = contextvars.ContextVar("flyarray_eager_rounding", default=None)
+
+
+def forced_eager_rounding():
+    """None, or the eager rounding an enclosing ``eager_rounding_scope`` sets (this thread / context)."""
+    return _forced_eager_rounding.get()
+
+
+def eager_rounding_in_effect() -> bool:
+    """Whether a kernel generated now rounds its fp16/bf16 intermediates: the scope's choice, else the
+    environment's."""
+    forced = _forced_eager_rounding.get()
+    return eager_rounding() if forced is None else forced
+
+
+@contextlib.contextmanager
+def eager_rounding_scope(on: bool = True):
+    """Evaluations inside round fused fp16/bf16 intermediates to their dtype (``on``) or keep them in
+    float32 (not ``on``), whatever FLYARRAY_EAGER_ROUNDING says. The choice is part of every plan's key
+    (plan.settings) and of fa.jit's trace key, so plans built inside and outside never mix; a context
+    variable, so other threads keep their own."""
+    token = _forced_eager_rounding.set(bool(on))
+    try:
+        yield
+    finally:
+        _forced_eager_rounding.reset(token)
 
 
 def plan_check() -> bool:

@@ -115,7 +115,7 @@ class Walk:
         self.scalars, self.scalar_nodes = scalars, scalar_nodes
         # the scheduler plans later-made roots first (schedule._Scheduler.run): that order is structure too
         made = () if len(roots) < 2 else tuple(sorted(range(len(roots)), key=lambda i: -roots[i].id))
-        self.key = (tuple(entries), tuple([position[r] for r in roots]), backend, _settings, made)
+        self.key = (tuple(entries), tuple([position[r] for r in roots]), backend, settings(), made)
 
 
 _PLAIN_PARAMS = frozenset(("elementwise", "view", "reduce", "output", "concat"))  # None or tuples of ints
@@ -659,3 +659,10 @@ def refresh_settings():
     global _settings, _plan_check
     _settings = (config.eager_rounding(),)
     _plan_check = config.plan_check()
+
+
+def settings() -> tuple:
+    """The switches that plans depend on, as in effect now (part of every plan's key): the environment's,
+    read by refresh_settings, with eager rounding as an enclosing config.eager_rounding_scope sets it."""
+    forced = config.forced_eager_rounding()
+    return _settings if forced is None or forced == _settings[0] else (forced,) + _settings[1:]

@@ -20,6 +20,7 @@ import torch.fx
 
 import flyarray as fa
 from flyarray import dtypes as dt
+from flyarray.config import eager_rounding_scope
 from flyarray.ops.checks import ATTENTION_MAX_HEAD_DIM, KERNEL_FLOATS
 
 from . import torch_ops
@@ -769,7 +770,8 @@ class CompiledGraph:
             if kind == "region":
                 region, fn, layouts, views = item
                 ins = [env[n] for n in region.inputs]
-                made = [o.torch() for o in fn(*ins)]
+                with eager_rounding_scope():  # a torch program: fp16/bf16 values rounded as eager's (docs/torch.md)
+                    made = [o.torch() for o in fn(*ins)]
                 for i, (layout, t) in enumerate(zip(layouts, made)):
                     if i in views:
                         continue  # a view of another output: made from that one's final tensor below

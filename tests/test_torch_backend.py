@@ -1205,6 +1205,104 @@ def test_a_buffer_updated_by_setitem_augmented_assignment_or_out_gives_eagers_gr
     torch.testing.assert_close(model.buf, eager.buf)
 
 
+# fp16/bf16 under the backend: fused kernels keep intermediates in float32 unrounded (docs/semantics.md),
+# which breaks the equalities eager torch programs rely on (y == y.amin(...), amin/amax's backward tie
+# mask, torch.minimum's tie split). The backend's regions run under config.eager_rounding_scope.
+_A16 = torch.tensor([[-2.1152, 1.4072, -1.0820, 0.2373], [0.5, 1.0, -1.0, 0.25]], dtype=torch.float16)
+_C16 = torch.tensor([[-0.2710], [0.125]], dtype=torch.float16)
+
+
+def _min_mask(a, c):
+    y = a + c
+    return y == y.amin(-1, keepdim=True)
+
+
+def test_fp16_intermediates_compare_as_eagers(interpret):
+    """y = a + c in float16, then y == y.amin(-1): eager has a True per row; the fused kernel compared
+    the float32 sum against the float16-rounded minimum and found none."""
+    torch._dynamo.reset()
+    want = _min_mask(_A16, _C16)
+    assert want.any(-1).all()
+    torch.testing.assert_close(torch.compile(_min_mask, backend="flyarray")(_A16, _C16), want, rtol=0, atol=0)
+
+
+def _amin_loss(a, c):
+    return (a + c).amin(-1).float().sum()
+
+
+def _minimum_tie(x):
+    v = x * x
+    return torch.minimum(v.float(), v)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (_amin_loss, (_A16, _C16)),   # amin's backward: 0/0 = NaN from an empty tie mask
+    (_minimum_tie, (torch.randn(3, 4, generator=torch.Generator().manual_seed(1)).bfloat16(),)),  # half lost
+], ids=["fp16 amin backward", "bf16 minimum tie"])
+def test_fp16_bf16_gradients_through_ties_are_eagers(interpret, fn, inputs):
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="flyarray")
+    grads = []
+    for f in (fn, compiled):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        f(*leaves).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for got, want in zip(*grads):
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, want)
+
+
+def test_bf16_max_pool_head_has_eagers_gradients(interpret):
+    """Linear -> GELU -> amax over tokens in bfloat16: the parameters' gradients were NaN."""
+    class Pool(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.head = torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(torch.nn.functional.gelu(self.lin(x)).amax(1))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = Pool().bfloat16()
+    model = copy.deepcopy(eager)
+    x = torch.randn(4, 10, 8).bfloat16()
+    eager(x).float().sum().backward()
+    fat.accelerate(model)(x).float().sum().backward()
+    for got, want in zip(model.parameters(), eager.parameters()):
+        assert not got.grad.isnan().any()
+        torch.testing.assert_close(got.grad, want.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_eager_rounding_is_the_backends_alone(interpret):
+    """The scope the backend sets leaves fa's own default (float32 intermediates, no rounding) alone
+    outside it, and plans and fa.jit traces built inside it are keyed apart from those outside."""
+    from flyarray import config, plan
+    assert not config.eager_rounding()  # the test runs without FLYARRAY_EAGER_ROUNDING
+
+    def mask(a, c):
+        y = a + c
+        return y == fa.min(y, axis=-1, keepdims=True)
+    a, c = fa.asarray(_A16), fa.asarray(_C16)
+    want = _min_mask(_A16, _C16)
+    torch._dynamo.reset()
+    torch.compile(_min_mask, backend="flyarray")(_A16, _C16)  # the backend ran its scope here
+    outside = mask(a, c)
+    outside_key = plan.Walk([outside._node], "interpret").key
+    # fa's liberty: row 0's float32 sum (-2.386...) is not its float16-rounded minimum (-2.3867)
+    assert not torch.equal(outside.torch(), want)
+    with config.eager_rounding_scope():
+        inside = mask(a, c)
+        inside_key = plan.Walk([inside._node], "interpret").key
+        assert torch.equal(inside.torch(), want)
+    assert outside_key != inside_key and outside_key[0] == inside_key[0]  # same graph, other settings
+    assert not torch.equal(mask(a, c).torch(), want)  # and after it
+    jitted = fa.jit(mask)
+    with config.eager_rounding_scope():
+        assert torch.equal(jitted(_A16, _C16).torch(), want)
+    assert not torch.equal(jitted(_A16, _C16).torch(), want)
+    assert len(jitted.cache) == 2
+
+
 _U8, _I8 = torch.tensor([3, 200, 100], dtype=torch.uint8), torch.tensor([100, -41, 7], dtype=torch.int8)
 _H = torch.tensor([1e-3, -3e-3, 0.5], dtype=torch.float16)
 
