@@ -34,7 +34,7 @@ def _quantize_abstract(x, *, fmt, axis, block_size):
                          f"of {BLOCK_SIZE}; pad it first (fa.concat with zeros)")
     data_shape = list(x.shape)
     data_dtype = dt.from_torch(f.torch_dtype)
-    if fmt == "e2m1":
+    if f.name == "e2m1":  # the canonical name: aliases ('mxfp4', 'fp4', 'E2M1') pack too
         data_shape[ax] //= 2
     scale_shape = list(x.shape)
     scale_shape[ax] //= BLOCK_SIZE
@@ -71,7 +71,7 @@ def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
         raise TypeError(f"mx_dequantize: scales must be E8M0 codes stored as uint8, got {scales.dtype}")
     shape = list(data.shape)
     ax = axis % len(shape)
-    if fmt == "e2m1":
+    if name == "e2m1":
         shape[ax] *= 2
     want = list(shape)
     want[ax] //= BLOCK_SIZE

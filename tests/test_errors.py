@@ -237,6 +237,29 @@ def test_mx_dequantize_refuses_data_of_another_format_when_recorded(no_evaluatio
         fa.quant.mx_dequantize(data, scales, "e5m2")
 
 
+@pytest.mark.parametrize("alias", ["mxfp4", "fp4", "E2M1", "float4_e2m1fn"])
+def test_mx_format_aliases_follow_e2m1s_packed_shape_rules(alias):
+    """The shape rules compared the raw fmt with 'e2m1': an alias recorded data [2, 64] for a [2, 32]
+    buffer, and mx_dequantize refused the matching scales."""
+    x = torch.randn(2, 64)
+    data, scales = fa.quant.mx_quantize(x, alias)
+    assert data.shape == (2, 32) and np.asarray(data).shape == (2, 32) and scales.shape == (2, 2)
+    out = fa.quant.mx_dequantize(data, scales, alias)
+    assert out.shape == (2, 64)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(fa.quant.mx_dequantize(data, scales, "e2m1")))
+
+
+def test_mx_quantize_torch_fake_follows_format_aliases():
+    import flyarray.interop.torch  # noqa: F401  (registers torch.ops.flyarray)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    x = torch.randn(2, 64)
+    with FakeTensorMode() as mode:
+        fake_data, fake_scales = torch.ops.flyarray.mx_quantize(mode.from_tensor(x), "mxfp4", -1, 32)
+    data, scales = torch.ops.flyarray.mx_quantize(x, "mxfp4", -1, 32)
+    assert tuple(fake_data.shape) == tuple(data.shape) == (2, 32)
+    assert tuple(fake_scales.shape) == tuple(scales.shape) == (2, 2)
+
+
 @pytest.mark.parametrize("call", [
     lambda: fa.cumulative_sum([1.0, 2.0]), lambda: fa.cumulative_prod([1.0, 2.0]), lambda: fa.clip([1.0], 0, 1),
     lambda: fa.linalg.cross([1.0, 0, 0], [0, 1.0, 0]), lambda: fa.unique_values([1, 1, 2]),
