@@ -260,6 +260,30 @@ def test_mx_quantize_torch_fake_follows_format_aliases():
     assert tuple(fake_scales.shape) == tuple(scales.shape) == (2, 2)
 
 
+def _fp8_scaled_matmul_args():
+    a = torch.ones(4, 64, dtype=torch.float8_e4m3fn)
+    b = torch.ones(3, 64, dtype=torch.float8_e4m3fn)
+    return a, b, torch.full((4, 2), 127, dtype=torch.uint8), torch.full((3, 2), 127, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("out", [fa.float64, "float64"])
+def test_scaled_matmul_refuses_float64_output_when_recorded(no_evaluation, out):
+    """The reference backend computed float64 but the kernels (interpret, GPU) have no float64 output:
+    every backend refuses it when the call is recorded."""
+    with pytest.raises(ValueError, match="preferred_element_type must be one of bfloat16, float16, float32"):
+        fa.nn.scaled_matmul(*_fp8_scaled_matmul_args(), preferred_element_type=out)
+
+
+def test_scaled_matmul_torch_op_refuses_float64_output():
+    import flyarray.interop.torch  # noqa: F401  (registers torch.ops.flyarray)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = _fp8_scaled_matmul_args()
+    with pytest.raises(ValueError, match="preferred_element_type must be one of"):
+        torch.ops.flyarray.scaled_matmul(*args, torch.float64)
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match="preferred_element_type must be one of"):
+        torch.ops.flyarray.scaled_matmul(*[mode.from_tensor(t) for t in args], torch.float64)
+
+
 @pytest.mark.parametrize("call", [
     lambda: fa.cumulative_sum([1.0, 2.0]), lambda: fa.cumulative_prod([1.0, 2.0]), lambda: fa.clip([1.0], 0, 1),
     lambda: fa.linalg.cross([1.0, 0, 0], [0, 1.0, 0]), lambda: fa.unique_values([1, 1, 2]),

@@ -256,6 +256,9 @@ def _scaled_matmul_abstract(lhs, rhs, *scales, preferred_element_type, has_lhs_s
     out = dt.dtype(preferred_element_type)
     if out.kind != "f":
         raise TypeError(f"scaled_matmul: preferred_element_type must be a floating dtype, got {out}")
+    if out not in (dt.bfloat16, dt.float16, dt.float32):  # the kernels' _OUT_DTYPES: refuse on every backend
+        raise ValueError(f"scaled_matmul: preferred_element_type must be one of bfloat16, float16, float32 "
+                         f"(the kernels' output dtypes), got {out}")
     return [((lhs.shape[0], rhs.shape[0]), out)]
 
 
