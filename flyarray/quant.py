@@ -69,6 +69,8 @@ def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
         raise ValueError(f"mx_dequantize: block_size must be {BLOCK_SIZE} (OCP MX), got {block_size}")
     if scales.dtype != dt.uint8:
         raise TypeError(f"mx_dequantize: scales must be E8M0 codes stored as uint8, got {scales.dtype}")
+    if dt.dtype(dtype).kind != "f":
+        raise TypeError(f"mx_dequantize: dtype must be a floating dtype, got {dt.dtype(dtype)}")
     shape = list(data.shape)
     ax = axis % len(shape)
     if name == "e2m1":
@@ -90,7 +92,7 @@ MX_DEQUANTIZE = Library("mx_dequantize", _dequantize_abstract, _dequantize_kerne
 
 @accepting_arrays
 def mx_dequantize(data, scales, fmt, axis=-1, block_size=BLOCK_SIZE, dtype=dt.float32):
-    """The values of an MX tensor (data, scales) as ``dtype``."""
+    """The values of an MX tensor (data, scales) as ``dtype`` (a floating dtype)."""
     return call(MX_DEQUANTIZE, [data, scales], fmt=fmt, axis=axis, block_size=block_size,
                 dtype=dt.dtype(dtype).name)[0]
 

@@ -260,6 +260,14 @@ def test_mx_quantize_torch_fake_follows_format_aliases():
     assert tuple(fake_scales.shape) == tuple(scales.shape) == (2, 2)
 
 
+@pytest.mark.parametrize("dtype", [fa.int32, fa.bool, fa.uint8, fa.complex64])
+def test_mx_dequantize_refuses_a_non_floating_output_dtype_when_recorded(no_evaluation, dtype):
+    """int32 truncated the values and bool booleanized them, silently."""
+    data, scales = fa.quant.mx_quantize(fa.ones((2, 64)), "e4m3")
+    with pytest.raises(TypeError, match="mx_dequantize: dtype must be a floating dtype"):
+        fa.quant.mx_dequantize(data, scales, "e4m3", dtype=dtype)
+
+
 def _fp8_scaled_matmul_args():
     a = torch.ones(4, 64, dtype=torch.float8_e4m3fn)
     b = torch.ones(3, 64, dtype=torch.float8_e4m3fn)
