@@ -12,6 +12,7 @@ import importlib
 from . import dtypes as dt
 from .ops import accepting_arrays
 from .ops.library import Library, call
+from .views import normalize_axis as _normalize_axis
 
 BLOCK_SIZE = 32
 
@@ -28,7 +29,7 @@ def _quantize_abstract(x, *, fmt, axis, block_size):
         raise TypeError(f"mx_quantize: x must be float32, float16 or bfloat16, got {x.dtype}")
     if not x.shape:
         raise ValueError("mx_quantize: x must have at least one dimension")
-    ax = axis % len(x.shape)
+    ax = _normalize_axis(axis, len(x.shape), "mx_quantize: axis")
     if x.shape[ax] % BLOCK_SIZE:
         raise ValueError(f"mx_quantize: axis {axis} of shape {x.shape} has length {x.shape[ax]}, not a multiple "
                          f"of {BLOCK_SIZE}; pad it first (fa.concat with zeros)")
@@ -71,10 +72,16 @@ def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
         raise TypeError(f"mx_dequantize: scales must be E8M0 codes stored as uint8, got {scales.dtype}")
     if dt.dtype(dtype).kind != "f":
         raise TypeError(f"mx_dequantize: dtype must be a floating dtype, got {dt.dtype(dtype)}")
+    if not data.shape:
+        raise ValueError("mx_dequantize: data must have at least one dimension")
     shape = list(data.shape)
-    ax = axis % len(shape)
+    ax = _normalize_axis(axis, len(shape), "mx_dequantize: axis")
     if name == "e2m1":
         shape[ax] *= 2
+    if shape[ax] % BLOCK_SIZE:
+        packed = f" ({data.shape[ax]} bytes of two e2m1 codes)" if name == "e2m1" else ""
+        raise ValueError(f"mx_dequantize: axis {axis} of data {data.shape} holds {shape[ax]} values{packed}, not a "
+                         f"multiple of {BLOCK_SIZE} (an MX block); was it quantized along another axis?")
     want = list(shape)
     want[ax] //= BLOCK_SIZE
     if list(scales.shape) != want:

@@ -424,7 +424,7 @@ def _check_mx_quantize(x, fmt, axis, block_size):
     from flyarray import views
     from flyarray.quant import _quantize_abstract
     (xa,) = _avals("mx_quantize", x=x)
-    if xa.shape:  # the abstract rule wraps any int axis; an out-of-range one is an error here
+    if xa.shape:  # the abstract rule checks the range too; this names the torch op first
         views.normalize_axis(axis, len(xa.shape), "mx_quantize: axis")
     return _quantize_abstract(xa, fmt=fmt, axis=axis, block_size=block_size)
 

@@ -268,6 +268,30 @@ def test_mx_dequantize_refuses_a_non_floating_output_dtype_when_recorded(no_eval
         fa.quant.mx_dequantize(data, scales, "e4m3", dtype=dtype)
 
 
+@pytest.mark.parametrize("fmt, data", [("e4m3", torch.zeros(2, 48, dtype=torch.float8_e4m3fn)),
+                                       ("e2m1", torch.zeros(2, 24, dtype=torch.uint8))])
+def test_mx_dequantize_refuses_a_length_not_a_multiple_of_32_when_recorded(no_evaluation, fmt, data):
+    """Data [2, 48] with scales [2, 1] passed the shape rule (48 // 32 == 1) and failed at evaluation
+    with 'expected shape (2, 1) ... got (2, 1)'."""
+    with pytest.raises(ValueError, match="holds 48 values.*not a multiple of 32"):
+        fa.quant.mx_dequantize(data, torch.zeros(2, 1, dtype=torch.uint8), fmt)
+
+
+def test_mx_dequantize_of_0d_data_is_a_value_error(no_evaluation):
+    with pytest.raises(ValueError, match="data must have at least one dimension"):
+        fa.quant.mx_dequantize(torch.tensor(1, dtype=torch.uint8), torch.tensor(1, dtype=torch.uint8), "e2m1")
+
+
+@pytest.mark.parametrize("axis", [-3, 2, 5])
+def test_mx_quantize_and_dequantize_refuse_an_out_of_range_axis(no_evaluation, axis):
+    """The shape rules wrapped the axis with axis % ndim (axis=-3 of a rank-2 x quantized axis 1)."""
+    with pytest.raises(ValueError, match=f"mx_quantize: axis {axis} is out of range for an array of rank 2"):
+        fa.quant.mx_quantize(torch.randn(64, 64), "e4m3", axis=axis)
+    data, scales = fa.quant.mx_quantize(torch.randn(64, 64), "e4m3")
+    with pytest.raises(ValueError, match=f"mx_dequantize: axis {axis} is out of range for an array of rank 2"):
+        fa.quant.mx_dequantize(data, scales, "e4m3", axis=axis)
+
+
 def _fp8_scaled_matmul_args():
     a = torch.ones(4, 64, dtype=torch.float8_e4m3fn)
     b = torch.ones(3, 64, dtype=torch.float8_e4m3fn)

@@ -378,7 +378,10 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
     axis = _normalize_axis(axis, codes.ndim)
     length = logical_length(codes, f, axis)
     expected = codes.shape[:axis] + (length // BLOCK_SIZE,) + codes.shape[axis + 1:]
-    if length % BLOCK_SIZE or tuple(scale_codes.shape) != tuple(expected):
+    if length % BLOCK_SIZE:
+        raise ValueError(f"data: axis {axis} of shape {tuple(codes.shape)} holds {length} {f.name} values, "
+                         f"not a multiple of {BLOCK_SIZE}")
+    if tuple(scale_codes.shape) != tuple(expected):
         raise ValueError(f"scales: expected shape {tuple(expected)} for data of shape {tuple(codes.shape)} "
                          f"({f.name}, axis {axis}), got {tuple(scale_codes.shape)}")
     if scale_codes.device != codes.device:

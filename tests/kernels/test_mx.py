@@ -188,6 +188,8 @@ def test_bad_inputs_raise_naming_the_argument():
         mx.mx_dequantize(data.float(), scales, "e2m1")
     with pytest.raises(ValueError, match="block_size"):
         mx.mx_dequantize(data, scales, "e2m1", block_size=64)
+    with pytest.raises(ValueError, match=r"data: axis 1 of shape \(2, 48\) holds 48 e4m3 values, not a multiple"):
+        mx.mx_dequantize(torch.zeros(2, 48, dtype=torch.float8_e4m3fn), torch.zeros(2, 1, dtype=torch.uint8), "e4m3")
 
 
 def test_format_table():
