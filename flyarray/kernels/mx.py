@@ -9,7 +9,9 @@ An MX block is 32 consecutive values along one axis that share one E8M0 scale
     e2m1    float4_e2m1fn   (MXFP4)        torch.uint8, two a byte: the element
                                            with the lower index in the low nibble
                                            (tl.dot_scaled's and torch.float4_e2m1fn_x2's order)
-    scales  float8_e8m0fnu                 torch.uint8 (torch.float8_e8m0fnu accepted as input)
+    scales  float8_e8m0fnu                 torch.uint8 (the functions here also take
+                                           torch.float8_e8m0fnu; fa.quant, fa.nn.scaled_matmul
+                                           and torch.ops.flyarray take uint8 codes only)
 
 The conversion follows the spec exactly; its choices where the spec leaves one
 to the implementation (saturation, zero blocks, Inf/NaN) are written down in

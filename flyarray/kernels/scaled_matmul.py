@@ -4,7 +4,9 @@ Convention (jax.nn.scaled_matmul's): both operands are K-major,
 
     lhs        [M, K]       (e2m1: uint8 [M, K/2], two codes a byte, low nibble first)
     rhs        [N, K]       (e2m1: uint8 [N, K/2])
-    lhs_scales [M, K/32]    E8M0 codes, uint8 (or torch.float8_e8m0fnu)
+    lhs_scales [M, K/32]    E8M0 codes, uint8 (this module's scaled_matmul also takes
+                            torch.float8_e8m0fnu; fa.nn.scaled_matmul and
+                            torch.ops.flyarray.scaled_matmul take uint8 only)
     rhs_scales [N, K/32]
     out        [M, N] = (lhs * repeat(lhs_scales, 32, -1)) @ (rhs * repeat(rhs_scales, 32, -1)).T
 

@@ -252,3 +252,15 @@ def test_quantize_linear_weights(weight_format, activation_format, bound):
     assert got.shape == (3, 5, 8) and got.dtype == torch.float32
     tol = 2e-3 if activation_format is None else 0.1   # fp16 activations / MXFP8 activations
     assert ((got - want).norm() / want.norm()).item() < tol
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e8m0fnu"), reason="torch without float8_e8m0fnu")
+def test_e8m0fnu_scales_are_taken_by_the_kernel_functions_only_as_documented():
+    """The module docstrings: kernels/mx.py and kernels/scaled_matmul.py take float8_e8m0fnu scales;
+    fa.quant (and fa.nn.scaled_matmul, torch.ops.flyarray) take uint8 codes only."""
+    import flyarray as fa
+    data, scales = mx.mx_quantize(torch.randn(2, 64), "e4m3")
+    e8m0 = scales.view(torch.float8_e8m0fnu)
+    torch.testing.assert_close(mx.mx_dequantize(data, e8m0, "e4m3"), mx.mx_dequantize(data, scales, "e4m3"))
+    with pytest.raises(TypeError, match="float8_e8m0fnu"):
+        fa.quant.mx_dequantize(data, e8m0, "e4m3")
