@@ -893,24 +893,25 @@ def attention_fwd(q, k, v, *, bias=None, mask=None, scale=None, is_causal=False,
         prepared = _FWD_LAUNCHES.get(key)
         if prepared is not None:
             return prepared(q, k, v)
-    B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
-    if Sq <= DECODE_MAX_QUERIES and bias is None and mask is None and config is None:
-        return attention_decode(q, k, v, scale=scale, is_causal=is_causal)
+    geometry = _geometry(q, k, scale)
+    if geometry[1] <= DECODE_MAX_QUERIES and bias is None and mask is None and config is None:
+        return attention_decode(q, k, v, scale=geometry[-1], is_causal=is_causal)
     if plain:
         recorded = []
         token = _RECORDED.set(recorded)
         try:
-            out, lse = _attention_fwd_chosen(q, k, v, None, None, scale, is_causal, None)
+            out, lse = _attention_fwd_chosen(q, k, v, None, None, geometry, is_causal, None)
         finally:
             _RECORDED.reset(token)
         _remember_forward(key, recorded, q, k, v, out, lse)
         return out, lse
-    return _attention_fwd_chosen(q, k, v, bias, mask, scale, is_causal, config)
+    return _attention_fwd_chosen(q, k, v, bias, mask, geometry, is_causal, config)
 
 
-def _attention_fwd_chosen(q, k, v, bias, mask, scale, is_causal, config):
-    """attention_fwd past its fast path and the decode path: the kernel for these inputs, launched."""
-    B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = _geometry(q, k, scale)
+def _attention_fwd_chosen(q, k, v, bias, mask, geometry, is_causal, config):
+    """attention_fwd past its fast path and the decode path (``geometry``: its ``_geometry``): the kernel
+    for these inputs, launched."""
+    B, Sq, Sk, Hq, Hkv, D, BLOCK_D, scale = geometry
     out = torch.empty_like(q)
     lse = empty((B, Hq, Sq), torch.float32, q.device)
     if B * Hq * Sq == 0:

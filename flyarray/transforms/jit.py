@@ -186,25 +186,27 @@ def _leaf_key(t):
 _PARAMETER = torch.nn.Parameter
 
 
+def _tensor_leaf(t, tensors):
+    """One tensor argument: bound as ``_plain`` takes it (the checks inline: no call for a plain tensor), its key."""
+    if t.requires_grad or t.is_neg() or t.is_conj():
+        t = _plain(t)
+    tensors.append(t)
+    return _leaf_key(t)
+
+
 def _flatten(value, tensors, where):
     """The signature of one argument (a pytree, flattened with fa.tree_util): its structure and, per
     leaf, the array signature or the static key; its array leaves are appended to ``tensors``."""
     if type(value) is torch.Tensor or type(value) is _PARAMETER:   # the commonest cases first (the torch backend's)
-        if value.requires_grad or value.is_neg() or value.is_conj():
-            value = _plain(value)
-        tensors.append(value)
-        return _leaf_key(value)
+        return _tensor_leaf(value, tensors)
     if type(value) is np.ndarray:
         value = _numpy_leaf(value)
     if type(value) is Array:  # the common cases first: one array, no tree to walk
         value = value._tensor()
     if _numpy_scalar(value):  # a 0-d array (as in JAX and as eager ops take it), not a static value that
         value = _numpy_leaf(value)  # would retrace for every new learning rate
-    if type(value) is torch.Tensor:
-        if value.requires_grad or value.is_neg() or value.is_conj():
-            value = _plain(value)
-        tensors.append(value)
-        return _leaf_key(value)
+    if type(value) is torch.Tensor:   # an array's or a numpy value's tensor
+        return _tensor_leaf(value, tensors)
     leaves, treedef = tree_util.tree_flatten(value)
     keys = []
     for leaf in leaves:
