@@ -20,6 +20,8 @@
 # MODE=host_ab: the GPU tests of the host-path changes' code (attention, GEMM, torch backend, plans, core), then
 # benchmarks/host_seed_block.py alternating OLD=<dir> (a `git archive <rev> flyarray interop` of the code
 # before) and this tree, twice each, then `bench --suite torch`.
+# MODE=mx_probe: the GPU tests named by TESTS (default: core, complex, torch backend), then
+# benchmarks/mx_decode_probe.py (with and without the scale loads) and Nsight Compute on the MXFP4 decode.
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -107,6 +109,17 @@ if [ "${MODE:-tests}" = host_ab ]; then
   done
   PYTHONPATH=$PWD timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench_torch.json" --suite torch \
     > "$OUT/bench_torch.log" 2>&1; echo "bench rc=$?"; grep -E "^(llama|block|mlp|seed)" "$OUT/bench_torch.log" | tail -8
+  exit 0
+fi
+if [ "${MODE:-tests}" = mx_probe ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -n 8 -p no:cacheprovider \
+    ${TESTS:-tests/test_gpu_core.py tests/test_complex.py tests/test_torch_backend.py} > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -15
+  timeout 150 python3 benchmarks/mx_decode_probe.py "$OUT/probe.json" 2>&1 | tail -20
+  timeout 100 python3 benchmarks/mx_decode_probe.py noscale "$OUT/probe_noscale.json" 2>&1 | grep -E "decode|rror" | tail -10
+  MODE=ncu WORKLOADS=mx_decode bash "$0"
   exit 0
 fi
 if [ "${MODE:-tests}" = pending_mx ]; then

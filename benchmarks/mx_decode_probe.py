@@ -1,0 +1,140 @@
+"""What limits the MXFP4 weight-only decode (16x14336x4096, bf16 activations): device time of the decode
+kernel beside what the same grid does with less work, so the gap to the bandwidth limit can be split up.
+
+Rows (CUDA-graph replay, weights rotated through 4 copies so they come from HBM, not the 50 MB L2):
+  decode <config>      the kernel as the library runs it, at a few tiles / K splits
+  read <tile>          a kernel with the decode's grid and tile that only streams the same weight words
+                       (and scale bytes) and XORs them: the memory system's rate at this grid
+  copy                 torch's copy of the packed weights (read + write)
+  bf16 matmul          torch.matmul with bf16 weights (the format MXFP4 must beat by 2.5x)
+With ``noscale`` as the first argument the decode's scale loads are replaced by a constant (a different
+answer: for timing only), to see what the per-step synchronous scale load costs.
+
+    PYTHONPATH=$PWD python benchmarks/mx_decode_probe.py [noscale] [OUT.json]
+"""
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from flyarray.kernels import mx, scaled_matmul as sm
+
+M, N, K = 16, 14336, 4096
+COPIES = 4   # 4 x 31 MB of packed weights: more than the L2 holds
+
+NOSCALE = len(sys.argv) > 1 and sys.argv[1] == "noscale"
+if NOSCALE:
+    @triton.jit
+    def _constant_codes(s_ptrs, g, k0, k_end):
+        return tl.full((s_ptrs.shape[0], g.shape[0]), 127, tl.int32)
+    sm._scale_codes = _constant_codes   # before the first compile, so the kernel picks it up
+
+
+@triton.jit
+def _read_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr):
+    """XOR of the weight words and scale bytes of BLOCK_N rows over this program's K range."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn_safe = tl.where(rn < N, rn, 0).to(tl.int64)
+    jw = tl.arange(0, BLOCK_K // 8)
+    g = tl.arange(0, BLOCK_K // 32)
+    words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * (stride_wn // 4) + jw[None, :]
+    scales = s_ptr + rn_safe[:, None] * stride_sn + g[None, :]
+    per = K // SPLIT_K
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), tl.int32)
+    sacc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.int32)
+    for k0 in range(split * per, split * per + per, BLOCK_K):
+        acc ^= tl.load(words + k0 // 8)
+        sacc ^= tl.load(scales + k0 // 32).to(tl.int32)
+    total = tl.sum(acc, axis=1) ^ tl.sum(sacc, axis=1)
+    tl.store(out_ptr + split * N + rn, total, mask=rn < N)
+
+
+def graph_us(fns, calls=20, rounds=7):
+    """Median us per call of a CUDA graph cycling through ``fns`` (one per weight copy)."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+DECODES = {
+    "32/256/2 s3": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3),
+    "32/256/2 s2 pair": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=2,
+                             PAIR_STEPS=True),
+    "32/256/2 s3 split2": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3),
+    "32/256/2 s3 split4": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=4, num_warps=2, num_stages=3),
+    "64/256/4 s3 split2": dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=3),
+    "64/256/4 s3 split4": dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=3),
+    "128/128/8 s3 split4": dict(kernel="decode", BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=8, num_stages=3),
+}
+READS = [(32, 256, 2, 3, 1), (32, 256, 2, 3, 2), (32, 256, 2, 3, 4), (64, 256, 4, 3, 4), (128, 256, 8, 4, 4),
+         (64, 512, 4, 4, 4)]
+
+
+def main():
+    out_path = next((a for a in sys.argv[1:] if a.endswith(".json")), None)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    weights = [torch.randn(N, K, device="cuda", generator=g) for _ in range(COPIES)]
+    packed = [mx.mx_quantize(w, "e2m1") for w in weights]
+    codes = [(d, mx.scales_as_uint8(s).contiguous()) for d, s in packed]
+    nbytes = codes[0][0].numel() + codes[0][1].numel()
+    cfg = sm.pick_config(sm.CONFIGS, "sm_90")
+    rows = {}
+    ref = x.float() @ mx.mx_dequantize(*packed[0], "e2m1").float().T
+    for name, c in DECODES.items():
+        outs = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        fns = [lambda i=i, c=c: sm._decode_candidate(x, codes[i][0], codes[i][1], "bf16", "e2m1", outs[i], cfg, c)
+               for i in range(COPIES)]
+        fns[0]()
+        err = ((outs[0].float() - ref).norm() / ref.norm()).item()
+        us = graph_us(fns)
+        rows["decode " + name] = dict(us=us, tbps=nbytes / us / 1e6, rel_err=err)
+    for bn, bk, warps, stages, split in READS:
+        outs = [torch.empty(split, N, device="cuda", dtype=torch.int32) for _ in range(COPIES)]
+        fns = [lambda i=i, bn=bn, bk=bk, warps=warps, stages=stages, split=split: _read_kernel[
+            (triton.cdiv(N, bn), split)](codes[i][0], codes[i][1], outs[i], N, K, codes[i][0].stride(0),
+                                         codes[i][1].stride(0), BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+                                         num_warps=warps, num_stages=stages) for i in range(COPIES)]
+        us = graph_us(fns)
+        rows[f"read {bn}/{bk}/{warps} s{stages} split{split}"] = dict(us=us, tbps=nbytes / us / 1e6)
+    dsts = [torch.empty_like(codes[i][0]) for i in range(COPIES)]
+    us = graph_us([lambda i=i: dsts[i].copy_(codes[i][0]) for i in range(COPIES)])
+    rows["copy (read+write)"] = dict(us=us, tbps=2 * codes[0][0].numel() / us / 1e6)
+    bf16 = [w.to(torch.bfloat16) for w in weights]
+    us = graph_us([lambda i=i: x @ bf16[i].T for i in range(COPIES)])
+    rows["bf16 matmul"] = dict(us=us, tbps=bf16[0].numel() * 2 / us / 1e6)
+    tag = "noscale " if NOSCALE else ""
+    for name, r in rows.items():
+        print(f"{tag}{name:28s} {r['us']:8.1f} us {r['tbps']:6.2f} TB/s", *(f"err {r['rel_err']:.2e}",)
+              if "rel_err" in r else (), flush=True)
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump({tag + k: v for k, v in rows.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
