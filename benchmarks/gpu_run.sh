@@ -21,7 +21,7 @@
 # benchmarks/host_seed_block.py alternating OLD=<dir> (a `git archive <rev> flyarray interop` of the code
 # before) and this tree, twice each, then `bench --suite torch`.
 # MODE=mx_probe: the GPU tests named by TESTS (default: core, complex, torch backend), then
-# benchmarks/mx_decode_probe.py (with and without the scale loads) and Nsight Compute on the MXFP4 decode.
+# benchmarks/mx_decode_probe.py (NOSCALE=1: again without the scale loads) and Nsight Compute on the MXFP4 decode.
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -117,8 +117,9 @@ if [ "${MODE:-tests}" = mx_probe ]; then
   timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -n 8 -p no:cacheprovider \
     ${TESTS:-tests/test_gpu_core.py tests/test_complex.py tests/test_torch_backend.py} > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -15
-  timeout 150 python3 benchmarks/mx_decode_probe.py "$OUT/probe.json" 2>&1 | tail -20
-  timeout 100 python3 benchmarks/mx_decode_probe.py noscale "$OUT/probe_noscale.json" 2>&1 | grep -E "decode|rror" | tail -10
+  timeout 200 python3 benchmarks/mx_decode_probe.py "$OUT/probe.json" 2>&1 | tail -30
+  [ -n "${NOSCALE:-}" ] && timeout 100 python3 benchmarks/mx_decode_probe.py noscale "$OUT/probe_noscale.json" 2>&1 \
+    | grep -E "decode|rror" | tail -20
   MODE=ncu WORKLOADS=mx_decode bash "$0"
   exit 0
 fi

@@ -80,15 +80,19 @@ def graph_us(fns, calls=20, rounds=7):
     return sorted(times)[len(times) // 2]
 
 
+_BASE = dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3)
 DECODES = {
-    "32/256/2 s3": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3),
-    "32/256/2 s2 pair": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=2,
-                             PAIR_STEPS=True),
-    "32/256/2 s3 split2": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3),
-    "32/256/2 s3 split4": dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=4, num_warps=2, num_stages=3),
-    "64/256/4 s3 split2": dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=3),
-    "64/256/4 s3 split4": dict(kernel="decode", BLOCK_N=64, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=3),
-    "128/128/8 s3 split4": dict(kernel="decode", BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=8, num_stages=3),
+    "32/256/2 s3": _BASE,
+    "32/256/2 s2 pair": dict(_BASE, num_stages=2, PAIR_STEPS=True),
+    "32/256/2 s3 split2 (2 kernels)": dict(_BASE, SPLIT_K=2),
+    # SUM_SPLITS: the last program of a tile adds the K splits' partials (no second kernel)
+    **{f"{bn}/{bk}/{w} s{st} split{sp} sum": dict(_BASE, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st,
+                                                   SPLIT_K=sp, SUM_SPLITS=True)
+       for bn, bk, w, st, sp in [(32, 256, 2, 3, 2), (32, 256, 2, 2, 2), (32, 256, 2, 4, 2), (32, 256, 2, 3, 4),
+                                 (32, 128, 2, 3, 2), (32, 128, 2, 4, 2), (32, 128, 2, 5, 2), (32, 128, 2, 4, 3),
+                                 (32, 128, 2, 4, 4), (64, 256, 4, 3, 2), (64, 256, 4, 3, 4), (64, 128, 4, 4, 4)]},
+    "32/256/2 s2 split2 sum pair": dict(_BASE, num_stages=2, SPLIT_K=2, SUM_SPLITS=True, PAIR_STEPS=True),
+    "32/256/2 s3 split2 sum aligned quad": dict(_BASE, SPLIT_K=2, SUM_SPLITS=True, ALIGNED_K=True, QUAD_SIGNS=True),
 }
 READS = [(32, 256, 2, 3, 1), (32, 256, 2, 3, 2), (32, 256, 2, 3, 4), (64, 256, 4, 3, 4), (128, 256, 8, 4, 4),
          (64, 512, 4, 4, 4)]
@@ -113,6 +117,8 @@ def main():
         err = ((outs[0].float() - ref).norm() / ref.norm()).item()
         us = graph_us(fns)
         rows["decode " + name] = dict(us=us, tbps=nbytes / us / 1e6, rel_err=err)
+    if NOSCALE:
+        READS.clear()
     for bn, bk, warps, stages, split in READS:
         outs = [torch.empty(split, N, device="cuda", dtype=torch.int32) for _ in range(COPIES)]
         fns = [lambda i=i, bn=bn, bk=bk, warps=warps, stages=stages, split=split: _read_kernel[
