@@ -5,7 +5,7 @@
 # (no GPU) left untimed: the GPU tests of the Gluon attention kernels and the MX decode candidates, then
 # benchmarks/tune_attention_gluon.py (checks every Gluon tile, forward and dk/dv, times them beside SDPA);
 # MODE=pending_mx: benchmarks/tune_mx_decode.py for MXFP4 (the new decode candidates beside the old);
-# MODE=ncu: Nsight Compute's sections for benchmarks/ncu_kernels.py's workloads (attention forward and
+# MODE=ncu (STALLS=1: also stall reasons, pipe use, SASS by opcode): Nsight Compute's sections for benchmarks/ncu_kernels.py's workloads (attention forward and
 # backward, the widest GEMM; ours beside cuDNN/cuBLAS), one CSV each (WORKLOADS= to choose);
 # MODE=first_call: the GPU tests of background compiles (tests/test_precompile.py, with the GEMM and
 # attention kernel tests), then benchmarks/first_call.py (flyarray with and without precompile beside
@@ -34,6 +34,14 @@ if [ "${MODE:-tests}" = ncu ]; then
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
       --log-file "$OUT/ncu_$w.csv" python3 benchmarks/ncu_kernels.py "$w" > "$OUT/ncu_$w.log" 2>&1
     echo "$w rc=$?"; tail -3 "$OUT/ncu_$w.log"
+    if [ -n "${STALLS:-}" ]; then   # why warps wait, how busy each pipe is, the executed SASS by opcode
+      timeout 240 ncu --clock-control none --profile-from-start off --csv --page raw \
+        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+        --metrics 'regex:sm__(inst_executed_pipe|pipe)_.*\.avg\.pct_of_peak_sustained_active$' \
+        --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum,dram__bytes_read.sum \
+        --log-file "$OUT/ncu_stalls_$w.csv" python3 benchmarks/ncu_kernels.py "$w" > "$OUT/ncu_stalls_$w.log" 2>&1
+      echo "$w stalls rc=$?"; tail -3 "$OUT/ncu_stalls_$w.log"
+    fi
   done
   exit 0
 fi
