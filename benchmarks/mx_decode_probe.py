@@ -33,21 +33,23 @@ if NOSCALE:
 
 
 @triton.jit
-def _read_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _read_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_words, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr):
-    """XOR of the weight words and scale bytes of BLOCK_N rows over this program's K range."""
+    """XOR of the weight words and scale bytes of BLOCK_N rows over this program's K range (16-byte loads:
+    the row stride in words and K are multiples of 16, k0 of BLOCK_K)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_safe = tl.where(rn < N, rn, 0).to(tl.int64)
     jw = tl.arange(0, BLOCK_K // 8)
     g = tl.arange(0, BLOCK_K // 32)
-    words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * (stride_wn // 4) + jw[None, :]
+    words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + rn_safe[:, None] * stride_words + jw[None, :]
     scales = s_ptr + rn_safe[:, None] * stride_sn + g[None, :]
     per = K // SPLIT_K
     acc = tl.zeros((BLOCK_N, BLOCK_K // 8), tl.int32)
     sacc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.int32)
     for k0 in range(split * per, split * per + per, BLOCK_K):
+        k0 = tl.multiple_of(k0, BLOCK_K)
         acc ^= tl.load(words + k0 // 8)
         sacc ^= tl.load(scales + k0 // 32).to(tl.int32)
     total = tl.sum(acc, axis=1) ^ tl.sum(sacc, axis=1)
@@ -122,11 +124,14 @@ def main():
     for bn, bk, warps, stages, split in READS:
         outs = [torch.empty(split, N, device="cuda", dtype=torch.int32) for _ in range(COPIES)]
         fns = [lambda i=i, bn=bn, bk=bk, warps=warps, stages=stages, split=split: _read_kernel[
-            (triton.cdiv(N, bn), split)](codes[i][0], codes[i][1], outs[i], N, K, codes[i][0].stride(0),
+            (triton.cdiv(N, bn), split)](codes[i][0], codes[i][1], outs[i], N, K, codes[i][0].stride(0) // 4,
                                          codes[i][1].stride(0), BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
                                          num_warps=warps, num_stages=stages) for i in range(COPIES)]
         us = graph_us(fns)
         rows[f"read {bn}/{bk}/{warps} s{stages} split{split}"] = dict(us=us, tbps=nbytes / us / 1e6)
+    words = [codes[i][0].view(torch.int32) for i in range(COPIES)]
+    us = graph_us([lambda i=i: words[i].sum(dim=1) for i in range(COPIES)])
+    rows["torch row sums (reads all)"] = dict(us=us, tbps=codes[0][0].numel() / us / 1e6)
     dsts = [torch.empty_like(codes[i][0]) for i in range(COPIES)]
     us = graph_us([lambda i=i: dsts[i].copy_(codes[i][0]) for i in range(COPIES)])
     rows["copy (read+write)"] = dict(us=us, tbps=2 * codes[0][0].numel() / us / 1e6)
