@@ -36,9 +36,7 @@ if [ "${MODE:-tests}" = ncu ]; then
     echo "$w rc=$?"; tail -3 "$OUT/ncu_$w.log"
     if [ -n "${STALLS:-}" ]; then   # why warps wait, how busy each pipe is, the executed SASS by opcode
       timeout 240 ncu --clock-control none --profile-from-start off --csv --page raw \
-        --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
-        --metrics 'regex:sm__(inst_executed_pipe|pipe)_.*\.avg\.pct_of_peak_sustained_active$' \
-        --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum,dram__bytes_read.sum \
+        --metrics 'regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__(inst_executed_pipe|pipe)_.*\.avg\.pct_of_peak_sustained_active|sass__inst_executed_per_opcode|smsp__inst_executed\.sum|dram__bytes_read\.sum)$' \
         --log-file "$OUT/ncu_stalls_$w.csv" python3 benchmarks/ncu_kernels.py "$w" > "$OUT/ncu_stalls_$w.log" 2>&1
       echo "$w stalls rc=$?"; tail -3 "$OUT/ncu_stalls_$w.log"
     fi
