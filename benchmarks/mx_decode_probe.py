@@ -10,9 +10,10 @@ Rows (CUDA-graph replay, weights rotated through 4 copies so they come from HBM,
 With ``noscale`` as the first argument the decode's scale loads are replaced by a constant (a different
 answer: for timing only), to see what the per-step synchronous scale load costs.
 
-    PYTHONPATH=$PWD python benchmarks/mx_decode_probe.py [noscale] [OUT.json]
+    [SHAPE=M,N,K] PYTHONPATH=$PWD python benchmarks/mx_decode_probe.py [noscale] [OUT.json]
 """
 import json
+import os
 import sys
 
 import torch
@@ -21,7 +22,7 @@ import triton.language as tl
 
 from flyarray.kernels import mx, scaled_matmul as sm
 
-M, N, K = 16, 14336, 4096
+M, N, K = (int(v) for v in os.environ.get("SHAPE", "16,14336,4096").split(","))   # SHAPE=16,4096,14336: down proj
 COPIES = 4   # 4 x 31 MB of packed weights: more than the L2 holds
 
 NOSCALE = len(sys.argv) > 1 and sys.argv[1] == "noscale"
@@ -87,10 +88,13 @@ DECODES = {
     "32/256/2 s3": _BASE,
     "32/256/2 s2 pair": dict(_BASE, num_stages=2, PAIR_STEPS=True),
     "32/256/2 s3 split2 (2 kernels)": dict(_BASE, SPLIT_K=2),
+    "32/256/2 s3 split4 (2 kernels)": dict(_BASE, SPLIT_K=4),
+    "32/256/2 s3 split8 (2 kernels)": dict(_BASE, SPLIT_K=8),
     # SUM_SPLITS: the last program of a tile adds the K splits' partials (no second kernel)
     **{f"{bn}/{bk}/{w} s{st} split{sp} sum": dict(_BASE, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st,
                                                    SPLIT_K=sp, SUM_SPLITS=True)
        for bn, bk, w, st, sp in [(32, 256, 2, 3, 2), (32, 256, 2, 2, 2), (32, 256, 2, 4, 2), (32, 256, 2, 3, 4),
+                                 (32, 256, 2, 3, 8),
                                  (32, 128, 2, 3, 2), (32, 128, 2, 4, 2), (32, 128, 2, 5, 2), (32, 128, 2, 4, 3),
                                  (32, 128, 2, 4, 4), (64, 256, 4, 3, 2), (64, 256, 4, 3, 4), (64, 128, 4, 4, 4)]},
     "32/256/2 s2 split2 sum pair": dict(_BASE, num_stages=2, SPLIT_K=2, SUM_SPLITS=True, PAIR_STEPS=True),
@@ -119,6 +123,9 @@ def main():
         err = ((outs[0].float() - ref).norm() / ref.norm()).item()
         us = graph_us(fns)
         rows["decode " + name] = dict(us=us, tbps=nbytes / us / 1e6, rel_err=err)
+    us = graph_us([lambda i=i: sm.scaled_matmul(x, packed[i][0], None, packed[i][1]) for i in range(COPIES)])
+    rows["scaled_matmul (the library's timed choice)"] = dict(us=us, tbps=nbytes / us / 1e6,
+                                                               choice=str(sm.tuning_choices()))
     if NOSCALE:
         READS.clear()
     for bn, bk, warps, stages, split in READS:
