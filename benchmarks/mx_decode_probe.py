@@ -87,18 +87,11 @@ _BASE = dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, n
 DECODES = {
     "32/256/2 s3": _BASE,
     "32/256/2 s2 pair": dict(_BASE, num_stages=2, PAIR_STEPS=True),
-    "32/256/2 s3 split2 (2 kernels)": dict(_BASE, SPLIT_K=2),
-    "32/256/2 s3 split4 (2 kernels)": dict(_BASE, SPLIT_K=4),
-    "32/256/2 s3 split8 (2 kernels)": dict(_BASE, SPLIT_K=8),
-    # SUM_SPLITS: the last program of a tile adds the K splits' partials (no second kernel)
-    **{f"{bn}/{bk}/{w} s{st} split{sp} sum": dict(_BASE, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st,
-                                                   SPLIT_K=sp, SUM_SPLITS=True)
-       for bn, bk, w, st, sp in [(32, 256, 2, 3, 2), (32, 256, 2, 2, 2), (32, 256, 2, 4, 2), (32, 256, 2, 3, 4),
-                                 (32, 256, 2, 3, 8),
-                                 (32, 128, 2, 3, 2), (32, 128, 2, 4, 2), (32, 128, 2, 5, 2), (32, 128, 2, 4, 3),
-                                 (32, 128, 2, 4, 4), (64, 256, 4, 3, 2), (64, 256, 4, 3, 4), (64, 128, 4, 4, 4)]},
-    "32/256/2 s2 split2 sum pair": dict(_BASE, num_stages=2, SPLIT_K=2, SUM_SPLITS=True, PAIR_STEPS=True),
-    "32/256/2 s3 split2 sum aligned quad": dict(_BASE, SPLIT_K=2, SUM_SPLITS=True, ALIGNED_K=True, QUAD_SIGNS=True),
+    **{f"{bn}/{bk}/{w} s{st} split{sp}": dict(_BASE, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st, SPLIT_K=sp)
+       for bn, bk, w, st, sp in [(32, 256, 2, 3, 2), (32, 256, 2, 3, 4), (32, 256, 2, 3, 8), (32, 256, 2, 2, 4),
+                                 (32, 256, 2, 4, 4), (32, 128, 2, 4, 4), (64, 256, 4, 3, 4)]},
+    "32/256/2 s2 split4 pair": dict(_BASE, num_stages=2, SPLIT_K=4, PAIR_STEPS=True),
+    "32/256/2 s3 split4 aligned quad": dict(_BASE, SPLIT_K=4, ALIGNED_K=True, QUAD_SIGNS=True),
 }
 READS = [(32, 256, 2, 3, 1), (32, 256, 2, 3, 2), (32, 256, 2, 3, 4), (64, 256, 4, 3, 4), (128, 256, 8, 4, 4),
          (64, 512, 4, 4, 4)]

@@ -11,8 +11,7 @@ ncu's sections (speed of light, occupancy, warp stalls, scheduler, memory) can s
         --log-file $OUT/ncu_attn_fwd.csv python3 benchmarks/ncu_kernels.py attn_fwd
 
 Workloads: attn_fwd, attn_bwd (B2 H32 S2048 D128 causal bf16, ours then SDPA/cuDNN), gemm_qkv (x @ w.T,
-M8192 N12288 K4096 bf16, ours then cuBLAS), mx_decode (MXFP4 weights, 16x14336x4096: the default tile, then split in two
-added in its last program, then
+M8192 N12288 K4096 bf16, ours then cuBLAS), mx_decode (MXFP4 weights, 16x14336x4096: the default tile, then split in two, then
 bf16 cuBLAS). Everything runs (and compiles) twice before the profiler starts;
 the profiled pass launches each side once. `--clock-control none` leaves the clocks alone (the device
 tool's METHOD.md); ncu reads counters on the Firecracker machines only (KINDS.md).
@@ -57,8 +56,7 @@ def gemm_qkv():
 
 
 def mx_decode():
-    """MXFP4 weight-only decode 16x14336x4096: the default tile, the same split in two (summed in the last
-    program), then bf16 cuBLAS."""
+    """MXFP4 weight-only decode 16x14336x4096: the default tile, the same split in two, then bf16 cuBLAS."""
     from flyarray.kernels import mx, scaled_matmul as sm
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(16, 4096, device="cuda", generator=g).to(torch.bfloat16)
@@ -68,7 +66,7 @@ def mx_decode():
     cfg = sm.pick_config(sm.CONFIGS, "sm_90")
     out = torch.empty(16, 14336, device="cuda", dtype=torch.bfloat16)
     tiles = [dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3),
-             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3, SUM_SPLITS=True)]
+             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3)]
     bf16 = w.to(torch.bfloat16)
     return [*(lambda c=c: sm._decode_candidate(x, data, s8, "bf16", "e2m1", out, cfg, c) for c in tiles),
             lambda: x @ bf16.T]

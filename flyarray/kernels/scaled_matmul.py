@@ -134,6 +134,10 @@ CONFIGS = {
             # (no GPU after they were written); BLOCK_N 16 and BLOCK_K 512 spilled 158-2501 B.
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=5),
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3),
+            # few weight rows, long K (the MLP's down projection, 16x4096x14336: 128 tiles of 32 rows): four
+            # K splits fill the machine. H100, mx_decode_probe.py: 28.3 us against 35.6 for the split in two
+            # (the timed choice before), 56.1 unsplit; bf16 torch.matmul 44.0
+            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=4, num_warps=2, num_stages=3),
         ],
         # Decode variants (_mx_decode_kernel's SPLIT_WORDS, QUAD_SIGNS, ALIGNED_K) never run on a GPU
         # yet: compiled (0 spills, the cross-compile test) and bit-checked by the GPU tests like the
@@ -159,11 +163,6 @@ CONFIGS = {
             # (Triton 3.9), so that one is left to tune_mx_decode.py's sweep.
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=2, PAIR_STEPS=True),
             dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=2, PAIR_STEPS=True),
-            # SUM_SPLITS: K split in two, the partials added by each tile's last program (no second kernel):
-            # 896 programs at 16x14336x4096, all resident at once (128 / 110 registers, 8+ programs an SM),
-            # against 448 (ncu: 6 warps an SM, 40% of issue slots used, DRAM 34% busy)
-            dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, num_warps=2, num_stages=3, SUM_SPLITS=True),
-            dict(kernel="decode", BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=2, num_stages=4, SUM_SPLITS=True),
         ],
     },
     "cpu": {
@@ -587,13 +586,13 @@ def _decode_step(acc, codes, k0, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_wo
 
 
 @triton.jit
-def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_per_split,
+def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wn, stride_sn, stride_om, stride_on, stride_split,
                       W_FP4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SCALE_NATIVE: tl.constexpr, ASM_DECODE: tl.constexpr = False,
                       E5M2: tl.constexpr = False, SPLIT_WORDS: tl.constexpr = 1,
                       QUAD_SIGNS: tl.constexpr = False, ALIGNED_K: tl.constexpr = False,
-                      PAIR_STEPS: tl.constexpr = False, SUM_SPLITS: tl.constexpr = False):
+                      PAIR_STEPS: tl.constexpr = False):
     """out[(split,) M, N] = x[M, K] @ dequant(w[N, K])^T for small M, computed transposed.
 
     Program (pid_m, pid_n, split) covers BLOCK_M rows of x, BLOCK_N rows of w and K range
@@ -621,9 +620,6 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K
     the second step's wait overlaps the first step's work. (Loading the next step's codes a step ahead
     instead, carried through the loop, made Triton route the decoded weights through shared memory:
     851 SASS instructions a step against 732.)
-    SUM_SPLITS (K split across programs): each program stores its fp32 partial in part_ptr ([splits, M, N])
-    and the last of a tile's programs to arrive (count_ptr: one zeroed counter a tile, left zeroed) adds
-    them in split order into out_ptr, instead of a second kernel; without it out_ptr holds the partials.
     """
     BYTES: tl.constexpr = BLOCK_K // 2 if W_FP4 else BLOCK_K     # weight bytes per row per step
     PER_SCALE: tl.constexpr = 16 if W_FP4 else 32                 # bytes sharing one scale
@@ -660,45 +656,7 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, M, N, K
                                jw, W_FP4, BLOCK_N, BLOCK_K, GROUPS, PER_SCALE, PER_WORD, BYTES, UNIT, DOTS,
                                SCALE_NATIVE, ASM_DECODE, E5M2, QUAD_SIGNS, ALIGNED_K)
     out_ptrs = out_ptr + split * stride_split + rm[None, :] * stride_om + rn[:, None] * stride_on
-    if SUM_SPLITS:
-        _add_splits_in_last(acc, part_ptr, count_ptr, out_ptr + rm[None, :] * stride_om + rn[:, None] * stride_on,
-                            rm[None, :] * N + rn[:, None], m_ok & (rn < N)[:, None], M * N, ASM_DECODE)
-    else:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (rn < N)[:, None])
-
-
-@triton.jit
-def _fence_gpu(x):
-    """fence.acq_rel.gpu in every thread (NVIDIA): this thread's stores before it are seen, GPU-wide, before
-    anything it does after it; ``x`` is returned (inline PTX needs an operand)."""
-    return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _add_splits_in_last(acc, part_ptr, count_ptr, out_ptrs, offs, mask, plane, FENCE: tl.constexpr):
-    """Store this program's partial of its tile; the last of the tile's K-split programs to arrive adds all
-    of them (in split order, so the sum does not depend on who came last) into ``out_ptrs``.
-
-    Every thread fences its partial's stores, the program synchronizes, then one atomic (acq_rel) counts
-    the arrival: the program that brings the count to the number of splits sees every other partial, and
-    puts the counter back to 0 for the next launch. Partials are read through L2 (.cg): another SM wrote
-    them. Under the interpreter programs run one after another, so no fence is needed there."""
-    split = tl.program_id(2)
-    splits = tl.num_programs(2)
-    tl.store(part_ptr + split * plane + offs, acc, mask=mask)
-    tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    one = 1
-    if FENCE:
-        one = _fence_gpu(one)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr + tile, one, sem="acq_rel", scope="gpu")
-    if arrived == splits - 1:
-        total = tl.zeros_like(acc)
-        for s in range(0, splits):
-            total += tl.load(part_ptr + s * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (rn < N)[:, None])
 
 
 @triton.jit
@@ -1080,44 +1038,25 @@ def _decode_launch(x, w, sw, w_fmt, out, c):
     split_k = max(1, min(c["SPLIT_K"], cdiv(k, block_k)))
     k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
     split_k = cdiv(k, k_per_split)
+    target = out if split_k == 1 else empty((split_k, m, n), torch.float32, x.device)
     grid = (cdiv(m, _DECODE_BLOCK_M), cdiv(n, c["BLOCK_N"]), split_k)
-    sum_splits = split_k > 1 and c.get("SUM_SPLITS", False)
-    partials = empty((split_k, m, n), torch.float32, x.device) if split_k > 1 else out
-    target = out if split_k == 1 or sum_splits else partials
-    counters = _tile_counters(x.device, grid[0] * grid[1]) if sum_splits else partials
     # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
     native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)
     asm = native and c.get("ASM_DECODE", True) and _has_bf16x2_ptx(x.device)
-    nv = {"maxnreg": c["maxnreg"]} if "maxnreg" in c and x.device.type == "cuda" and not torch.version.hip else {}
     launch(_mx_decode_kernel, x.device, grid,
-           x, w, sw, target, partials, counters, m, n, k, k_per_split,
+           x, w, sw, target, m, n, k, k_per_split,
            x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
            target.stride(0) if split_k > 1 else 0,
            W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
            SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", SPLIT_WORDS=c.get("SPLIT_WORDS", 1),
            QUAD_SIGNS=c.get("QUAD_SIGNS", False), ALIGNED_K=c.get("ALIGNED_K", False),
-           PAIR_STEPS=c.get("PAIR_STEPS", False), SUM_SPLITS=sum_splits, num_warps=c["num_warps"],
-           num_stages=c["num_stages"], **nv)
-    if split_k > 1 and not sum_splits:
+           PAIR_STEPS=c.get("PAIR_STEPS", False), num_warps=c["num_warps"],
+           num_stages=c["num_stages"])
+    if split_k > 1:
         numel = m * n
         launch(_sum_splits_kernel, x.device, (cdiv(numel, 1024),), target, out, numel,
                SPLIT_K=split_k, BLOCK=1024, num_warps=4)
     return out
-
-
-# Arrival counters of _add_splits_in_last, zero between launches (each launch's last arrivals put them back),
-# one buffer per (device, stream): launches on one stream run in order, so none shares a counter with another.
-_TILE_COUNTERS: dict = {}
-
-
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(tiles, dtype=torch.int32, device=device)   # a graph's own (its memset replays)
-    found = _TILE_COUNTERS.get((device, stream))
-    if found is None or found.numel() < tiles:
-        found = _TILE_COUNTERS[(device, stream)] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-    return found
 
 
 def reference_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, lhs_format=None, rhs_format=None) -> torch.Tensor:
@@ -1163,19 +1102,16 @@ def _decode_spec(arch: str, w_fmt: str, c: dict | None = None, tag: str = ""):
     from flyarray.targets import KernelSpec
     c = dict(c or next(c for c in pick_config(CONFIGS, arch)["decode_candidates"] if c["kernel"] == "decode"))
     launch_opts = {"num_warps": c.pop("num_warps"), "num_stages": c.pop("num_stages")}
-    c.pop("kernel")
-    nv_options = {"maxnreg": c.pop("maxnreg")} if "maxnreg" in c else {}
-    split = c.pop("SPLIT_K") > 1
-    c["SUM_SPLITS"] = split and c.get("SUM_SPLITS", False)
+    c.pop("SPLIT_K"), c.pop("kernel")
     c = {"SPLIT_WORDS": 1, "QUAD_SIGNS": False, "ALIGNED_K": False, "PAIR_STEPS": False, **c}   # a compile spec names every constexpr, defaults included
     ints = ("M", "N", "K", "k_per_split", "stride_xm", "stride_wn", "stride_sn", "stride_om", "stride_split")
     signature = {"x_ptr": "*bf16", "w_ptr": _POINTER_TYPES[w_fmt], "s_ptr": "*u8", "out_ptr": "*bf16",
-                 "part_ptr": "*fp32", "count_ptr": "*i32", **{k: "i32" for k in ints}, "stride_on": "constexpr",
+                 **{k: "i32" for k in ints}, "stride_on": "constexpr",
                  **{k: "constexpr" for k in ("W_FP4", "BLOCK_M", "SCALE_NATIVE", "ASM_DECODE", "E5M2", *c)}}
     constexprs = {"stride_on": 1, "W_FP4": w_fmt == "e2m1", "BLOCK_M": _DECODE_BLOCK_M, "SCALE_NATIVE": True,
                   "ASM_DECODE": arch.startswith("sm_"), "E5M2": w_fmt == "e5m2", **c}
     return KernelSpec(f"scaled_matmul_decode{tag}_bf16x{w_fmt}_{arch}", _mx_decode_kernel,
-                      signature, constexprs, nv_options=nv_options, **launch_opts)
+                      signature, constexprs, **launch_opts)
 
 
 def _fp8_blocks_spec(arch: str):
