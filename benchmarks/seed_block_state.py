@@ -1,0 +1,64 @@
+"""Does the seed block's forward under backend="flyarray" get slower with what ran before it in the process?
+
+`bench --suite torch` timed it at 1.047x eager after the Llama block's case, while
+benchmarks/host_seed_block.py (a fresh process) gave 1.075-1.097x in the same call (twenty-third session).
+This times ours and eager (do_bench, as the bench does) and our host time per call, fresh, then after
+torch.compile of the same block, after the Llama block's case (ours, Inductor, eager), after 5 s idle and
+after torch.cuda.empty_cache(); each stage notes the threads alive and whether a Triton launch hook is set.
+
+    PYTHONPATH=$PWD python benchmarks/seed_block_state.py
+"""
+import statistics
+import threading
+import time
+
+import torch
+
+from flyarray.bench import torch_models
+from flyarray.bench.harness import time_ms
+from flyarray.kernels._triton import launch_hooks_set
+
+
+def host_us(fn, calls=30):
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def stage(tag, case):
+    for _ in range(3):
+        case.ours(), case.eager()
+    ours = [time_ms(case.ours, torch.device("cuda")) * 1e3 for _ in range(2)]
+    eager = [time_ms(case.eager, torch.device("cuda")) * 1e3 for _ in range(2)]
+    print(f"{tag:28s} ours {min(ours):7.1f} us  eager {min(eager):7.1f} us  eager/ours {min(eager) / min(ours):.3f}  "
+          f"host ours {host_us(case.ours):6.1f} eager {host_us(case.eager):6.1f} us  threads {threading.active_count()}"
+          f"  hook {launch_hooks_set()}", flush=True)
+
+
+def main():
+    cases = torch_models.cases("cuda", small=False)
+    llama, fwd = cases[0], cases[1]
+    assert fwd.name.startswith("block fwd "), fwd.name
+    fwd.ours(), fwd.eager()
+    stage("fresh", fwd)
+    compiled = torch.compile(fwd.compilable)
+    compiled()
+    stage("after inductor (this block)", fwd)
+    llama.ours(), llama.eager()
+    torch.compile(llama.compilable)()
+    for _ in range(3):
+        llama.ours(), llama.eager()
+    stage("after the llama case", fwd)
+    time.sleep(5)
+    stage("after 5 s idle", fwd)
+    torch.cuda.empty_cache()
+    stage("after empty_cache", fwd)
+
+
+if __name__ == "__main__":
+    main()
