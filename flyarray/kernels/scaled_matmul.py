@@ -234,6 +234,8 @@ def _dot_scaled_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
     for k0 in range(0, K, BLOCK_K):
         k_left = K - k0
         a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (ka[None, :] < k_left // A_PACK), other=A_ZERO)
+        if A_FORMAT == "bf16" and a.dtype == tl.float32:   # the interpreter hands bf16 operands over as fp32
+            a = a.to(tl.bfloat16)
         b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (kb[:, None] < k_left // B_PACK), other=B_ZERO)
         sb = tl.load(sb_ptrs, mask=(rn[:, None] < N) & (ks[None, :] < k_left // 32), other=127)
         if A_SCALED:
@@ -283,6 +285,17 @@ def _fp4_bits(code, FP16: tl.constexpr):
     else:
         bits = tl.where(mag >= 2, (mag << 6) + 0x3F00, mag * 0x3F00)
     return bits | ((code & 8) << 12)
+
+
+@triton.jit
+def _half_bits_as(bits, ty: tl.constexpr):
+    """int32 holding an fp16/bf16 bit pattern -> that value as ``ty``. fp32 is bf16 under the interpreter (it
+    hands bf16 tensors to a kernel as fp32 copies): bf16's bits are the upper half of the same fp32 value."""
+    if ty == tl.float32:
+        value = (bits << 16).to(tl.float32, bitcast=True)
+    else:
+        value = bits.to(tl.int16).to(ty, bitcast=True)
+    return value
 
 
 # E2M1 -> bf16 for 8 codes (one 32-bit word) at a time, scaled, on NVIDIA (sm_90: mul.bf16x2).
@@ -566,8 +579,8 @@ def _decode_step(acc, codes, k0, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_wo
             scale = _e8m0_exp2(code, 0)
         if W_FP4:
             packed = raw.to(tl.int32)
-            lo = _fp4_bits(packed & 0xF, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
-            hi = _fp4_bits(packed >> 4, compute_ty == tl.float16).to(tl.int16).to(compute_ty, bitcast=True)
+            lo = _half_bits_as(_fp4_bits(packed & 0xF, compute_ty == tl.float16), compute_ty)
+            hi = _half_bits_as(_fp4_bits(packed >> 4, compute_ty == tl.float16), compute_ty)
             if SCALE_NATIVE:
                 lo = lo * scale
                 hi = hi * scale

@@ -50,6 +50,17 @@ def test_weight_only_matches_dequantized_matmul(b_fmt, method, m):
     assert _rel_err(out, ref) < 1e-3
 
 
+@pytest.mark.parametrize("b_fmt", ["e2m1", "e4m3", "e5m2"])
+@pytest.mark.parametrize("method", [None, "decode", "dot_scaled", "upcast"])
+def test_bf16_activations_on_the_interpreter(b_fmt, method):
+    """bf16 x MX on the CPU (the interpreter runs bf16 kernels on fp32 copies): the fp4 decode built bf16 bit
+    patterns it could not bitcast to fp32, and tl.dot_scaled refused an fp32 'bf16' operand."""
+    a, b, _, sb = _operands(7, 40, 160, "bf16", b_fmt, seed=4)
+    out = sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float32, method=method)
+    ref = sm.reference_scaled_matmul(a, b, None, sb)
+    assert out.dtype == torch.float32 and _rel_err(out, ref) < 1e-5   # exact products, fp32 sums
+
+
 @settings(max_examples=6, deadline=None)
 @given(m=st.integers(1, 33), n=st.integers(1, 40), kb=st.integers(1, 4),
        pair=st.sampled_from(MX_PAIRS + [("fp16", "e2m1")]))
