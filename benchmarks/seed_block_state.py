@@ -4,7 +4,8 @@
 benchmarks/host_seed_block.py (a fresh process) gave 1.075-1.097x in the same call (twenty-third session).
 This times ours and eager (do_bench, as the bench does) and our host time per call, fresh, then after
 torch.compile of the same block, after the Llama block's case (ours, Inductor, eager), after 5 s idle and
-after torch.cuda.empty_cache(); each stage notes the threads alive and whether a Triton launch hook is set.
+after torch.cuda.empty_cache(); each stage notes the threads alive, whether a Triton launch hook is set, and
+the device time of each kernel (torch.profiler).
 
     PYTHONPATH=$PWD python benchmarks/seed_block_state.py
 """
@@ -30,6 +31,22 @@ def host_us(fn, calls=30):
     return statistics.median(samples)
 
 
+def kernel_us(fn, calls=10):
+    """Device us per call by kernel name (torch.profiler over ``calls`` calls), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per[e.name[:40]] = per.get(e.name[:40], 0.0) + e.device_time_total / calls
+    return dict(sorted(((k, round(v, 1)) for k, v in per.items()), key=lambda kv: -kv[1]))
+
+
 def stage(tag, case):
     for _ in range(3):
         case.ours(), case.eager()
@@ -38,6 +55,9 @@ def stage(tag, case):
     print(f"{tag:28s} ours {min(ours):7.1f} us  eager {min(eager):7.1f} us  eager/ours {min(eager) / min(ours):.3f}  "
           f"host ours {host_us(case.ours):6.1f} eager {host_us(case.eager):6.1f} us  threads {threading.active_count()}"
           f"  hook {launch_hooks_set()}", flush=True)
+    ours_k, eager_k = kernel_us(case.ours), kernel_us(case.eager)
+    print(f"    kernels ours {sum(ours_k.values()):.1f} us {ours_k}", flush=True)
+    print(f"    kernels eager {sum(eager_k.values()):.1f} us {eager_k}", flush=True)
 
 
 def main():
