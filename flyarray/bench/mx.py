@@ -38,8 +38,10 @@ def _against(reference: torch.Tensor):
 _LOGGED: set = set()
 
 
-def _decode_case(device, small, weight_fmt: str) -> Case:
-    m, n, k = (16, 64, 256) if small else (16, 14336, 4096)
+def _decode_case(device, small, weight_fmt: str, shape=(16, 14336, 4096)) -> Case:
+    """Weight-only decode: ``shape`` (M, N, K) is 16x14336x4096 (a Llama-8B MLP's up projection) or
+    16x4096x14336 (its down projection: few weight rows, long K)."""
+    m, n, k = (16, 64, 256) if small else shape
     act = _activation_dtype(device)
     x = torch.randn(m, k, device=device).to(act)
     w_data, w_scales = mx_quantize(torch.randn(n, k, device=device), weight_fmt)
@@ -111,4 +113,5 @@ def _scaled_mm_case(a, b, sa, sb, a_f32, b_f32, reference, shape, flops) -> Case
 
 def cases(device, small) -> list:
     device = torch.device(device)
-    return [_decode_case(device, small, "e2m1"), _decode_case(device, small, "e4m3")] + _gemm_cases(device, small)
+    return [_decode_case(device, small, "e2m1"), _decode_case(device, small, "e4m3"),
+            *([] if small else [_decode_case(device, small, "e2m1", (16, 4096, 14336))])] + _gemm_cases(device, small)
