@@ -63,7 +63,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flyarray.kernels._triton import cdiv, current_arch, empty, next_pow2, pick_config
+from flyarray.kernels._triton import (FixedLaunch, cdiv, current_arch, empty, is_warming_up, launch_cache,
+                                      next_pow2, pick_config)
 from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_dequantize, mx_format, scales_as_uint8
 from flyarray.targets import AMD_OPTIONS, amd_launch_options
 
@@ -1047,32 +1048,71 @@ def _has_bf16x2_ptx(device: torch.device) -> bool:
 _DECODE_BLOCK_M = 16
 
 
+_DECODE_LAUNCHES: dict = launch_cache()   # call signature -> _DecodeLaunch
+_PREPARED_ON_CPU = False   # tests turn it on: the interpreter then takes the prepared path too
+
+
+class _DecodeLaunch:
+    """One decode signature's launches, worked out once: the K split, the grid, the integer arguments and the
+    constexprs. On a GPU they go through FixedLaunch (the compiled kernels' launchers directly, no per-call
+    specialization key): a loop of decode calls is host-bound (bench --suite mx, H100 host: ~70 us a call
+    back to back against ~30 us of kernel). Dry runs and the interpreter launch through ``launch``."""
+
+    def __init__(self, x, w, sw, w_fmt, out, c):
+        m, k = x.shape
+        n = w.shape[0]
+        block_k = c["BLOCK_K"]
+        split_k = max(1, min(c["SPLIT_K"], cdiv(k, block_k)))
+        k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
+        self.split_k = cdiv(k, k_per_split)
+        self.device = x.device
+        self.grid = (cdiv(m, _DECODE_BLOCK_M), cdiv(n, c["BLOCK_N"]), self.split_k)
+        self.partials = (self.split_k, m, n)
+        self.ints = (m, n, k, k_per_split, x.stride(0), w.stride(0), sw.stride(0))
+        # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
+        native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)
+        asm = native and c.get("ASM_DECODE", True) and _has_bf16x2_ptx(x.device)
+        self.kwargs = dict(W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
+                           SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2",
+                           SPLIT_WORDS=c.get("SPLIT_WORDS", 1), QUAD_SIGNS=c.get("QUAD_SIGNS", False),
+                           ALIGNED_K=c.get("ALIGNED_K", False), PAIR_STEPS=c.get("PAIR_STEPS", False),
+                           num_warps=c["num_warps"], num_stages=c["num_stages"])
+        self.sum_grid = (cdiv(m * n, 1024),)
+        self.sum_kwargs = dict(SPLIT_K=self.split_k, BLOCK=1024, num_warps=4)
+        self.fixed = None
+
+    def __call__(self, x, w, sw, out, fixed: bool):
+        split = self.split_k > 1
+        target = empty(self.partials, torch.float32, self.device) if split else out
+        args = (x, w, sw, target, *self.ints, target.stride(-2), target.stride(-1), target.stride(0) if split else 0)
+        sum_args = (target, out, self.partials[1] * self.partials[2])
+        if not fixed:
+            launch(_mx_decode_kernel, self.device, self.grid, *args, **self.kwargs)
+            if split:
+                launch(_sum_splits_kernel, self.device, self.sum_grid, *sum_args, **self.sum_kwargs)
+            return out
+        if self.fixed is None:
+            self.fixed = (FixedLaunch(_mx_decode_kernel, self.device, self.grid, self.kwargs),
+                          FixedLaunch(_sum_splits_kernel, self.device, self.sum_grid, self.sum_kwargs) if split else None)
+        decode, total = self.fixed
+        decode(*args)
+        if split:
+            total(*sum_args)
+        return out
+
+
 def _decode_launch(x, w, sw, w_fmt, out, c):
-    m, k = x.shape
-    n = w.shape[0]
-    block_k = c["BLOCK_K"]
-    split_k = max(1, min(c["SPLIT_K"], cdiv(k, block_k)))
-    k_per_split = cdiv(cdiv(k, split_k), block_k) * block_k
-    split_k = cdiv(k, k_per_split)
-    target = out if split_k == 1 else empty((split_k, m, n), torch.float32, x.device)
-    grid = (cdiv(m, _DECODE_BLOCK_M), cdiv(n, c["BLOCK_N"]), split_k)
-    # bf16 scale products on a GPU (Triton's interpreter multiplies bf16 by bf16 to 0)
-    native = x.dtype == torch.bfloat16 and x.device.type != "cpu" and c.get("SCALE_NATIVE", True)
-    asm = native and c.get("ASM_DECODE", True) and _has_bf16x2_ptx(x.device)
-    launch(_mx_decode_kernel, x.device, grid,
-           x, w, sw, target, m, n, k, k_per_split,
-           x.stride(0), w.stride(0), sw.stride(0), target.stride(-2), target.stride(-1),
-           target.stride(0) if split_k > 1 else 0,
-           W_FP4=w_fmt == "e2m1", BLOCK_M=_DECODE_BLOCK_M, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k,
-           SCALE_NATIVE=native, ASM_DECODE=asm, E5M2=w_fmt == "e5m2", SPLIT_WORDS=c.get("SPLIT_WORDS", 1),
-           QUAD_SIGNS=c.get("QUAD_SIGNS", False), ALIGNED_K=c.get("ALIGNED_K", False),
-           PAIR_STEPS=c.get("PAIR_STEPS", False), num_warps=c["num_warps"],
-           num_stages=c["num_stages"])
-    if split_k > 1:
-        numel = m * n
-        launch(_sum_splits_kernel, x.device, (cdiv(numel, 1024),), target, out, numel,
-               SPLIT_K=split_k, BLOCK=1024, num_warps=4)
-    return out
+    """Launch config ``c`` of the decode kernel (and the K splits' sum), prepared once per signature: shapes,
+    strides, dtypes and 16-byte alignment (all Triton specializes on), the device, the format and ``c``."""
+    key = (x.shape, x.stride(), x.dtype, x.data_ptr() & 15, w.shape, w.stride(), w.dtype, w.data_ptr() & 15,
+           sw.shape, sw.stride(), sw.data_ptr() & 15, out.shape, out.stride(), out.dtype, out.data_ptr() & 15,
+           x.device, w_fmt, tuple(c.items()))
+    prepared = _DECODE_LAUNCHES.get(key)
+    if prepared is None:
+        if len(_DECODE_LAUNCHES) >= 1024:
+            _DECODE_LAUNCHES.clear()
+        prepared = _DECODE_LAUNCHES[key] = _DecodeLaunch(x, w, sw, w_fmt, out, c)
+    return prepared(x, w, sw, out, fixed=(x.is_cuda or _PREPARED_ON_CPU) and not is_warming_up())
 
 
 def reference_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, lhs_format=None, rhs_format=None) -> torch.Tensor:

@@ -50,6 +50,35 @@ def test_weight_only_matches_dequantized_matmul(b_fmt, method, m):
     assert _rel_err(out, ref) < 1e-3
 
 
+@pytest.mark.parametrize("split", [1, 3])
+def test_prepared_decode_launch_takes_each_calls_tensors(monkeypatch, split):
+    """The decode launch prepared for a signature (FixedLaunch on a GPU; the tests send the interpreter down the
+    same path) runs each later call on that call's tensors: new data of the same signature, new results; a new
+    signature (another M) prepares its own."""
+    monkeypatch.setattr(sm, "_PREPARED_ON_CPU", True)
+    monkeypatch.setattr(sm, "_DECODE_LAUNCHES", {})
+    c = dict(kernel="decode", BLOCK_N=16, BLOCK_K=64, SPLIT_K=split, num_warps=1, num_stages=1)
+    for seed, m in ((1, 9), (2, 9), (3, 5)):
+        a, b, _, sb = _operands(m, 24, 192, "fp16", "e2m1", seed=seed)
+        out = torch.empty(m, 24, dtype=torch.float32)
+        sm._decode_candidate(a, b, mx.scales_as_uint8(sb).contiguous(), "fp16", "e2m1", out, sm.CONFIGS["cpu"], c)
+        assert _rel_err(out, sm.reference_scaled_matmul(a, b, None, sb)) < 1e-3, (seed, m)
+    assert len(sm._DECODE_LAUNCHES) == 2
+
+
+@NEEDS_GPU
+def test_gpu_prepared_decode_launch_takes_each_calls_tensors():
+    """Each sm_90 decode config called twice with one signature and new data: the second call goes straight to
+    the compiled kernels' launchers (FixedLaunch) and must read the new tensors."""
+    cfg = sm.pick_config(sm.CONFIGS, "sm_90")
+    for c in sm.decode_kernel_configs("sm_90"):
+        for seed in (1, 2):
+            a, b, _, sb = _operands(16, 520, 1056, "bf16", "e2m1", seed=seed, device="cuda")
+            out = torch.empty(16, 520, dtype=torch.float32, device="cuda")
+            sm._decode_candidate(a, b, mx.scales_as_uint8(sb).contiguous(), "bf16", "e2m1", out, cfg, c)
+            assert _rel_err(out, sm.reference_scaled_matmul(a, b, None, sb)) < 1e-5, (c, seed)
+
+
 @pytest.mark.parametrize("b_fmt", ["e2m1", "e4m3", "e5m2"])
 @pytest.mark.parametrize("method", [None, "decode", "dot_scaled", "upcast"])
 def test_bf16_activations_on_the_interpreter(b_fmt, method):
