@@ -992,7 +992,8 @@ def _decode(x, w, sw, x_fmt, w_fmt, out, cfg, mixed=True):
         key = (current_arch(x.device), next_pow2(x.shape[0]), w.shape[0], x.shape[1], w_fmt, x.dtype, out.dtype,
                mixed)
         if key not in _DECODE_CHOICE:
-            _DECODE_CHOICE[key] = _fastest(candidates, run)
+            k = x.shape[1]
+            _DECODE_CHOICE[key] = _fastest(candidates, run, launches=lambda c: 1 + _decode_splits(c, k))
         return run(_DECODE_CHOICE[key])
     return run(candidates[0])
 
@@ -1010,8 +1011,22 @@ def tuning_choices() -> dict:
     return {f"{name} {' '.join(map(str, key))}": dict(choice) for name, table in named for key, choice in table.items()}
 
 
-def _fastest(candidates, run):
-    """The candidate config whose ``run`` is fastest (Triton's do_bench), skipping ones that fail.
+def _decode_splits(c: dict, k: int) -> bool:
+    """Whether decode config ``c`` splits a K of ``k`` (and so launches a second kernel to add the splits)."""
+    return c["kernel"] == "decode" and c["SPLIT_K"] > 1 and k > c["BLOCK_K"]
+
+
+# How much faster a candidate that launches one more kernel must be to win a timed choice. do_bench hides the
+# host behind its L2 flush, but a loop of small calls is host-bound: each launch costs it ~10 us of host time
+# (the H100 host), more than a few percent of a 30 us kernel (MXFP4 decode 16x14336x4096: one kernel 27.1 us,
+# four K splits and their sum 27.6, bench mx_decode_probe.py).
+EXTRA_LAUNCH_MARGIN = 0.05
+
+
+def _fastest(candidates, run, launches=None):
+    """The candidate config whose ``run`` is fastest (Triton's do_bench), skipping ones that fail; with
+    ``launches`` (config -> kernels it launches), each launch past the fewest any candidate makes must buy
+    EXTRA_LAUNCH_MARGIN of the time.
 
     Every candidate is compiled and run once before any is timed, and the timing takes the best of two
     interleaved rounds: an idle GPU ramps its clock up during the first milliseconds of work, which
@@ -1033,6 +1048,9 @@ def _fastest(candidates, run):
         for i, c in enumerate(runnable):
             ms = triton.testing.do_bench(lambda: run(c), warmup=5, rep=25, return_mode="median")
             best_ms[i] = min(best_ms[i], ms)
+    if launches is not None:
+        counts = [launches(c) for c in runnable]
+        best_ms = [ms * (1 + EXTRA_LAUNCH_MARGIN * (n - min(counts))) for ms, n in zip(best_ms, counts)]
     return runnable[best_ms.index(min(best_ms))]
 
 

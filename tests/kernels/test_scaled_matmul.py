@@ -50,6 +50,24 @@ def test_weight_only_matches_dequantized_matmul(b_fmt, method, m):
     assert _rel_err(out, ref) < 1e-3
 
 
+def test_timed_decode_choice_wants_a_margin_for_a_second_launch(monkeypatch):
+    """A K-split decode launches a second kernel (the splits' sum), which a loop of calls pays in host time:
+    it wins the timed choice only when EXTRA_LAUNCH_MARGIN faster; at a K of one step it does not split."""
+    import triton.testing
+    one = dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3)
+    split = dict(one, SPLIT_K=4)
+    ms, last = {}, {}
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), ms[id(last["c"])])[1])
+    run = lambda c: last.update(c=c)  # noqa: E731
+    launches = lambda c: 1 + sm._decode_splits(c, 4096)  # noqa: E731
+    ms.update({id(one): 27.1, id(split): 26.5})   # 2% faster
+    assert sm._fastest([one, split], run, launches) is one
+    assert sm._fastest([one, split], run) is split
+    ms.update({id(one): 56.1, id(split): 25.9})
+    assert sm._fastest([split, one], run, launches) is split
+    assert not sm._decode_splits(split, 256) and sm._decode_splits(split, 512)
+
+
 @pytest.mark.parametrize("split", [1, 3])
 def test_prepared_decode_launch_takes_each_calls_tensors(monkeypatch, split):
     """The decode launch prepared for a signature (FixedLaunch on a GPU; the tests send the interpreter down the
