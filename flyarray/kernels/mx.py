@@ -297,6 +297,17 @@ def _check_block_size(block_size) -> None:
         raise ValueError(f"block_size: OCP MX v1.0 blocks are {BLOCK_SIZE} elements; got {block_size}")
 
 
+def check_kernel_device(t: torch.Tensor, name: str) -> None:
+    """The kernels run on a GPU (Triton) or on the CPU (Triton's interpreter): any other device is refused
+    by name before any work (a 'meta' tensor reached torch's 'not compiled with CUDA' assertion)."""
+    if t.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name}: on device {t.device}; the MX kernels run on a GPU or the CPU")
+
+
+# mx_dequantize's output dtypes: the floats a kernel stores (integers would truncate the values, NaN included)
+_DEQUANT_OUTPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def _normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"{name}: {axis} is out of range for a tensor of rank {ndim}")
@@ -318,6 +329,7 @@ def mx_quantize(x: torch.Tensor, fmt: str, axis: int = -1, block_size: int = 32)
                         f"{getattr(x, 'dtype', type(x).__name__)}")
     if x.ndim == 0:
         raise ValueError("x: needs at least one dimension to quantize along")
+    check_kernel_device(x, "x")
     axis = _normalize_axis(axis, x.ndim)
     length = x.shape[axis]
     if length % BLOCK_SIZE:
@@ -375,8 +387,11 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
     _check_block_size(block_size)
     codes = _data_as_uint8(data, f)
     scale_codes = scales_as_uint8(scales)
+    if dtype not in _DEQUANT_OUTPUTS:
+        raise TypeError(f"dtype: the values come out as one of {[str(d) for d in _DEQUANT_OUTPUTS]}, got {dtype}")
     if codes.ndim == 0:
         raise ValueError("data: needs at least one dimension")
+    check_kernel_device(codes, "data")
     axis = _normalize_axis(axis, codes.ndim)
     length = logical_length(codes, f, axis)
     expected = codes.shape[:axis] + (length // BLOCK_SIZE,) + codes.shape[axis + 1:]
@@ -405,11 +420,22 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
 
 
 def reference_mx_dequantize(data, scales, fmt: str, axis: int = -1) -> torch.Tensor:
-    """float64 values of an MX tensor, through the numpy spec reference (the oracle)."""
+    """float64 values of an MX tensor, through the numpy spec reference (the oracle). Scales must have the
+    data's shape with the axis holding one code per 32 values (numpy would broadcast a wrong shape)."""
     from flyarray.kernels import mx_reference
     f = mx_format(fmt)
-    codes = _data_as_uint8(data, f).cpu().numpy()
-    values = mx_reference.dequantize(codes, scales_as_uint8(scales).cpu().numpy(), f.name, axis)
+    codes = _data_as_uint8(data, f)
+    scale_codes = scales_as_uint8(scales)
+    if codes.ndim == 0:
+        raise ValueError("data: needs at least one dimension")
+    axis = _normalize_axis(axis, codes.ndim)
+    length = logical_length(codes, f, axis)
+    expected = codes.shape[:axis] + (length // BLOCK_SIZE,) + codes.shape[axis + 1:]
+    if length % BLOCK_SIZE or tuple(scale_codes.shape) != tuple(expected):
+        raise ValueError(f"scales: expected shape {tuple(expected)} for data of shape {tuple(codes.shape)} "
+                         f"({f.name}, axis {axis}, {length} values a row, a multiple of {BLOCK_SIZE}), "
+                         f"got {tuple(scale_codes.shape)}")
+    values = mx_reference.dequantize(codes.cpu().numpy(), scale_codes.cpu().numpy(), f.name, axis)
     return torch.from_numpy(values).to(data.device)
 
 

@@ -65,7 +65,7 @@ import triton.language as tl
 
 from flyarray.kernels._triton import (FixedLaunch, cdiv, current_arch, empty, is_warming_up, launch_cache,
                                       next_pow2, pick_config)
-from flyarray.kernels.mx import BLOCK_SIZE, launch, mx_dequantize, mx_format, scales_as_uint8
+from flyarray.kernels.mx import BLOCK_SIZE, check_kernel_device, launch, mx_dequantize, mx_format, scales_as_uint8
 from flyarray.targets import AMD_OPTIONS, amd_launch_options
 
 _MX_FORMATS = ("e4m3", "e5m2", "e2m1")
@@ -170,6 +170,8 @@ CONFIGS = {
         ],
     },
     "cpu": {
+        # Triton's interpreter decodes a tl.dot_scaled operand through fp16: a bf16 lhs would lose its range
+        "bf16_wonly_method": "upcast",
         "dot_scaled": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, GROUP_M=2, num_warps=1, num_stages=1),
         "dot_scaled_fp4": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, GROUP_M=2, num_warps=1, num_stages=1),
         "fp8_blocks": dict(BLOCK_M=16, BLOCK_N=16, GROUP_M=2, num_warps=1, num_stages=1),
@@ -238,8 +240,6 @@ def _dot_scaled_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K,
     for k0 in range(0, K, BLOCK_K):
         k_left = K - k0
         a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (ka[None, :] < k_left // A_PACK), other=A_ZERO)
-        if A_FORMAT == "bf16" and a.dtype == tl.float32:   # the interpreter hands bf16 operands over as fp32
-            a = a.to(tl.bfloat16)
         b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (kb[:, None] < k_left // B_PACK), other=B_ZERO)
         sb = tl.load(sb_ptrs, mask=(rn[:, None] < N) & (ks[None, :] < k_left // 32), other=127)
         if A_SCALED:
@@ -803,6 +803,7 @@ def scaled_matmul(lhs: torch.Tensor, rhs: torch.Tensor, lhs_scales, rhs_scales,
         raise ValueError(f"lhs, rhs: batch dims differ: {tuple(lhs.shape)} vs {tuple(rhs.shape)}")
     if lhs.device != rhs.device:
         raise ValueError(f"rhs: on {rhs.device}, lhs on {lhs.device}")
+    check_kernel_device(lhs, "lhs")
     a_fmt = _infer_format(lhs, lhs_format, "lhs")
     b_fmt = _infer_format(rhs, rhs_format, "rhs")
     _check_operand_dtype(lhs, a_fmt, "lhs")
@@ -819,11 +820,38 @@ def scaled_matmul(lhs: torch.Tensor, rhs: torch.Tensor, lhs_scales, rhs_scales,
     sb = _check_scales(rhs_scales, rhs, b_fmt, k, "rhs_scales")
     if preferred_element_type not in _OUT_DTYPES:
         raise ValueError(f"preferred_element_type: one of {_OUT_DTYPES}, got {preferred_element_type}")
+    _check_method(method, lhs.shape[-2], a_fmt, b_fmt, lhs.device)
+    if lhs.ndim == 3 and lhs.shape[0] == 0:
+        return empty((0, lhs.shape[1], rhs.shape[1]), preferred_element_type, lhs.device)
     if lhs.ndim == 3:
         return torch.stack([
             _scaled_matmul_2d(lhs[i], rhs[i], None if sa is None else sa[i], sb[i], a_fmt, b_fmt,
                               preferred_element_type, method) for i in range(lhs.shape[0])])
     return _scaled_matmul_2d(lhs, rhs, sa, sb, a_fmt, b_fmt, preferred_element_type, method)
+
+
+METHODS = ("dot_scaled", "decode", "fp8_blocks", "upcast")
+
+
+def _check_method(method, m: int, a_fmt: str, b_fmt: str, device: torch.device) -> None:
+    """``method`` (None: chosen per arch and shape) fits the operands: checked before any work, empty
+    problems included."""
+    if method is None:
+        return
+    if method not in METHODS:
+        raise ValueError(f"method: unknown {method!r}; use None, 'dot_scaled', 'decode', 'fp8_blocks' or 'upcast'")
+    if method == "upcast" and a_fmt == "fp16":
+        raise ValueError("method: 'upcast' decodes the operands to bf16; it needs an MX or bf16 lhs "
+                         "(fp16 lhs: use 'decode' or 'dot_scaled')")
+    if method == "decode" and (a_fmt not in _PLAIN_FORMATS or m > DECODE_MAX_M):
+        raise ValueError(f"method: 'decode' needs bf16/fp16 lhs with M <= {DECODE_MAX_M}")
+    if method == "fp8_blocks" and (a_fmt not in ("e4m3", "e5m2") or b_fmt not in ("e4m3", "e5m2")):
+        raise ValueError("method: 'fp8_blocks' needs MXFP8 (e4m3/e5m2) lhs and rhs")
+    if method == "dot_scaled" and a_fmt == "bf16" and device.type == "cpu":
+        # Triton's interpreter decodes a tl.dot_scaled operand through fp16: bf16 values past fp16's range
+        # would come out inf/NaN, small ones flushed
+        raise ValueError("method: 'dot_scaled' with a bf16 lhs does not run exactly on the CPU (Triton's "
+                         "interpreter decodes it through fp16); use None, 'decode' (M <= 64) or 'upcast'")
 
 
 def _pick_method(m: int, a_fmt: str, b_fmt: str, cfg: dict) -> str:
@@ -833,34 +861,26 @@ def _pick_method(m: int, a_fmt: str, b_fmt: str, cfg: dict) -> str:
         return cfg["mxfp8_method"]
     if a_fmt not in _PLAIN_FORMATS:
         return cfg.get("mx_pair_method", "dot_scaled")
-    return "dot_scaled"
+    return cfg.get("bf16_wonly_method", "dot_scaled") if a_fmt == "bf16" else "dot_scaled"
 
 
 def _scaled_matmul_2d(a, b, sa, sb, a_fmt, b_fmt, out_dtype, method):
     m, n = a.shape[0], b.shape[0]
     cfg = pick_config(CONFIGS, current_arch(a.device))
     mixed = method is None  # auto: the tuners may also pick other kernels' configs
-    method = method or _pick_method(m, a_fmt, b_fmt, cfg)
-    if method == "upcast" and a_fmt == "fp16":
-        raise ValueError("method: 'upcast' decodes the operands to bf16; it needs an MX or bf16 lhs "
-                         "(fp16 lhs: use 'decode' or 'dot_scaled')")
+    if method is None:
+        method = _pick_method(m, a_fmt, b_fmt, cfg)
     out = empty((m, n), out_dtype, a.device)
     if m == 0 or n == 0:
         return out
     if a.shape[1] == 0:
         return out.zero_()
     if method == "decode":
-        if a_fmt not in _PLAIN_FORMATS or m > DECODE_MAX_M:
-            raise ValueError(f"method: 'decode' needs bf16/fp16 lhs with M <= {DECODE_MAX_M}")
         return _decode(a, b, sb, a_fmt, b_fmt, out, cfg, mixed)
     if method == "fp8_blocks":
-        if a_fmt not in ("e4m3", "e5m2") or b_fmt not in ("e4m3", "e5m2"):
-            raise ValueError("method: 'fp8_blocks' needs MXFP8 (e4m3/e5m2) lhs and rhs")
         return _fp8_blocks(a, b, sa, sb, a_fmt, b_fmt, out, cfg, mixed)
     if method == "upcast":
         return _upcast(a, b, sa, sb, a_fmt, b_fmt, out)
-    if method != "dot_scaled":
-        raise ValueError(f"method: unknown {method!r}; use None, 'dot_scaled', 'decode', 'fp8_blocks' or 'upcast'")
     if mixed and a_fmt != "fp16" and len(cfg.get("mx_candidates", ())) > 1 and a.device.type == "cuda":
         return _timed_mx(a, b, sa, sb, a_fmt, b_fmt, out, cfg)
     return _dot_scaled(a, b, sa, sb, a_fmt, b_fmt, out, cfg)

@@ -98,14 +98,66 @@ def test_gpu_prepared_decode_launch_takes_each_calls_tensors():
 
 
 @pytest.mark.parametrize("b_fmt", ["e2m1", "e4m3", "e5m2"])
-@pytest.mark.parametrize("method", [None, "decode", "dot_scaled", "upcast"])
-def test_bf16_activations_on_the_interpreter(b_fmt, method):
-    """bf16 x MX on the CPU (the interpreter runs bf16 kernels on fp32 copies): the fp4 decode built bf16 bit
-    patterns it could not bitcast to fp32, and tl.dot_scaled refused an fp32 'bf16' operand."""
-    a, b, _, sb = _operands(7, 40, 160, "bf16", b_fmt, seed=4)
+@pytest.mark.parametrize("method,m", [(None, 7), (None, 65), ("decode", 7), ("upcast", 7)])
+def test_bf16_activations_on_the_interpreter(b_fmt, method, m):
+    """bf16 x MX on the CPU (the interpreter runs bf16 kernels on fp32 copies), across bf16's range: the fp4
+    decode once built bf16 bit patterns it could not bitcast to fp32; rows of 1e5, 1e-6 and 2^-130 (outside
+    fp16's range, where tl.dot_scaled's interpreter decode goes) must come out as the float64 reference."""
+    a, b, _, sb = _operands(m, 40, 160, "bf16", b_fmt, seed=4)
+    a[:3] = torch.tensor([1e5, 1e-6, 2.0 ** -130], dtype=torch.bfloat16)[:, None]
     out = sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float32, method=method)
     ref = sm.reference_scaled_matmul(a, b, None, sb)
-    assert out.dtype == torch.float32 and _rel_err(out, ref) < 1e-5   # exact products, fp32 sums
+    assert out.dtype == torch.float32
+    for row in range(m):   # by row: the rows' scales differ by 2^200
+        assert _rel_err(out[row], ref[row]) < 1e-5, row   # exact products, fp32 sums
+
+
+def test_bf16_dot_scaled_is_refused_on_the_interpreter():
+    a, b, _, sb = _operands(7, 40, 160, "bf16", "e2m1", seed=4)
+    with pytest.raises(ValueError, match="'dot_scaled' with a bf16 lhs"):
+        sm.scaled_matmul(a, b, None, sb, method="dot_scaled")
+
+
+def test_method_is_checked_before_any_work():
+    """An unknown method, or one the operands do not fit, is refused for empty problems too (they returned
+    at once), and '' is no method (it was taken as None); a batch of 0 problems is an empty result."""
+    a, b, _, sb = _operands(4, 8, 64, "fp16", "e2m1", seed=2)
+    for lhs, rhs, scales in ((a, b, sb), (a[:0], b, sb), (a, b[:0], sb[:0]), (a[:, :0], b[:, :0], sb[:, :0])):
+        for method in ("bogus", "", "fp8_blocks", "upcast"):
+            with pytest.raises(ValueError, match="method"):
+                sm.scaled_matmul(lhs, rhs, None, scales, method=method)
+    with pytest.raises(ValueError, match="'decode' needs"):
+        sm.scaled_matmul(torch.zeros(65, 64, dtype=torch.float16), b[:0], None, sb[:0], method="decode")
+    out = sm.scaled_matmul(a[None][:0], b[None][:0], None, sb[None][:0], preferred_element_type=torch.float16)
+    assert out.shape == (0, 4, 8) and out.dtype == torch.float16
+
+
+def test_devices_the_kernels_cannot_run_on_are_refused_by_name():
+    a, b, _, sb = _operands(4, 8, 64, "fp16", "e2m1", seed=2)
+    meta = [t.to("meta") for t in (a, b, sb)]
+    with pytest.raises(ValueError, match="lhs: on device meta"):
+        sm.scaled_matmul(meta[0], meta[1], None, meta[2])
+    with pytest.raises(ValueError, match="x: on device meta"):
+        mx.mx_quantize(torch.zeros(4, 64, device="meta"), "e4m3")
+    with pytest.raises(ValueError, match="data: on device meta"):
+        mx.mx_dequantize(meta[1], meta[2], "e2m1")
+
+
+def test_reference_refuses_scales_of_the_wrong_shape():
+    """The float64 oracle checks what the kernels check: numpy broadcasting once made [N, 1] scales 'work'."""
+    a, b, _, sb = _operands(4, 8, 64, "fp16", "e2m1", seed=2)
+    for bad in (sb[:, :1], sb[:1], sb[:1, :1]):
+        with pytest.raises(ValueError, match="scales: expected shape"):
+            mx.reference_mx_dequantize(b, bad, "e2m1")
+        with pytest.raises(ValueError, match="scales: expected shape"):
+            sm.reference_scaled_matmul(a, b, None, bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.bool, torch.float8_e4m3fn])
+def test_dequantize_refuses_outputs_that_are_not_floats(dtype):
+    data, scales = mx.mx_quantize(torch.randn(2, 32), "e4m3")
+    with pytest.raises(TypeError, match="dtype"):
+        mx.mx_dequantize(data, scales, "e4m3", dtype=dtype)
 
 
 @settings(max_examples=6, deadline=None)
