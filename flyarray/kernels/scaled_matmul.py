@@ -791,7 +791,8 @@ def scaled_matmul(lhs: torch.Tensor, rhs: torch.Tensor, lhs_scales, rhs_scales,
     (or float8_e8m0fnu) [M, K/32] and [N, K/32]. A leading batch dim on both is allowed.
     Formats default from the dtypes (uint8 means e2m1). Returns [M, N] (or [B, M, N])
     in ``preferred_element_type``. ``method``: None (per arch and shape), 'dot_scaled',
-    'decode', 'fp8_blocks' or 'upcast'.
+    'decode', 'fp8_blocks' or 'upcast' (on the CPU, whose interpreter decodes a tl.dot_scaled operand
+    through fp16, a bf16 lhs takes 'decode' or 'upcast': 'dot_scaled' is refused there).
     """
     if block_size != BLOCK_SIZE:
         raise ValueError(f"block_size: OCP MX v1.0 blocks are {BLOCK_SIZE} elements; got {block_size}")
