@@ -84,6 +84,30 @@ def test_prepared_decode_launch_takes_each_calls_tensors(monkeypatch, split):
     assert len(sm._DECODE_LAUNCHES) == 2
 
 
+@pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
+def test_decode_call_fast_path_takes_each_calls_tensors(monkeypatch, w_fmt):
+    """scaled_matmul's fast path (a checked decode call's signature -> its one prepared launch) gives each later
+    call its own result, and a call the checks would refuse, or one whose operands need a copy (not contiguous),
+    or another output dtype, does not take it."""
+    monkeypatch.setattr(sm, "_PREPARED_ON_CPU", True)
+    monkeypatch.setattr(sm, "_FAST_DECODES", {})
+    for seed in (1, 2, 3):
+        a, b, _, sb = _operands(9, 24, 192, "fp16", w_fmt, seed=seed)
+        out = sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float32)
+        assert _rel_err(out, sm.reference_scaled_matmul(a, b, None, sb)) < 1e-3, seed
+    assert len(sm._FAST_DECODES) == 1
+    fast = next(iter(sm._FAST_DECODES.values()))
+    assert fast.out_dtype == torch.float32 and fast.out_shape == (9, 24)
+    half = sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float16)
+    assert half.dtype == torch.float16 and len(sm._FAST_DECODES) == 2
+    wide = torch.zeros(9, 384, dtype=torch.float16)
+    wide[:, ::2] = a   # the same shape through a strided view: copied, so not remembered
+    out = sm.scaled_matmul(wide[:, ::2], b, None, sb, preferred_element_type=torch.float32)
+    assert _rel_err(out, sm.reference_scaled_matmul(a, b, None, sb)) < 1e-3 and len(sm._FAST_DECODES) == 2
+    with pytest.raises(ValueError, match="block_size"):
+        sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float32, block_size=16)
+
+
 @NEEDS_GPU
 def test_gpu_prepared_decode_launch_takes_each_calls_tensors():
     """Each sm_90 decode config called twice with one signature and new data: the second call goes straight to
