@@ -109,6 +109,17 @@ def test_decode_call_fast_path_takes_each_calls_tensors(monkeypatch, w_fmt):
 
 
 @NEEDS_GPU
+@pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
+def test_gpu_decode_call_fast_path_takes_each_calls_tensors(w_fmt):
+    """scaled_matmul called four times with one signature and new data: the first times the candidates, the
+    second records its launch, the later ones take the fast path and must read their own tensors."""
+    for seed in (1, 2, 3, 4):
+        a, b, _, sb = _operands(16, 520, 1056, "bf16", w_fmt, seed=seed, device="cuda")
+        out = sm.scaled_matmul(a, b, None, sb, preferred_element_type=torch.float32)
+        assert _rel_err(out, sm.reference_scaled_matmul(a, b, None, sb)) < 1e-5, seed
+
+
+@NEEDS_GPU
 def test_gpu_prepared_decode_launch_takes_each_calls_tensors():
     """Each sm_90 decode config called twice with one signature and new data: the second call goes straight to
     the compiled kernels' launchers (FixedLaunch) and must read the new tensors."""
