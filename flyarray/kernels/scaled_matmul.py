@@ -578,30 +578,41 @@ def _decode_step(acc, codes, k0, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_wo
             raw = tl.load(w_ptrs + k0 // 2, mask=(k0 + 2 * jb < k_end)[None, :], other=ZERO)
         else:
             raw = tl.load(w_ptrs + k0, mask=(k0 + jb < k_end)[None, :], other=ZERO)
-        code = tl.reshape(tl.broadcast_to(codes[:, :, None], (BLOCK_N, GROUPS, PER_SCALE)), (BLOCK_N, BYTES))
-        if SCALE_NATIVE:
-            scale = _e8m0_bf16_bits(code).to(tl.int16).to(compute_ty, bitcast=True)
-        else:
-            scale = _e8m0_exp2(code, 0)
-        if W_FP4:
+        if W_FP4:   # the codes' values, exact in fp16/bf16 (and fp32, the interpreter's stand-in for bf16)
             packed = raw.to(tl.int32)
             lo = _half_bits_as(_fp4_bits(packed & 0xF, compute_ty == tl.float16), compute_ty)
             hi = _half_bits_as(_fp4_bits(packed >> 4, compute_ty == tl.float16), compute_ty)
-            if SCALE_NATIVE:
-                lo = lo * scale
-                hi = hi * scale
-            else:
-                lo = (lo.to(tl.float32) * scale).to(compute_ty)
-                hi = (hi.to(tl.float32) * scale).to(compute_ty)
             outs = (lo, hi)                                # byte j holds k = 2j (lo), 2j + 1 (hi)
         else:
-            if SCALE_NATIVE:  # fp8 -> bf16 is exact (the hardware conversion)
-                w = raw.to(compute_ty) * scale
-            else:
-                w = (raw.to(tl.float32) * scale).to(compute_ty)
-            outs = (w,)
+            outs = (raw.to(compute_ty),)                   # fp8 -> fp16/bf16 is exact
+        if not SCALE_NATIVE:   # fp16 (or the interpreter): the scale on each block's fp32 product
+            xt = _xt(x_ptr, rm, m_ok, stride_xm, k0 + tl.arange(0, BLOCK_K), k_end)
+            return _dot_scaled_blocks(_interleave(outs, 0, UNIT), xt, _e8m0_exp2(codes, 0), acc)
+        code = tl.reshape(tl.broadcast_to(codes[:, :, None], (BLOCK_N, GROUPS, PER_SCALE)), (BLOCK_N, BYTES))
+        scale = _e8m0_bf16_bits(code).to(tl.int16).to(compute_ty, bitcast=True)
+        if W_FP4:   # bf16 has fp32's exponent range: the products are exact
+            outs = (outs[0] * scale, outs[1] * scale)
+        else:
+            outs = (outs[0] * scale,)
     acc = _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT, DOTS)
     return acc
+
+
+@triton.jit
+def _dot_scaled_blocks(w, xt, scale, acc):
+    """acc += sum over the step's 32-element blocks b of scale[:, b] * (w[:, b] @ xt[b]).
+
+    w [N, K] holds the codes' unscaled values and xt [K, M] the activations, K a multiple of 32; scale [N, K/32]
+    is fp32. Each block's product is the MMA's fp32 sum of exact products, scaled in fp32: a weight scaled
+    before the dot would be rounded to fp16, whose range an E8M0 scale leaves (2^-127 .. 2^127) far behind."""
+    N: tl.constexpr = w.shape[0]
+    K: tl.constexpr = w.shape[1]
+    M: tl.constexpr = xt.shape[1]
+    BLOCKS: tl.constexpr = K // 32
+    w3 = tl.permute(tl.reshape(w, (N, BLOCKS, 32)), (1, 0, 2))     # [blocks, N, 32]
+    x3 = tl.reshape(xt, (BLOCKS, 32, M))                            # [blocks, 32, M]
+    part = tl.dot(w3, x3)                                           # [blocks, N, M], fp32
+    return acc + tl.sum(part * tl.permute(scale, (1, 0))[:, :, None], axis=0)
 
 
 @triton.jit

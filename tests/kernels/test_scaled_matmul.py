@@ -147,6 +147,20 @@ def test_bf16_activations_on_the_interpreter(b_fmt, method, m):
         assert _rel_err(out[row], ref[row]) < 1e-5, row   # exact products, fp32 sums
 
 
+@pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3", "e5m2"])
+@pytest.mark.parametrize("magnitude", [1e-7, 1e8, 1e30])
+def test_fp16_decode_keeps_weights_outside_fp16s_range(w_fmt, magnitude):
+    """fp16 activations: each block's product is scaled in fp32 (the weights were scaled, then rounded to fp16:
+    weights of 1e-7 came out 0, 1e8 NaN), so M <= 64 (decode) agrees with M = 65 (dot_scaled) and the reference."""
+    torch.manual_seed(0)
+    data, scales = mx.mx_quantize(torch.randn(40, 160) * magnitude, w_fmt)
+    x = torch.randn(65, 160).half()
+    ref = sm.reference_scaled_matmul(x, data, None, scales)
+    for rows in (x[:9], x):
+        out = sm.scaled_matmul(rows, data, None, scales, preferred_element_type=torch.float32)
+        assert _rel_err(out, ref[:len(rows)]) < 1e-6, len(rows)
+
+
 def test_bf16_dot_scaled_is_refused_on_the_interpreter():
     a, b, _, sb = _operands(7, 40, 160, "bf16", "e2m1", seed=4)
     with pytest.raises(ValueError, match="'dot_scaled' with a bf16 lhs"):
