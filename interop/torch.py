@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import collections.abc
+import inspect
 
 import torch
 
@@ -149,17 +150,28 @@ def accelerate(model: torch.nn.Module, ops=None, mx=None, sample_input=None, **c
     (``{"attention": False}``); None lowers all. Everything not lowered runs as torch ops.
     ``mx``: "mxfp8" or "mxfp4" swaps every eligible ``nn.Linear`` (in place) for MX weights with
     ``fa.quant.quantize_linear_weights`` (``sample_input`` lets it measure the error), computed by
-    ``torch.ops.flyarray.scaled_matmul``. ``compile_kwargs`` go to ``torch.compile`` (``dynamic=``...)."""
+    ``torch.ops.flyarray.scaled_matmul``. ``compile_kwargs`` go to ``torch.compile`` (``dynamic=``...); they
+    are checked before the model is touched."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"accelerate: model must be a torch.nn.Module, got {type(model).__name__}")
     families = _families(ops)
+    _check_compile_kwargs(compile_kwargs)
     if mx is not None:
         if mx not in _MX:
             raise ValueError(f"accelerate: mx must be one of {sorted(_MX)} or None, got {mx!r}")
         fa.quant.quantize_linear_weights(model, sample_input, weight_format=_MX[mx])
-        _route_mx_linears(model)
     backend = torch_backend.flyarray_backend if families is None else torch_backend.make_backend(families)
     return torch.compile(model, backend=backend, **compile_kwargs)
+
+
+def _check_compile_kwargs(compile_kwargs: dict) -> None:
+    """What torch.compile would refuse, refused before ``mx`` swaps any layer: an error leaves the model as it was."""
+    if "backend" in compile_kwargs:
+        raise TypeError("accelerate: backend is flyarray's; use torch.compile(model, backend=...) for another")
+    try:
+        inspect.signature(torch.compile).bind(None, **compile_kwargs)
+    except TypeError as e:
+        raise TypeError(f"accelerate: torch.compile does not take {sorted(compile_kwargs)}: {e}") from None
 
 
 def _families(ops):
@@ -181,28 +193,6 @@ def _families(ops):
             raise TypeError(f"accelerate: ops dict values must be bools, got {bad!r}")
         return {f for f in torch_backend.FAMILIES if ops.get(f, True)}
     return set(ops)
-
-
-def _route_mx_linears(model):
-    """Point each MXLinear at torch.ops.flyarray.scaled_matmul: its own forward launches the kernel
-    directly, which Dynamo would trace into (the interpreter shim, on a CPU)."""
-    import types
-
-    from flyarray.kernels.mx import MXLinear
-    for module in model.modules():
-        if isinstance(module, MXLinear):
-            module.forward = types.MethodType(_mx_linear_forward, module)
-
-
-def _mx_linear_forward(self, x):
-    rows = x.reshape(-1, self.in_features)
-    out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-    if self.activation_format is None:
-        lhs, lhs_scales = rows.to(self._compute_dtype(x)), None
-    else:
-        lhs, lhs_scales = torch.ops.flyarray.mx_quantize(rows.contiguous(), self.activation_format, -1, 32)
-    y = torch.ops.flyarray.scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales, out_dtype)
-    return self._output(y, x)
 
 
 def _tensors(op, **tensors):

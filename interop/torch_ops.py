@@ -493,9 +493,12 @@ def _json(value):
     return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
 
 
-def _register_autograd(custom, name, n_tensors, static_names, differentiable):
-    """Backward of ``custom`` (tensors first, then statics in its schema) through flyarray::vjp."""
+def _register_autograd(custom, name, n_tensors, static_names, differentiable, check=None):
+    """Backward of ``custom`` (tensors first, then statics in its schema) through flyarray::vjp. ``check``
+    (inputs -> None, or raises) refuses a call whose inputs want a gradient the op does not have."""
     def setup_context(ctx, inputs, output):
+        if check is not None:
+            check(inputs)
         ctx.statics = json.dumps({k: _json(v) for k, v in zip(static_names, inputs[n_tensors:])})
         ctx.save_for_backward(*inputs[:n_tensors])
 
@@ -517,8 +520,16 @@ _register_autograd(dot_product_attention, "dot_product_attention", 5, ("scale", 
 _register_autograd(matmul, "matmul", 4, ("activation", "out_dtype"), {0, 1, 2, 3})
 _register_autograd(ragged_dot, "ragged_dot", 3, (), {0, 1})
 _register_autograd(top_k, "top_k", 1, ("k",), {0})
+def _no_mx_lhs_gradient(inputs):
+    lhs, _, lhs_scales = inputs[:3]
+    if lhs_scales is not None and lhs.requires_grad:
+        raise RuntimeError("flyarray::scaled_matmul: an MX lhs (lhs_scales given) is quantized storage, which has "
+                           "no gradient; pass bf16/fp16 activations (lhs_scales=None) to train through it, or run "
+                           "it under torch.no_grad()")
+
+
 # a bf16/fp16 lhs (weight-only MX: accelerate(mx=...)) has a gradient; MX storage operands have none
-_register_autograd(scaled_matmul, "scaled_matmul", 4, ("out_dtype",), {0})
+_register_autograd(scaled_matmul, "scaled_matmul", 4, ("out_dtype",), {0}, check=_no_mx_lhs_gradient)
 
 OPS = ("rms_norm", "add_rms_norm", "softmax", "dot_product_attention", "attention_forward", "attention_backward",
        "matmul", "ragged_dot", "top_k", "scaled_matmul", "mx_quantize", "vjp")

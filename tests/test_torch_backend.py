@@ -744,6 +744,50 @@ def test_eager_mx_linear_passes_the_gradient_to_its_input(fmt):
         act_model(x.clone().requires_grad_())   # inference still runs
 
 
+def test_a_model_quantized_by_quantize_linear_weights_compiles():
+    """MXLinear traces its custom ops under torch.compile (its eager forward launches kernels, which Dynamo
+    traced into: KeyError(torch.uint64) from the interpreter shim), with backend="flyarray" and any other."""
+    from .interpreter_probe import INTERPRETER_PROBLEM
+    if INTERPRETER_PROBLEM:
+        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.SiLU(), torch.nn.Linear(32, 8))
+    fa.quant.quantize_linear_weights(model, weight_format="e4m3")
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        want = model(x)
+        for backend in ("flyarray", "eager"):
+            torch._dynamo.reset()
+            torch.testing.assert_close(torch.compile(model, backend=backend)(x), want, rtol=1e-3, atol=1e-3)
+
+
+def test_accelerate_checks_compile_arguments_before_swapping_layers():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    for kwargs, match in (({"backend": "inductor"}, "backend is flyarray's"), ({"dynamc": True}, "dynamc")):
+        with pytest.raises(TypeError, match=match):
+            fat.accelerate(model, mx="mxfp8", **kwargs)
+        assert type(model[0]) is torch.nn.Linear and model[0].weight.shape == (32, 64)
+
+
+def test_mx_linear_checks_its_input():
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    fa.quant.quantize_linear_weights(layer, weight_format="e4m3")
+    with pytest.raises(ValueError, match="in_features=64"):
+        layer(torch.randn(2, 128))
+    for dtype in (torch.complex64, torch.int64):
+        with pytest.raises(TypeError, match="real floating"):
+            layer(torch.zeros(2, 64, dtype=dtype))
+
+
+def test_scaled_matmul_op_refuses_a_gradient_for_an_mx_lhs():
+    from flyarray.kernels import mx
+    data, scales = mx.mx_quantize(torch.randn(8, 64), "e4m3")
+    lhs, lhs_scales = mx.mx_quantize(torch.randn(4, 64), "e4m3")
+    lhs = lhs.float().to(torch.float8_e4m3fn).requires_grad_()
+    with pytest.raises(RuntimeError, match="no gradient"):
+        torch.ops.flyarray.scaled_matmul(lhs, data, lhs_scales, scales, torch.float32)
+
+
 @pytest.mark.parametrize("fn, args", [
     (lambda a, b: a @ b, (torch.randn(2, 4, dtype=torch.bfloat16), torch.randn(4, 3))),
     (torch.mm, (torch.randn(2, 4), torch.randn(4, 3, dtype=torch.float64))),

@@ -495,6 +495,7 @@ class MXLinear(nn.Module):
         # nn.TransformerEncoderLayer's inference fast path reads linear.weight itself, which MXLinear has
         # not; a module with a forward hook turns that path off, so the layer calls this forward instead
         self.register_forward_pre_hook(_no_fast_path)
+        import flyarray.interop.torch_ops  # noqa: F401  (torch.ops.flyarray, for a compiled forward)
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
         if not x.is_cuda:   # the CPU runs kernels through Triton's interpreter, which has no bf16 arithmetic
@@ -502,16 +503,42 @@ class MXLinear(nn.Module):
         return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        trains = self._check_input(x)
+        if torch.compiler.is_compiling():
+            return self._forward_through_custom_ops(x)
         rows = x.reshape(-1, self.in_features)
-        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-        if torch.is_grad_enabled() and x.requires_grad:   # the layers before it train through it
-            if self.activation_format is not None:
-                raise RuntimeError("MXLinear: with activation_format the input is quantized, which has no "
-                                   "gradient; use weight-only MX (activation_format=None) to train through the "
-                                   "layer, or run it under torch.no_grad()")
+        out_dtype = _out_dtype(x)
+        if trains:   # the layers before it train through it
             y = _WeightOnlyMXLinear.apply(rows, self, out_dtype)
         else:
             y = self._matmul(rows, out_dtype)
+        return self._output(y, x)
+
+    def _check_input(self, x) -> bool:
+        """Refuse what nn.Linear refuses, by name, before any work; True when a gradient flows back to x."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"MXLinear: input must be a real floating tensor, got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"MXLinear: input's last dimension must be in_features={self.in_features}, got shape "
+                             f"{tuple(x.shape)}")
+        trains = torch.is_grad_enabled() and x.requires_grad
+        if trains and self.activation_format is not None:
+            raise RuntimeError("MXLinear: with activation_format the input is quantized, which has no "
+                               "gradient; use weight-only MX (activation_format=None) to train through the "
+                               "layer, or run it under torch.no_grad()")
+        return trains
+
+    def _forward_through_custom_ops(self, x):
+        """The forward as torch.compile traces it: torch.ops.flyarray's custom ops (fake implementations and
+        autograd registered), not the kernels' launches, which Dynamo would trace into."""
+        import flyarray.interop.torch_ops  # noqa: F401  (registers torch.ops.flyarray; already imported by then)
+        rows = x.reshape(-1, self.in_features)
+        if self.activation_format is None:
+            lhs, lhs_scales = rows.to(self._compute_dtype(x)), None
+        else:
+            lhs, lhs_scales = torch.ops.flyarray.mx_quantize(rows.contiguous(), self.activation_format, -1, 32)
+        y = torch.ops.flyarray.scaled_matmul(lhs, self.weight_data, lhs_scales, self.weight_scales, _out_dtype(x))
         return self._output(y, x)
 
     def _output(self, y, x):
@@ -549,6 +576,10 @@ class MXLinear(nn.Module):
 
 def _no_fast_path(module, args):
     return None
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
 
 
 class _WeightOnlyMXLinear(torch.autograd.Function):
