@@ -8,6 +8,7 @@ import statistics
 import time
 
 import torch
+from host_seed_block import _host_us as host_us  # one call's host time, the GPU idle before it
 
 from flyarray.kernels import mx, scaled_matmul as sm
 
@@ -23,17 +24,6 @@ def back_to_back_us(fn, calls=300, repeats=5):
             fn()
         torch.cuda.synchronize()
         per.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(per)
-
-
-def host_us(fn, calls=50):
-    per = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        per.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
     return statistics.median(per)
 
 

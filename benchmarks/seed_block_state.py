@@ -9,26 +9,15 @@ the device time of each kernel (torch.profiler).
 
     PYTHONPATH=$PWD python benchmarks/seed_block_state.py
 """
-import statistics
 import threading
 import time
 
 import torch
+from host_seed_block import _host_us as host_us  # one call's host time, the GPU idle before it
 
 from flyarray.bench import torch_models
 from flyarray.bench.harness import time_ms
 from flyarray.kernels._triton import launch_hooks_set
-
-
-def host_us(fn, calls=30):
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def kernel_us(fn, calls=10):
