@@ -120,6 +120,23 @@ def test_gpu_decode_call_fast_path_takes_each_calls_tensors(w_fmt):
 
 
 @NEEDS_GPU
+@pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
+def test_gpu_fp16_decode_keeps_weights_outside_fp16s_range(w_fmt):
+    """Each sm_90 decode config with fp16 activations (the per-block fp32 scaling, not the bf16 PTX decode):
+    weights of 1e-7 and 1e8 come out as the reference."""
+    cfg = sm.pick_config(sm.CONFIGS, "sm_90")
+    for magnitude in (1e-7, 1.0, 1e8):
+        torch.manual_seed(0)
+        data, scales = mx.mx_quantize(torch.randn(520, 1056, device="cuda") * magnitude, w_fmt)
+        x = torch.randn(16, 1056, device="cuda").half()
+        ref = sm.reference_scaled_matmul(x, data, None, scales)
+        for c in sm.decode_kernel_configs("sm_90"):
+            out = torch.empty(16, 520, dtype=torch.float32, device="cuda")
+            sm._decode_candidate(x, data, mx.scales_as_uint8(scales).contiguous(), "fp16", w_fmt, out, cfg, c)
+            assert _rel_err(out, ref) < 1e-5, (c, magnitude)
+
+
+@NEEDS_GPU
 def test_gpu_prepared_decode_launch_takes_each_calls_tensors():
     """Each sm_90 decode config called twice with one signature and new data: the second call goes straight to
     the compiled kernels' launchers (FixedLaunch) and must read the new tensors."""
