@@ -433,9 +433,9 @@ def test_gpu_decode_candidates_match_dequantized_matmul(w_fmt, m, n, k):
 @pytest.mark.parametrize("split_words,pair_steps", [(2, False), (8, False), (1, True), (2, True)])
 @pytest.mark.parametrize("w_fmt", ["e2m1", "e4m3"])
 def test_decode_variants_match_dequantized_matmul(split_words, pair_steps, w_fmt):
-    """SPLIT_WORDS and PAIR_STEPS through the interpreter (the plain Triton decode: fp4 splits into the
-    even-k and odd-k dots, 8 is capped at that; fp8 has nothing to split; paired steps: the K splits of
-    1056 have 5 and 4 steps of 128, so a pair's second step falls past the end and must add nothing):
+    """PAIR_STEPS through the interpreter (the K splits of 1056 have 5 and 4 steps of 128, so a pair's second
+    step falls past the end and must add nothing); SPLIT_WORDS only shapes the bf16 PTX decode's dots (checked
+    by test_dot_outputs_* here and on the GPU), so fp16's per-block scaled dots must ignore it:
     K=1056 is no multiple of BLOCK_K, M=21 no multiple of 16, a NaN scale (255) poisons its output
     column, zero codes and the 2^-127 scale give zeros."""
     a, b, _, sb = _operands(21, 40, 1056, "fp16", w_fmt, seed=5)
