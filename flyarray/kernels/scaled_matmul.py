@@ -634,10 +634,10 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     from shared memory). Decodes: ASM_DECODE (NVIDIA sm_90, bf16), 32-bit words of codes through
     inline PTX (FP4: prmt tables; fp8: the fp8x2 conversion); else bit arithmetic (_fp4_bits) or
     Triton's fp8 conversion. The E8M0 scale is applied in the activations' dtype when SCALE_NATIVE
-    (bf16 has fp32's exponent range, so the product is exact), else through fp32 (fp16, whose range
-    is too narrow for the scale).
-    SPLIT_WORDS: how many dots a step's decoded weights feed (_dot_outputs), at most the outputs of one
-    decoded unit (ASM: a word's 8 fp4 / 4 fp8 codes; else a byte's 2 fp4 nibbles, fp8 1): 1 is one
+    (bf16 has fp32's exponent range, so the product is exact), else to each 32-element block's fp32
+    product after the dot (_dot_scaled_blocks: fp16's range is too narrow for a scaled weight).
+    SPLIT_WORDS (SCALE_NATIVE): how many dots a step's decoded weights feed (_dot_outputs), at most the
+    outputs of one decoded unit (ASM: a word's 8 fp4 / 4 fp8 codes; else a byte's 2 fp4 nibbles, fp8 1): 1 is one
     [BLOCK_N, BLOCK_K] dot in k order; more skip interleaving the decoded values back into k order
     (fp4 ASM at 8: the two-word decode, _fp4_word_pairs_split). QUAD_SIGNS: the fp4 word decode that
     signs four codes at a time (_fp4_to_bf16x8_asm). ALIGNED_K (ASM): tells the compiler what always
