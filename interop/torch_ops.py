@@ -513,13 +513,6 @@ def _register_autograd(custom, name, n_tensors, static_names, differentiable, ch
     custom.register_autograd(backward, setup_context=setup_context)
 
 
-_register_autograd(rms_norm, "rms_norm", 2, ("eps",), {0, 1})
-_register_autograd(add_rms_norm, "add_rms_norm", 3, ("eps",), {0, 1, 2})
-_register_autograd(softmax, "softmax", 1, ("dim", "log"), {0})
-_register_autograd(dot_product_attention, "dot_product_attention", 5, ("scale", "is_causal"), {0, 1, 2, 3})
-_register_autograd(matmul, "matmul", 4, ("activation", "out_dtype"), {0, 1, 2, 3})
-_register_autograd(ragged_dot, "ragged_dot", 3, (), {0, 1})
-_register_autograd(top_k, "top_k", 1, ("k",), {0})
 def _no_mx_lhs_gradient(inputs):
     lhs, _, lhs_scales = inputs[:3]
     if lhs_scales is not None and lhs.requires_grad:
@@ -528,6 +521,13 @@ def _no_mx_lhs_gradient(inputs):
                            "it under torch.no_grad()")
 
 
+_register_autograd(rms_norm, "rms_norm", 2, ("eps",), {0, 1})
+_register_autograd(add_rms_norm, "add_rms_norm", 3, ("eps",), {0, 1, 2})
+_register_autograd(softmax, "softmax", 1, ("dim", "log"), {0})
+_register_autograd(dot_product_attention, "dot_product_attention", 5, ("scale", "is_causal"), {0, 1, 2, 3})
+_register_autograd(matmul, "matmul", 4, ("activation", "out_dtype"), {0, 1, 2, 3})
+_register_autograd(ragged_dot, "ragged_dot", 3, (), {0, 1})
+_register_autograd(top_k, "top_k", 1, ("k",), {0})
 # a bf16/fp16 lhs (weight-only MX: accelerate(mx=...)) has a gradient; MX storage operands have none
 _register_autograd(scaled_matmul, "scaled_matmul", 4, ("out_dtype",), {0}, check=_no_mx_lhs_gradient)
 

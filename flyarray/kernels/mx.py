@@ -392,15 +392,7 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
     if codes.ndim == 0:
         raise ValueError("data: needs at least one dimension")
     check_kernel_device(codes, "data")
-    axis = _normalize_axis(axis, codes.ndim)
-    length = logical_length(codes, f, axis)
-    expected = codes.shape[:axis] + (length // BLOCK_SIZE,) + codes.shape[axis + 1:]
-    if length % BLOCK_SIZE:
-        raise ValueError(f"data: axis {axis} of shape {tuple(codes.shape)} holds {length} {f.name} values, "
-                         f"not a multiple of {BLOCK_SIZE}")
-    if tuple(scale_codes.shape) != tuple(expected):
-        raise ValueError(f"scales: expected shape {tuple(expected)} for data of shape {tuple(codes.shape)} "
-                         f"({f.name}, axis {axis}), got {tuple(scale_codes.shape)}")
+    axis, length = _check_block_shapes(codes, scale_codes, f, axis)
     if scale_codes.device != codes.device:
         raise ValueError(f"scales: on {scale_codes.device}, data on {codes.device}")
     moved = codes.movedim(axis, -1).contiguous()
@@ -419,6 +411,21 @@ def mx_dequantize(data: torch.Tensor, scales: torch.Tensor, fmt: str, axis: int 
     return _move_back(out, axis)
 
 
+def _check_block_shapes(codes: torch.Tensor, scale_codes: torch.Tensor, f: MXFormat, axis: int):
+    """(axis, values along it) of MX data, after checking they are whole blocks and that the scales hold one
+    code per block (the data's shape otherwise)."""
+    axis = _normalize_axis(axis, codes.ndim)
+    length = logical_length(codes, f, axis)
+    if length % BLOCK_SIZE:
+        raise ValueError(f"data: axis {axis} of shape {tuple(codes.shape)} holds {length} {f.name} values, "
+                         f"not a multiple of {BLOCK_SIZE}")
+    expected = codes.shape[:axis] + (length // BLOCK_SIZE,) + codes.shape[axis + 1:]
+    if tuple(scale_codes.shape) != tuple(expected):
+        raise ValueError(f"scales: expected shape {tuple(expected)} for data of shape {tuple(codes.shape)} "
+                         f"({f.name}, axis {axis}), got {tuple(scale_codes.shape)}")
+    return axis, length
+
+
 def reference_mx_dequantize(data, scales, fmt: str, axis: int = -1) -> torch.Tensor:
     """float64 values of an MX tensor, through the numpy spec reference (the oracle). Scales must have the
     data's shape with the axis holding one code per 32 values (numpy would broadcast a wrong shape)."""
@@ -428,13 +435,7 @@ def reference_mx_dequantize(data, scales, fmt: str, axis: int = -1) -> torch.Ten
     scale_codes = scales_as_uint8(scales)
     if codes.ndim == 0:
         raise ValueError("data: needs at least one dimension")
-    axis = _normalize_axis(axis, codes.ndim)
-    length = logical_length(codes, f, axis)
-    expected = codes.shape[:axis] + (length // BLOCK_SIZE,) + codes.shape[axis + 1:]
-    if length % BLOCK_SIZE or tuple(scale_codes.shape) != tuple(expected):
-        raise ValueError(f"scales: expected shape {tuple(expected)} for data of shape {tuple(codes.shape)} "
-                         f"({f.name}, axis {axis}, {length} values a row, a multiple of {BLOCK_SIZE}), "
-                         f"got {tuple(scale_codes.shape)}")
+    axis, _ = _check_block_shapes(codes, scale_codes, f, axis)
     values = mx_reference.dequantize(codes.cpu().numpy(), scale_codes.cpu().numpy(), f.name, axis)
     return torch.from_numpy(values).to(data.device)
 
