@@ -36,6 +36,21 @@ def _bench_distributed(args) -> int:
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 
 
+def _check_output_path(path, flag: str) -> None:
+    """An output file named on the command line can be written: checked before the run, not after minutes of
+    timing. Exits with the reason otherwise."""
+    import os
+    if path is None:
+        return
+    if not path or os.path.isdir(path):
+        raise SystemExit(f"{flag}: expected a file path, got {path!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"{flag}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise SystemExit(f"{flag}: cannot write in {folder}")
+
+
 def _suite_names() -> list:
     from flyarray.bench.harness import SUITES
     return SUITES + ["distributed"]
@@ -59,6 +74,8 @@ def main(argv=None):
         for k, v in _info().items():
             print(f"{k:22} {v}")
         return 0
+    _check_output_path(args.json, "--json")
+    _check_output_path(args.plot, "--plot")
     if args.suite and "distributed" in args.suite:
         return _bench_distributed(args)
     from flyarray.bench.harness import run

@@ -408,6 +408,7 @@ class _Emitter:
             source = (PRELUDE + f"\n\n{jit}\ndef {name}(\n    {sig},\n):\n"
                       + "\n".join("    " + line for line in body) + f"\n\n\nkernel = {name}\n")
             cached = _SOURCES[signature] = (hashlib.sha256(source.encode()).hexdigest()[:32], source)
+            SIGNATURES_BY_KEY[cached[0]] = signature
         key, source = cached
         args = self.size_args() + self.view_args() + iota_values(self.k)
         args += [self.lay.M, self.lay.N] if self.rows else [self.lay.M]
@@ -791,6 +792,9 @@ class _Emitter:
 
 
 _SOURCES: dict = {}
+# source key -> the signature it was generated from (its ops), for profiler names: kept through
+# fa.clear_caches, since a jit trace keeps its launchers (and so its kernels' keys) through it
+SIGNATURES_BY_KEY: dict = {}
 NAME_OPS = 6  # op names shown in a kernel's name (profilers truncate long ones)
 
 

@@ -8,6 +8,7 @@ representative specializations their kernel module lists in ``compile_specs``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import importlib
@@ -18,7 +19,7 @@ from ._array import Array
 from .expand import rewrites_undone, to_primitives
 from .plan import unrealized_bases
 from .schedule import KernelStep, LibraryCall, schedule
-from .targets import TARGETS, KernelSpec, compile_for
+from .targets import TARGETS, KernelSpec, check_cross_compiling, compile_for
 from .transforms import recording
 
 _POINTER = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
@@ -73,7 +74,8 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
     specializations that match the call (input dtype, and features such as the epilogue or causal mask)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
-    with recording.recording():   # an fa.jit function records inline, as under a transform: nothing runs
+    check_cross_compiling("fa.inspect")
+    with recording.recording(), _arguments_traced(args, kwargs):   # an fa.jit function records inline: nothing runs
         out = fn(*args, **kwargs)
     outs = [leaf for leaf in tree_util.tree_leaves(out) if isinstance(leaf, Array)]   # any pytree of outputs
     planned = []   # (spec, kind): what to compile, taken from the schedule as explain takes it
@@ -90,6 +92,19 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
                     planned += [(spec, f"{step.node.prim.name} ({kind})") for spec in specs]
     reports = [compile_for(spec, target) for spec, _ in planned]   # outside the lock: compiles take seconds
     return Inspection(target, reports, [kind for _, kind in planned])
+
+
+@contextlib.contextmanager
+def _arguments_traced(args, kwargs):
+    """The arguments' arrays stand for any values while fn records, as under fa.jit: an evaluation that
+    needs them (float(x), fa.eval, a Python if) is refused, not run here and left out of the report."""
+    ids = {leaf._node.id for leaf in tree_util.tree_leaves((args, kwargs)) if isinstance(leaf, Array)}
+    previous, previous_who = plan._trace.sources, plan._trace.who
+    plan._trace.sources, plan._trace.who = ids | (previous or set()), "fa.inspect"
+    try:
+        yield
+    finally:
+        plan._trace.sources, plan._trace.who = previous, previous_who
 
 
 def fused_spec(step: KernelStep) -> KernelSpec:

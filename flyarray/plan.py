@@ -49,6 +49,7 @@ class _TraceState(threading.local):
     on a missing one raises and catches AttributeError inside (half a microsecond of every evaluation)."""
     sources = None
     batched = None
+    who = "fa.jit"   # what traces ``sources``, for the refusal's message (fa.inspect records the same way)
 
 
 _trace = _TraceState()
@@ -601,10 +602,10 @@ def _refuse_traced(roots):
     for node in upstream(roots):
         if node.id in traced:
             raise ConcretizationError(
-                f"fa.jit: {_user_line()} needs the value of an array that depends on the traced arguments, "
-                "which has no value while fa.jit traces. Data-dependent Python control flow and printing "
-                "cannot be traced: compute it outside the jitted function, pass the value as a static argument "
-                "(static_argnums=/static_argnames=), or use fa.where for a data-dependent choice.")
+                f"{_trace.who}: {_user_line()} needs the value of an array that depends on the traced arguments, "
+                f"which has no value while {_trace.who} traces. Data-dependent Python control flow and printing "
+                "cannot be traced: compute it outside the traced function, pass the value as a static argument "
+                "(fa.jit's static_argnums=/static_argnames=), or use fa.where for a data-dependent choice.")
         if node.id in batched:
             raise ConcretizationError(
                 f"fa.vmap: {_user_line()} needs the value of an array that depends on the batched arguments; "

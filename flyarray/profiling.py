@@ -240,21 +240,24 @@ def _name(description) -> str:
     key = description[1]
     name = _NAMES.get(key)
     if name is None:
-        name = _NAMES[key] = "fused: " + (", ".join(_fused_ops(key)) or "copy")
+        ops = _fused_ops(key)
+        name = "fused: " + (", ".join(ops) if ops else "copy")
+        if ops is not None:   # a key never seen generated is not named for good
+            _NAMES[key] = name
     return name
 
 
-def _fused_ops(key: str) -> list:
+def _fused_ops(key: str):
     """The primitive ops of a fused kernel, from its description's key: the generated source's key
-    (found in codegen's source table, whose signature lists the ops) or, on the reference backend,
-    the Kernel's repr."""
+    (the signature it was generated from lists the ops; None if this process generated no such source)
+    or, on the reference backend, the Kernel's repr."""
     from . import codegen
     from .explain import _compact
     if len(key) == 32:
-        for signature, (source_key, _) in list(codegen._SOURCES.items()):
-            if source_key == key:
-                return _compact([op[1] for op in _op_signatures(signature) if op[0] in ("E", "R")])
-        return []
+        signature = codegen.SIGNATURES_BY_KEY.get(key)
+        if signature is None:
+            return None
+        return _compact([op[1] for op in _op_signatures(signature) if op[0] in ("E", "R")])
     return _compact(re.findall(r"(?:Elementwise|Reduce)\(prim='(\w+)'", key))
 
 

@@ -91,12 +91,27 @@ class KernelReport:
 _REPORTS: dict = {}  # compile key -> KernelReport: a process compiles and disassembles a spec once per target
 
 
+@triton.jit
+def _probe():   # what triton.jit builds in this process: a JITFunction, or the interpreter's function
+    pass
+
+
+def check_cross_compiling(where: str) -> None:
+    """Refuse, naming the cause, where Triton cannot compile: with TRITON_INTERPRET=1 set when the kernels
+    were defined, triton.jit builds interpreter functions, which run on the CPU and have nothing to compile."""
+    if not isinstance(_probe, triton.runtime.jit.JITFunction):
+        raise RuntimeError(f"{where}: TRITON_INTERPRET=1 is set, so triton.jit built interpreter functions, which "
+                           "cannot be compiled for a target; run without TRITON_INTERPRET to cross-compile "
+                           "(the CPU backend runs kernels in the interpreter without it)")
+
+
 def compile_for(spec: KernelSpec, target: str) -> KernelReport:
     """Compile ``spec`` for ``target`` ('gfx950', 'gfx942' or 'sm_90') on any machine. A spec compiled
     before in this process (the same kernel source, signature, constexprs and options) is not compiled
     again: Triton's cache would skip the compile, but not the disassembly the report reads."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; known: {sorted(TARGETS)}")
+    check_cross_compiling("compile_for")
     key = _report_key(spec, target)
     report = _REPORTS.get(key) if key is not None else None
     if report is None:

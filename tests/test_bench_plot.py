@@ -34,6 +34,17 @@ def test_cli_writes_a_png_and_only_where_asked(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.png"]  # no bench.json without --json
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_cli_checks_its_output_paths_before_the_run(tmp_path, monkeypatch, flag):
+    """A file that cannot be written fails at once (--json failed after the first row's timing)."""
+    from flyarray.__main__ import main
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("ran before checking the path"))
+    for path, why in ((str(tmp_path / "missing" / "out"), "does not exist"), ("", "expected a file path"),
+                      (str(tmp_path), "expected a file path")):
+        with pytest.raises(SystemExit, match=why):
+            main(["bench", flag, path])
+
+
 def test_plot_draws_rows_with_missing_values_and_failures(tmp_path):
     from flyarray.bench.plot import plot
     rows = [{"name": "all three", "status": "ok", "ours_ms": 0.01, "eager_ms": 0.02, "compile_ms": 0.005},

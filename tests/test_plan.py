@@ -488,6 +488,39 @@ def test_jit_static_arguments_and_keywords(backend):
         fa.jit(f, static_argnames="scale")
 
 
+def test_jit_negative_static_argnums_count_from_the_signature(backend):
+    """-1 names the last positional parameter whether or not a call passes it (JAX's rule): counted from the
+    call's arguments, f(x, y) made y static and failed on an array."""
+    def f(v, w, mode="add"):
+        return v + w if mode == "add" else v * w
+
+    g = fa.jit(f, static_argnums=-1)
+    x, y = torch.full((3,), 2.0), torch.full((3,), 3.0)
+    assert np.asarray(g(x, y)).tolist() == [5.0] * 3
+    assert np.asarray(g(x, y, "mul")).tolist() == [6.0] * 3
+
+
+def test_jit_refuses_a_tensor_as_a_static_argument(backend):
+    """A tensor hashes by identity: as a static value every new tensor would trace anew (and be kept alive by
+    the trace cache). Refused, as arrays and numpy arrays are."""
+    g = fa.jit(lambda v, n: v * n, static_argnums=1)
+    with pytest.raises(TypeError, match="argument 1 is static .* torch.Tensor"):
+        g(torch.ones(3), torch.full((3,), 2.0))
+    with pytest.raises(TypeError, match="n is static .* torch.Tensor"):
+        fa.jit(lambda v, n: v * n, static_argnames="n")(torch.ones(3), n=torch.ones(3))
+    assert len(g.cache) == 0
+
+
+def test_jit_dict_outputs_come_back_alike_on_every_call(backend):
+    """The tracing call returned the function's own dict, replays a rebuilt one (keys sorted): the same call
+    gave its keys in two orders."""
+    f = fa.jit(lambda v: {"out": v * 2.0, "aux": v + 1.0})
+    x = torch.ones(3)
+    first, second = f(x), f(x)
+    assert list(first) == list(second)
+    assert np.asarray(first["out"]).tolist() == np.asarray(second["out"]).tolist() == [2.0] * 3
+
+
 def test_jit_takes_tensors_that_require_grad_detached(backend):
     """As fa.asarray does: a tensor with requires_grad (a parameter) is read, never differentiated
     through, and replays work (the reference backend's out= calls refused autograd inputs)."""

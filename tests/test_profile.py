@@ -82,6 +82,18 @@ def test_text_and_html_say_how_it_was_timed(backend):
     assert "<table>" in page and "wall clock" in page and "fused: exp" in page
 
 
+def test_a_jit_replay_keeps_its_kernels_name_through_clear_caches(backend):
+    """fa.clear_caches empties the generated sources, but a jit trace keeps its kernels: the name was looked
+    up among the sources and came out "fused: copy" for good."""
+    step = fa.jit(lambda a: fa.exp(a) * 2.0 + 1.0)
+    x = fa.asarray(_t(8, 16))
+    step(x).torch()
+    fa.clear_caches()
+    with fa.profile() as prof:
+        step(x).torch()
+    assert [r.name for r in prof.rows] == ["fused: exp, multiply, add"], [r.name for r in prof.rows]
+
+
 def test_nested_profiles_both_record(backend):
     with fa.profile() as outer:
         fa.exp(fa.asarray(_t(4))).torch()

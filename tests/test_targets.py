@@ -85,6 +85,32 @@ def test_inspect_of_a_jitted_function_takes_torch_tensors_as_its_call_does():
     assert len(fa.inspect(fa.jit(lambda d: d["a"] + 1), {"a": torch.ones(3)}, target="sm_90").kernels) == 1
 
 
+def test_inspect_refuses_an_evaluation_of_its_arguments():
+    """The arguments stand for any values, as under fa.jit: a function that asks for a value of them is
+    refused, not run on this machine and left out of the report (0 kernels, one evaluation run)."""
+    from flyarray.plan import ConcretizationError
+    x = _x((8,))
+    fa.reset_stats()
+    with pytest.raises(ConcretizationError, match="fa.inspect"):
+        fa.inspect(lambda a: fa.eval(fa.exp(a) + 1), x, target="sm_90")
+    with pytest.raises(ConcretizationError, match="fa.inspect"):
+        fa.inspect(lambda a: a * float(fa.sum(fa.sin(a))), x, target="sm_90")
+    assert fa.stats()["evaluations"] == 0
+    assert len(fa.inspect(lambda a: a * 2.0, x, target="sm_90").kernels) == 1   # nothing left traced
+
+
+def test_cross_compiling_in_the_interpreter_is_a_clear_error(monkeypatch):
+    """With TRITON_INTERPRET=1 set at import, triton.jit builds interpreter functions: refused by name before
+    anything records (it was an AttributeError about 'params' deep in the spec)."""
+    from flyarray import targets
+    from flyarray.targets import KernelSpec, compile_for
+    monkeypatch.setattr(targets, "_probe", object())
+    for call in (lambda: fa.inspect(lambda a: a + 1, _x((4,)), target="sm_90"),
+                 lambda: compile_for(KernelSpec("k", None, {}, {}), "sm_90")):
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+            call()
+
+
 def test_inspect_unknown_target_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown target"):
         fa.inspect(lambda x: x + 1, _x((4,)), target="gfx1100")

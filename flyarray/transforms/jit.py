@@ -47,7 +47,7 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
     if cuda_graph not in (None, True, False):
         raise TypeError(f"fa.jit: cuda_graph must be None, True or False, got {cuda_graph!r}")
     static_argnums, static_argnames = _static_args(static_argnums, static_argnames)
-    _check_static_names(fn, static_argnums, static_argnames)
+    static_argnums = _check_static_names(fn, static_argnums, static_argnames)
     cache = _Traces()
 
     @functools.wraps(fn)
@@ -136,11 +136,14 @@ def _static_args(static_argnums, static_argnames) -> tuple:
     return tuple(nums), tuple(names)
 
 
-def _check_static_names(fn, static_argnums, static_argnames):
+def _check_static_names(fn, static_argnums, static_argnames) -> tuple:
+    """Check the static names against ``fn``'s signature; return static_argnums with negative positions
+    resolved against its positional parameters (as JAX does), not against each call's argument count:
+    -1 of ``f(x, y, mode="add")`` is ``mode`` whether or not a call passes it."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return
+        return static_argnums
     names = list(params)
     for name in static_argnames:
         if name not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -152,6 +155,8 @@ def _check_static_names(fn, static_argnums, static_argnames):
             if not -len(positional) <= i < len(positional):
                 raise ValueError(f"fa.jit: static_argnums has {i}, but {fn.__name__} takes "
                                  f"{len(positional)} positional argument(s)")
+        return tuple(i % len(positional) for i in static_argnums)
+    return static_argnums
 
 
 # ---- the signature --------------------------------------------------------------------------------
@@ -238,6 +243,10 @@ def _structure(treedef):
 
 
 def _static_key(value, where, static=False):
+    if static and isinstance(value, torch.Tensor):   # hashable by identity: every new tensor would trace anew
+        raise TypeError(f"fa.jit: {where} is static (static_argnums/static_argnames) but its value is a "
+                        "torch.Tensor; a static argument is part of the signature, so pass hashable values "
+                        "there (or leave an array argument traced)")
     try:
         return plan.freeze(value)
     except TypeError:
@@ -331,6 +340,8 @@ class _Trace:
             leaf_sources = _leaf_sources(walk, arg_of)
             out_refs = [_out_ref(a._node, walk, program, arg_of) for a in leaves]
         trace = cls(program, leaf_sources, list(walk.scalars) if walk else [], out_refs, treedef)
+        if not trace.one_array:   # rebuilt as every replay rebuilds it (a dict's keys in one order on every call)
+            out = tree_util.tree_unflatten(treedef, leaves)
         return trace, out
 
     def replay(self, tensors):
