@@ -5,6 +5,10 @@ Rows (CUDA-graph replay, weights rotated through 4 copies so they come from HBM,
   decode <config>      the kernel as the library runs it, at a few tiles / K splits
   read <tile>          a kernel with the decode's grid and tile that only streams the same weight words
                        (and scale bytes) and XORs them: the memory system's rate at this grid
+  flat <P>/<tile>      a persistent read of the weight words alone: P programs, each streaming one contiguous run
+                       of (row tile, K step) iterations in one loop, loads issued two iterations ahead by hand
+                       (the read kernel's loads are not pipelined: no cp.async, so it measures latency, not
+                       the memory system): what another grid, with loads in flight, reads
   copy                 torch's copy of the packed weights (read + write)
   bf16 matmul          torch.matmul with bf16 weights (the format MXFP4 must beat by 2.5x)
 With ``noscale`` as the first argument the decode's scale loads are replaced by a constant (a different
@@ -57,6 +61,38 @@ def _read_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_words, stride_sn, BLOCK_N: 
     tl.store(out_ptr + split * N + rn, total, mask=rn < N)
 
 
+@triton.jit
+def _flat_tile(words, rows, jw, it, n_tiles, k_steps, stride_words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight words of iteration ``it`` of the (row tile, K step) walk, K fastest (0 past the last tile)."""
+    tile = it // k_steps
+    k0 = tl.multiple_of((it - tile * k_steps) * (BLOCK_K // 8), BLOCK_K // 8)
+    rn = (tile * BLOCK_N + rows).to(tl.int64)
+    return tl.load(words + rn[:, None] * stride_words + k0 + jw[None, :], mask=(rn < n_tiles * BLOCK_N)[:, None], other=0)
+
+
+@triton.jit
+def _read_flat_kernel(w_ptr, out_ptr, n_tiles, k_steps, iters, stride_words, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """XOR of the weight words of iterations [pid * iters, +iters) of the walk. Triton's pipeliner leaves a
+    load that feeds no dot synchronous (plain ld.global, no cp.async: the per-tile read kernel above is
+    latency-bound for that reason), so each iteration's load is issued two iterations ahead by hand."""
+    pid = tl.program_id(0)
+    jw = tl.arange(0, BLOCK_K // 8)
+    rows = tl.arange(0, BLOCK_N)
+    words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    first = pid * iters
+    a = _flat_tile(words, rows, jw, first, n_tiles, k_steps, stride_words, BLOCK_N, BLOCK_K)
+    b = _flat_tile(words, rows, jw, first + 1, n_tiles, k_steps, stride_words, BLOCK_N, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), tl.int32)
+    for it in range(first + 2, first + iters + 2):
+        c = _flat_tile(words, rows, jw, tl.where(it < first + iters, it, n_tiles * k_steps), n_tiles, k_steps,
+                       stride_words, BLOCK_N, BLOCK_K)
+        acc ^= a
+        a = b
+        b = c
+    tl.store(out_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
 def graph_us(fns, calls=20, rounds=7):
     """Median us per call of a CUDA graph cycling through ``fns`` (one per weight copy)."""
     for f in fns:
@@ -93,6 +129,10 @@ DECODES = {
     "32/256/2 s2 split4 pair": dict(_BASE, num_stages=2, SPLIT_K=4, PAIR_STEPS=True),
     "32/256/2 s3 split4 aligned quad": dict(_BASE, SPLIT_K=4, ALIGNED_K=True, QUAD_SIGNS=True),
 }
+# persistent reads: (programs per SM, BLOCK_N, BLOCK_K, warps, stages); 0 programs per SM: one program per row
+# tile, the decode's grid, with the loads in flight
+FLAT_READS = [(0, 32, 256, 2, 3), (0, 32, 512, 2, 3), (1, 32, 256, 4, 4), (2, 32, 256, 4, 4), (4, 32, 256, 2, 4), (1, 64, 256, 8, 4), (2, 64, 256, 4, 4),
+              (1, 32, 512, 4, 4), (2, 32, 512, 4, 3), (1, 64, 512, 8, 3), (4, 16, 512, 2, 4)]
 READS = [(32, 256, 2, 3, 1), (32, 256, 2, 3, 2), (32, 256, 2, 3, 4), (64, 256, 4, 3, 4), (128, 256, 8, 4, 4),
          (64, 512, 4, 4, 4)]
 
@@ -129,6 +169,19 @@ def main():
                                          num_warps=warps, num_stages=stages) for i in range(COPIES)]
         us = graph_us(fns)
         rows[f"read {bn}/{bk}/{warps} s{stages} split{split}"] = dict(us=us, tbps=nbytes / us / 1e6)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for per_sm, bn, bk, warps, stages in ([] if NOSCALE else FLAT_READS):
+        n_tiles, k_steps = triton.cdiv(N, bn), K // bk
+        programs = per_sm * sms or n_tiles
+        iters = triton.cdiv(n_tiles * k_steps, programs)
+        outs = [torch.empty(programs, device="cuda", dtype=torch.int32) for _ in range(COPIES)]
+        fns = [lambda i=i, bn=bn, bk=bk, warps=warps, stages=stages, programs=programs, iters=iters, n_tiles=n_tiles,
+               k_steps=k_steps: _read_flat_kernel[(programs,)](codes[i][0], outs[i], n_tiles, k_steps, iters,
+                                                               codes[i][0].stride(0) // 4, BLOCK_N=bn, BLOCK_K=bk,
+                                                               num_warps=warps, num_stages=stages)
+               for i in range(COPIES)]
+        us = graph_us(fns)
+        rows[f"flat {programs}/{bn}/{bk}/{warps} s{stages}"] = dict(us=us, tbps=codes[0][0].numel() / us / 1e6)
     words = [codes[i][0].view(torch.int32) for i in range(COPIES)]
     us = graph_us([lambda i=i: words[i].sum(dim=1) for i in range(COPIES)])
     rows["torch row sums (reads all)"] = dict(us=us, tbps=codes[0][0].numel() / us / 1e6)
