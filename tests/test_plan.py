@@ -290,8 +290,8 @@ def test_the_plan_cache_evicts_the_least_recently_used_plan(backend, monkeypatch
         fa.clear_caches()
 
 
-def test_clear_caches_empties_the_hand_written_kernels_launch_plans():
-    from flyarray.kernels import gemm
+def test_clear_caches_empties_the_hand_written_kernels_launch_plans(interpret):
+    from flyarray.kernels import gemm   # CPU tensors: the interpreter (skipped where it is broken, as on the GPU host)
     gemm.matmul(torch.randn(4, 8), torch.randn(8, 5))
     assert gemm._plans
     fa.clear_caches()
@@ -895,6 +895,24 @@ def test_jit_takes_numpy_scalars_as_eager_ops_do(backend):
     assert f(x, np.float32(0.5)).dtype == (x * np.float32(0.5)).dtype
     g = fa.jit(lambda x, tag: x + len(tag))
     assert np.asarray(g(x, np.str_("ab"))).tolist() == [3.0] * 3   # not a number: a static value
+
+
+def test_numpy_operands_join_the_other_operands_device():
+    """numpy data has no device: a numpy scalar or array beside an array goes to that array's device, in eager
+    ops and under fa.jit (it became a CPU array: x * np.float32(lr) failed on a GPU, "different devices").
+    Meta arrays stand in for a second device on a CPU-only machine."""
+    import importlib
+    jit_module = importlib.import_module("flyarray.transforms.jit")
+    x = fa.asarray(torch.ones(3, device="meta"))
+    assert (x * np.float32(2)).device == torch.device("meta")
+    assert (np.ones(3, np.float32) + x).device == torch.device("meta")
+    assert fa.where(np.array([True, False, True]), x, np.float32(1)).device == torch.device("meta")
+    tensors = []
+    jit_module._flatten_args((x, np.float32(0.5), {"b": np.ones(3, np.float32)}), {}, (), (), tensors)
+    assert [t.device.type for t in tensors] == ["meta"] * 3
+    tensors = []
+    jit_module._flatten_args((np.float32(0.5),), {}, (), (), tensors)   # no array beside it: the default device
+    assert tensors[0].device == fa.asarray(np.float32(0.5)).device
 
 
 def test_user_copies_fuse_and_only_grads_stand_ins_are_stored(backend):

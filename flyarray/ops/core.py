@@ -206,16 +206,29 @@ def _with_scalar(prim, a, b):
     return Array(ir.Node(prim, inputs, None, node.shape, result_dtype(prim, d), node.device))
 
 
-def as_array(x):
-    """numpy arrays and scalars, torch tensors -> Arrays (zero copy where possible); anything else unchanged."""
+def as_array(x, device=None):
+    """numpy arrays and scalars, torch tensors -> Arrays (zero copy where possible); anything else unchanged.
+    ``device``: where numpy values go (the other operands' device; numpy data has none of its own)."""
     if isinstance(x, (np.ndarray, np.generic, torch.Tensor)) and not isinstance(x, (bool, int, float, complex)):
         from .creation import asarray
-        return asarray(x)
+        return asarray(x, device=device if not isinstance(x, torch.Tensor) else None)
     return x
 
 
+def operands_device(args):
+    """The device of the first array or tensor among ``args``, else None: where their numpy operands go, so
+    ``x * np.float32(0.5)`` runs on x's device (numpy values became CPU arrays: a device mismatch on a GPU)."""
+    for a in args:
+        if isinstance(a, Array):
+            return a._node.device
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return None
+
+
 def _promote_and_broadcast(name, prim, args):
-    args = tuple(as_array(a) for a in args)
+    device = operands_device(args)
+    args = tuple(as_array(a, device) for a in args)
     for a in args:
         if not isinstance(a, (Array, bool, int, float, complex)):
             raise TypeError(f"{name}: unsupported operand of type {type(a).__name__}")
@@ -234,7 +247,8 @@ def _promote_and_broadcast(name, prim, args):
 def where(cond, x, y) -> Array:
     """``x`` where ``cond`` is true, else ``y``, elementwise, broadcasting all three. ``cond`` (cast to bool)
     and ``x``/``y`` may be Arrays or Python scalars; any dtypes; the result is ``result_type(x, y)``."""
-    cond, x, y = as_array(cond), as_array(x), as_array(y)
+    device = operands_device((cond, x, y))
+    cond, x, y = as_array(cond, device), as_array(x, device), as_array(y, device)
     device = common_device((cond, x, y))
     if not isinstance(cond, Array):
         cond = Array(constant(bool(cond), (), dt.bool_, device))

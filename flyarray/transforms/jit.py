@@ -100,9 +100,11 @@ def _remember(cache: _Traces, key, trace, fn):
 def _tensors_as_arrays(args, kwargs, static_argnums, static_argnames):
     """The arguments with their torch tensor leaves as arrays (statics untouched): what a traced call's
     body sees, so an inlined call records the same graph (not torch math on the raw tensors)."""
+    call = _CallDevice((args, kwargs))
+
     def leaf_array(leaf):
-        if isinstance(leaf, np.ndarray):
-            return _numpy_leaf(leaf)
+        if isinstance(leaf, np.ndarray) or _numpy_scalar(leaf):
+            return _numpy_leaf(leaf, call)
         if not isinstance(leaf, torch.Tensor):
             return leaf
         return Array(ir.source(_plain(leaf)))   # as _flatten takes it
@@ -163,13 +165,31 @@ def _check_static_names(fn, static_argnums, static_argnames) -> tuple:
 def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tuple:
     n = len(args)
     statics = {i % n for i in static_argnums if -n <= i < n} if static_argnums else ()
-    key = [_static_key(a, f"argument {i}", static=True) if i in statics else _flatten(a, tensors, f"argument {i}")
-           for i, a in enumerate(args)]
+    call = _CallDevice((args, kwargs))
+    key = [_static_key(a, f"argument {i}", static=True) if i in statics
+           else _flatten(a, tensors, f"argument {i}", call) for i, a in enumerate(args)]
     for name in sorted(kwargs):
         value = kwargs[name]
         key.append((name, _static_key(value, name, static=True) if name in static_argnames
-                    else _flatten(value, tensors, name)))
+                    else _flatten(value, tensors, name, call)))
     return tuple(key)
+
+
+class _CallDevice:
+    """Where a call's numpy leaves go: numpy data has no device, so it joins the call's first array or tensor
+    argument (a learning rate np.float32(lr) beside CUDA arrays is a CUDA 0-d array), else the default device.
+    Looked up only when a numpy leaf needs it."""
+    __slots__ = ("args", "device")
+
+    def __init__(self, args):
+        self.args, self.device = args, None
+
+    def get(self):
+        if self.device is None:
+            leaf = next((leaf for leaf in tree_util.tree_leaves(self.args) if isinstance(leaf, (Array, torch.Tensor))),
+                        None)
+            self.device = (leaf._node.device if isinstance(leaf, Array) else leaf.device) if leaf is not None else False
+        return self.device or None
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -199,24 +219,24 @@ def _tensor_leaf(t, tensors):
     return _leaf_key(t)
 
 
-def _flatten(value, tensors, where):
+def _flatten(value, tensors, where, call):
     """The signature of one argument (a pytree, flattened with fa.tree_util): its structure and, per
     leaf, the array signature or the static key; its array leaves are appended to ``tensors``."""
     if type(value) is torch.Tensor or type(value) is _PARAMETER:   # the commonest cases first (the torch backend's)
         return _tensor_leaf(value, tensors)
     if type(value) is np.ndarray:
-        value = _numpy_leaf(value)
+        value = _numpy_leaf(value, call)
     if type(value) is Array:  # the common cases first: one array, no tree to walk
         value = value._tensor()
     if _numpy_scalar(value):  # a 0-d array (as in JAX and as eager ops take it), not a static value that
-        value = _numpy_leaf(value)  # would retrace for every new learning rate
+        value = _numpy_leaf(value, call)  # would retrace for every new learning rate
     if type(value) is torch.Tensor:   # an array's or a numpy value's tensor
         return _tensor_leaf(value, tensors)
     leaves, treedef = tree_util.tree_flatten(value)
     keys = []
     for leaf in leaves:
         if isinstance(leaf, np.ndarray) or _numpy_scalar(leaf):   # an array leaf as grad and vmap take it
-            leaf = _numpy_leaf(leaf)
+            leaf = _numpy_leaf(leaf, call)
         if isinstance(leaf, Array):
             leaf = leaf._tensor()
         if isinstance(leaf, torch.Tensor):
@@ -259,9 +279,9 @@ def _static_key(value, where, static=False):
                         "registered classes), and other arguments as hashable values") from None
 
 
-def _numpy_leaf(leaf):
+def _numpy_leaf(leaf, call):
     from ..ops import asarray
-    return asarray(np.asarray(leaf) if isinstance(leaf, np.generic) else leaf)
+    return asarray(np.asarray(leaf) if isinstance(leaf, np.generic) else leaf, device=call.get())
 
 
 def _numpy_scalar(value) -> bool:
