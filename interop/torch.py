@@ -150,24 +150,34 @@ def accelerate(model: torch.nn.Module, ops=None, mx=None, sample_input=None, **c
     (``{"attention": False}``); None lowers all. Everything not lowered runs as torch ops.
     ``mx``: "mxfp8" or "mxfp4" swaps every eligible ``nn.Linear`` (in place) for MX weights with
     ``fa.quant.quantize_linear_weights`` (``sample_input`` lets it measure the error), computed by
-    ``torch.ops.flyarray.scaled_matmul``. ``compile_kwargs`` go to ``torch.compile`` (``dynamic=``...); they
-    are checked before the model is touched."""
+    ``torch.ops.flyarray.scaled_matmul``; the returned module's ``mx_report`` is quantize_linear_weights'
+    report (the layers replaced and skipped, the bytes, and with ``sample_input`` the measured ``rel_error``).
+    ``compile_kwargs`` go to ``torch.compile`` (``dynamic=``, ``fullgraph=``...); they are checked before the model
+    is touched."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"accelerate: model must be a torch.nn.Module, got {type(model).__name__}")
     families = _families(ops)
     _check_compile_kwargs(compile_kwargs)
+    if mx is not None and mx not in _MX:
+        raise ValueError(f"accelerate: mx must be one of {sorted(_MX)} or None, got {mx!r}")
+    if sample_input is not None and mx is None:
+        raise ValueError("accelerate: sample_input measures the error of MX weights; it needs mx='mxfp8' or 'mxfp4'")
+    report = None
     if mx is not None:
-        if mx not in _MX:
-            raise ValueError(f"accelerate: mx must be one of {sorted(_MX)} or None, got {mx!r}")
-        fa.quant.quantize_linear_weights(model, sample_input, weight_format=_MX[mx])
+        report = fa.quant.quantize_linear_weights(model, sample_input, weight_format=_MX[mx])
     backend = torch_backend.flyarray_backend if families is None else torch_backend.make_backend(families)
-    return torch.compile(model, backend=backend, **compile_kwargs)
+    compiled = torch.compile(model, backend=backend, **compile_kwargs)
+    compiled.mx_report = report
+    return compiled
 
 
 def _check_compile_kwargs(compile_kwargs: dict) -> None:
     """What torch.compile would refuse, refused before ``mx`` swaps any layer: an error leaves the model as it was."""
     if "backend" in compile_kwargs:
         raise TypeError("accelerate: backend is flyarray's; use torch.compile(model, backend=...) for another")
+    tuning = sorted(k for k in ("mode", "options") if k in compile_kwargs)
+    if tuning:   # torch would only log that the backend ignores them, at the first call
+        raise TypeError(f"accelerate: {' and '.join(tuning)} configure Inductor; the flyarray backend takes neither")
     try:
         inspect.signature(torch.compile).bind(None, **compile_kwargs)
     except TypeError as e:

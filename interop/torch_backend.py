@@ -460,6 +460,10 @@ def _in_torch_dtypes(node, args):
     if not all(isinstance(o, (torch.Tensor, bool, int, float)) for o in operands):
         return args
     common = torch.result_type(*operands)
+    if node.target in (aten.div.Tensor, aten.div.Scalar) and not (common.is_floating_point or common.is_complex):
+        # true division of integers is computed in the default float dtype, each operand converted from its
+        # own dtype: through the integer common dtype, a 0-d int16 -50 beside uint8 would wrap to 206
+        common = torch.get_default_dtype()
     out = list(args)
     for i in range(first, first + 2):
         value = out[i]
@@ -1088,14 +1092,18 @@ def _count_outputs(gm: torch.fx.GraphModule) -> int:
 def _visible_outputs(user_outputs):
     """The positions of a graph's outputs that reach the caller: a forward graph returns the new values
     of the inputs it updates in place first (AOTAutograd's metadata counts them), then the
-    ``user_outputs``, then (training) the tensors saved for the backward. None (all of them) where
-    AOTAutograd says nothing; none for a backward graph (compile_graph)."""
+    ``user_outputs``, then the intermediate bases (an intermediate that several outputs view: AOTAutograd
+    rebuilds those outputs from it, so it needs eager's layout as they do), then (training) the tensors saved
+    for the backward. None (all of them) where AOTAutograd says nothing; none for a backward graph
+    (compile_graph)."""
     if user_outputs is None:
         return range(0)
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None) if context is not None else None
     start = getattr(meta, "num_mutated_inp_runtime_indices", None)
-    return None if start is None else range(start, start + user_outputs)
+    if start is None:
+        return None
+    return range(start, start + user_outputs + getattr(meta, "num_intermediate_bases", 0))
 
 
 # What Dynamo records for ``t[i] = v`` and for augmented assignments on a tensor (``t += 1``, ``t *= 2``):

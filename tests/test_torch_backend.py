@@ -482,6 +482,38 @@ def test_torch_code_reading_a_region_output_sees_torchs_layout():
         torch.testing.assert_close(compiled(t), heads(t))
 
 
+def test_integer_true_division_converts_each_operand_to_float():
+    """uint8 / a 0-d int16 tensor: torch divides in float32, each operand from its own dtype; through the
+    integer common dtype (uint8) -50 became 206."""
+    def f(a, b):
+        return a / b
+    for a, b in ((torch.tensor([10, 100, 200], dtype=torch.uint8), torch.tensor(-50, dtype=torch.int16)),
+                 (torch.tensor([-10, 50], dtype=torch.int8), torch.tensor(300, dtype=torch.int32)),
+                 (torch.tensor([7, -9], dtype=torch.int64), 2)):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(f, backend="flyarray")(a, b), f(a, b))
+
+
+def test_outputs_viewing_one_intermediate_keep_eagers_layout():
+    """Two outputs viewing one intermediate: AOTAutograd returns the intermediate as an extra output and
+    rebuilds the views from it, so it needs eager's layout too (it kept ours: an output contiguous in eager
+    was not, and with view replay off the views were rebuilt on the wrong strides: wrong values)."""
+    import torch._functorch.config as functorch_config
+
+    def f(x):
+        y = x.t().sin()
+        return y.unsqueeze(0), y.transpose(0, 1)
+    x = torch.arange(16.0).view(4, 4).requires_grad_()
+    want = f(x)
+    for replay in (True, False):
+        torch._dynamo.reset()
+        with functorch_config.patch(view_replay_for_aliased_outputs=replay):
+            got = torch.compile(f, backend="flyarray")(x)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        assert got[1].is_contiguous() and got[1].view(-1).shape == (16,)
+
+
 def test_a_graph_that_updates_an_input_keeps_its_outputs_layout_and_memory():
     """An inference graph returns the updated input's new value first: the outputs after it still get
     eager's layout and memory of their own."""
@@ -767,6 +799,39 @@ def test_accelerate_checks_compile_arguments_before_swapping_layers():
         with pytest.raises(TypeError, match=match):
             fat.accelerate(model, mx="mxfp8", **kwargs)
         assert type(model[0]) is torch.nn.Linear and model[0].weight.shape == (32, 64)
+
+
+def test_accelerate_refuses_options_that_would_do_nothing():
+    """sample_input only measures MX error; mode/options configure Inductor: each was accepted and ignored."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    with pytest.raises(ValueError, match="sample_input .* needs mx="):
+        fat.accelerate(model, sample_input=torch.randn(2, 64))
+    for kwargs in ({"mode": "max-autotune"}, {"options": {"trace.enabled": True}}):
+        with pytest.raises(TypeError, match="configure Inductor"):
+            fat.accelerate(model, mx="mxfp8", **kwargs)
+        assert type(model[0]) is torch.nn.Linear
+    with pytest.raises(TypeError, match="sample_input must be a tensor or a tuple"):
+        fat.accelerate(model, mx="mxfp8", sample_input="not a tensor")
+    assert type(model[0]) is torch.nn.Linear
+
+
+def test_accelerate_measures_mx_error_without_changing_the_model():
+    """The error measurement ran the model twice in its own mode: batch-norm statistics moved in train mode
+    (and dropout would make it random), and the measured error was dropped. Now: eval mode, modes and
+    buffers restored, and the report on the returned module."""
+    from .interpreter_probe import INTERPRETER_PROBLEM
+    if INTERPRETER_PROBLEM:  # the MX kernels run on CPU tensors through Triton's interpreter
+        pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(32, 8))
+    model[2].eval()   # a module whose own mode differs from the model's is restored as it was
+    compiled = fat.accelerate(model, mx="mxfp8", sample_input=torch.randn(4, 64) + 3)
+    assert model.training and model[1].training and not model[2].training
+    assert model[1].num_batches_tracked.item() == 0 and model[1].running_mean.abs().max().item() == 0
+    report = compiled.mx_report
+    assert report["replaced"] == ["0", "3"] and 0 < report["rel_error"] < 0.1
 
 
 def test_mx_linear_checks_its_input():

@@ -610,10 +610,14 @@ def quantize_linear_weights(model: nn.Module, sample_input=None, weight_format: 
 
     Layers whose in_features is not a multiple of 32 are left alone and listed
     under 'skipped'. With ``sample_input`` (a tensor, or a tuple of positional
-    arguments), the model runs before and after, and 'rel_error' is
-    ||after - before|| / ||before|| of its output (first output if a tuple).
+    arguments), the model runs before and after (in eval mode; its modes and buffers
+    are restored), and 'rel_error' is ||after - before|| / ||before|| of its output
+    (first output if a tuple).
     """
     mx_format(weight_format)  # fail early on a bad name
+    if sample_input is not None and not isinstance(sample_input, (torch.Tensor, tuple)):
+        raise TypeError(f"quantize_linear_weights: sample_input must be a tensor or a tuple of positional "
+                        f"arguments, got {type(sample_input).__name__}")
     before = _run(model, sample_input) if sample_input is not None else None
     replaced, skipped, bytes_before, bytes_after = [], [], 0, 0
     for parent_name, parent in list(model.named_modules()):
@@ -640,6 +644,18 @@ def quantize_linear_weights(model: nn.Module, sample_input=None, weight_format: 
 
 @torch.no_grad()
 def _run(model: nn.Module, sample_input):
+    """The model's (first) output on ``sample_input``, leaving it as it was: run in eval mode (no dropout, no
+    batch-norm statistics updated), each module's mode and every buffer restored after (a forward that counts
+    its calls or fills a cache). Measuring the error must not change the model the user trains or serves."""
     args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
-    out = model(*args)
+    modes = [(m, m.training) for m in model.modules()]
+    buffers = [(b, b.clone()) for b in model.buffers()]
+    model.eval()
+    try:
+        out = model(*args)
+    finally:
+        for m, training in modes:
+            m.training = training
+        for b, saved in buffers:
+            b.copy_(saved)
     return out[0] if isinstance(out, (tuple, list)) else out
