@@ -223,6 +223,37 @@ def test_attention_with_head_dim_zero_is_refused_at_record_time(no_evaluation):
         fa.nn.dot_product_attention(*[fa.zeros((1, 3, 2, 0))] * 3)
 
 
+def test_flags_must_be_bools(no_evaluation):
+    """bool("False") is True: a string flag ran causal attention, a descending sort, an initial zero."""
+    x, q = lazy((2, 8)), fa.zeros((1, 3, 2, 4))
+    calls = {"is_causal": lambda v: fa.nn.dot_product_attention(q, q, q, is_causal=v),
+             "descending": lambda v: fa.sort(x, descending=v),
+             "stable": lambda v: fa.argsort(x, stable=v),
+             "include_initial": lambda v: fa.cumulative_sum(x, axis=1, include_initial=v),
+             "renormalize": lambda v: fa.nn.softmax_top_k(x, 2, renormalize=v)}
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=f"{name} must be a bool, got 'False'"):
+            call("False")
+        call(np.bool_(True))   # numpy's bool is a bool
+
+
+def test_attention_and_router_arguments_are_checked_when_recorded(no_evaluation):
+    with pytest.raises(TypeError, match="query must be a flyarray Array"):
+        fa.nn.dot_product_attention([[1.0]], fa.zeros((1, 3, 2, 4)), fa.zeros((1, 3, 2, 4)))
+    q = fa.zeros((1, 3, 2, 4))
+    for scale in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be finite"):
+            fa.nn.dot_product_attention(q, q, q, scale=scale)
+    # the router kernel's limits, on every backend (they were 4096 and 64 here, 1024 and 16 in the kernel)
+    with pytest.raises(ValueError, match=r"softmax_top_k: made for routers \(rows <= 1024, k <= 16\)"):
+        fa.nn.softmax_top_k(lazy((2, 2000)), 2)
+    with pytest.raises(ValueError, match="k <= 16"):
+        fa.nn.softmax_top_k(lazy((2, 64)), 32)
+    with pytest.raises(ValueError, match="softmax_top_k: k=0"):
+        fa.nn.softmax_top_k(lazy((2, 8)), 0)
+    assert fa.nn.softmax_top_k(lazy((2, 8)), np.int64(2))[1].shape == (2, 2)
+
+
 def test_mx_with_zero_rows_quantizes_dequantizes_and_multiplies():
     for fmt in ("e4m3", "e2m1"):
         data, scales = fa.quant.mx_quantize(fa.zeros((0, 64)), fmt)

@@ -156,6 +156,14 @@ CONFIGS = {
     "default": {**_WIDE, **_NARROW, "warp_size": 32},
 }
 
+
+
+def softmax_top_k_limits() -> tuple:
+    """(row length, k) the one-kernel router path takes: the same on every arch (no config overrides
+    _NARROW's), so fa.nn.softmax_top_k checks them when it records, on any backend."""
+    return _NARROW["narrow_max_n"], _NARROW["narrow_max_k"]
+
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32,
                     torch.int8, torch.uint8, torch.int16, torch.int32)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .. import dtypes as dt
@@ -58,6 +59,13 @@ def check_float(op: str, name: str, x, allowed=None):
     if x.dtype not in COMPUTE_FLOATS:
         raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected a floating-point dtype "
                         "(float8 types are storage only: cast them with astype first)")
+
+
+def check_bool(op: str, name: str, value) -> bool:
+    """A flag as a bool (numpy's too); anything else a TypeError: bool("False") would switch it on."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{op}: {name} must be a bool, got {value!r} of type {type(value).__name__}")
 
 
 def check_number(op: str, name: str, value, *, optional=False):

@@ -7,6 +7,7 @@ kernels/*.reference_*) on the reference backend.
 from __future__ import annotations
 
 import importlib
+import math
 import numbers
 
 import torch
@@ -25,15 +26,15 @@ def _float_input(op, name, node, allowed=checks.KERNEL_FLOATS):
 
 
 # ---- top_k ------------------------------------------------------------------------------------------
-def _top_k_abstract(x, *, k):
-    _float_input("top_k", "x", x)
+def _top_k_abstract(x, *, k, op="top_k", name="x"):
+    _float_input(op, name, x)
     if not x.shape:
-        raise ValueError("top_k: x must have at least one dimension")
+        raise ValueError(f"{op}: {name} must have at least one dimension")
     n = x.shape[-1]
     if not isinstance(k, int) or isinstance(k, bool):
-        raise TypeError(f"top_k: k must be an int, got {k!r}")
+        raise TypeError(f"{op}: k must be an int, got {k!r}")
     if k <= 0 or k > n:
-        raise ValueError(f"top_k: k={k} must be in 1..{n} (the last axis of shape {x.shape})")
+        raise ValueError(f"{op}: k={k} must be in 1..{n} (the last axis of shape {x.shape})")
     out = x.shape[:-1] + (k,)
     return [(out, x.dtype), (out, dt.int32)]
 
@@ -46,20 +47,24 @@ def _top_k_reference(x, *, k):
 TOP_K = Library("top_k", _top_k_abstract, lambda x, *, k: _kernels("top_k").top_k(x, k), _top_k_reference)
 
 
+def _static_k(k):
+    if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+        return int(k)   # numpy integers too: k is a static parameter, keyed as a Python int
+    return k
+
+
 def top_k(x, k):
     """(values, indices) of the k largest entries along the last axis, as jax.lax.top_k:
     values descending, ties broken by the lower index, NaN ranks above +inf; indices int32."""
-    if isinstance(k, numbers.Integral) and not isinstance(k, bool):
-        k = int(k)   # numpy integers too: k is a static parameter, keyed as a Python int
-    return tuple(call(TOP_K, [x], k=k))
+    return tuple(call(TOP_K, [x], k=_static_k(k)))
 
 
 def _softmax_top_k_abstract(x, *, k, renormalize):
-    _float_input("softmax_top_k", "logits", x)
-    out = _top_k_abstract(x, k=k)
-    if x.shape[-1] > 4096 or k > 64:
-        raise ValueError(f"softmax_top_k: made for routers (rows <= 4096, k <= 64), got rows of {x.shape[-1]} "
-                         f"and k={k}; use fa.top_k(fa.nn.softmax(x), k)")
+    out = _top_k_abstract(x, k=k, op="softmax_top_k", name="logits")
+    max_n, max_k = _kernels("top_k").softmax_top_k_limits()   # the kernel's, checked here on every backend
+    if x.shape[-1] > max_n or k > max_k:
+        raise ValueError(f"softmax_top_k: made for routers (rows <= {max_n}, k <= {max_k}), got rows of "
+                         f"{x.shape[-1]} and k={k}; use fa.top_k(fa.nn.softmax(x), k)")
     return out
 
 
@@ -75,8 +80,10 @@ SOFTMAX_TOP_K = Library("softmax_top_k", _softmax_top_k_abstract,
 
 def softmax_top_k(logits, k, renormalize=False):
     """MoE routing in one kernel: softmax over the last axis (fp32 inside), then its top k.
-    With ``renormalize`` the k probabilities are divided by their sum."""
-    return tuple(call(SOFTMAX_TOP_K, [logits], k=k, renormalize=bool(renormalize)))
+    With ``renormalize`` the k probabilities are divided by their sum. Rows up to 1024 long and k up to 16
+    (the kernel's limits, checked when recorded); past them, ``fa.top_k(fa.nn.softmax(x), k)``."""
+    renormalize = checks.check_bool("softmax_top_k", "renormalize", renormalize)
+    return tuple(call(SOFTMAX_TOP_K, [logits], k=_static_k(k), renormalize=renormalize))
 
 
 # ---- softmax over long rows ---------------------------------------------------------------------------
@@ -119,6 +126,8 @@ def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
         raise ValueError(f"dot_product_attention: key/value heads ({Hkv}) must divide query heads ({Hq})")
     Sk = k.shape[1]
     checks.check_number("dot_product_attention", "scale", scale, optional=True)
+    if scale is not None and not math.isfinite(scale):   # every score NaN: an output of NaN, for nothing
+        raise ValueError(f"dot_product_attention: scale must be finite, got {scale}")
     it = iter(extras)
     from ..views import broadcast_shapes
     for flag, name in ((has_bias, "bias"), (has_mask, "mask")):
@@ -170,11 +179,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     GQA/MQA when key/value have fewer heads; causal with unequal lengths is aligned bottom-right.
     head_dim past 256 (the kernels' widest) is computed by the same math on fused primitives.
     """
+    from .core import array_arg
+    query = array_arg(query, "dot_product_attention: query")   # its head_dim is read before call() checks it
+    is_causal = checks.check_bool("dot_product_attention", "is_causal", is_causal)
     extras = [t for t in (bias, mask) if t is not None]
     if query.shape[-1] > checks.ATTENTION_MAX_HEAD_DIM and len(query.shape) == 4:
-        return _wide_head_attention(query, key, value, extras, scale=scale, is_causal=bool(is_causal),
+        return _wide_head_attention(query, key, value, extras, scale=scale, is_causal=is_causal,
                                     has_bias=bias is not None, has_mask=mask is not None)
-    out, _ = call(ATTENTION, [query, key, value, *extras], scale=scale, is_causal=bool(is_causal),
+    out, _ = call(ATTENTION, [query, key, value, *extras], scale=scale, is_causal=is_causal,
                   has_bias=bias is not None, has_mask=mask is not None)
     return out
 

@@ -37,8 +37,16 @@ def softmax(x, axis=-1):
 
 
 def _softmax(x, *, axis):
-    e = elementwise("exp", x - max(x, axis=axis, keepdims=True))
+    e = elementwise("exp", x - _shift(x, axis))
     return e / sum(e, axis=axis, keepdims=True)
+
+
+def _shift(x, axis):
+    """The row maximum the exponentials are shifted by, with no derivative: the result does not depend on it,
+    and the two derivative paths through it (the shift and the normalizer) cancel only up to rounding, an
+    error on each row's largest element (log_softmax fp32: 2.8e-4 at 16384 columns, torch 2.2e-7)."""
+    from ..transforms.autodiff import stop_gradient
+    return stop_gradient(max(x, axis=axis, keepdims=True))
 
 
 def log_softmax(x, axis=-1):
@@ -55,7 +63,7 @@ def log_softmax(x, axis=-1):
 
 
 def _log_softmax(x, *, axis):
-    shifted = x - max(x, axis=axis, keepdims=True)
+    shifted = x - _shift(x, axis)
     return shifted - elementwise("log", sum(elementwise("exp", shifted), axis=axis, keepdims=True))
 
 

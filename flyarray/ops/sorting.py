@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from .. import dtypes as dt
 from .. import views
+from . import checks
 from ..primitives import check_storage_only, sum_dtype
 from .core import array_arg, as_array, node_of
 from .library import Library, call
@@ -77,6 +78,7 @@ def _from_last(y, axis):
 
 def _scan(op, x, axis, dtype, include_initial):
     x = array_arg(x, f"cumulative_{op}: x")
+    include_initial = checks.check_bool(f"cumulative_{op}", "include_initial", include_initial)
     if x.dtype.kind == "c" and dtype is not None and dt.dtype(dtype).kind != "c":
         if dt.dtype(dtype).kind != "b":   # as sum: only bool, which astype allows, takes a complex x
             raise TypeError(f"cumulative_{op}: dtype={dt.dtype(dtype)} would drop the imaginary part of a complex x")
@@ -156,8 +158,9 @@ SORT = Library("sort", _sort_abstract,
 def _sorted(op, x, axis, descending):
     x = array_arg(x, f"{op}: x")
     _real(op, "x", x._node)
+    descending = checks.check_bool(op, "descending", descending)
     moved, axis = _last_axis(op, x, axis)
-    values, indices = call(SORT, [moved], descending=bool(descending))
+    values, indices = call(SORT, [moved], descending=descending)
     return _from_last(values, axis), _from_last(indices, axis)
 
 
@@ -167,12 +170,14 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
 
     A Triton kernel for rows up to 4096 of 8/16/32-bit dtypes; longer rows and int64/float64 are a
     library call to torch.sort (docs/array_api.md). Differentiable (the cotangent follows the permutation)."""
+    checks.check_bool("sort", "stable", stable)
     return _sorted("sort", x, axis, descending)[0]
 
 
 def argsort(x, /, *, axis=-1, descending=False, stable=True):
     """The int64 indices that sort ``x`` along ``axis``: the array API's ``argsort`` (stable; the same
     order as ``sort``, so ``take_along_axis(x, argsort(x)) == sort(x)``)."""
+    checks.check_bool("argsort", "stable", stable)
     return _sorted("argsort", x, axis, descending)[1]
 
 
