@@ -100,7 +100,7 @@ def _remember(cache: _Traces, key, trace, fn):
 def _tensors_as_arrays(args, kwargs, static_argnums, static_argnames):
     """The arguments with their torch tensor leaves as arrays (statics untouched): what a traced call's
     body sees, so an inlined call records the same graph (not torch math on the raw tensors)."""
-    call = _CallDevice((args, kwargs))
+    call = (args, kwargs)
 
     def leaf_array(leaf):
         if isinstance(leaf, np.ndarray) or _numpy_scalar(leaf):
@@ -165,7 +165,7 @@ def _check_static_names(fn, static_argnums, static_argnames) -> tuple:
 def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tuple:
     n = len(args)
     statics = {i % n for i in static_argnums if -n <= i < n} if static_argnums else ()
-    call = _CallDevice((args, kwargs))
+    call = (args, kwargs)
     key = [_static_key(a, f"argument {i}", static=True) if i in statics
            else _flatten(a, tensors, f"argument {i}", call) for i, a in enumerate(args)]
     for name in sorted(kwargs):
@@ -175,21 +175,17 @@ def _flatten_args(args, kwargs, static_argnums, static_argnames, tensors) -> tup
     return tuple(key)
 
 
-class _CallDevice:
+def _call_device(call_args):
     """Where a call's numpy leaves go: numpy data has no device, so it joins the call's first array or tensor
     argument (a learning rate np.float32(lr) beside CUDA arrays is a CUDA 0-d array), else the default device.
-    Looked up only when a numpy leaf needs it."""
-    __slots__ = ("args", "device")
-
-    def __init__(self, args):
-        self.args, self.device = args, None
-
-    def get(self):
-        if self.device is None:
-            leaf = next((leaf for leaf in tree_util.tree_leaves(self.args) if isinstance(leaf, (Array, torch.Tensor))),
-                        None)
-            self.device = (leaf._node.device if isinstance(leaf, Array) else leaf.device) if leaf is not None else False
-        return self.device or None
+    ``call_args``: the call's (args, kwargs); looked up only when a numpy leaf needs it (off the hot path)."""
+    args, kwargs = call_args
+    leaf = next((a for a in args if isinstance(a, (Array, torch.Tensor))), None)   # the common case: no tree walk
+    if leaf is None:
+        leaf = next((x for x in tree_util.tree_leaves(call_args) if isinstance(x, (Array, torch.Tensor))), None)
+    if leaf is None:
+        return None
+    return leaf._node.device if isinstance(leaf, Array) else leaf.device
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -281,7 +277,7 @@ def _static_key(value, where, static=False):
 
 def _numpy_leaf(leaf, call):
     from ..ops import asarray
-    return asarray(np.asarray(leaf) if isinstance(leaf, np.generic) else leaf, device=call.get())
+    return asarray(np.asarray(leaf) if isinstance(leaf, np.generic) else leaf, device=_call_device(call))
 
 
 def _numpy_scalar(value) -> bool:
