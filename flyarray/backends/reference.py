@@ -292,9 +292,10 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None, expan
 
 
 # Where a 0-d tensor of the op's dtype gives the Python scalar's bits: torch wraps a Python float as a
-# double tensor and converts it to the op's dtype (one rounding, as torch.tensor(v, dtype) does). Not
-# float16/bfloat16: there torch computes with the scalar at higher precision than a tensor of that dtype.
-_SCALAR_TENSOR_DTYPES = (torch.float32, torch.float64)
+# double tensor and converts it to the op's dtype (one rounding, as torch.tensor(v, dtype) does). For
+# float16/bfloat16 the 0-d tensor is also what rounds the scalar to the array's dtype first (docs/semantics.md,
+# as numpy, JAX and the generated kernels do): handed a Python float, torch would compute with it unrounded.
+_SCALAR_TENSOR_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _scalar_tensor(dtype):
