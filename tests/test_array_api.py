@@ -437,6 +437,22 @@ def test_numpy_ml_dtypes_arrays_come_in_without_a_copy(name):
     assert fa.asarray(a, copy=True).torch().data_ptr() != x.torch().data_ptr()
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_numpy_ml_dtypes_scalars_are_0d_arrays(name):
+    """An element of an ml_dtypes array (arr[0], arr.max()) is a numpy scalar torch.tensor refuses ("can't
+    convert np.ndarray"); fa.jit took it for a static value. Both take it as a 0-d array now, as np.float16."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.array([1.5, 2.5], dtype=np.float32).astype(getattr(ml_dtypes, name))
+    for scalar in (a[0], a.max()):
+        x = fa.asarray(scalar)
+        assert x.dtype == getattr(fa, name) and x.shape == () and float(x.astype(fa.float32)) == float(scalar)
+    if name == "bfloat16":
+        assert (fa.asarray(a) * a[1]).astype(fa.float32).tolist() == [3.75, 6.25]
+        f = fa.jit(lambda s: s * 2)
+        assert float(f(a[0]).astype(fa.float32)) == 3.0 and float(f(a[1]).astype(fa.float32)) == 5.0
+        assert len(f.cache) == 1   # one trace: a 0-d array argument, not a static per value
+
+
 def test_numpy_strides_not_a_multiple_of_the_itemsize_are_copied(backend):
     # a field of a structured array (float32, strides (5,)) raised torch's "strides not a multiple of the
     # element byte size", even with copy=True

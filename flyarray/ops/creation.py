@@ -117,6 +117,8 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
         return _plain_tensor(obj, copy)
     if isinstance(obj, np.ndarray):
         return _from_numpy(obj, copy)
+    if isinstance(obj, np.generic) and obj.dtype.name in _ML_DTYPES:   # bfloat16/float8 scalars: torch.tensor refuses them
+        return _from_numpy(np.asarray(obj), True)
     if hasattr(obj, "__dlpack__"):
         return from_dlpack(obj)._node.buffer
     wide_unsigned = target_dtype is not None and target_dtype.kind == "u" and target_dtype.itemsize > 1

@@ -282,8 +282,14 @@ def _numpy_leaf(leaf, call):
 
 def _numpy_scalar(value) -> bool:
     """A numpy number or bool that eager ops take as a 0-d array (ops.core.as_array): not np.float64 and
-    np.complex128, which subclass Python's float and complex and stay weak scalars (static here too)."""
-    return isinstance(value, (np.number, np.bool_)) and not isinstance(value, (float, complex))
+    np.complex128, which subclass Python's float and complex and stay weak scalars (static here too). ml_dtypes'
+    bfloat16/float8 scalars are numbers too, though not np.number."""
+    if isinstance(value, (np.number, np.bool_)):
+        return not isinstance(value, (float, complex))
+    return isinstance(value, np.generic) and value.dtype.name in _ML_SCALARS
+
+
+_ML_SCALARS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 _ARRAY_LEAVES = (Array, torch.Tensor, np.ndarray)
