@@ -26,8 +26,16 @@ def _float_input(op, name, node, allowed=checks.KERNEL_FLOATS):
 
 
 # ---- top_k ------------------------------------------------------------------------------------------
+# what the top_k kernel orders (kernels/top_k.py SUPPORTED_DTYPES): its floats and the integers up to 32 bits
+TOP_K_DTYPES = checks.KERNEL_FLOATS + (dt.int8, dt.uint8, dt.int16, dt.int32)
+
+
 def _top_k_abstract(x, *, k, op="top_k", name="x"):
-    _float_input(op, name, x)
+    if op == "top_k":
+        if x.dtype not in TOP_K_DTYPES:
+            raise TypeError(f"top_k: {name} has dtype {x.dtype}; expected one of {', '.join(map(str, TOP_K_DTYPES))}")
+    else:
+        _float_input(op, name, x)
     if not x.shape:
         raise ValueError(f"{op}: {name} must have at least one dimension")
     n = x.shape[-1]
@@ -55,7 +63,8 @@ def _static_k(k):
 
 def top_k(x, k):
     """(values, indices) of the k largest entries along the last axis, as jax.lax.top_k:
-    values descending, ties broken by the lower index, NaN ranks above +inf; indices int32."""
+    values descending, ties broken by the lower index, NaN ranks above +inf; indices int32.
+    float16/bfloat16/float32, and int8/uint8/int16/int32."""
     return tuple(call(TOP_K, [x], k=_static_k(k)))
 
 

@@ -98,6 +98,29 @@ def test_integers(dtype):
         assert_same(x, 8, top_k(x, 8, config=cfg), path)
 
 
+def test_fa_top_k_takes_the_kernels_integers(backend):
+    """fa.top_k (and torch.ops.flyarray.top_k) refused integers the kernel orders: as jax.lax.top_k, they are
+    taken, ties to the lower index, values in the input's dtype."""
+    import numpy as np
+    import flyarray as fa
+    import flyarray.interop.torch  # noqa: F401  (torch.ops.flyarray)
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
+        info = torch.iinfo(dtype)
+        x = torch.randint(info.min, info.max, (3, 40), generator=g, dtype=torch.int64).to(dtype)
+        x[0, :20] = x[0, 20]   # a flood of ties
+        values, indices = fa.top_k(fa.asarray(x), 5)
+        want = torch.from_numpy(np.argsort(-x.long().numpy(), axis=-1, kind="stable")[:, :5].astype(np.int32))
+        assert torch.equal(torch.from_dlpack(indices), want)
+        assert torch.equal(torch.from_dlpack(values), torch.take_along_dim(x, want.long(), -1))
+    op_values, _ = torch.ops.flyarray.top_k(x, 5)
+    assert op_values.dtype == torch.int32 and torch.equal(op_values, torch.from_dlpack(values))
+    with pytest.raises(TypeError, match="top_k: x has dtype fa.int64; expected one of"):
+        fa.top_k(fa.asarray(x.long()), 5)
+    with pytest.raises(TypeError, match="softmax_top_k: logits has dtype fa.int32"):
+        fa.nn.softmax_top_k(fa.asarray(x), 5)
+
+
 def wide_branch(x, k, config=WIDE_SMALL):
     """Which branch of the final kernel each row takes: 'fits' (the compacted candidates), 'ties'
     (they overflow; fewer than k above the threshold, so it is the k-th largest) or 'search';
