@@ -157,7 +157,6 @@ CONFIGS = {
 }
 
 
-
 def softmax_top_k_limits() -> tuple:
     """(row length, k) the one-kernel router path takes: the same on every arch (no config overrides
     _NARROW's), so fa.nn.softmax_top_k checks them when it records, on any backend."""

@@ -30,12 +30,9 @@ def _float_input(op, name, node, allowed=checks.KERNEL_FLOATS):
 TOP_K_DTYPES = checks.KERNEL_FLOATS + (dt.int8, dt.uint8, dt.int16, dt.int32)
 
 
-def _top_k_abstract(x, *, k, op="top_k", name="x"):
-    if op == "top_k":
-        if x.dtype not in TOP_K_DTYPES:
-            raise TypeError(f"top_k: {name} has dtype {x.dtype}; expected one of {', '.join(map(str, TOP_K_DTYPES))}")
-    else:
-        _float_input(op, name, x)
+def _top_k_abstract(x, *, k, op="top_k", name="x", dtypes=TOP_K_DTYPES):
+    if x.dtype not in dtypes:
+        raise TypeError(f"{op}: {name} has dtype {x.dtype}; expected one of {', '.join(map(str, dtypes))}")
     if not x.shape:
         raise ValueError(f"{op}: {name} must have at least one dimension")
     n = x.shape[-1]
@@ -69,7 +66,7 @@ def top_k(x, k):
 
 
 def _softmax_top_k_abstract(x, *, k, renormalize):
-    out = _top_k_abstract(x, k=k, op="softmax_top_k", name="logits")
+    out = _top_k_abstract(x, k=k, op="softmax_top_k", name="logits", dtypes=checks.KERNEL_FLOATS)
     max_n, max_k = _kernels("top_k").softmax_top_k_limits()   # the kernel's, checked here on every backend
     if x.shape[-1] > max_n or k > max_k:
         raise ValueError(f"softmax_top_k: made for routers (rows <= {max_n}, k <= {max_k}), got rows of "

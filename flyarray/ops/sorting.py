@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 from .. import dtypes as dt
 from .. import views
-from . import checks
 from ..primitives import check_storage_only, sum_dtype
+from . import checks
 from .core import array_arg, as_array, node_of
 from .library import Library, call
 

@@ -286,10 +286,10 @@ def _numpy_scalar(value) -> bool:
     bfloat16/float8 scalars are numbers too, though not np.number."""
     if isinstance(value, (np.number, np.bool_)):
         return not isinstance(value, (float, complex))
-    return isinstance(value, np.generic) and value.dtype.name in _ML_SCALARS
-
-
-_ML_SCALARS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+    if not isinstance(value, np.generic):
+        return False
+    from ..ops.creation import _ML_DTYPES   # the ml_dtypes fa.asarray takes (rare here: off the common path)
+    return value.dtype.name in _ML_DTYPES
 
 
 _ARRAY_LEAVES = (Array, torch.Tensor, np.ndarray)
