@@ -1,5 +1,6 @@
 """The reference backend writes a float op into an argument it reads for the last time (torch's
 ``out=``), never into an input buffer or a value something else may still hold."""
+import numpy as np
 import pytest
 import torch
 
@@ -208,3 +209,32 @@ def test_reversed_views_of_a_float8_buffer(reference, dtype):
                           (x[[4, 0]], want[[4, 0]])]:
         assert got.dtype == x.dtype
         np.testing.assert_array_equal(np.asarray(got.astype(fa.float32)), expected)
+
+
+_H = torch.tensor([0.1, 300.0, 70.0, -2.5], dtype=torch.float16)
+_B = torch.tensor([1.1640625, -1.1640625, 0.8359375, 3.0], dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_narrow_arithmetic_is_held_in_float32_as_the_kernels_hold_it(backend, eager):
+    """float16/bfloat16 arithmetic inside a kernel is held in float32 and rounded where stored, on the
+    reference backend as in the generated kernels, so the CPU default and the GPU agree (and check mode
+    compares like with like); under eager rounding both round every value, as eager torch does."""
+    from flyarray import config
+    h, b = fa.asarray(_H), fa.asarray(_B)
+    hf, bf = _H.float(), _B.float()
+    with config.eager_rounding_scope(eager):
+        got = [fa.round(fa.abs(b) * 3), fa.isinf(h * h * 10), fa.sqrt(h) * fa.sqrt(h) - h,
+               fa.nextafter(h * 3, fa.zeros_like(h)), (h * 2 + 1).astype(fa.float32), fa.max(h * 1000 - h, axis=0)]
+        got = [g.torch() for g in got]
+    if eager:   # each value rounded, as eager torch computes
+        want = [torch.round(torch.abs(_B) * 3), torch.isinf(_H * _H * 10), torch.sqrt(_H) * torch.sqrt(_H) - _H,
+                torch.nextafter(_H * 3, torch.zeros_like(_H)), (_H * 2 + 1).float(), torch.amax(_H * 1000 - _H)]
+    else:       # float32 throughout, rounded once where stored; nextafter takes its arguments rounded
+        root = torch.from_numpy(np.sqrt(hf.numpy()))   # correctly rounded (torch's CPU float32 sqrt is not always)
+        want = [torch.round(torch.abs(bf) * 3).bfloat16(), torch.isinf(hf * hf * 10), (root * root - hf).half(),
+                torch.nextafter((hf * 3).half(), torch.zeros_like(_H)), hf * 2 + 1, torch.amax(hf * 1000 - hf).half()]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+    assert not torch.equal(want[0], torch.round(torch.abs(_B) * 3)) or eager   # the two rules differ here

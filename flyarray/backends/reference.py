@@ -1,7 +1,10 @@
 """The reference backend: a scheduled kernel evaluated op by op with torch eager.
 
-It computes each value in its own dtype (as eager code would), so it is both
-the CPU default and the oracle that check mode compares fused kernels with.
+It computes each value in its own dtype, except float16/bfloat16 arithmetic, which it holds in
+float32 and rounds where a kernel stores it (or a reduction or cast the user asked for rounds
+it), as the generated kernels do (docs/semantics.md); under eager rounding every value is
+rounded to its dtype, as eager torch code would. It is both the CPU default and the oracle that
+check mode compares fused kernels with.
 ``compile_kernel`` turns a Kernel into a list of closures once (a plan keeps
 it), so an evaluation does only the torch calls.
 """
@@ -12,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import unsigned
+from .. import config, unsigned
 from ..diskcache import COMPILE_LOCK
 from ..kernel_ir import Const, Elementwise, Iota, Kernel, Load, Reduce
 from ..primitives import ELEMENTWISE, REDUCE
@@ -105,14 +108,15 @@ def _kernel_body(kernel: Kernel, input_views, names: _Names):
     skip = _scalars_only(kernel)  # read as Python scalars only: no tensor to make
     if any(isinstance(op, (Const, Iota)) for i, op in enumerate(kernel.ops) if i not in skip):
         body.append(f"dev = {names.inputs[0]}.device" if names.inputs else "dev = None")
-    reuse = _reusable_results(kernel)
+    held = held_dtypes(kernel)
+    reuse = _reusable_results(kernel, held)
     values = _value_shapes(kernel)
     for i, op in enumerate(kernel.ops):
         if i not in skip:
             # an elementwise value over broadcast inputs can be smaller than the kernel's domain: a reduction
             # reduces it over the domain (a sum over an axis it was broadcast along counts every copy)
             short = isinstance(op, Reduce) and values[op.arg] != tuple(kernel.full_shape)
-            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env, names, reuse.get(i),
+            body += _emit_op(i, op, shapes, kernel.axes, input_views, kernel.ops, env, names, held, reuse.get(i),
                              expand_to=tuple(kernel.full_shape) if short else None)
     return env, body
 
@@ -136,10 +140,10 @@ def _handed_over(kernel: Kernel, output_shapes) -> set:
     contiguously is left to the run (an op over a transposed input gives a transposed result). One value
     stored twice (two equal expressions evaluated together share an op) is handed over once: each array
     gets a buffer of its own."""
-    allocating, shapes = _allocating(kernel), _value_shapes(kernel)
+    allocating, shapes, held = _allocating(kernel), _value_shapes(kernel), held_dtypes(kernel)
     found, given = set(), set()
     for k, (st, buffer_shape) in enumerate(zip(kernel.stores, output_shapes)):
-        if st.op in allocating and st.op not in given and kernel.ops[st.op].dtype is st.dtype \
+        if st.op in allocating and st.op not in given and held[st.op] is st.dtype.torch \
                 and st.view.is_contiguous() and shapes[st.op] == tuple(st.view.shape) == tuple(buffer_shape):
             found.add(k)
             given.add(st.op)
@@ -181,7 +185,7 @@ _KEEPS_FLOAT_DTYPE = frozenset(("add", "subtract", "multiply", "divide", "negati
 _COMMUTES = {"add", "multiply"}
 
 
-def _reusable_results(kernel) -> dict:
+def _reusable_results(kernel, held=None) -> dict:
     """op index -> the earlier result it may overwrite (torch's ``out=``): a kernel's intermediates are
     its own, so a float op whose argument is read for the last time writes into that argument's
     tensor instead of allocating (on small CPU tensors the allocation is a third of an op's cost).
@@ -192,6 +196,7 @@ def _reusable_results(kernel) -> dict:
     hand the same tensor on): never an input buffer, a view of one, an expanded constant, or a value
     a store still needs; and only into a tensor of the result's own shape."""
     ops = kernel.ops
+    held = held or held_dtypes(kernel)
     allocating = _allocating(kernel)
     last_use, shared = {}, {st.op for st in kernel.stores}
     for i, op in enumerate(ops):
@@ -204,7 +209,8 @@ def _reusable_results(kernel) -> dict:
     reuse = {}
     for i, tensors in allocating.items():
         for a in tensors:
-            if a in allocating and a not in shared and last_use[a] == i and shape[a] == shape[i]:
+            if a in allocating and a not in shared and last_use[a] == i and shape[a] == shape[i] \
+                    and held[a] is held[i]:
                 reuse[i] = a
                 break
     return reuse
@@ -212,7 +218,8 @@ def _reusable_results(kernel) -> dict:
 
 def _allocating(kernel) -> dict:
     """op -> its tensor arguments, for the ops whose torch call returns a fresh tensor of the op's own
-    (float) dtype: a scalar-operand call or one of ``_KEEPS_FLOAT_DTYPE`` over arguments of that dtype."""
+    (float) dtype (as held: ``held_dtypes``): a scalar-operand call or one of ``_KEEPS_FLOAT_DTYPE`` over
+    arguments of that dtype."""
     ops = kernel.ops
     allocating = {}
     for i, op in enumerate(ops):
@@ -243,10 +250,42 @@ def _value_shapes(kernel) -> list:
     return shapes
 
 
-def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None, expand_to=None) -> list:
+_NARROW = (torch.float16, torch.bfloat16)
+
+
+def held_dtypes(kernel) -> list:
+    """The torch dtype of each op's tensor as ``_emit_op`` makes it: the op's own, except float16/bfloat16
+    arithmetic, held in float32 unless eager rounding is in effect -- the generated kernels' rule
+    (codegen's ``elementwise_expr``): a reduction's result is rounded, a cast to another dtype rounds, a
+    cast to the same dtype does nothing, and an op whose answer depends on the storage precision
+    (``lower_narrow``: nextafter) takes its arguments rounded and gives an exact narrow value."""
+    eager = config.eager_rounding_in_effect()
+    held = []
+    for op in kernel.ops:
+        dtype = op.dtype.torch
+        if isinstance(op, Elementwise) and not eager and dtype in _NARROW:
+            if op.prim == "astype":
+                dtype = held[op.args[0]] if op.in_dtype is op.dtype else dtype
+            elif ELEMENTWISE[op.prim].lower_narrow is None:
+                dtype = torch.float32
+        held.append(dtype)
+    return held
+
+
+def _operand(a, held, compute) -> str:
+    """``v{a}`` as an op computing in ``compute`` reads it: a float16/bfloat16 tensor widened for a float32
+    computation, a float32-held one rounded for a narrow computation (nextafter's)."""
+    if compute is torch.float32 and held[a] in _NARROW:
+        return f"v{a}.float()"
+    if compute in _NARROW and held[a] is not compute and held[a].is_floating_point:
+        return f"v{a}.to(torch.{str(compute).split('.')[1]})"
+    return f"v{a}"
+
+
+def _emit_op(i, op, shapes, axes, input_views, ops, env, names, held, into=None, expand_to=None) -> list:
     """Source lines computing ``v{i}``; the objects they name go into ``env``; ``names`` says how they
-    read inputs and scalars. ``into``: an earlier result this one may be written into
-    (``_reusable_results``)."""
+    read inputs and scalars; ``held``: each op's tensor dtype (``held_dtypes``). ``into``: an earlier
+    result this one may be written into (``_reusable_results``)."""
     out = f", out=v{into}" if into is not None else ""
     if isinstance(op, Load):
         if input_views[op.input] == op.view:  # reads the buffer exactly as it lies: the tensor itself
@@ -275,7 +314,8 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None, expan
     if not isinstance(op, Elementwise):
         raise TypeError(f"unknown op {op}")
     if op.prim == "astype":
-        return [f"v{i} = v{op.args[0]}.to(dtype{i})"]
+        return [f"v{i} = v{op.args[0]}" if held[i] is held[op.args[0]] else f"v{i} = v{op.args[0]}.to(dtype{i})"]
+    compute = held[i] if op.dtype.kind == "f" else None   # narrow arithmetic widens its narrow operands
     found = _scalar_operand(op, ops)
     if found is not None:  # ``x + 0.5``: torch takes the Python scalar (same result dtype, no tensor made)
         env[f"fn{i}"], a, b = found
@@ -283,9 +323,10 @@ def _emit_op(i, op, shapes, axes, input_views, ops, env, names, into=None, expan
         if op.dtype.torch in _SCALAR_TENSOR_DTYPES:  # torch wraps a Python float per call: hand it a ready one
             env[f"scalar{i}"] = _scalar_tensor(op.dtype.torch)
             scalar = f"scalar{i}({scalar})"
-        return [f"v{i} = fn{i}(v{a}, {scalar}{out})"]
+        return [f"v{i} = fn{i}({_operand(a, held, compute)}, {scalar}{out})"]
     env[f"fn{i}"] = ELEMENTWISE[op.prim].reference_for(op.in_dtype)
-    args = ", ".join(f"v{a}" for a in op.args)
+    env[f"dtype{i}"] = held[i]
+    args = ", ".join(_operand(a, held, compute) for a in op.args)
     if op.prim in _KEEPS_FLOAT_DTYPE and op.dtype.kind == "f" and all(ops[a].dtype is op.dtype for a in op.args):
         return [f"v{i} = fn{i}({args}{out})"]  # torch gives floats of one dtype back in that dtype: nothing to check
     return [f"v{i} = fn{i}({args})", f"if v{i}.dtype is not dtype{i}: v{i} = v{i}.to(dtype{i})"]
