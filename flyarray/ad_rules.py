@@ -113,7 +113,10 @@ def _gelu_tanh_grad(x):
 
 
 def _pow_rule(g, x, p, y):
-    dx = g * F.where(p == 0, 0.0, p * F.pow(x, p - 1.0))  # JAX: d/dx x**0 is 0, also at x == 0
+    # JAX: d/dx x**0 is 0, also at x == 0. The exponent in the unused branch is kept finite too (x**1 there
+    # where p == 0): its own derivative enters the next order, and 0 * (0 ** -1) would make that NaN
+    zero = p == 0
+    dx = g * F.where(zero, 0.0, p * F.pow(x, F.where(zero, 1.0, p - 1.0)))
     dp = g * F.log(F.where(x == 0, 1.0, x)) * y  # JAX: 0 where x == 0
     return dx, dp
 

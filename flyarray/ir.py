@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -82,6 +83,25 @@ class Node:
 
     def __repr__(self):
         return f"Node#{self.id}({self.prim.name}, {self.shape}, {self.dtype.name})"
+
+
+class _Differentiating(threading.local):
+    depth = 0   # how many grad/vjp/jvp calls are recording their function on this thread (autodiff._call)
+
+
+differentiating = _Differentiating()
+# node -> (prim, inputs, params) it had before an evaluation realized it: a value evaluated inside a
+# differentiated function (float(x), print(x)) becomes a leaf, but an enclosing grad still differentiates
+# through it (autodiff._edges reads this). Kept only while a derivative transform records.
+HISTORY = weakref.WeakKeyDictionary()
+
+
+def forget_inputs(node: Node):
+    """Drop a realized node's inputs (its buffer stands for them now), keeping them aside in HISTORY while a
+    derivative transform records on this thread."""
+    if differentiating.depth and node.inputs:
+        HISTORY[node] = (node.prim, node.inputs, node.params)
+    node.inputs = ()
 
 
 def buffer_view(node: Node):

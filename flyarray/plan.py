@@ -201,14 +201,16 @@ class Plan:
                 node = nodes[bind[0]].params["outputs"][bind[1]]
             if node.prim is ir.VIEW:  # a view computed alone (schedule.py): a buffer of its own now
                 with ir.REBIND:  # other threads may be recording views of it (ops/core.movement)
-                    node.buffer, node.inputs, node.prim, node.params = slots[bind[-1]], (), ir.SOURCE, None
+                    ir.forget_inputs(node)
+                    node.buffer, node.prim, node.params = slots[bind[-1]], ir.SOURCE, None
             else:
                 node.buffer = slots[bind[-1]]
-                node.inputs = ()
+                ir.forget_inputs(node)
         for copy, base, slot in self.copy_binds:
             base = nodes[base]
             if base.buffer is None:
-                base.buffer, base.inputs = slots[slot], ()
+                base.buffer = slots[slot]
+                ir.forget_inputs(base)
 
 
 class _Builder:

@@ -169,8 +169,10 @@ def tree_map(f: Callable, tree, *rest, is_leaf=None):
     return tree_unflatten(treedef, [f(*xs) for xs in zip(leaves, *others)])
 
 
-def _flatten_up_to(treedef: PyTreeDef, tree, position):
-    """``tree``'s subtrees at ``treedef``'s leaves; a ValueError when the structures differ."""
+def _flatten_up_to(treedef: PyTreeDef, tree, position, name=None):
+    """``tree``'s subtrees at ``treedef``'s leaves; a ValueError when the structures differ, naming the tree
+    ``name`` (else tree_map's argument ``position``)."""
+    name = name or f"tree_map: argument {position}"
     out: list = []
     stack = [(treedef, tree)]
     while stack:
@@ -180,11 +182,11 @@ def _flatten_up_to(treedef: PyTreeDef, tree, position):
             continue
         rule = _rule(x)
         if type(x) is not td.kind or rule is None:
-            raise ValueError(f"tree_map: argument {position} has a {type(x).__name__} where the first tree has "
+            raise ValueError(f"{name} has a {type(x).__name__} where the first tree has "
                              f"a {td.kind.__name__} ({td})")
         children, aux = rule.flatten(x)
         if aux != td.aux or len(children) != len(td.children):
-            raise ValueError(f"tree_map: argument {position}'s {type(x).__name__} differs in structure from the "
+            raise ValueError(f"{name}: its {type(x).__name__} differs in structure from the "
                              f"first tree's ({td})")
         stack.extend(reversed(list(zip(td.children, children))))
     return out

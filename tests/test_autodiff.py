@@ -1,5 +1,6 @@
 """fa.grad / vjp / jvp against torch.autograd (fp32) and finite differences (fp64); pytrees; jit; fusion."""
 import collections
+import math
 import re
 
 import numpy as np
@@ -106,6 +107,26 @@ def test_python_control_flow_on_primal_values_works_as_in_jax():
     assert float(fa.grad(f)(fa.asarray(np.float64(4.0)))) == -4.0
     x = fa.asarray(np.array([1.0, 2.0]))
     np.testing.assert_allclose(np.asarray(fa.grad(lambda a: fa.sum(a * float(fa.sum(a))))(x)), [3.0, 3.0])
+
+
+def test_values_evaluated_inside_nested_transforms_keep_their_history():
+    """Printing or converting a value inside the function of an inner transform (or one computed from the
+    primal at first order) evaluates it; the enclosing derivative still flows through it (its history is
+    kept aside while a derivative transform records), as in JAX."""
+    x = np.array([0.5, -0.3, 0.8, 1.2])
+    b0 = x[0]
+    inner = lambda a: fa.sum(a ** 3) * float(a[0])   # noqa: E731  float(a[0]) is a constant
+    for outer_arg in (lambda b: b, lambda b: b * 1.0):
+        got = fa.grad(lambda b: fa.sum(fa.grad(inner)(outer_arg(b))))(fa.asarray(x))
+        np.testing.assert_allclose(np.asarray(got), 6 * x * b0, rtol=1e-12)
+    shown = lambda a: (np.asarray(a), str(a), fa.sum(a ** 3))[2]   # noqa: E731
+    np.testing.assert_allclose(np.asarray(fa.grad(lambda b: fa.sum(fa.grad(shown)(b * 1.0)))(fa.asarray(x))),
+                               6 * x, rtol=1e-12)
+    _, tangent = fa.jvp(lambda b: fa.grad(shown)(b * 2.0), (fa.asarray(x),), (fa.ones(4, dtype=fa.float64),))
+    np.testing.assert_allclose(np.asarray(tangent), 24 * x, rtol=1e-12)   # d/db 3 (2b)^2 * 2
+    y_evaluated = lambda a: (lambda y: (float(fa.sum(y)), fa.sum(y * y))[1])(fa.sin(a))   # noqa: E731
+    np.testing.assert_allclose(np.asarray(fa.grad(y_evaluated)(fa.asarray(x))), 2 * np.sin(x) * np.cos(x),
+                               rtol=1e-12)
 
 
 def test_every_float_primitive_has_a_rule():
@@ -784,3 +805,42 @@ def test_jit_says_a_static_array_argument_is_unhashable_because_it_is_static():
 def test_custom_vjp_nondiff_argnums_must_be_ints():
     with pytest.raises(TypeError, match="nondiff_argnums must be an int or a tuple of ints, got None"):
         fa.custom_vjp(lambda a: a, nondiff_argnums=None)
+
+
+@pytest.mark.parametrize("k, order", [(0, 2), (1, 3), (5, 7), (1.0, 3), (2.0, 4), (3, 2)])
+def test_higher_derivatives_of_powers_are_finite_at_zero(k, order):
+    """d^n/dx^n x**k at 0: the exact value (0 past the power, k! at n == k), not NaN from 0 * 0**-1 in the
+    branch a where does not take (the same answer torch.func gives)."""
+    f = lambda a: a ** k   # noqa: E731
+    for _ in range(order):
+        f = fa.grad(f)
+    want = math.factorial(int(k)) if order == k else 0.0
+    assert float(f(fa.asarray(np.float64(0.0)))) == want
+
+
+def test_second_derivatives_of_the_two_norm_at_zero_entries():
+    """vector_norm and matrix_norm('fro') are smooth where an entry (not the norm) is 0: the Hessian is
+    (I - x x^T / |x|^2) / |x| there too (|x| * |x| had abs's derivative 0 at 0 in it)."""
+    x = np.array([0.0, 1.0, 2.0])
+    n = np.linalg.norm(x)
+    want = (np.eye(3) - np.outer(x, x) / n ** 2) / n
+    np.testing.assert_allclose(np.asarray(fa.hessian(fa.linalg.vector_norm)(fa.asarray(x))), want, rtol=1e-12)
+    m = x.reshape(3, 1)
+    got = np.asarray(fa.hessian(fa.linalg.matrix_norm)(fa.asarray(m))).reshape(3, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    z = np.array([0.0 + 0.0j, 3.0 + 4.0j])   # complex: the parts' squares, the same value
+    np.testing.assert_allclose(float(fa.linalg.vector_norm(fa.asarray(z))), 5.0, rtol=1e-12)
+
+
+def test_structure_and_dtype_mistakes_in_jvp_and_vjp_are_named():
+    x = fa.asarray(np.ones(4))
+    with pytest.raises(ValueError, match=r"jvp: got 1 primal\(s\) and 2 tangent\(s\)"):
+        fa.jvp(lambda a: a * 2, (x,), (x, x))
+    with pytest.raises(ValueError, match="jvp: the tangents"):
+        fa.jvp(lambda a: a * 2, ((x, x),), ([x, x],))
+    with pytest.raises(TypeError, match="jvp: tangent leaf 0 is fa.float32, its primal fa.float64"):
+        fa.jvp(lambda a: a * 2, (x,), (fa.asarray(np.ones(4, np.float32)),))
+    with pytest.raises(ValueError, match="vjp_fn: the cotangent"):
+        fa.vjp(lambda a: (a * 2, a), x)[1](x)
+    with pytest.raises(TypeError, match="^grad"):
+        fa.grad(lambda a: 1.0)(x)

@@ -359,6 +359,10 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     from .elementwise import pow as _pow
     from .elementwise import sqrt
     x = array_arg(x, "vector_norm: x")
+    if x.dtype.kind == "c" and ord == 2:   # |z|^2 from the parts: smooth at 0, as x * x below
+        from .elementwise import imag, real
+        re, im = real(x), imag(x)
+        return sqrt(R.sum(re * re + im * im, axis=axis, keepdims=keepdims))
     if x.dtype.kind == "c":  # the norm of the magnitudes, in the parts' dtype
         x = _abs(x)
     if x.dtype.kind != "f":
@@ -367,9 +371,9 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         raise TypeError(f"vector_norm: ord must be a real number, got {ord!r}")
     if x.dtype in (dt.float16, dt.bfloat16):  # squares of 300 overflow float16: float32 inside, as torch
         return vector_norm(x.astype(dt.float32), axis=axis, keepdims=keepdims, ord=ord).astype(x.dtype)
+    if ord == 2:   # x * x, not |x| * |x|: abs's derivative at 0 is 0, which made the second derivative 0 there
+        return sqrt(R.sum(x * x, axis=axis, keepdims=keepdims))
     a = _abs(x)
-    if ord == 2:
-        return sqrt(R.sum(a * a, axis=axis, keepdims=keepdims))
     if ord == 1:
         return R.sum(a, axis=axis, keepdims=keepdims)
     if ord == math.inf:

@@ -77,6 +77,10 @@ def _edges(node):
     hit = _CUSTOM.get(node)
     if hit is not None:
         return (hit[0],), CUSTOM_OUT, hit[1]
+    if not node.inputs and node.realized:   # evaluated inside an inner transform's function: its history
+        past = ir.HISTORY.get(node)
+        if past is not None:
+            return past[1], past[0], past[2]
     return node.inputs, node.prim, node.params
 
 
@@ -174,6 +178,7 @@ def _call(fn, nodes, diff):
     # Python values of the primals stay allowed (JAX's grad: `if x < 3:` picks a branch, and a float()
     # is a constant of the derivative); under vmap and jit they are refused (plan._refuse_traced)
     _depth.value += 1
+    ir.differentiating.depth += 1
     outer = _depth.differentiated
     _depth.differentiated = outer + tuple(n for n, d in zip(nodes, diff) if d)  # (zip: () adds none)
     try:
@@ -181,6 +186,7 @@ def _call(fn, nodes, diff):
             return list(fn(*[Array(n) for n in nodes]))
     finally:
         _depth.value -= 1
+        ir.differentiating.depth -= 1
         _depth.differentiated = outer
 
 
@@ -385,6 +391,11 @@ class _Flat:
 def vjp(fun, *primals, has_aux=False):
     """(fun(*primals), vjp_fn[, aux]): ``vjp_fn(cotangent)`` (a pytree like the output) returns one cotangent
     pytree per primal. Integer primals get None (JAX gives float0 zeros)."""
+    return _vjp(fun, primals, has_aux, "vjp")
+
+
+def _vjp(fun, primals, has_aux, where):
+    """vjp, its errors naming ``where`` (the transform the user called)."""
     leaves, in_tree = tu.tree_flatten(primals)
     arrays = [_as_array(x, "vjp") for x in leaves]
     for i, a in enumerate(arrays):
@@ -392,12 +403,13 @@ def vjp(fun, *primals, has_aux=False):
             raise TypeError(f"vjp: primal leaf {i} is {a.dtype}; derivatives with respect to complex inputs are not "
                             "implemented (differentiate w.r.t. the real and imaginary parts as float arrays instead)")
     diff = [_differentiable(a.dtype) for a in arrays]
-    flat = _Flat(fun, in_tree, has_aux, "vjp")
+    flat = _Flat(fun, in_tree, has_aux, where)
     outs, pull = vjp_flat(flat, arrays, diff)
     out_tree = flat.out_tree
 
     def vjp_fn(cotangent):
-        cts = tu._flatten_up_to(out_tree, cotangent, 1)
+        cts = tu._flatten_up_to(out_tree, cotangent, 1, "vjp_fn: the cotangent (it must have the output's structure; "
+                                                        "the first tree is the output's)")
         got = pull([None if c is None else _fit(c, o._node, "vjp_fn: the cotangent") for c, o in zip(cts, outs)])
         got = [g if g is not None or not d else ad_rules.zeros(a.shape, a.dtype, a.device)
                for g, d, a in zip(got, diff, arrays)]
@@ -461,7 +473,7 @@ def value_and_grad(fun, argnums=0, has_aux=False):
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
         partial, diff_args, single = _prepare(fun, args, kwargs, argnums, "grad")
-        res = vjp(partial, *diff_args, has_aux=has_aux)
+        res = _vjp(partial, diff_args, has_aux, "grad")
         out, pull = res[0], res[1]
         # An Array, or a registered wrapper of one (a replicated fa.sharding.ShardedArray holds its value here).
         leaves = tu.tree_leaves(out)
@@ -500,8 +512,12 @@ def jvp(fun, primals, tangents, has_aux=False):
     bool primal takes None as its tangent; complex primals raise TypeError (as in vjp)."""
     if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
         raise TypeError("jvp: primals and tangents must be tuples (or lists) of arguments, e.g. jvp(f, (x,), (t,))")
+    if len(primals) != len(tangents):
+        raise ValueError(f"jvp: got {len(primals)} primal(s) and {len(tangents)} tangent(s); pass one tangent per "
+                         "primal, of its structure")
     leaves, in_tree = tu.tree_flatten(tuple(primals))
-    t_leaves = tu._flatten_up_to(in_tree, tuple(tangents), 2)
+    t_leaves = tu._flatten_up_to(in_tree, tuple(tangents), 2, "jvp: the tangents (they must have the primals' "
+                                                               "structure, the first tree)")
     arrays = [_as_array(x, "jvp") for x in leaves]
     ts = []
     for i, (a, t) in enumerate(zip(arrays, t_leaves)):
@@ -514,9 +530,12 @@ def jvp(fun, primals, tangents, has_aux=False):
                                 "tangent")
             ts.append(None)
             continue
+        weak = isinstance(t, (int, float)) and not isinstance(t, bool)   # a Python number takes the primal's dtype
         t = _as_array(t, "jvp")
         if t.shape != a.shape:
             raise ValueError(f"jvp: a tangent has shape {t.shape}, its primal {a.shape}")
+        if t.dtype != a.dtype and not weak:   # as jax.jvp: a float32 tangent of a float64 primal is a mistake
+            raise TypeError(f"jvp: tangent leaf {i} is {t.dtype}, its primal {a.dtype}: their dtypes must match")
         ts.append(t)
     flat = _Flat(fun, in_tree, has_aux, "jvp")
     outs, touts = jvp_flat(flat, arrays, ts)
