@@ -379,3 +379,15 @@ def test_reduction_and_unique_arguments_are_named_in_their_errors(call, words):
     """var(correction='a') was a bare TypeError from operator '-'; unique_values of a complex array said 'sort:'."""
     with pytest.raises(TypeError, match=words):
         call(fa.asarray(np.arange(4.0, dtype=np.float32)))
+
+
+def test_ragged_dot_checks_group_sizes_known_on_the_host():
+    """numpy group sizes are on the host: negative ones, or ones summing past lhs's rows, are refused when
+    recorded (device sizes stay unchecked: reading them would be a host sync)."""
+    lhs, rhs = np.ones((6, 4), np.float32), np.ones((2, 4, 3), np.float32)
+    with pytest.raises(ValueError, match="group_sizes sum to 7, past lhs's 6 rows"):
+        fa.ragged_dot(lhs, rhs, np.array([4, 3]))
+    with pytest.raises(ValueError, match="must not be negative"):
+        fa.ragged_dot(lhs, rhs, np.array([-1, 3]))
+    np.testing.assert_array_equal(np.asarray(fa.ragged_dot(lhs, rhs, np.array([2, 3]))),
+                                  np.r_[np.full((5, 3), 4.0), np.zeros((1, 3))])

@@ -58,7 +58,8 @@ def _accepting_foreign(fn, first_only=False, nested=False):
 
 
 _MAKERS = {"broadcast_shapes", "arange", "asarray", "empty", "eye", "from_dlpack", "full", "linspace", "ones", "zeros",
-           "where"}
+           "where",
+           "ragged_dot"}   # converts its own arguments: it first checks group sizes that are still on the host
 for _name in [n for n, v in list(globals().items()) if callable(v) and not isinstance(v, (_types.ModuleType, type))]:
     _fn = globals()[_name]
     if _name.startswith("_") or _name in _MAKERS or getattr(_fn, "__module__", "") == elementwise.__name__ and \

@@ -232,10 +232,29 @@ def ragged_dot(lhs, rhs, group_sizes):
     """jax.lax.ragged_dot: rows of group i of lhs ``[m, k]`` times ``rhs[i]`` ``[k, n]`` -> ``[m, n]``, one launch.
 
     group_sizes stays on the device (no host synchronization); empty groups are allowed;
-    rows past sum(group_sizes) are zero. Sizes that are negative or sum past m are the
-    caller's contract: they cannot be checked without reading the device.
+    rows past sum(group_sizes) are zero. Sizes known on the host (a numpy array) are
+    checked: none negative, their sum at most m. On the device (an fa array or a torch tensor) that is the
+    caller's contract: it cannot be checked without reading the device.
     """
-    return call(RAGGED_DOT, [lhs, rhs, group_sizes])[0]
+    from .core import as_array, operands_device
+    _check_host_group_sizes(lhs, group_sizes)
+    operands = [lhs, rhs, group_sizes]
+    device = operands_device(operands)   # numpy operands join the others' device
+    return call(RAGGED_DOT, [as_array(a, device) for a in operands])[0]
+
+
+def _check_host_group_sizes(lhs, group_sizes):
+    import numpy as np
+    if not isinstance(group_sizes, np.ndarray):
+        return
+    sizes = np.asarray(group_sizes)
+    if sizes.dtype.kind not in "iu" or sizes.ndim != 1:
+        return   # the shape rule names the problem
+    m = getattr(lhs, "shape", (None,))[0] if len(getattr(lhs, "shape", ())) else None
+    if (sizes < 0).any():
+        raise ValueError(f"ragged_dot: group_sizes must not be negative, got {sizes.tolist()}")
+    if m is not None and int(sizes.sum()) > m:
+        raise ValueError(f"ragged_dot: group_sizes sum to {int(sizes.sum())}, past lhs's {m} rows")
 
 
 # ---- scaled_matmul ------------------------------------------------------------------------------------------
