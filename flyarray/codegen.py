@@ -782,10 +782,10 @@ class _Emitter:
         else:
             shape = f"(rows{self.RX} + cols{self.CX})" if st.domain == "full" else f"rows{self.RX}"
         if isinstance(op, Const) or (self.rows and st.domain == "full" and op.domain == "outer"):
-            # broadcast by adding zeros; a float8 value (no arithmetic in Triton) goes through float32,
-            # which holds it exactly
+            # broadcast by subtracting zeros (adding them would turn -0.0 into +0.0); a float8 value (no
+            # arithmetic in Triton) goes through float32, which holds it exactly
             wide = f"{value}.to(tl.float32)" if _cdt(op.dtype) in dt.STORAGE_ONLY else value
-            value = f"({wide} + {shape} * 0)"
+            value = f"({wide} - {shape} * 0)"
         if target.kind == "b":
             return f"({value} != 0)"
         return f"{value}.to({_tl(target)})"

@@ -563,3 +563,15 @@ def test_gelu_of_plus_infinity_is_infinity(backend):
     got = np.asarray(fa.nn.gelu(fa.asarray(np.array([np.inf, 3.0], np.float32))))
     assert got[0] == np.inf
     np.testing.assert_allclose(got[1], 3.0 * 0.5 * (1 + math.erf(3.0 / math.sqrt(2))), rtol=1e-6)
+
+
+def test_stores_of_broadcast_values_keep_negative_zero(backend):
+    """A constant, or a per-row value stored over a full domain, is broadcast into its store: -0.0 stays
+    -0.0 (broadcasting by adding zeros made it +0.0)."""
+    a = fa.full((3,), -0.0)
+    rows = fa.asarray(torch.tensor([[0.5], [2.0]]))
+    c = fa.broadcast_to(fa.max(rows, axis=1, keepdims=True) * -0.0, (2, 3))
+    d = fa.asarray(torch.ones(2, 3)) + fa.max(rows, axis=1, keepdims=True) * -0.0   # the row value fused too
+    fa.eval(a, c, d)
+    assert torch.signbit(a.torch()).all() and torch.signbit(c.torch()).all()
+    torch.testing.assert_close(d.torch(), torch.ones(2, 3))
