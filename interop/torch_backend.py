@@ -194,7 +194,14 @@ def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
 
 
 def _cat(tensors, dim=0):
-    return fa.concat(list(tensors), axis=dim)
+    tensors = list(tensors)
+    # torch skips a legacy empty 1-D tensor beside tensors of higher rank (transformers' DynamicCache starts
+    # from torch.tensor([])), though its dtype still takes part in the result's
+    kept = [t for t in tensors if t.shape != (0,)]
+    if kept and len(kept) < len(tensors) and any(t.ndim > 1 for t in kept):
+        dtype = fa.result_type(*tensors)
+        tensors = [t.astype(dtype, copy=False) for t in kept]
+    return fa.concat(tensors, axis=dim)
 
 
 def _full(size, value, *, dtype=None, layout=None, device=None, pin_memory=None):

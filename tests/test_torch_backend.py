@@ -1596,3 +1596,20 @@ def test_topk_of_a_0d_tensor_and_addmm_with_alpha_0_follow_eager():
     torch._dynamo.reset()
     got = torch.compile(lambda x, y, z: torch.addmm(x, y, z, beta=1, alpha=0), backend="flyarray")(bias, a, b)
     torch.testing.assert_close(got, torch.addmm(bias, a, b, beta=1, alpha=0))
+
+
+def test_cat_skips_a_legacy_empty_tensor_as_torch_does():
+    """torch.cat drops a 1-D tensor of size 0 beside tensors of higher rank (transformers' DynamicCache
+    starts its keys from torch.tensor([])), its dtype still promoting: lowered, not run as a torch op."""
+    def f(x):
+        return torch.cat([torch.tensor([]), x * 2], dim=-2) + 1
+
+    torch._dynamo.reset()
+    graphs = []
+    x = torch.randn(2, 4, 3, 8, dtype=torch.bfloat16)
+    got = torch.compile(f, backend=_recording_backend(graphs))(x)
+    want = f(x)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    lowered = {str(n.target) for kind, item in graphs[0].steps if kind == "region" for n in item[0].nodes}
+    assert "aten.cat.default" in lowered
