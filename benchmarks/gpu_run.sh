@@ -22,6 +22,8 @@
 # before) and this tree, twice each, then `bench --suite torch`.
 # MODE=mx_probe: the GPU tests named by TESTS (default: core, complex, torch backend), then
 # benchmarks/mx_decode_probe.py (NOSCALE=1: again without the scale loads) and Nsight Compute on the MXFP4 decode.
+# MODE=suite_then_torch: the whole test suite (TESTS= narrows it); BENCH=1: then benchmarks/seed_block_state.py
+# and `bench --suite torch`.
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -115,6 +117,22 @@ if [ "${MODE:-tests}" = host_ab ]; then
   done
   PYTHONPATH=$PWD timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench_torch.json" --suite torch \
     > "$OUT/bench_torch.log" 2>&1; echo "bench rc=$?"; grep -E "^(llama|block|mlp|seed)" "$OUT/bench_torch.log" | tail -8
+  exit 0
+fi
+if [ "${MODE:-tests}" = suite_then_torch ]; then
+  # the whole test suite on the GPU (TESTS= narrows it), then (BENCH=1) benchmarks/seed_block_state.py and
+  # `bench --suite torch`: the seed block's forward beside eager and torch.compile, fresh and after the Llama case
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} FLYARRAY_CACHE_DIR=/tmp/flyarray-cache
+  mkdir -p "$OUT"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -n ${WORKERS:-12} -p no:cacheprovider ${TESTS:-tests} > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -30
+  if [ -n "${BENCH:-}" ]; then
+    timeout 120 python3 benchmarks/seed_block_state.py > "$OUT/seed_state.log" 2>&1; echo "state rc=$?"
+    grep -vi warning "$OUT/seed_state.log" | tail -25
+    timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench_torch.json" --suite torch \
+      > "$OUT/bench_torch.log" 2>&1; echo "bench rc=$?"; grep -E "^(llama|block|mlp|seed)" "$OUT/bench_torch.log" | tail -8
+  fi
   exit 0
 fi
 if [ "${MODE:-tests}" = mx_probe ]; then
