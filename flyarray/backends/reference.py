@@ -278,7 +278,7 @@ def _operand(a, held, compute) -> str:
     if compute is torch.float32 and held[a] in _NARROW:
         return f"v{a}.float()"
     if compute in _NARROW and held[a] is not compute and held[a].is_floating_point:
-        return f"v{a}.to(torch.{str(compute).split('.')[1]})"
+        return f"v{a}.to({compute})"   # str(torch.float16) is "torch.float16", a name the code can read
     return f"v{a}"
 
 
