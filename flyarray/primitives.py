@@ -165,19 +165,26 @@ def _floor_divide_reference(a, b):
 
 
 def _remainder_of(a, b):
-    """torch.remainder, except for float64 on the CPU: torch's vectorized CPU remainder (and fmod)
-    computes a - floor(a / b) * b, NaN where a / b overflows (1.0 % 1e-310, 1e300 % 1e-300) though the
-    remainder is finite; numpy's is libm's exact fmod."""
+    """torch.remainder, except for floats on the CPU: torch's vectorized CPU remainder (and fmod)
+    computes a - floor(a / b) * b, NaN where a / b overflows (1.0 % 1e-310, 1e300 % 1e-300; float32
+    3e38 % 1e-8) though the remainder is finite; numpy's is libm's exact fmod, as the generated kernels'
+    (float16/bfloat16 through float32, which holds their remainders exactly)."""
     t = a if isinstance(a, torch.Tensor) else b
-    if not (t.dtype == torch.float64 and t.device.type == "cpu"):
+    if not (t.dtype in _EXACT_REMAINDER_DTYPES and t.device.type == "cpu"):
         return torch.remainder
-    return _exact_remainder_f64
+    return _exact_remainder
 
 
-def _exact_remainder_f64(a, b):
-    a, b = torch.broadcast_tensors(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return torch.from_numpy(np.asarray(np.remainder(a.numpy(), b.numpy())))   # 0-d gives a numpy scalar
+_EXACT_REMAINDER_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def _exact_remainder(a, b):
+    t = a if isinstance(a, torch.Tensor) else b
+    wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+    a, b = torch.broadcast_tensors(torch.as_tensor(a, dtype=wide), torch.as_tensor(b, dtype=wide))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        r = torch.from_numpy(np.asarray(np.remainder(a.numpy(), b.numpy())))   # 0-d gives a numpy scalar
+    return r.to(t.dtype)
 
 
 def _remainder_reference(a, b, out=None):

@@ -689,6 +689,17 @@ def test_float64_remainder_where_the_quotient_overflows():
     np.testing.assert_array_equal(np.asarray(fa.asarray(x) % 1e-310), np.remainder(x, 1e-310))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_narrow_float_remainder_where_the_quotient_overflows(backend, dtype):
+    """float32 3e38 % 1e-8 is finite too (the generated kernels' fmod, numpy's); float16/bfloat16 go through
+    float32, which holds their remainders exactly. 16 elements: torch's vectorized loop."""
+    a = torch.tensor([9.969209968386869e+37, 3e38, 1e30, 2.0] * 4).to(getattr(torch, dtype))
+    b = torch.tensor([5.960464477539063e-08, 1e-8, 1e-10, 3.0] * 4).to(getattr(torch, dtype))
+    got = (fa.asarray(a) % fa.asarray(b)).torch()
+    want = torch.from_numpy(np.remainder(a.float().numpy(), b.float().numpy())).to(a.dtype)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)   # float16: inf % 0 is NaN
+
+
 @pytest.mark.parametrize("shape, fn", [((0,), lambda a: fa.linalg.vector_norm(a, ord=math.inf)),
                                        ((2, 0), lambda a: fa.linalg.vector_norm(a, axis=1, ord=math.inf)),
                                        ((0, 3), lambda a: fa.linalg.matrix_norm(a, ord=math.inf)),
