@@ -283,6 +283,8 @@ def test_errors():
         fa.vmap(fa.sin, out_axes=4)(x)
     with pytest.raises(TypeError, match="ints or None"):
         fa.vmap(fa.sin, in_axes=1.0)(x)
+    with pytest.raises(TypeError, match="vmap: output leaf 1 of the function is a str, which is not an array"):
+        fa.vmap(lambda a: (a * 2, "label"))(x)
     with pytest.raises(NotImplementedError, match="ragged_dot"):
         fa.vmap(lambda a: fa.ragged_dot(a, fa.asarray(W[None]), fa.asarray(np.array([3], np.int32))))(x)
     def evaluates(a):

@@ -74,6 +74,16 @@ def _unbatchable(name, ax, exc) -> str:
     return f"vmap: {name} is batched at axis {ax}, but {why}; {fix}"
 
 
+def _output_array(o, i):
+    """Output leaf ``i`` that is not an Array (a number, a numpy array) as one; anything else is refused by name."""
+    from ..ops import asarray
+    try:
+        return asarray(o)
+    except TypeError as exc:
+        raise TypeError(f"vmap: output leaf {i} of the function is a {type(o).__name__}, which is not an array: "
+                        f"{exc}") from exc
+
+
 def _leaf_names(args, kwargs) -> list:
     """What each leaf of tree_flatten((args, kwargs)) is, for messages: 'argument 1', "keyword 'scale'"."""
     names = []
@@ -235,7 +245,7 @@ def vmap(fun, in_axes=0, out_axes=0):
             out = fun(*inner_args, **inner_kwargs)   # a jitted fun is inlined (fa.jit reads recording)
         _refuse_sharded(out, "the results")
         out_leaves, out_tree = tu.tree_flatten(out)
-        out_leaves = [o if isinstance(o, Array) else asarray(o) for o in out_leaves]
+        out_leaves = [o if isinstance(o, Array) else _output_array(o, i) for i, o in enumerate(out_leaves)]
         expand_composites([o._node for o in out_leaves])  # fa.nn's composites batch through their primitives
         _batch_graph([o._node for o in out_leaves], values, start, n)
         results = []
