@@ -161,6 +161,10 @@ def _by_nonzero_uint8(op, a, b):
 
 
 def _floor_divide_reference(a, b):
+    t = a if isinstance(a, torch.Tensor) else b
+    if t.dtype in (torch.float16, torch.bfloat16):   # in float32, rounded once, as the generated kernels: torch's
+        wide = [x.float() if isinstance(x, torch.Tensor) else x for x in (a, b)]   # vectorized CPU loop rounds
+        return torch.div(*wide, rounding_mode="floor").to(t.dtype)                 # its steps (bf16 45 // 0.1001: 450)
     return _by_nonzero_uint8(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
 
 

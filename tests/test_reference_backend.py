@@ -238,3 +238,17 @@ def test_narrow_arithmetic_is_held_in_float32_as_the_kernels_hold_it(backend, ea
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
     assert not torch.equal(want[0], torch.round(torch.abs(_B) * 3)) or eager   # the two rules differ here
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_narrow_floor_divide_is_rounded_once(backend, eager):
+    """bfloat16 45 // 0.10009765625: floor(449.56...) = 449, 448 in bfloat16, on both backends and in both
+    rounding modes (torch's vectorized CPU loop rounds its own steps and gives 450 for the same pair
+    among others, 448 alone)."""
+    from flyarray import config
+    a = torch.tensor([45.0, 1.0, 7.0], dtype=torch.bfloat16)
+    b = torch.tensor([0.10009765625, 0.1, 0.0999], dtype=torch.bfloat16)
+    r = fa.floor_divide(fa.asarray(a), fa.asarray(b))
+    with config.eager_rounding_scope(eager):
+        fa.eval(r)
+    assert r.torch().tolist() == [448.0, 9.0, 69.0]
