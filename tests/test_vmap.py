@@ -295,6 +295,18 @@ def test_errors():
         fa.vmap(evaluates)(x)
 
 
+def test_values_of_closed_over_arrays_may_be_evaluated_inside():
+    """A value computed only from closed-over arrays does not depend on the batch: printing or converting it
+    inside the vectorized function is fine, and it is a constant there (evaluating a batched one raises)."""
+    w = fa.asarray(np.ones((4, 2)))
+
+    def f(a):
+        d = w * 2 + 1
+        np.asarray(d)
+        return a @ d
+    np.testing.assert_array_equal(np.asarray(fa.vmap(f)(fa.asarray(np.ones((3, 4))))), np.full((3, 2), 12.0))
+
+
 def test_python_values_of_batched_arrays_are_refused():
     """float()/bool() of a per-example value has no single answer; it used to be example 0's for all."""
     x = fa.asarray(X)

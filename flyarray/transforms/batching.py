@@ -137,10 +137,8 @@ def _batch_graph(roots, values: dict, start: int, n: int) -> dict:
             if outs is not None:
                 values[node.id] = outs[node.params]
             continue
-        if node.realized and node.kind not in ("source", "constant", "iota") and not node.inputs:
-            raise ValueError(f"vmap: {node.prim.name} of shape {node.shape} was evaluated (printed, converted, "
-                             "fa.eval'd) inside the function being vectorized, which drops its history; evaluate "
-                             "values only outside the transformed function")
+        # A value evaluated inside the function (printed, converted) has no inputs now: it is unbatched, since
+        # evaluating one that depends on the batch is refused (plan.batched_stand_ins), so it is a constant
         batched = [i.id in values for i in node.inputs]
         if not any(batched):
             continue
