@@ -182,6 +182,10 @@ def _check_compile_kwargs(compile_kwargs: dict) -> None:
         inspect.signature(torch.compile).bind(None, **compile_kwargs)
     except TypeError as e:
         raise TypeError(f"accelerate: torch.compile does not take {sorted(compile_kwargs)}: {e}") from None
+    for name, none_ok in (("fullgraph", False), ("disable", False), ("dynamic", True)):   # torch asserts on these late
+        value = compile_kwargs.get(name, False)
+        if not (isinstance(value, bool) or none_ok and value is None):
+            raise TypeError(f"accelerate: {name} must be a bool{' or None' if none_ok else ''}, got {value!r}")
 
 
 def _families(ops):

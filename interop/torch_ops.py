@@ -504,6 +504,11 @@ def _register_autograd(custom, name, n_tensors, static_names, differentiable, ch
 
     def backward(ctx, *grads):
         primals = list(ctx.saved_tensors)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*grads, *primals)):
+            # create_graph=True: flyarray::vjp's result would be cut from the graph (second derivatives
+            # silently wrong), so refused
+            raise RuntimeError(f"flyarray::{name}: no second derivative: backward with create_graph=True (double "
+                               "backward, gradient penalties) through it is not supported; use the torch op there")
         wanted = [bool(ctx.needs_input_grad[i]) and i in differentiable and primals[i] is not None
                   for i in range(n_tensors)]
         cts = [g if g is not None and g.is_floating_point() else None for g in grads]
@@ -513,12 +518,15 @@ def _register_autograd(custom, name, n_tensors, static_names, differentiable, ch
     custom.register_autograd(backward, setup_context=setup_context)
 
 
-def _no_mx_lhs_gradient(inputs):
-    lhs, _, lhs_scales = inputs[:3]
+def _no_mx_gradient(inputs):
+    lhs, rhs, lhs_scales = inputs[:3]
     if lhs_scales is not None and lhs.requires_grad:
         raise RuntimeError("flyarray::scaled_matmul: an MX lhs (lhs_scales given) is quantized storage, which has "
                            "no gradient; pass bf16/fp16 activations (lhs_scales=None) to train through it, or run "
                            "it under torch.no_grad()")
+    if rhs.requires_grad:   # (a float8 tensor can require grad; a uint8 one cannot)
+        raise RuntimeError("flyarray::scaled_matmul: rhs is MX storage, which has no gradient; pass it detached "
+                           "(rhs.detach()) or run under torch.no_grad()")
 
 
 _register_autograd(rms_norm, "rms_norm", 2, ("eps",), {0, 1})
@@ -529,7 +537,7 @@ _register_autograd(matmul, "matmul", 4, ("activation", "out_dtype"), {0, 1, 2, 3
 _register_autograd(ragged_dot, "ragged_dot", 3, (), {0, 1})
 _register_autograd(top_k, "top_k", 1, ("k",), {0})
 # a bf16/fp16 lhs (weight-only MX: accelerate(mx=...)) has a gradient; MX storage operands have none
-_register_autograd(scaled_matmul, "scaled_matmul", 4, ("out_dtype",), {0}, check=_no_mx_lhs_gradient)
+_register_autograd(scaled_matmul, "scaled_matmul", 4, ("out_dtype",), {0}, check=_no_mx_gradient)
 
 OPS = ("rms_norm", "add_rms_norm", "softmax", "dot_product_attention", "attention_forward", "attention_backward",
        "matmul", "ragged_dot", "top_k", "scaled_matmul", "mx_quantize", "vjp")

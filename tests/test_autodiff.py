@@ -759,7 +759,7 @@ def test_jvp_refuses_a_complex_primal_as_vjp_does():
 
 def test_jvp_takes_none_as_an_integer_primals_tangent_and_refuses_a_float_one():
     i, x = fa.asarray(np.arange(3)), fa.asarray(np.ones(3))
-    out, t = fa.jvp(lambda a, b: a * b, (i, x), (None, fa.ones(3)))
+    out, t = fa.jvp(lambda a, b: a * b, (i, x), (None, fa.ones(3, dtype=fa.float64)))
     np.testing.assert_array_equal(np.asarray(t), np.arange(3.0))
     with pytest.raises(TypeError, match="jvp: primal leaf 0 is fa.int64, which has no derivative: pass None"):
         fa.jvp(lambda a: a * 1.5, (i,), (fa.ones(3),))

@@ -795,7 +795,9 @@ def test_a_model_quantized_by_quantize_linear_weights_compiles():
 
 def test_accelerate_checks_compile_arguments_before_swapping_layers():
     model = torch.nn.Sequential(torch.nn.Linear(64, 32))
-    for kwargs, match in (({"backend": "inductor"}, "backend is flyarray's"), ({"dynamc": True}, "dynamc")):
+    for kwargs, match in (({"backend": "inductor"}, "backend is flyarray's"), ({"dynamc": True}, "dynamc"),
+                          ({"dynamic": "yes"}, "dynamic must be a bool or None"),
+                          ({"fullgraph": 1}, "fullgraph must be a bool")):
         with pytest.raises(TypeError, match=match):
             fat.accelerate(model, mx="mxfp8", **kwargs)
         assert type(model[0]) is torch.nn.Linear and model[0].weight.shape == (32, 64)
@@ -851,6 +853,25 @@ def test_scaled_matmul_op_refuses_a_gradient_for_an_mx_lhs():
     lhs = lhs.float().to(torch.float8_e4m3fn).requires_grad_()
     with pytest.raises(RuntimeError, match="no gradient"):
         torch.ops.flyarray.scaled_matmul(lhs, data, lhs_scales, scales, torch.float32)
+    rhs = data.float().to(torch.float8_e4m3fn).requires_grad_()   # MX storage on the right: no gradient either
+    with pytest.raises(RuntimeError, match="rhs is MX storage, which has no gradient"):
+        torch.ops.flyarray.scaled_matmul(torch.randn(4, 64, dtype=torch.bfloat16), rhs, None, scales, torch.float32)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "matmul", "softmax"])
+def test_double_backward_through_a_custom_op_is_refused(op):
+    """create_graph=True through flyarray's ops would give a gradient cut from the graph (a gradient penalty
+    silently missing its second-order term): refused by name instead."""
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 4)
+    y = {"rms_norm": lambda: fat.rms_norm(x), "matmul": lambda: fat.matmul(x, w),
+         "softmax": lambda: fat.softmax(x)}[op]()
+    (g,) = torch.autograd.grad((y * torch.randn_like(y)).sum(), x, create_graph=False)   # first order: fine
+    assert g.shape == x.shape
+    y = {"rms_norm": lambda: fat.rms_norm(x), "matmul": lambda: fat.matmul(x, w),
+         "softmax": lambda: fat.softmax(x)}[op]()
+    with pytest.raises(RuntimeError, match=f"flyarray::{op}: no second derivative"):
+        torch.autograd.grad((y * 2.0).sum(), x, create_graph=True)
 
 
 @pytest.mark.parametrize("fn, args", [

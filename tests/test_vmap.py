@@ -28,7 +28,8 @@ def _check(f, *xs, in_axes=0, rtol=2e-5, atol=1e-5):
 @pytest.mark.parametrize("f", [
     lambda a: fa.exp(fa.sin(a) * 2.0 + 1.0),
     lambda a: fa.where(a > 0, a, -a * 0.5).astype(fa.float64),
-    lambda a: a * fa.arange(4, dtype=fa.float32) + fa.ones((3, 4)),
+    # made where the batched input lives (numpy inputs are CPU arrays; creation defaults to the GPU on one)
+    lambda a: a * fa.arange(4, dtype=fa.float32, device=a.device) + fa.ones((3, 4), device=a.device),
     lambda a: fa.maximum(a, 0.25) - fa.asarray(W[:, :4][:3]),
 ], ids=["unary_chain", "where_astype", "iota_constant", "closed_over"])
 def test_elementwise(f):
@@ -55,8 +56,8 @@ def test_reductions(f):
     lambda a: a.reshape(12), lambda a: a.reshape(2, 6).T, lambda a: a.T[1:, ::-2],
     lambda a: fa.broadcast_to(a[:, None, :], (3, 2, 4)), lambda a: fa.flip(a, axis=1),
     lambda a: fa.moveaxis(a[None], 0, 2), lambda a: fa.squeeze(a[1:2]), lambda a: a[..., 2],
-    lambda a: fa.concat([a, a[:1] * 2.0, fa.zeros((2, 4))], axis=0),
-    lambda a: fa.stack([a, fa.ones((3, 4))], axis=-1),
+    lambda a: fa.concat([a, a[:1] * 2.0, fa.zeros((2, 4), device=a.device)], axis=0),
+    lambda a: fa.stack([a, fa.ones((3, 4), device=a.device)], axis=-1),
 ], ids=["reshape", "reshape_T", "slices", "broadcast", "flip", "moveaxis", "squeeze", "index", "concat", "stack"])
 def test_views_and_concat(f):
     _check(f, X)
