@@ -144,8 +144,10 @@ FORWARD = {"rms_norm": _rms_norm, "add_rms_norm": _add_rms_norm, "softmax": _sof
 
 
 # ---- rms_norm / add_rms_norm ----------------------------------------------------------------------------
-def _check_rms_norm(x, weight, eps, residual=None):
-    op = "rms_norm"
+def _check_rms_norm(x, weight, eps, residual=None, op="rms_norm"):
+    if op == "add_rms_norm" and residual is None:   # (rms_norm's residual is optional, this op's is not)
+        raise TypeError("flyarray::add_rms_norm: residual must be a tensor, got None "
+                        "(flyarray::rms_norm is the one without)")
     xa, wa, ra = _avals(op, x=x, weight=weight, residual=residual)
     checks.check_norm(op, xa, weight=wa, residual=ra, eps=eps)
     return xa, ra
@@ -167,14 +169,14 @@ def _(x, weight, eps):
 @torch.library.custom_op("flyarray::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
     """(rms_norm(x + residual) * weight, x + residual): the pre-norm residual of an LLM block, one kernel."""
-    _check_rms_norm(x, weight, eps, residual)
+    _check_rms_norm(x, weight, eps, residual, "add_rms_norm")
     y, h = _add_rms_norm(fa.asarray(x), fa.asarray(residual), _fa(weight), eps=eps)
     return _out(y, (x, residual, weight)), _out(h, (x, residual, weight))
 
 
 @add_rms_norm.register_fake
 def _(x, residual, weight, eps):
-    xa, ra = _check_rms_norm(x, weight, eps, residual)
+    xa, ra = _check_rms_norm(x, weight, eps, residual, "add_rms_norm")
     return _empty(xa.shape, xa.dtype, x), _empty(xa.shape, dt.result_type(xa.dtype, ra.dtype), x)
 
 
@@ -462,6 +464,30 @@ def vjp_arrays(op, kwargs, cotangents, primals, wanted):
             for i, w in enumerate(wanted) if w]
 
 
+def _check_vjp(op, statics, cotangents, primals, wanted):
+    """flyarray::vjp's arguments: a known op, statics a JSON object of its keyword arguments, one ``wanted`` flag
+    per primal (a wanted one present), the primals and statics a call of the op takes."""
+    import inspect
+    if op not in FORWARD:
+        raise ValueError(f"flyarray::vjp: unknown op {op!r}; expected one of {sorted(FORWARD)}")
+    try:
+        kwargs = json.loads(statics)
+    except ValueError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"flyarray::vjp: statics must be a JSON object of {op}'s keyword arguments, got {statics!r}")
+    if len(wanted) != len(primals):
+        raise ValueError(f"flyarray::vjp: {len(wanted)} wanted flags for {len(primals)} primals; give one per primal")
+    missing = [i for i, (p, w) in enumerate(zip(primals, wanted)) if w and p is None]
+    if missing:
+        raise ValueError(f"flyarray::vjp: primals {missing} are wanted but None")
+    try:
+        inspect.signature(FORWARD[op]).bind(*primals, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"flyarray::vjp: {op} does not take {len(primals)} primals and statics {sorted(kwargs)}: "
+                         f"{e}") from None
+
+
 @functools.lru_cache(maxsize=256)
 def _jitted_vjp(op, statics, wanted):
     """One fa.jit per (op, statics, wanted): later calls replay the traced plan (no re-recording)."""
@@ -475,8 +501,7 @@ def vjp(op: str, statics: str, cotangents: list[Optional[Tensor]], primals: list
     """The cotangents of ``primals`` (those ``wanted``) for flyarray op ``op`` through ``fa.vjp``.
 
     ``statics`` is the op's non-tensor arguments as JSON (a string keeps the schema one for every op)."""
-    if op not in FORWARD:
-        raise ValueError(f"flyarray::vjp: unknown op {op!r}; expected one of {sorted(FORWARD)}")
+    _check_vjp(op, statics, cotangents, primals, wanted)
     grads = _jitted_vjp(op, statics, tuple(bool(w) for w in wanted))(list(cotangents), list(primals))
     result = []
     for g in grads:  # two cotangents may be one array (d(x + r)/dx == d(x + r)/dr): _out clones the second
@@ -486,6 +511,7 @@ def vjp(op: str, statics: str, cotangents: list[Optional[Tensor]], primals: list
 
 @vjp.register_fake
 def _(op, statics, cotangents, primals, wanted):
+    _check_vjp(op, statics, cotangents, primals, wanted)
     return [torch.empty(p.shape, dtype=p.dtype, device=p.device) for p, w in zip(primals, wanted) if w]
 
 

@@ -1634,3 +1634,19 @@ def test_cat_skips_a_legacy_empty_tensor_as_torch_does():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     lowered = {str(n.target) for kind, item in graphs[0].steps if kind == "region" for n in item[0].nodes}
     assert "aten.cat.default" in lowered
+
+
+def test_vjp_op_checks_its_arguments_by_name():
+    x, w = torch.randn(2, 4), torch.ones(4)
+    vjp = torch.ops.flyarray.vjp
+    for args, match in ((("rms_norm", '{"eps": 1e-6}', [x], [x, w], [True, True, True]), "3 wanted flags for 2"),
+                        (("rms_norm", "{eps", [x], [x, w], [True, False]), "statics must be a JSON object"),
+                        (("rms_norm", "{}", [x], [x, w], [True, False]), "rms_norm does not take 2 primals and statics"),
+                        (("rms_norm", '{"eps": 1e-6}', [x], [None, w], [True, False]), r"primals \[0\] are wanted")):
+        with pytest.raises(ValueError, match=f"flyarray::vjp: {match}"):
+            vjp(*args)
+    with pytest.raises(TypeError, match="add_rms_norm: residual must be a tensor, got None"):
+        torch.ops.flyarray.add_rms_norm(x, None, w, 1e-6)
+    q = torch.randn(1, 4, 0, 8)
+    with pytest.raises(ValueError, match="query has 0 heads and key/value 0: zero heads are not supported"):
+        fat.dot_product_attention(q, q, q)

@@ -128,7 +128,10 @@ def _attention_abstract(q, k, v, *extras, scale, is_causal, has_bias, has_mask):
     if D == 0:   # the default scale 1/sqrt(head_dim) has no value, and no head_dim-0 model exists
         raise ValueError(f"dot_product_attention: head_dim is 0 (query {q.shape}); it must be at least 1")
     Hkv = k.shape[2]
-    if Hkv == 0 or Hq % Hkv:
+    if Hkv == 0 or Hq == 0:   # (torch's SDPA returns an empty result; the kernels have no zero-head path)
+        raise ValueError(f"dot_product_attention: query has {Hq} heads and key/value {Hkv}: zero heads are not "
+                         "supported")
+    if Hq % Hkv:
         raise ValueError(f"dot_product_attention: key/value heads ({Hkv}) must divide query heads ({Hq})")
     Sk = k.shape[1]
     checks.check_number("dot_product_attention", "scale", scale, optional=True)
