@@ -22,7 +22,7 @@ def _mx():
 
 
 def _quantize_abstract(x, *, fmt, axis, block_size):
-    f = _mx().mx_format(fmt)  # raises for an unknown format
+    f = _mx().mx_format(fmt, "mx_quantize: fmt")  # raises for an unknown format
     if block_size != BLOCK_SIZE:
         raise ValueError(f"mx_quantize: block_size must be {BLOCK_SIZE} (OCP MX), got {block_size}")
     if x.dtype not in (dt.float32, dt.float16, dt.bfloat16):
@@ -62,7 +62,7 @@ _STORAGE_OF = {"e4m3": dt.float8_e4m3fn, "e5m2": dt.float8_e5m2, "e2m1": dt.uint
 
 
 def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
-    name = _mx().mx_format(fmt).name
+    name = _mx().mx_format(fmt, "mx_dequantize: fmt").name
     if name in _STORAGE_OF and data.dtype != _STORAGE_OF[name]:
         raise TypeError(f"mx_dequantize: {name} data is stored as {_STORAGE_OF[name]}, got {data.dtype} "
                         "(the format must be the one the data was quantized to)")

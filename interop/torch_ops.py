@@ -144,10 +144,11 @@ FORWARD = {"rms_norm": _rms_norm, "add_rms_norm": _add_rms_norm, "softmax": _sof
 
 
 # ---- rms_norm / add_rms_norm ----------------------------------------------------------------------------
-def _check_rms_norm(x, weight, eps, residual=None, op="rms_norm"):
-    if op == "add_rms_norm" and residual is None:   # (rms_norm's residual is optional, this op's is not)
+def _check_rms_norm(x, weight, eps, residual=None, with_residual=False):
+    if with_residual and residual is None:   # (add_rms_norm's residual is not optional)
         raise TypeError("flyarray::add_rms_norm: residual must be a tensor, got None "
                         "(flyarray::rms_norm is the one without)")
+    op = "rms_norm"   # fa.nn.rms_norm's messages, word for word
     xa, wa, ra = _avals(op, x=x, weight=weight, residual=residual)
     checks.check_norm(op, xa, weight=wa, residual=ra, eps=eps)
     return xa, ra
@@ -169,14 +170,14 @@ def _(x, weight, eps):
 @torch.library.custom_op("flyarray::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor]:
     """(rms_norm(x + residual) * weight, x + residual): the pre-norm residual of an LLM block, one kernel."""
-    _check_rms_norm(x, weight, eps, residual, "add_rms_norm")
+    _check_rms_norm(x, weight, eps, residual, with_residual=True)
     y, h = _add_rms_norm(fa.asarray(x), fa.asarray(residual), _fa(weight), eps=eps)
     return _out(y, (x, residual, weight)), _out(h, (x, residual, weight))
 
 
 @add_rms_norm.register_fake
 def _(x, residual, weight, eps):
-    xa, ra = _check_rms_norm(x, weight, eps, residual, "add_rms_norm")
+    xa, ra = _check_rms_norm(x, weight, eps, residual, with_residual=True)
     return _empty(xa.shape, xa.dtype, x), _empty(xa.shape, dt.result_type(xa.dtype, ra.dtype), x)
 
 

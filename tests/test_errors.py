@@ -391,3 +391,17 @@ def test_ragged_dot_checks_group_sizes_known_on_the_host():
         fa.ragged_dot(lhs, rhs, np.array([-1, 3]))
     np.testing.assert_array_equal(np.asarray(fa.ragged_dot(lhs, rhs, np.array([2, 3]))),
                                   np.r_[np.full((5, 3), 4.0), np.zeros((1, 3))])
+
+
+def test_library_entry_points_name_the_op_and_the_argument():
+    import flyarray.interop.torch as fat
+    q = torch.randn(1, 2, 2, 8)
+    for call, err, match in (
+            (lambda: fat.rms_norm(torch.randn(3, 8).to_sparse()), TypeError, "rms_norm: x is a torch.sparse_coo"),
+            (lambda: fa.nn.dot_product_attention(q, None, q), TypeError, "dot_product_attention: key must be"),
+            (lambda: fa.nn.scaled_matmul(torch.randn(3, 64).bfloat16(), torch.zeros(5, 32, dtype=torch.uint8), None,
+                                         torch.ones(5, 2, dtype=torch.uint8), preferred_element_type="nope"),
+             TypeError, "scaled_matmul: preferred_element_type: unknown dtype"),
+            (lambda: fat.mx_quantize(torch.randn(2, 32), "e3m4"), ValueError, "mx_quantize: fmt: unknown MX element")):
+        with pytest.raises(err, match=match):
+            call()

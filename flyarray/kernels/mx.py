@@ -76,11 +76,11 @@ _ALIASES = {
 }
 
 
-def mx_format(fmt: str) -> MXFormat:
-    """The MXFormat for a name ('e4m3', 'mxfp8', 'float4_e2m1fn', ...); ValueError otherwise."""
+def mx_format(fmt: str, where: str = "fmt") -> MXFormat:
+    """The MXFormat for a name ('e4m3', 'mxfp8', 'float4_e2m1fn', ...); ValueError otherwise, naming ``where``."""
     key = _ALIASES.get(str(fmt).lower())
     if key is None:
-        raise ValueError(f"fmt: unknown MX element format {fmt!r}; known: {sorted(_ALIASES)}")
+        raise ValueError(f"{where}: unknown MX element format {fmt!r}; known: {sorted(_ALIASES)}")
     return FORMATS[key]
 
 

@@ -38,6 +38,8 @@ def aval(op: str, name: str, t) -> Aval:
     """A torch tensor's shape, dtype and device; a TypeError naming the argument for anything else."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{op}: {name} is a {t.layout} tensor; only dense (strided) ones are taken: use t.to_dense()")
     try:
         d = dt.from_torch(t.dtype)
     except TypeError:

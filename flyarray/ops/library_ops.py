@@ -190,6 +190,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     """
     from .core import array_arg
     query = array_arg(query, "dot_product_attention: query")   # its head_dim is read before call() checks it
+    key, value = array_arg(key, "dot_product_attention: key"), array_arg(value, "dot_product_attention: value")
     is_causal = checks.check_bool("dot_product_attention", "is_causal", is_causal)
     extras = [t for t in (bias, mask) if t is not None]
     if query.shape[-1] > checks.ATTENTION_MAX_HEAD_DIM and len(query.shape) == 4:
@@ -333,7 +334,10 @@ def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=dt.bf
     On gfx950 this is the native scaled MFMA; on Hopper, see docs/benchmarks.md.
     """
     inputs = [lhs, rhs] + ([lhs_scales] if lhs_scales is not None else []) + [rhs_scales]
-    (out,) = call(SCALED_MATMUL, inputs, preferred_element_type=dt.dtype(preferred_element_type).name,
-                  has_lhs_scales=lhs_scales is not None)
+    try:
+        out_type = dt.dtype(preferred_element_type).name
+    except TypeError as e:
+        raise TypeError(f"scaled_matmul: preferred_element_type: {e}") from None
+    (out,) = call(SCALED_MATMUL, inputs, preferred_element_type=out_type, has_lhs_scales=lhs_scales is not None)
     return out
 
