@@ -86,21 +86,25 @@ class Node:
 
 
 class _Differentiating(threading.local):
-    depth = 0   # how many grad/vjp/jvp calls are recording their function on this thread (autodiff._call)
+    """Per thread: how many grad/vjp/jvp calls are recording their function (autodiff._call), and ``history``:
+    node -> (prim, inputs, params) it had before an evaluation realized it. A value evaluated inside a
+    differentiated function (float(x), print(x)) becomes a leaf, but the transform (or an enclosing one) still
+    differentiates through it (autodiff._edges reads this). Emptied once the outermost transform has traced its
+    function (autodiff._done_tracing): holding on to it would keep whole graphs alive through a kept loss."""
+    depth = 0
+
+    def __init__(self):
+        self.history = weakref.WeakKeyDictionary()
 
 
 differentiating = _Differentiating()
-# node -> (prim, inputs, params) it had before an evaluation realized it: a value evaluated inside a
-# differentiated function (float(x), print(x)) becomes a leaf, but an enclosing grad still differentiates
-# through it (autodiff._edges reads this). Kept only while a derivative transform records.
-HISTORY = weakref.WeakKeyDictionary()
 
 
 def forget_inputs(node: Node):
-    """Drop a realized node's inputs (its buffer stands for them now), keeping them aside in HISTORY while a
-    derivative transform records on this thread."""
+    """Drop a realized node's inputs (its buffer stands for them now), keeping them aside while a derivative
+    transform records on this thread."""
     if differentiating.depth and node.inputs:
-        HISTORY[node] = (node.prim, node.inputs, node.params)
+        differentiating.history[node] = (node.prim, node.inputs, node.params)
     node.inputs = ()
 
 

@@ -127,6 +127,8 @@ def test_values_evaluated_inside_nested_transforms_keep_their_history():
     y_evaluated = lambda a: (lambda y: (float(fa.sum(y)), fa.sum(y * y))[1])(fa.sin(a))   # noqa: E731
     np.testing.assert_allclose(np.asarray(fa.grad(y_evaluated)(fa.asarray(x))), 2 * np.sin(x) * np.cos(x),
                                rtol=1e-12)
+    from flyarray import ir
+    assert len(ir.differentiating.history) == 0   # dropped after the outermost trace: no graph kept alive
 
 
 def test_every_float_primitive_has_a_rule():

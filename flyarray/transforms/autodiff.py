@@ -78,7 +78,7 @@ def _edges(node):
     if hit is not None:
         return (hit[0],), CUSTOM_OUT, hit[1]
     if not node.inputs and node.realized:   # evaluated inside an inner transform's function: its history
-        past = ir.HISTORY.get(node)
+        past = ir.differentiating.history.get(node)
         if past is not None:
             return past[1], past[0], past[2]
     return node.inputs, node.prim, node.params
@@ -190,6 +190,13 @@ def _call(fn, nodes, diff):
         _depth.differentiated = outer
 
 
+def _done_tracing():
+    """After a transform traced its function: the history kept for values evaluated inside is needed by an
+    enclosing transform's trace only (ir.differentiating), so the outermost one drops it."""
+    if not ir.differentiating.depth:
+        ir.differentiating.history.clear()
+
+
 def _start():
     return next(ir._ids)  # every node made from now on has a larger id
 
@@ -215,6 +222,7 @@ def vjp_flat(fn, primals, diff):
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     targets = [n for n, d in zip(nodes, diff) if d]
     eqns, active = _trace(roots, targets, start)
+    _done_tracing()
 
     def pullback(cts):
         return _backward(eqns, active, roots, cts, nodes, diff)
@@ -306,6 +314,7 @@ def jvp_flat(fn, primals, tangents):
     roots = [o._node for o in outs]
     expand_composites(roots)  # fa.nn's composite ops differentiate through their primitives
     eqns, _ = _trace(roots, [n for n, d in zip(nodes, diff) if d], start)
+    _done_tracing()
     tan = {n.id: _fit(t, n, "tangent") for n, t in zip(nodes, tangents) if t is not None}
     multi = {}
     for e in eqns:
