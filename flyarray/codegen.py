@@ -584,7 +584,7 @@ class _Emitter:
     def const_expr(self, i, op: Const) -> str:
         name = f"s{op.slot}"
         if op.dtype == dt.float64:
-            return f"tl.cast({name}, tl.int64).to(tl.float64, bitcast=True)"
+            return f"{_int64_arg(name)}.to(tl.float64, bitcast=True)"
         if op.dtype.kind == "b":
             return f"(tl.cast({name}, tl.int32) != 0)"
         if _cdt(op.dtype) is not op.dtype and op.dtype.kind == "f":
@@ -592,6 +592,8 @@ class _Emitter:
             # value: rounded here (one conversion per program, no host cost), not used at float32
             # precision (f16 ``x == 0.1`` was False). Through float32, as the reference's torch.full.
             return f"tl.cast({name}, tl.float32).to({_tl(op.dtype)}).to(tl.float32)"
+        if _cdt(op.dtype) in (dt.int64, dt.uint64):
+            return f"tl.cast({_int64_arg(name)}, {_tl(_cdt(op.dtype))})"
         return f"tl.cast({name}, {_tl(_cdt(op.dtype))})"
 
     def iota_expr(self, i, op: Iota) -> str:
@@ -605,7 +607,9 @@ class _Emitter:
             # one ulp off). Its start and step arrive as float64 bits (iota_values).
             work = "tl.float64" if op.dtype.kind == "f" else "tl.int64"
             if op.dtype.kind == "f":
-                a, b = (f"tl.cast({n}, tl.int64).to(tl.float64, bitcast=True)" for n in (a, b))
+                a, b = (f"{_int64_arg(n)}.to(tl.float64, bitcast=True)" for n in (a, b))
+            else:
+                a, b = _int64_arg(a), _int64_arg(b)
             value = f"(tl.cast({a}, {work}) + {addr}.to({work}) * tl.cast({b}, {work}))"
         else:  # eye: ones where column - row == k
             value = f"(({addr} % {b}) - ({addr} // {b}) == {a})"
@@ -825,6 +829,13 @@ def iota_values(kernel: Kernel) -> list:
             else:
                 values += [int(op.params[1]), int(op.params[2])]
     return values
+
+
+def _int64_arg(name: str) -> str:
+    """An integer scalar argument at 64 bits. Triton's interpreter holds an int in [2^31, 2^32) as uint32 data,
+    and its cast to int64 only relabels it (3e9 + 3e9 wrapped at 2^32); adding an int64 zero widens the data.
+    Compiled, the addition folds away."""
+    return f"(tl.cast({name}, tl.int64) + tl.zeros((), tl.int64))"
 
 
 def _scalar_annotation(d: dt.DType) -> str:

@@ -356,3 +356,13 @@ def test_reference_ops_trusted_to_keep_a_float_dtype_do(dtype):
         assert out.dtype == d.torch, (name, out.dtype)
         into = torch.empty_like(x)
         assert fn(*args, out=into) is into and torch.equal(into, out), name
+
+
+def test_int64_scalars_between_2_31_and_2_32_keep_their_width(backend):
+    """A Python int in [2^31, 2^32) meeting int64 arrays: Triton's interpreter held it as uint32 data (its cast
+    to int64 only relabelled it), so 3e9 + 3e9 wrapped at 2^32 and powers by 2^31 went wrong."""
+    s = 3_000_000_000
+    x = fa.asarray(np.array([7, 2], dtype=np.int64))
+    assert np.asarray(fa.full((2,), s, dtype=fa.int64) + fa.full((2,), s, dtype=fa.int64)).tolist() == [2 * s] * 2
+    assert np.asarray(2147483649 ** x).tolist() == [int(np.int64(2147483649) ** np.int64(k)) for k in (7, 2)]
+    assert np.asarray(fa.arange(s, s + 3, dtype=fa.int64) + x[:1]).tolist() == [s + 7, s + 8, s + 9]
