@@ -952,3 +952,15 @@ def test_check_mode_sees_a_write_before_a_view_of_a_source_is_taken(backend, mon
     finally:
         monkeypatch.delenv("FLYARRAY_CHECK")
         fa.clear_caches()
+
+
+def test_jit_gives_an_argument_passed_through_a_tensor_object_of_its_own():
+    """As fa.asarray's: values alias the caller's tensor, shapes do not (t.t_() must not transpose the array)."""
+    f = fa.jit(lambda x: (x, x[0]))
+    for _ in ("trace", "replay"):
+        t = torch.arange(9.0).reshape(3, 3)
+        y, row = f(t)
+        t.t_()
+        assert np.asarray(y).tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+        assert np.asarray(row).tolist() == [0, 1, 2]
+        assert y.torch().data_ptr() == t.data_ptr()   # still zero copy

@@ -252,3 +252,28 @@ def test_narrow_floor_divide_is_rounded_once(backend, eager):
     with config.eager_rounding_scope(eager):
         fa.eval(r)
     assert r.torch().tolist() == [448.0, 9.0, 69.0]
+
+
+def test_only_positive_and_astype_references_return_their_argument():
+    """backends/reference._aliases assumes this: a store of any other op's value is a tensor of its own."""
+    from flyarray.primitives import ELEMENTWISE
+    for d in (torch.float32, torch.int32, torch.bool):
+        x = torch.ones(3, dtype=d)
+        for name, prim in ELEMENTWISE.items():
+            if prim.arity != 1 or name in ("positive", "astype"):
+                continue
+            try:
+                r = prim.reference_for(dtypes.from_torch(d))(x)
+            except (RuntimeError, TypeError):
+                continue   # the op refuses the dtype
+            assert r.data_ptr() != x.data_ptr(), name
+
+
+@pytest.mark.parametrize("copy_of", [lambda x: fa.asarray(x, copy=True), lambda x: fa.astype(x, x.dtype),
+                                     fa.positive, fa.stop_gradient], ids=["copy", "astype", "positive", "stop"])
+def test_a_copy_evaluated_with_its_original_has_its_own_buffer(backend, copy_of):
+    x = fa.asarray(torch.arange(4.0)) * 0.5
+    y = copy_of(x)
+    fa.eval(x, y)
+    torch.from_dlpack(y).fill_(99.0)
+    assert x.torch().tolist() == [0.0, 0.5, 1.0, 1.5]

@@ -125,8 +125,11 @@ def _store_call(env, kernel: Kernel, k: int, buffer_shape, out: str, inputs: str
     """The call writing store k's value into ``out`` (None: a buffer it makes, or the value itself:
     ``_store``); the function goes into env."""
     st = kernel.stores[k]
-    # a value stored twice (equal expressions share an op) becomes the buffer of its first store only
-    fresh = st.view.is_contiguous() and isinstance(kernel.ops[st.op], (Elementwise, Reduce)) \
+    # a value stored twice (equal expressions share an op) becomes the buffer of its first store only; a cast to
+    # the dtype a value already has is that value's tensor (asarray(x, copy=True), positive, stop_gradient):
+    # never a buffer of its own
+    op = kernel.ops[st.op]
+    fresh = st.view.is_contiguous() and isinstance(op, (Elementwise, Reduce)) and not _aliases(kernel, st.op) \
         and all(earlier.op != st.op for earlier in kernel.stores[:k])
     env[f"store{k}"] = _store(_strided_reader(st.view), tuple(st.view.shape), tuple(buffer_shape),
                               st.dtype.torch, fresh)
@@ -148,6 +151,19 @@ def _handed_over(kernel: Kernel, output_shapes) -> set:
             found.add(k)
             given.add(st.op)
     return found
+
+
+def _aliases(kernel, i) -> bool:
+    """Whether op ``i``'s tensor may be its argument's tensor itself: a cast to the dtype held already
+    (``_emit_op``), or torch.positive, which returns its argument (tests/test_reference_backend.py checks
+    that no other unary reference does)."""
+    op = kernel.ops[i]
+    if not isinstance(op, Elementwise):
+        return False
+    if op.prim == "astype":
+        held = held_dtypes(kernel)
+        return held[i] is held[op.args[0]]
+    return op.prim == "positive"
 
 
 def _define(signature: str, body: list, env: dict, kernel: Kernel):

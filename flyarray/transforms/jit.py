@@ -350,8 +350,8 @@ class _Trace:
                 out = fn(*call_args, **call_kwargs)
         finally:
             plan._trace.sources = previous
-            for node, t in zip(sources, tensors):   # the values, for this call's evaluation of the trace
-                node.buffer = t
+            for node, t in zip(sources, tensors):   # the values, for this call's evaluation of the trace; a
+                node.buffer = t.detach()   # tensor object of their own (an output may be one: t.t_() must not move it)
         leaves, treedef = _flatten_outputs(out)
         arg_of = {node.id: i for i, node in enumerate(sources)}
         with plan._lock:
@@ -378,7 +378,9 @@ class _Trace:
         outs = []
         source = ir.SOURCE
         for kind, index, ops, shape, base in self.out_refs:
-            t = slots[index] if kind == "slot" else tensors[index] if kind == "arg" else index
+            # an argument passed through gets a tensor object of its own over the caller's memory, as fa.asarray
+            # gives it: an in-place shape change of the caller's tensor (t.t_()) must not reach the array
+            t = slots[index] if kind == "slot" else tensors[index].detach() if kind == "arg" else index
             node = ir.Node(source, (), ir.version_of(t), *base, t)  # ir.source(t), its (shape, dtype, device) known
             outs.append(Array(ir.view(node, ops, shape) if ops else node))
         return outs[0] if self.one_array else tree_util.tree_unflatten(self.treedef, outs)
