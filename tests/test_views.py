@@ -1,6 +1,7 @@
 """Movement ops and basic indexing against numpy, over lazy values, realized values and views of views."""
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -327,3 +328,13 @@ def test_remembered_movement_gives_the_op_chains_view_for_every_layout():
     for _ in range(2):
         assert torch.equal(copying(t), t.reshape(72))
     assert not copying.views
+
+
+def test_flipping_length_one_axes_is_no_copy():
+    """Reversing one element is the identity: copy=False takes it (it raised as 'a view no strides describe')."""
+    t = torch.arange(12.0).reshape(3, 4)
+    a = fa.asarray(t)
+    for v in (fa.flip(a[:1], axis=0), fa.flip(a[:, :1], axis=1), fa.flip(a[:1, :1])):
+        out = np.array(v, copy=False)
+        assert np.shares_memory(out, t.numpy())
+    np.testing.assert_array_equal(np.asarray(fa.flip(a[:, :1])), np.flip(t.numpy()[:, :1]))

@@ -122,7 +122,8 @@ def flip(x, axis=None) -> Array:
     """``x`` reversed along ``axis`` (all axes when None); a view (numpy-style negative strides), any dtype."""
     node = node_of(x)
     axes = views.normalize_axes(axis, len(node.shape))
-    if not axes:
+    axes = tuple(a for a in axes if node.shape[a] > 1)   # reversing one element (or none) is the identity:
+    if not axes:                                          # no flip to copy (copy=False would refuse it)
         return x
     return movement(x, [("flip", axes)], node.shape)
 
