@@ -964,3 +964,15 @@ def test_jit_gives_an_argument_passed_through_a_tensor_object_of_its_own():
         assert np.asarray(y).tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
         assert np.asarray(row).tolist() == [0, 1, 2]
         assert y.torch().data_ptr() == t.data_ptr()   # still zero copy
+
+
+def test_jit_bakes_in_the_value_of_a_lazy_array_it_closes_over(backend):
+    """A lazy array the function closes over is evaluated when the trace is made: its value is the trace's
+    constant (JAX's rule), not a recipe every replay recomputes from its source's memory as it is then."""
+    t = torch.ones(3)
+    c = fa.asarray(t) * 2
+    f = fa.jit(lambda x: x + c)
+    x = torch.zeros(3)
+    assert np.asarray(f(x)).tolist() == [2.0] * 3
+    t.fill_(5.0)   # c was evaluated by the trace: it keeps its value, and so do replays
+    assert np.asarray(c).tolist() == [2.0] * 3 and np.asarray(f(x)).tolist() == [2.0] * 3

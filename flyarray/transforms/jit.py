@@ -207,6 +207,19 @@ def _leaf_key(t):
 _PARAMETER = torch.nn.Parameter
 
 
+def _realize_closed_over(leaves, start):
+    """Evaluate the lazy arrays the traced function closed over (made before the trace began) first: their values
+    are the trace's constants, as in JAX, fixed buffers every replay reads. Left lazy, the plan would recompute
+    them on each replay from their sources' memory as it is then, and disagree with the arrays themselves once
+    evaluated."""
+    # the walk stops at them (and at buffers): only the lazy values the trace's own nodes read are found
+    closed = [node for node in ir.toposort([a._node for a in leaves if isinstance(a, Array)],
+                                           lambda n: () if n.realized or n.id < start else n.inputs)
+              if node.id < start and not node.realized and node.kind in ("elementwise", "reduce", "view", "output")]
+    if closed:
+        plan.realize([Array(n) for n in closed])
+
+
 def _tensor_leaf(t, tensors):
     """One tensor argument: bound as ``_plain`` takes it (the checks inline: no call for a plain tensor), its key."""
     if t.requires_grad or t.is_neg() or t.is_conj():
@@ -333,6 +346,7 @@ class _Trace:
         # the traced arguments have no buffer while fn records: reading one's value (float(x), x[m],
         # print) then asks for an evaluation, which plan._refuse_traced refuses, instead of reading this
         # call's values into the trace for every later call
+        start = next(ir._ids)   # nodes made from here on are the trace's; older lazy ones are closed over
         sources = [ir.source(t) for t in tensors]
         for node in sources:
             node.buffer = None
@@ -353,6 +367,7 @@ class _Trace:
             for node, t in zip(sources, tensors):   # the values, for this call's evaluation of the trace; a
                 node.buffer = t.detach()   # tensor object of their own (an output may be one: t.t_() must not move it)
         leaves, treedef = _flatten_outputs(out)
+        _realize_closed_over(leaves, start)
         arg_of = {node.id: i for i, node in enumerate(sources)}
         with plan._lock:
             roots = plan.unrealized_bases(leaves)
