@@ -238,3 +238,14 @@ def test_reducing_an_elementwise_value_over_axes_it_was_broadcast_along(backend)
     assert_matches(fa.max(fa.broadcast_to(xa * 1.0, (2, 3)), axis=1), np.array([1.0, 2.0]))
     bias = fa.grad(lambda b: fa.sum(fa.asarray(np.ones((2, 3))) + b) * 0.7)(fa.asarray(np.zeros(3)))
     assert_matches(bias, np.full(3, 1.4))
+
+
+def test_integer_mean_and_var_accumulate_in_float64(backend):
+    """numpy's rule: int32 values near the range's ends cancel in a float32 sum (the backends then disagreed by
+    their summation order: -4.0 and 0.72 for a mean of -3.125); the result is float32."""
+    x = np.array([[-7, 7, 1, -2147483648, 7, -2147483648, -7, 2147483647], [0, -1, -2147483647, -1, 0, -2147483648,
+                  -100, -1], [-1, 2147483646, 2147483647, 100, -7, 1, 1, 1], [7, 2, 0, 7, 2147483647, -7, 2, -100]],
+                 dtype=np.int32)
+    m = fa.mean(fa.asarray(x))
+    assert m.dtype == fa.float32 and float(m) == -3.125
+    np.testing.assert_allclose(np.asarray(fa.var(fa.asarray(x), axis=1)), np.var(x, axis=1), rtol=1e-6)

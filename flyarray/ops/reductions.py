@@ -77,7 +77,8 @@ def _count(x, axis) -> int:
 
 
 def _float_input(name, x):
-    """(x in the dtype to accumulate in, the result dtype): integers become float32; float16/bfloat16
+    """(x in the dtype to accumulate in, the result dtype): integers give float32, accumulated in float64 (as
+    numpy does: a float32 sum of int32 values cancels, and its order then decides the answer); float16/bfloat16
     are computed in float32 and rounded once at the end, so every backend gives the same answer
     (the reference backend rounds each op to its dtype: a float16 sum of large values overflows)."""
     from ..primitives import check_storage_only
@@ -86,7 +87,7 @@ def _float_input(name, x):
     if x.dtype.kind == "c" and name != "mean":
         raise TypeError(f"{name} does not accept {x.dtype} inputs (the array API defines it for real floats only)")
     out = x.dtype if x.dtype.kind in "fc" else dt.default_float()
-    return astype(x, dt.compute_dtype(out), copy=False), out
+    return astype(x, dt.compute_dtype(out) if x.dtype.kind in "fc" else dt.float64, copy=False), out
 
 
 def mean(x, /, *, axis=None, keepdims=False):
