@@ -575,3 +575,16 @@ def test_stores_of_broadcast_values_keep_negative_zero(backend):
     fa.eval(a, c, d)
     assert torch.signbit(a.torch()).all() and torch.signbit(c.torch()).all()
     torch.testing.assert_close(d.torch(), torch.ones(2, 3))
+
+
+def test_isin_takes_python_scalars_and_ints_weakly(backend):
+    """x2 a Python scalar (2024.12) or a list of Python ints compares as x1 == v does: uint64 x1 with 5 or
+    [5, 7] (a strong int64 array had no common dtype with it); a value outside x1's range matches nothing."""
+    u64 = np.array([0, 5, 2 ** 63, 2 ** 64 - 1], dtype=np.uint64)
+    x = fa.asarray(u64)
+    for v in (5, [5, 7], 2 ** 63):
+        np.testing.assert_array_equal(np.asarray(fa.isin(x, v)), np.isin(u64, v))
+    i8 = fa.asarray(np.array([1, 2, 100], np.int8))
+    assert np.asarray(fa.isin(i8, 1000)).tolist() == [False] * 3
+    assert np.asarray(fa.isin(i8, 1000, invert=True)).tolist() == [True] * 3
+    assert np.asarray(fa.isin(i8, [2, 1000])).tolist() == [False, True, False]

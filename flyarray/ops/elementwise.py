@@ -120,10 +120,28 @@ def isin(x1, x2, /, *, invert=False):
     of ``x1``'s shape; any dtypes (they promote). A fused comparison and ``any`` over ``x2``'s elements."""
     from .creation import asarray
     from .reductions import any as _any
-    x1, x2 = (v if _is_array(v) else asarray(v) for v in (x1, x2))
+    x1 = x1 if _is_array(x1) else asarray(x1)
+    if isinstance(x2, (bool, int, float, complex)):   # a Python scalar is weak, as in x1 == x2 (2024.12)
+        if type(x2) is int and _python_ints_dtype([x2], x1.dtype) is None and x1.dtype.kind in "iu":
+            from .creation import full
+            return full(x1.shape, bool(invert), dtype="bool", device=x1.device)   # out of range: no element is it
+        hit = elementwise("equal", x1, x2)
+        return elementwise("logical_not", hit) if invert else hit
+    x2 = x2 if _is_array(x2) else asarray(x2, dtype=_python_ints_dtype(x2, x1.dtype))
     flat = x2.reshape((-1,))
     hit = _any(elementwise("equal", x1[..., None], flat), axis=-1)
     return elementwise("logical_not", hit) if invert else hit
+
+
+def _python_ints_dtype(values, dtype):
+    """``dtype`` for a list of Python ints that all fit it (weak, as a scalar would be: uint64 x1 with [5, 7]),
+    else None (asarray's default)."""
+    import numpy as np
+    if dtype.kind not in "iu" or not isinstance(values, (list, tuple)) or not values \
+            or not all(type(v) is int for v in values):
+        return None
+    info = np.iinfo(dtype.name)
+    return dtype if all(info.min <= v <= info.max for v in values) else None
 
 
 def _complex_part(prim, x):
