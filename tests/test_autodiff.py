@@ -122,7 +122,7 @@ def test_values_evaluated_inside_nested_transforms_keep_their_history():
     shown = lambda a: (np.asarray(a), str(a), fa.sum(a ** 3))[2]   # noqa: E731
     np.testing.assert_allclose(np.asarray(fa.grad(lambda b: fa.sum(fa.grad(shown)(b * 1.0)))(fa.asarray(x))),
                                6 * x, rtol=1e-12)
-    _, tangent = fa.jvp(lambda b: fa.grad(shown)(b * 2.0), (fa.asarray(x),), (fa.ones(4, dtype=fa.float64),))
+    _, tangent = fa.jvp(lambda b: fa.grad(shown)(b * 2.0), (fa.asarray(x),), (fa.ones_like(fa.asarray(x)),))
     np.testing.assert_allclose(np.asarray(tangent), 24 * x, rtol=1e-12)   # d/db 3 (2b)^2 * 2
     y_evaluated = lambda a: (lambda y: (float(fa.sum(y)), fa.sum(y * y))[1])(fa.sin(a))   # noqa: E731
     np.testing.assert_allclose(np.asarray(fa.grad(y_evaluated)(fa.asarray(x))), 2 * np.sin(x) * np.cos(x),
@@ -761,7 +761,7 @@ def test_jvp_refuses_a_complex_primal_as_vjp_does():
 
 def test_jvp_takes_none_as_an_integer_primals_tangent_and_refuses_a_float_one():
     i, x = fa.asarray(np.arange(3)), fa.asarray(np.ones(3))
-    out, t = fa.jvp(lambda a, b: a * b, (i, x), (None, fa.ones(3, dtype=fa.float64)))
+    out, t = fa.jvp(lambda a, b: a * b, (i, x), (None, fa.ones_like(x)))
     np.testing.assert_array_equal(np.asarray(t), np.arange(3.0))
     with pytest.raises(TypeError, match="jvp: primal leaf 0 is fa.int64, which has no derivative: pass None"):
         fa.jvp(lambda a: a * 1.5, (i,), (fa.ones(3),))
