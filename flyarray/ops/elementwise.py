@@ -117,7 +117,9 @@ def _is_array(v):
 
 def isin(x1, x2, /, *, invert=False):
     """Whether each element of ``x1`` equals some element of ``x2`` (``not`` with ``invert``), as a bool array
-    of ``x1``'s shape; any dtypes (they promote). A fused comparison and ``any`` over ``x2``'s elements."""
+    of ``x1``'s shape; any dtypes (they promote). A fused comparison and ``any`` over ``x2``'s elements. A Python
+    scalar ``x2`` (or a list of Python ints) is weak, as in ``x1 == x2``, except that an int outside an integer
+    ``x1``'s range matches nothing (as numpy's isin) rather than raising."""
     from .creation import asarray
     from .reductions import any as _any
     x1 = x1 if _is_array(x1) else asarray(x1)
