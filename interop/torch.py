@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import inspect
 
+import numpy as np
 import torch
 
 import flyarray as fa
@@ -133,9 +134,10 @@ def _bool(op, name, value):
 
 
 def _int(op, name, value):
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An int argument (a numpy integer too, as fa's ops take it), as a Python int for the custom op's schema."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-    return value
+    return int(value)
 
 
 # ---- accelerate: the one-line form ------------------------------------------------------------------------

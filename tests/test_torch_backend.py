@@ -1650,3 +1650,12 @@ def test_vjp_op_checks_its_arguments_by_name():
     q = torch.randn(1, 4, 0, 8)
     with pytest.raises(ValueError, match="query has 0 heads and key/value 0: zero heads are not supported"):
         fat.dot_product_attention(q, q, q)
+
+
+def test_interop_int_arguments_take_numpy_integers():
+    """As fa.top_k does: np.int64(3) is an int; numpy and Python bools are not."""
+    import numpy as np
+    values, _ = fat.top_k(torch.randn(2, 16), np.int64(3))
+    assert values.shape == (2, 3)
+    with pytest.raises(TypeError, match="top_k: k must be an int"):
+        fat.top_k(torch.randn(2, 16), np.True_)
