@@ -419,7 +419,11 @@ def _fit(array, node):
         raise AssertionError(f"flyarray backend: {node.target} lowered to shape {tuple(array.shape)}, "
                              f"torch says {tuple(want.shape)}")
     wanted = dt.from_torch(want.dtype)
-    return array if array.dtype == wanted else array.astype(wanted)
+    if array.dtype == wanted or node.target in _MOVEMENT and node.target is not aten._to_copy.default:
+        # a move keeps the dtype its value arrives with: torch's fake kernel may have guessed another
+        # (native_group_norm's mean/rstd of bfloat16 input: bfloat16 there, float32 from the CPU kernel)
+        return array
+    return array.astype(wanted)
 
 
 def _region_fn(region, table, on_error=None):

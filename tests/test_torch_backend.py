@@ -1659,3 +1659,22 @@ def test_interop_int_arguments_take_numpy_integers():
     assert values.shape == (2, 3)
     with pytest.raises(TypeError, match="top_k: k must be an int"):
         fat.top_k(torch.randn(2, 16), np.True_)
+
+
+def test_group_norm_of_bfloat16_with_float32_weights_trains():
+    """torch's fake native_group_norm says bfloat16 mean/rstd where the CPU kernel gives float32: a lowered
+    detach of them kept the fake dtype, and the backward (a torch op) refused bfloat16 beside float32 weights.
+    A move keeps the dtype its value arrives with."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    x0, w0, b0 = torch.randn(2, 4, 3, 3).bfloat16(), torch.rand(4) + 0.5, torch.randn(4)
+
+    def f(x, w, b):
+        return F.group_norm(x, 2, w, b).float().square().mean()
+    want = [t.clone().requires_grad_() for t in (x0, w0, b0)]
+    f(*want).backward()
+    torch._dynamo.reset()
+    got = [t.clone().requires_grad_() for t in (x0, w0, b0)]
+    torch.compile(f, backend="flyarray")(*got).backward()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.grad, w.grad)
