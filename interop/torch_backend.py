@@ -419,7 +419,7 @@ def _fit(array, node):
         raise AssertionError(f"flyarray backend: {node.target} lowered to shape {tuple(array.shape)}, "
                              f"torch says {tuple(want.shape)}")
     wanted = dt.from_torch(want.dtype)
-    if array.dtype == wanted or node.target in _MOVEMENT and node.target is not aten._to_copy.default:
+    if array.dtype == wanted or node.target in _KEEPS_DTYPE:
         # a move keeps the dtype its value arrives with: torch's fake kernel may have guessed another
         # (native_group_norm's mean/rstd of bfloat16 input: bfloat16 there, float32 from the CPU kernel)
         return array
@@ -731,6 +731,7 @@ _MOVEMENT = {aten.clone.default, aten._to_copy.default, aten.alias.default, aten
              aten._unsafe_view.default, aten.reshape.default, aten.permute.default, aten.t.default, aten.transpose.int,
              aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
              aten.slice.Tensor, aten.select.int}
+_KEEPS_DTYPE = _MOVEMENT - {aten._to_copy.default}   # moves whose result has their input's dtype
 
 
 def _copied_in_torch(node) -> bool:

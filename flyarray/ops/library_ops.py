@@ -251,10 +251,11 @@ def _check_host_group_sizes(lhs, group_sizes):
     import numpy as np
     if not isinstance(group_sizes, np.ndarray):
         return
-    sizes = np.asarray(group_sizes)
+    sizes = group_sizes
     if sizes.dtype.kind not in "iu" or sizes.ndim != 1:
         return   # the shape rule names the problem
-    m = getattr(lhs, "shape", (None,))[0] if len(getattr(lhs, "shape", ())) else None
+    shape = getattr(lhs, "shape", ())
+    m = shape[0] if len(shape) else None
     if (sizes < 0).any():
         raise ValueError(f"ragged_dot: group_sizes must not be negative, got {sizes.tolist()}")
     if m is not None and int(sizes.sum()) > m:

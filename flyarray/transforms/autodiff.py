@@ -142,7 +142,7 @@ def _fresh(node, taken):
     traced = getattr(plan._trace, "sources", None)
     if node.id not in taken and node.prim is ir.SOURCE and traced and node.id in traced:
         return node  # an argument fa.jit is tracing: keep it (jit finds its arguments by node)
-    if node.prim is ir.SOURCE and node.buffer is not None and not traced and not _depth.value:
+    if node.prim is ir.SOURCE and node.buffer is not None and not traced and not ir.differentiating.depth:
         # a fresh leaf over the same buffer (free); not under an outer transform, which must see the link
         return ir.Node(ir.SOURCE, (), node.params, node.shape, node.dtype, node.device, node.buffer)
     # a free copy; computing it hands its buffer to ``node`` too (ir.STAND_IN, plan.Plan.bind)
@@ -151,11 +151,10 @@ def _fresh(node, taken):
 
 
 class _Depth(threading.local):
-    value = 0
     differentiated = ()  # the nodes reverse mode differentiates, of the transforms recording on this thread
 
 
-_depth = _Depth()  # how many transforms are recording their function on this thread
+_depth = _Depth()  # (how many transforms are recording on this thread: ir.differentiating.depth)
 
 
 def passes_derivative(node) -> bool:
@@ -177,7 +176,6 @@ def differentiated_nodes() -> tuple:
 def _call(fn, nodes, diff):
     # Python values of the primals stay allowed (JAX's grad: `if x < 3:` picks a branch, and a float()
     # is a constant of the derivative); under vmap and jit they are refused (plan._refuse_traced)
-    _depth.value += 1
     ir.differentiating.depth += 1
     outer = _depth.differentiated
     _depth.differentiated = outer + tuple(n for n, d in zip(nodes, diff) if d)  # (zip: () adds none)
@@ -185,7 +183,6 @@ def _call(fn, nodes, diff):
         with recording.recording():  # a jitted fn is inlined (fa.jit reads this)
             return list(fn(*[Array(n) for n in nodes]))
     finally:
-        _depth.value -= 1
         ir.differentiating.depth -= 1
         _depth.differentiated = outer
 
