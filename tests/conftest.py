@@ -50,6 +50,22 @@ def _skip_a_broken_interpreter(name):
         pytest.skip(f"Triton's interpreter is unreliable here: {INTERPRETER_PROBLEM}")
 
 
+@pytest.fixture(autouse=True)
+def _default_backend_and_device(request):
+    """Every test starts on the default backend, with arrays made without a device on the CPU unless it is a
+    GPU test (a skipif naming the GPU), and leaves both as they were. On a GPU host, fa.ones/fa.zeros would
+    otherwise go to the GPU while numpy data stays on the CPU; and a test that calls fa.set_backend without
+    undoing it must not decide where later tests' arrays go."""
+    from flyarray import runtime
+
+    from .interpreter_probe import is_gpu_test
+    runtime.set_backend(None)
+    runtime.set_default_device(None if is_gpu_test(request.node) else "cpu")
+    yield
+    runtime.set_backend(None)
+    runtime.set_default_device(None)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     """Run the test on one CPU backend; restore the default afterwards."""
