@@ -22,7 +22,7 @@ from . import random  # noqa: E402
 from .plan import ConcretizationError  # noqa: E402
 from .explain import explain  # noqa: E402
 from .profiling import profile  # noqa: E402
-from .runtime import reset_stats, set_backend, stats  # noqa: E402
+from .runtime import reset_stats, set_backend, set_default_device, stats  # noqa: E402
 from .transforms import jit  # noqa: E402
 from .transforms import custom_jvp, custom_vjp, grad, jvp, stop_gradient, value_and_grad, vjp  # noqa: E402,F401
 from . import tree_util  # noqa: E402,F401

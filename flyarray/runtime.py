@@ -28,10 +28,36 @@ _backend_override = None
 
 
 # ---- settings ------------------------------------------------------------------------------------
+_default_device_override = None
+
+
 def default_device() -> torch.device:
+    """Where creation functions and Python-number arrays go when no device is named: fa.set_default_device's
+    choice, else the CPU under the interpret backend, else the GPU when torch sees one, else the CPU."""
+    if _default_device_override is not None:
+        return _default_device_override
     if backend_name() == "interpret":
         return torch.device("cpu")
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def set_default_device(device):
+    """Choose where arrays made without a device go, for this process (None: back to the default). Arrays
+    converted from numpy stay on the CPU and tensors stay where they are, whatever this says."""
+    global _default_device_override
+    if device is None:
+        _default_device_override = None
+        return
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"set_default_device: {device!r} is not a device ({exc})") from None
+    if chosen.type not in ("cpu", "cuda", "meta"):
+        raise ValueError(f"set_default_device: flyarray computes on 'cpu' and 'cuda' (and records on 'meta'), "
+                         f"not {chosen.type!r}")
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"set_default_device: {device!r}, but torch sees no GPU here")
+    _default_device_override = chosen
 
 
 _env_backend = None

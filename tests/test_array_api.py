@@ -358,6 +358,30 @@ def test_numpy_and_torch_operands_give_lazy_arrays():
     assert_matches(np.float32(1) - a, 1 - X)
 
 
+def test_numpy_float64_and_complex128_are_python_scalars_other_numpy_scalars_are_typed():
+    """np.float64/np.complex128 subclass float/complex: weak, as torch takes them (semantics.md); the rest are 0-d
+    arrays of their dtype."""
+    h = fa.asarray(np.ones(2, np.float16))
+    assert (h + np.float64(2)).dtype == fa.float16 and (h * np.complex128(1j)).dtype == fa.complex64
+    assert (h + np.float32(2)).dtype == fa.float32 and (h + np.int64(2)).dtype == fa.float16
+    assert (fa.asarray(np.ones(2, np.int8)) + np.int64(2)).dtype == fa.int64
+
+
+def test_set_default_device_chooses_where_arrays_without_a_device_go():
+    fa.set_default_device("meta")
+    assert fa.ones(3).device.type == "meta" and fa.asarray(1.0).device.type == "meta"
+    assert fa.__array_namespace_info__().default_device().type == "meta"
+    assert fa.asarray(X).device.type == "cpu"  # numpy data stays where it is
+    fa.set_default_device(None)
+    assert fa.ones(3).device == fa.__array_namespace_info__().default_device()
+    for bad, words in (("tpu", "not a device"), ("mps", "'mps'"), (3.5, "not a device")):
+        with pytest.raises(ValueError, match=f"set_default_device.*{words}"):
+            fa.set_default_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no GPU"):
+            fa.set_default_device("cuda")
+
+
 def test_fa_functions_take_numpy_and_torch():
     t = torch.from_numpy(Y.copy())
     assert_matches(fa.sum(X, axis=1), X.sum(axis=1), rtol=1e-5)

@@ -100,6 +100,8 @@ def test_float8_constants_stored_by_a_generated_kernel(backend, dtype):
     (lambda: fa.zeros(-1), ValueError, r"non-negative"),
     (lambda: fa.empty(None), TypeError, r"shape must be an int or a sequence"),
     (lambda: fa.arange(2**70), ValueError, r"arange.*int64"),
+    (lambda: fa.arange(-5, 5, 3, dtype=fa.uint8), OverflowError, r"arange: values from -5 to 4 do not fit fa.uint8"),
+    (lambda: fa.arange(0, 300, 100, dtype=fa.int8), OverflowError, r"arange: values from 0 to 200 do not fit fa.int8"),
     (lambda: fa.arange(float("inf")), ValueError, r"arange.*finite"),
     (lambda: fa.arange("3"), TypeError, r"arange.*real number"),
     (lambda: fa.linspace(0, 1, 2.5), TypeError, r"linspace: num must be an int"),

@@ -45,7 +45,8 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     ``flyarray.interop.torch``'s differentiable ops for that). The array and the tensor share memory:
     an in-place change to the tensor before evaluation changes the result (docs/semantics.md,
     "Aliasing and zero copy"); ``copy=True`` takes a snapshot instead. A (nested) list that holds arrays
-    or tensors is their stack (lazy, as numpy's and JAX's ``asarray([a, b])``)."""
+    or tensors is their stack (lazy, as numpy's and JAX's ``asarray([a, b])``). With no ``device``, numpy data
+    stays on the CPU (zero copy), a tensor where it is, and Python numbers and lists go to the default device."""
     if type(obj) is torch.Tensor and dtype is None and device is None and not copy and not obj.requires_grad \
             and obj.layout is torch.strided and not obj.is_neg() and not obj.is_conj():
         # (a tensor with the negative or conjugate bit goes the slow way, which resolves it: kernels read raw
@@ -70,6 +71,8 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     if isinstance(obj, (list, tuple)) and _holds_arrays(obj):
         return _stacked(obj, dtype, device, copy)
     tensor = _to_tensor(obj, target_dtype, copy)
+    if device is None and _python_data(obj):
+        device = _device(None)  # Python numbers and lists have no device: the default one (the array API's rule)
     if device is not None and tensor.device != _device(device):
         if copy is False:
             raise ValueError(f"copy=False, but the data is on {tensor.device}, not {device}")
@@ -81,6 +84,12 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     if copy:
         tensor = tensor.clone()
     return Array(ir.source(tensor))
+
+
+def _python_data(obj) -> bool:
+    """Python numbers and (nested) lists/tuples of them: data with no device of its own, unlike numpy's (the
+    CPU, zero copy) and a tensor's."""
+    return isinstance(obj, (bool, numbers.Number, list, tuple)) and not isinstance(obj, np.generic)
 
 
 def _holds_arrays(obj) -> bool:
@@ -298,7 +307,16 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
     if dtype is None:
         dtype = dt.int64 if all(isinstance(v, int) for v in (start, stop, step)) else dt.default_float()
     d = dt.dtype(dtype)
+    if d.kind in "iu" and n:
+        _check_ramp_fits(start, start + (n - 1) * step, d)
     return _iota(("ramp", start, step), (n,), d, device)
+
+
+def _check_ramp_fits(first, last, d):
+    """An integer ramp's ends within ``d`` (a ramp is monotonic): arange(-5, 5, 3, dtype=uint8) would wrap."""
+    info = torch.iinfo(d.torch)
+    if not (info.min <= min(first, last) and max(first, last) <= info.max):
+        raise OverflowError(f"arange: values from {first} to {last} do not fit {d} (range {info.min}..{info.max})")
 
 
 def _iota(params, shape, d, device) -> Array:
