@@ -108,8 +108,20 @@ def _all_reduce(x, *, mesh, axes, op, grad):
     out, back = _reducible(x, op)
     if mesh_of(mesh).size(axes) == 1:  # no axes, or axes of one rank: nothing to reduce with
         return back(out)
+    if op != "sum" and out.is_floating_point():
+        return _max_or_min_keeping_nan(out, op, mesh_of(mesh).group(axes))
     _dist().all_reduce(out, op=getattr(_dist().ReduceOp, _REDUCE_OPS[op]), group=mesh_of(mesh).group(axes))
     return back(out)
+
+
+def _max_or_min_keeping_nan(x, op, group):
+    """A float max/min over ranks that is NaN wherever any rank's value is, as fa.max on one device is (gloo's
+    MAX/MIN drop NaNs, so the answer depended on which rank held one): the values and a NaN flag (1 for max,
+    -1 for min, so the same reduction finds it) travel in one collective."""
+    flag = torch.isnan(x).to(x.dtype)
+    both = torch.stack([x, flag if op == "max" else -flag])
+    _dist().all_reduce(both, op=getattr(_dist().ReduceOp, _REDUCE_OPS[op]), group=group)
+    return torch.where(both[1] != 0, torch.full_like(x, float("nan")), both[0])
 
 
 def _all_gather(x, *, mesh, axes, axis, tiled, grad):
@@ -335,8 +347,17 @@ ALL_GATHER.vjp = _all_gather_vjp
 REDUCE_SCATTER.vjp = _reduce_scatter_vjp
 ALL_TO_ALL.vjp = _all_to_all_vjp
 PPERMUTE.vjp = _ppermute_vjp
-# Forward mode: every collective is linear, so its tangent is the same collective of the tangent.
-ALL_REDUCE.jvp = lambda t, e: call(ALL_REDUCE, [t[0]], **e.params["kwargs"])
+
+
+def _all_reduce_jvp(ts, e):
+    kw = e.params["kwargs"]
+    if kw["op"] != "sum":  # max's tangent is the argmax rank's, not the max of the tangents
+        raise TypeError(f"psum with op={kw['op']!r} is not differentiable (only sums are)")
+    return call(ALL_REDUCE, [ts[0]], **kw)
+
+
+# Forward mode: every other collective is linear, so its tangent is the same collective of the tangent.
+ALL_REDUCE.jvp = _all_reduce_jvp
 ALL_GATHER.jvp = lambda t, e: call(ALL_GATHER, [t[0]], **e.params["kwargs"])
 REDUCE_SCATTER.jvp = lambda t, e: call(REDUCE_SCATTER, [t[0]], **e.params["kwargs"])
 ALL_TO_ALL.jvp = lambda t, e: call(ALL_TO_ALL, [t[0]], **e.params["kwargs"])
@@ -370,4 +391,5 @@ def split_boundary(mesh_uid, axes):
         return x
     unbroadcast.defvjp(lambda x: (x, None), lambda _, g: (g / n if g.dtype.kind == "f" else g,))
     unbroadcast.linear_tangent = lambda t: t
+    unbroadcast.replicates = True  # its result is the same on every rank of ``axes`` (shard_map's closure check)
     return unbroadcast

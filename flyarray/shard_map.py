@@ -105,26 +105,48 @@ def _check_closures(out, start, entered):
         else:
             stack.extend(node.inputs)
     for node in closed:
-        if _depends_on(node, target_ids, lowest):
+        if _partial_cotangent(node, target_ids, lowest):
             raise ValueError(f"shard_map: f closes over an array ({node.dtype}{list(node.shape)}) that depends on "
                              "what fa.grad/vjp differentiates; its gradient would miss the other ranks' parts. "
                              "Pass it to f as an argument (in_spec P() for a replicated value)")
 
 
-def _depends_on(node, target_ids, lowest):
-    """Whether a derivative flows from ``node`` back to a target (not past stop_gradient, integer or bool
-    values, or the sharding boundaries, which sum over the ranks themselves)."""
-    from .transforms.autodiff import passes_derivative
-    seen, stack = set(), [node]
+def _partial_cotangent(node, target_ids, lowest):
+    """Whether a derivative flows from closed-over ``node`` back to a target along a path on which each rank's
+    cotangent is only a part that nothing adds up. A path ends safely at stop_gradient, at a value without
+    derivatives, and at this rank's own block of a split array (a block over every mesh axis): no other rank
+    uses that block, so its cotangent is whole, and the block's VJP assembles the array's. A replicated value
+    on the way (a sharded reduction or gather, another shard_map's replicated output) is used by every rank,
+    so a block beneath it no longer ends the path; nor does a block that other ranks share (a 2-D mesh's
+    block over one axis)."""
+    from .transforms.autodiff import custom_owner, derivative_stops_at
+    seen, stack = set(), [(node, False)]
     while stack:
-        n = stack.pop()
+        n, replicated = stack.pop()
         if n.id in target_ids:
             return True
-        if n.id < lowest or n.id in seen or not passes_derivative(n):  # (made before every target: no path)
+        if n.id < lowest or (n.id, replicated) in seen or derivative_stops_at(n):  # (made before every target)
             continue
-        seen.add(n.id)
-        stack.extend(n.inputs)
+        seen.add((n.id, replicated))
+        owner = custom_owner(n)
+        if owner is not None and not replicated and _own_block(owner):
+            continue
+        replicated = replicated or getattr(owner, "replicates", False) or _replicating_collective(n)
+        stack.extend((i, replicated) for i in n.inputs)
     return False
+
+
+def _own_block(owner) -> bool:
+    """A sharded array's block (sharded._block) that this rank alone holds: split over every mesh axis."""
+    block = getattr(owner, "block_of", None)
+    return block is not None and set(block[1]) == set(block[0].axis_names)
+
+
+def _replicating_collective(node) -> bool:
+    """A collective of the ShardedArray API (grad="full"): its result is replicated and its VJP expects the
+    whole cotangent on every rank, which a closure's per-rank cotangent is not."""
+    return isinstance(node.params, dict) and node.params.get("kwargs", {}).get("grad") == "full" \
+        and node.prim in (C.ALL_REDUCE, C.ALL_GATHER)
 
 
 def _enter(x, mesh, spec, i):

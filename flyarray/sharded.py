@@ -263,6 +263,7 @@ def _block(local, mesh, names, d):
     block.defvjp(lambda x: (x[index], None),
                  lambda _, g: (C.all_gather(g, mesh, names, axis=d, tiled=True, grad="full"),))
     block.linear_tangent = lambda t: t[index]  # forward mode: this rank's block of the tangent
+    block.block_of = (mesh, names)  # what shard_map's closure check reads (shard_map._own_block)
     return block(local)
 
 

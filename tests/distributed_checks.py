@@ -135,6 +135,21 @@ def check_reduction_propagation():
     total = s.sum()
     assert total.shape == () and "all_reduce" in _prims(total)
     _close(total, a.sum(), atol=1e-4, what="full sum")
+    # a NaN on one rank only is the max/min, as on one device (gloo's MAX/MIN alone drop it)
+    an = np.asarray(a)
+    with_nan = an.copy()
+    with_nan[0, 0] = np.nan  # rank 0's rows
+    for name in ("max", "min"):
+        got = np.asarray(getattr(fa.device_put(with_nan, NamedSharding(mesh, P("x"))), name)(axis=0).local)
+        assert np.isnan(got[0]) and not np.isnan(got[1:]).any(), (name, got)
+        np.testing.assert_allclose(got[1:], getattr(an, name)(axis=0)[1:], rtol=1e-6, err_msg=f"{name} beside a NaN")
+        try:   # the tangent of a max is the argmax rank's, not the max of the tangents: refused, as grad is
+            fa.jvp(lambda v, name=name: getattr(fa.device_put(v, NamedSharding(mesh, P("x"))), name)(axis=0).local,
+                   (a,), (fa.ones((4, 6), device=DEVICE),))
+        except TypeError as e:
+            assert "not differentiable" in str(e), e
+        else:
+            raise AssertionError(f"jvp of a sharded {name} over the split axis was accepted")
 
 
 def check_matmul_propagation():
@@ -465,6 +480,30 @@ def check_shard_map_closure_under_grad():
         return fa.shard_map(lambda b: fa.lax.psum((b * block).sum(), "x"), mesh, P("x"), P())(xs).local
     got = fa.grad(through_block)(x)
     _close(got, np.asarray(want), atol=1e-4, what="grad through a closed-over block of a split array")
+    # a replicated value between the closure and what is differentiated: each rank's cotangent would be a part
+    # nothing adds up (a sharded reduction's result; another shard_map's replicated output; a block other
+    # ranks share, over one axis of a 2-D mesh): refused, not a wrong gradient
+    mesh2 = Mesh(("a", "b"), (1, 2))
+    xs2 = fa.device_put(x, NamedSharding(mesh2, P("b")))
+    for what, body_mesh, data, axis, closure in (
+            ("a sharded sum", mesh, xs, "x", lambda r: fa.device_put(x * r, NamedSharding(mesh, P("x"))).sum().local),
+            ("a replicated shard_map output", mesh, xs, "x",
+             lambda r: fa.shard_map(lambda u: u * 2.0, mesh, P(), P())(r).local),
+            ("a block shared along another axis", mesh2, xs2, "b",
+             lambda r: fa.device_put(r, NamedSharding(mesh2, P("a"))).local)):
+        def closing(r, body_mesh=body_mesh, data=data, axis=axis, closure=closure):
+            c = closure(r)
+            return fa.shard_map(lambda b: fa.lax.psum((b * c).sum(), axis), body_mesh, P(axis), P())(data).local
+        try:
+            fa.grad(closing)(w)
+        except ValueError as e:
+            assert "closes over" in str(e), e
+        else:
+            raise AssertionError(f"a closure over {what} was accepted")
+    # the same closures without a derivative are fine
+    _close(fa.shard_map(lambda b: fa.lax.psum((b * fa.device_put(w, NamedSharding(mesh2, P("a"))).local).sum(),
+                                              "b"), mesh2, P("b"), P())(xs2),
+           (np.asarray(x) * np.asarray(w)).sum(), atol=1e-4, what="a shared block closed over without grad")
 
 
 def check_sharded_operands_and_errors():

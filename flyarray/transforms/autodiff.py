@@ -157,14 +157,16 @@ class _Depth(threading.local):
 _depth = _Depth()  # (how many transforms are recording on this thread: ir.differentiating.depth)
 
 
-def passes_derivative(node) -> bool:
-    """Whether a cotangent reaching ``node`` flows on to its inputs: not through stop_gradient, a value of
-    a dtype without derivatives, or the output of a custom_vjp with a linear_tangent (the sharding
-    boundaries, whose VJPs make the cross-rank sums themselves)."""
-    if node in _STOPPED or not _differentiable(node.dtype):
-        return False
+def derivative_stops_at(node) -> bool:
+    """Whether no cotangent flows past ``node``: stop_gradient, or a dtype without derivatives."""
+    return node in _STOPPED or not _differentiable(node.dtype)
+
+
+def custom_owner(node):
+    """The custom_vjp/custom_jvp function whose output ``node`` is, else None (fa.shard_map reads the
+    sharding boundaries' marks on it)."""
     hit = _CUSTOM.get(node)
-    return hit is None or getattr(hit[0].params.owner, "linear_tangent", None) is None
+    return None if hit is None else hit[0].params.owner
 
 
 def differentiated_nodes() -> tuple:
