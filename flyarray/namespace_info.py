@@ -40,10 +40,7 @@ class Info:
     def default_device(self):
         """The device arrays are made on when none is given: the current CUDA/ROCm device if any, else CPU."""
         from .runtime import default_device
-        device = default_device()
-        if device.type == "cuda" and device.index is None:   # as devices() names it: cuda:0, not cuda
-            device = torch.device("cuda", torch.cuda.current_device())
-        return device
+        return default_device()   # as devices() names it: cuda:0, not cuda
 
     def devices(self) -> list:
         """The devices arrays can live on: the CPU and every visible CUDA/ROCm device."""

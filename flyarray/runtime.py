@@ -38,7 +38,15 @@ def default_device() -> torch.device:
         return _default_device_override
     if backend_name() == "interpret":
         return torch.device("cpu")
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return canonical_device(torch.device("cuda")) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def canonical_device(device: torch.device) -> torch.device:
+    """``cuda`` as the current device it means, ``cuda:0``: the name a tensor's device has, so an array made
+    on "cuda" and one from a tensor are on one device (torch.device("cuda") != torch.device("cuda:0"))."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def set_default_device(device):
@@ -57,7 +65,7 @@ def set_default_device(device):
                          f"not {chosen.type!r}")
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"set_default_device: {device!r}, but torch sees no GPU here")
-    _default_device_override = chosen
+    _default_device_override = canonical_device(chosen)
 
 
 _env_backend = None

@@ -382,6 +382,24 @@ def test_set_default_device_chooses_where_arrays_without_a_device_go():
             fa.set_default_device("cuda")
 
 
+def test_numpy_and_python_operands_join_the_arrays_device():
+    """On a GPU host numpy data is a CPU array: beside GPU arrays it must go to their device, in every op, as
+    in elementwise ones (a 'meta' array stands for the GPU's here: recording only)."""
+    m, n = fa.ones((2, 3), device="meta"), np.ones((2, 3), np.float32)
+    k = fa.random.key(0, device="meta")
+    made = {"isin numpy": fa.isin(m, np.array([1.0, 2.0])), "isin list": fa.isin(m, [1, 2]),
+            "concat": fa.concat([n, m]), "stack": fa.stack([m, n]), "matmul": fa.matmul(n, m.T),
+            "clip": fa.clip(n, m, 2.0), "tensordot": fa.tensordot(n, m.T, axes=1), "vecdot": fa.vecdot(n, m),
+            "rms_norm": fa.nn.rms_norm(n, m[0]), "rms_norm weight=": fa.nn.rms_norm(m, weight=np.ones(3, np.float32)),
+            "where": fa.where(m > 0, n, m), "operator": n + m}
+    made.update({"uniform": fa.random.uniform(k, (3,), minval=np.zeros(3, np.float32)),
+                     "truncated_normal": fa.random.truncated_normal(k, -1.0, 1.0, (3,)),
+                     "categorical": fa.random.categorical(k, np.zeros((2, 3), np.float32)),
+                     "randint": fa.random.randint(k, (3,), np.zeros(3, np.int32), 5),
+                     "permutation": fa.random.permutation(k, np.arange(4))})
+    assert {name: a.device.type for name, a in made.items()} == {name: "meta" for name in made}
+
+
 def test_fa_functions_take_numpy_and_torch():
     t = torch.from_numpy(Y.copy())
     assert_matches(fa.sum(X, axis=1), X.sum(axis=1), rtol=1e-5)

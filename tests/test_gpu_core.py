@@ -327,3 +327,13 @@ def test_logaddexp_near_zero_and_half_precision_nextafter():
     x = fa.asarray(torch.tensor([[3.0, 4.5], [-2.0, -2.0]], device="cuda", dtype=torch.bfloat16))
     y = fa.nn.softmax(fa.prod(fa.exp(x), axis=-1), axis=-1)
     assert torch.from_dlpack(y).float().tolist() == [1.0, 0.0]
+
+
+def test_arrays_made_on_cuda_and_from_cuda_tensors_share_one_device():
+    """torch.device("cuda") != torch.device("cuda:0"): creation names the current device as tensors do, so
+    fa.ones(3) meets a tensor's array, and Python data and numpy operands follow."""
+    t = torch.arange(3.0, device="cuda")
+    made = [fa.ones(3), fa.ones(3, device="cuda"), fa.asarray([1.0, 2.0, 3.0]), fa.asarray(2.0), fa.random.key(0)]
+    assert {a.device for a in made} == {t.device} == {fa.__array_namespace_info__().default_device()}
+    got = (fa.ones(3) + fa.asarray(t) + fa.asarray([1.0, 1.0, 1.0], device="cuda")) * t.cpu().numpy()
+    assert torch.equal(torch.from_dlpack(got), (t + 2) * t)

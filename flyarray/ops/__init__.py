@@ -26,32 +26,43 @@ import torch as _torch  # noqa: E402
 _FOREIGN = (_np.ndarray, _np.generic, _torch.Tensor)
 
 
-def _convert(a, nested):
+def _convert(a, nested, device):
     from .core import as_array
     if nested and isinstance(a, (list, tuple)) and [v for v in a if isinstance(v, _FOREIGN)]:
-        return type(a)(as_array(v) for v in a)
+        return type(a)(as_array(v, device) for v in a)
     if isinstance(a, (bool, int, float, complex)):  # a Python scalar where an array goes: a 0-d array (fa.sum(3.0))
         from .creation import asarray
-        return asarray(a)
-    return as_array(a)
+        return asarray(a, device=device)
+    return as_array(a, device)
 
 
-def _later(a):
+def _later(a, device):
     """An argument after the first: numpy arrays and tensors become arrays; anything else (k, axis, shift,
     numpy scalars among them) stays as given."""
-    return _convert(a, False) if isinstance(a, (_np.ndarray, _torch.Tensor)) else a
+    return _convert(a, False, device) if isinstance(a, (_np.ndarray, _torch.Tensor)) else a
+
+
+def _operands_device(args, nested):
+    """Where numpy operands go: the first array's or tensor's device among the arguments (a nested first
+    argument's elements included), as elementwise ops place them; None: the numpy data's own (the CPU)."""
+    from .core import operands_device
+    first = args[0] if args else ()
+    return operands_device(((tuple(first) if nested and isinstance(first, (list, tuple)) else (first,))
+                            + tuple(args[1:])))
 
 
 def _accepting_foreign(fn, first_only=False, nested=False):
     """``fn`` taking numpy arrays and torch tensors wherever it takes Arrays (converted by fa.asarray, zero
-    copy where possible), and a Python or numpy scalar as its first argument (a 0-d array). ``first_only``:
-    only the first argument is an array (indices stay as given, so known ones are range-checked); ``nested``:
-    the first argument is a sequence of arrays (concat, stack)."""
+    copy where possible; numpy data joins the other arguments' device), and a Python or numpy scalar as its
+    first argument (a 0-d array). ``first_only``: only the first argument is an array (indices stay as given,
+    so known ones are range-checked); ``nested``: the first argument is a sequence of arrays (concat, stack)."""
     @_functools.wraps(fn)
     def wrapper(*args, **kwargs):
         for i, a in enumerate(args[:1] if first_only or nested else args):  # a loop, not any(): the hot path
             if isinstance(a, _FOREIGN) or nested or i == 0 and isinstance(a, (bool, int, float, complex)):
-                args = (_convert(args[0], nested),) + tuple(args[1:] if first_only else map(_later, args[1:]))
+                device = _operands_device(args, nested)
+                args = (_convert(args[0], nested, device),) + tuple(
+                    args[1:] if first_only else (_later(b, device) for b in args[1:]))
                 break
         return fn(*args, **kwargs)
     return wrapper
@@ -70,18 +81,17 @@ for _name in [n for n, v in list(globals().items()) if callable(v) and not isins
 
 def accepting_arrays(fn):
     """``fn`` (an fa.nn or fa.quant function: arrays in, positional or keyword) taking numpy arrays and torch
-    tensors wherever it takes Arrays, converted by fa.asarray (zero copy where possible)."""
+    tensors wherever it takes Arrays, converted by fa.asarray (zero copy where possible; numpy data joins the
+    other arguments' device)."""
     foreign = (_np.ndarray, _torch.Tensor)
 
     @_functools.wraps(fn)
     def wrapper(*args, **kwargs):   # (this module's any() is fa.any: plain loops)
-        for a in args:
+        for a in list(args) + list(kwargs.values()):
             if isinstance(a, foreign):
-                args = tuple(map(_later, args))
-                break
-        for v in kwargs.values():
-            if isinstance(v, foreign):
-                kwargs = {k: _later(v) for k, v in kwargs.items()}
+                device = _operands_device(tuple(args) + tuple(kwargs.values()), False)
+                args = tuple(_later(b, device) for b in args)
+                kwargs = {k: _later(v, device) for k, v in kwargs.items()}
                 break
         return fn(*args, **kwargs)
     return wrapper

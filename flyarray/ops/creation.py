@@ -32,7 +32,8 @@ def _available(dev: torch.device, asked) -> torch.device:
         return dev
     if dev.type == "cuda" and torch.cuda.is_available():
         if dev.index is None or dev.index < torch.cuda.device_count():
-            return dev
+            from ..runtime import canonical_device
+            return canonical_device(dev)
     from ..namespace_info import __array_namespace_info__
     names = ", ".join(str(d) for d in __array_namespace_info__().devices())
     raise ValueError(f"device {asked!r} is not available here; arrays can live on: {names}")

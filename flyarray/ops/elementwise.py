@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .. import dtypes as dt
 from .._array import Array
 from ..primitives import ELEMENTWISE
@@ -129,7 +131,8 @@ def isin(x1, x2, /, *, invert=False):
             return full(x1.shape, bool(invert), dtype="bool", device=x1.device)   # out of range: no element is it
         hit = elementwise("equal", x1, x2)
         return elementwise("logical_not", hit) if invert else hit
-    x2 = x2 if _is_array(x2) else asarray(x2, dtype=_python_ints_dtype(x2, x1.dtype))
+    x2 = x2 if _is_array(x2) else asarray(x2, dtype=_python_ints_dtype(x2, x1.dtype),
+                                          device=None if isinstance(x2, torch.Tensor) else x1.device)
     flat = x2.reshape((-1,))
     hit = _any(elementwise("equal", x1[..., None], flat), axis=-1)
     return elementwise("logical_not", hit) if invert else hit
