@@ -80,13 +80,14 @@ def clear_caches():
     """Empty the in-memory caches (plans, generated sources, loaded kernels, the hand-written kernels'
     launch plans) and re-read the FLYARRAY_* switches that evaluations consult. The disk cache stays."""
     import sys
-    from . import codegen, plan, runtime
+    from . import codegen, diskcache, plan, runtime
     plan.clear()
     codegen._SOURCES.clear()
     runtime._memory.clear()
     launching = sys.modules.get(__name__ + ".kernels._triton")
     if launching is not None:  # imported by the first hand-written kernel: nothing to empty before
         launching.clear_launch_caches()
+    diskcache.forget_modules("_interpret")  # the interpreter's kernels (the GPU's keep their modules loaded)
     plan.refresh_settings()
     runtime.refresh_settings()
 

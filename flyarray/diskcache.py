@@ -28,6 +28,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import types
 import warnings
 from typing import Optional
@@ -217,6 +218,28 @@ def write_source(name: str, key: str, body: str) -> bool:
     return folder is not None and write_atomic(folder, f"{key}.py", (_header(body) + body).encode())
 
 
+_swept: set = set()
+STALE_TEMP_SECONDS = 3600
+
+
+def _sweep_stale_temp_files(folder: pathlib.Path):
+    """Remove write_atomic's temp files an hour old (once per folder and process): a writer killed between
+    writing and renaming (SIGKILL, power loss) left one for good. A live writer's is milliseconds old."""
+    _swept.add(folder)
+    cutoff = time.time() - STALE_TEMP_SECONDS
+    try:
+        with os.scandir(folder) as entries:
+            stale = [e.path for e in entries if e.name.startswith(".") and e.name.endswith(".tmp")
+                     and e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < cutoff]
+    except OSError:
+        return
+    for path in stale:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def write_atomic(folder: pathlib.Path, filename: str, data: bytes) -> bool:
     """Replace ``folder/filename`` with ``data`` at once; False (one warning per process) if it cannot.
 
@@ -226,6 +249,8 @@ def write_atomic(folder: pathlib.Path, filename: str, data: bytes) -> bool:
     """
     if folder in _unwritable:
         return False
+    if folder not in _swept:
+        _sweep_stale_temp_files(folder)
     target = folder / filename
     tmp = None
     try:
@@ -274,6 +299,36 @@ def load_module(text: str, name: str) -> types.ModuleType:
     sys.modules[name] = module  # Triton resolves a kernel's globals through its module
     exec(code, module.__dict__)
     return module
+
+
+def forget_modules(suffix: str):
+    """Drop the loaded kernel modules whose names end with ``suffix`` from sys.modules and their text from
+    linecache (fa.clear_caches): nothing else holds them once the caches are empty, so they are freed; a
+    kernel still held elsewhere keeps its module through its globals, and ``reregister_source`` gives the
+    interpreter its text back."""
+    names = [n for n in sys.modules if n.startswith("flyarray_kernel_") and n.endswith(suffix)]
+    for name in names:
+        del sys.modules[name]
+    if not names:
+        return
+    prefixes = tuple(f"<flyarray {name} " for name in names)  # load_module's file names
+    for filename in [f for f in linecache.cache if f.startswith(prefixes)]:
+        del linecache.cache[filename]
+    jit = sys.modules.get("triton.runtime.jit")   # Triton >= 3.7 registers every JITFunction by name, for good
+    registry = getattr(jit, "_triton_jit_function_registry", None)
+    if isinstance(registry, dict):
+        owned = tuple(f"{name}:" for name in names)
+        for key in [k for k in registry if isinstance(k, str) and k.startswith(owned)]:
+            del registry[key]
+
+
+def reregister_source(fn):
+    """Put ``fn``'s module text back in linecache if forget_modules took it (Triton's interpreter reads a
+    kernel's source again when it rewrites it)."""
+    text = fn.__globals__.get("__flyarray_source__")
+    filename = fn.__code__.co_filename
+    if text is not None and filename not in linecache.cache:
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
 
 
 # ---- Triton's binary cache -------------------------------------------------------------------------

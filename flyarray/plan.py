@@ -36,7 +36,12 @@ from .expand import to_primitives
 from .schedule import Allocate, KernelStep, LibraryCall, schedule
 
 PLAN_CACHE_SIZE = 4096
+# and at most this many graph nodes over all plans (a plan and its key hold ~1.5 KB a node): a loop whose
+# unevaluated state grows makes a larger plan every step, and keeping them all grew memory quadratically
+# (400 steps of `x = x * 0.999 + 1; float(x.sum())`: 200 MB). The newest plan stays, whatever its size.
+PLAN_CACHE_NODES = 200_000
 _plans: collections.OrderedDict = collections.OrderedDict()
+_plan_nodes = 0  # graph nodes in _plans' keys
 _newest = None  # the plan last used or added: already at the LRU end of _plans when it is hit again
 _lock = threading.RLock()  # one evaluation at a time: buffers are bound only when all its launches are issued
 _companions: dict = {}  # node id -> weak refs of nodes evaluated together with it (rms_norm's residual sum)
@@ -432,9 +437,17 @@ def _plan_for(walk: Walk, roots: list, backend: str) -> Plan:
         precompile.start(builder.warm_up_jobs(walk.leaves, walk.scalars + plan.static_scalars), builder.device)
     _plans[key] = plan
     _newest = plan
-    if len(_plans) > PLAN_CACHE_SIZE:
-        _plans.popitem(last=False)
+    _keep_within_bounds(len(key[0]))
     return plan
+
+
+def _keep_within_bounds(added_nodes: int):
+    """Evict least recently used plans past PLAN_CACHE_SIZE plans or PLAN_CACHE_NODES nodes."""
+    global _plan_nodes
+    _plan_nodes += added_nodes
+    while len(_plans) > PLAN_CACHE_SIZE or (_plan_nodes > PLAN_CACHE_NODES and len(_plans) > 1):
+        old, _ = _plans.popitem(last=False)
+        _plan_nodes -= len(old[0])
 
 
 def _check_plan(plan, walk, roots, backend):
@@ -474,10 +487,11 @@ def _short(entry) -> str:
 
 
 def clear():
-    global _newest
+    global _newest, _plan_nodes
     with _lock:
         _plans.clear()
         _newest = None
+        _plan_nodes = 0
 
 
 # ---- 3/4. realize ---------------------------------------------------------------------------------

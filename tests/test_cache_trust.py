@@ -331,6 +331,29 @@ def test_temp_files_do_not_follow_planted_symlinks(cache, tmp_path):
     assert stat.S_ISREG(os.lstat(table).st_mode) and json.loads(table.read_text()) == {"key": {"BLOCK_M": 64}}
 
 
+def test_a_killed_writers_temp_file_is_swept_once_an_hour_old(tmp_path, monkeypatch):
+    """A writer killed between writing and renaming left `.<entry>.XXXX.tmp` for good: the next process's
+    first write to that folder removes such files an hour old; fresh ones (a live writer's) and planted
+    symlinks' targets stay."""
+    from flyarray import diskcache
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    old, fresh = folder / ".abc.py.k1l2.tmp", folder / ".def.py.m3n4.tmp"
+    old.write_text("half")
+    fresh.write_text("half")
+    hour_ago = time.time() - 2 * diskcache.STALE_TEMP_SECONDS
+    os.utime(old, (hour_ago, hour_ago))
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    link = folder / ".ghi.py.o5p6.tmp"
+    os.symlink(victim, link)
+    os.utime(link, (hour_ago, hour_ago), follow_symlinks=False)
+    monkeypatch.setattr(diskcache, "_swept", set())
+    assert diskcache.write_atomic(folder, "xyz.py", b"body")
+    assert not old.exists() and fresh.exists() and victim.read_text() == "precious"
+    assert (folder / "xyz.py").read_bytes() == b"body"
+
+
 # ---- entries that are not regular files --------------------------------------------------------------
 class Hung(Exception):
     """Not an OSError: a reader that catches those must not mistake this for a bad entry."""

@@ -266,6 +266,25 @@ def test_clear_caches_empties_the_plan_cache(backend):
     assert not plan._plans
 
 
+def test_the_plan_cache_holds_a_bounded_number_of_graph_nodes(monkeypatch):
+    """State that is never evaluated makes a larger plan every step; past PLAN_CACHE_NODES nodes the least
+    recently used plans go (the newest stays, however large), so memory stays bounded, not quadratic."""
+    fa.clear_caches()
+    monkeypatch.setattr(plan, "PLAN_CACHE_NODES", 60)
+    x = fa.asarray(np.zeros(4, np.float32))
+    try:
+        for step in range(30):
+            x = x * 0.5 + 1.0
+            float(x.sum())       # reads a summary; x itself is never stored: its graph grows
+            assert plan._plan_nodes == sum(len(k[0]) for k in plan._plans)
+            assert plan._plan_nodes <= 60 or len(plan._plans) == 1
+        assert len(plan._plans) < 30
+        np.testing.assert_allclose(np.asarray(x), np.full(4, 2 - 2.0 ** -29, np.float32))
+    finally:
+        fa.clear_caches()
+    assert plan._plan_nodes == 0
+
+
 def test_the_plan_cache_evicts_the_least_recently_used_plan(backend, monkeypatch):
     """A hit on the newest plan skips moving it (it is already last); any other hit moves it, so the
     eviction order stays exactly least recently used."""

@@ -24,10 +24,14 @@ from triton._C.libtriton import ir as _ir
 from triton.runtime.interpreter import InterpretedFunction, InterpreterBuilder, TensorHandle, _patch_lang
 
 from flyarray import precompile
-from flyarray.diskcache import in_triton_cache
+from flyarray.diskcache import in_triton_cache, reregister_source
 
 
 _INTERPRETED: dict = {}
+# Interpreted clones of the @triton.jit helpers kernels call (triton.language's, ext's), shared by every
+# kernel: a memo of its own per kernel re-made ~14 of them each time, ~340 KB a generated kernel, held for good
+_INTERPRETED_HELPERS: dict = {}
+_INTERPRETED_MARK = "_flyarray_real_tl"
 # The interpreter patches triton.language's module globals for the length of a launch, and the
 # snapshot/restore below is process-wide: two threads interleaving would restore each other's patches
 # away mid-launch. One interpreted launch at a time (it runs on the CPU anyway).
@@ -38,7 +42,7 @@ def _interpreted(kernel) -> "_InterpretedLaunch":
     # Keyed by identity: hashing a JITFunction walks its dependencies (slow, and fragile mid-interpretation).
     found = _INTERPRETED.get(id(kernel))
     if found is None or found[0] is not kernel:
-        fn = InterpretedFunction(_with_interpreted_globals(kernel.fn, {}))
+        fn = InterpretedFunction(_with_interpreted_globals(kernel.fn, _INTERPRETED_HELPERS))
         found = _INTERPRETED[id(kernel)] = (kernel, _InterpretedLaunch(fn))
     return found[1]
 
@@ -58,6 +62,9 @@ class _InterpretedLaunch:
         def launch(*args, **kwargs):
             with _INTERPRETER_LOCK:
                 _import_gluon_unpatched()
+                # a generated kernel that outlived fa.clear_caches (a plan holds it) is rewritten again from
+                # its text, which the clear took out of linecache
+                reregister_source(self.fn.fn)
                 args, kwargs = _one_storage_per_memory(args, kwargs)
                 args, kwargs, write_back = _bf16_as_float32(args, kwargs)
                 snapshot = [(space, dict(vars(space))) for space in _language_namespaces()]
@@ -301,7 +308,7 @@ def _with_interpreted_globals(fn, memo: dict):
             env[name] = _nested(value, memo)
         elif value is tl:
             env[name] = _InterpretedLanguage(memo)
-    env["_flyarray_real_tl"] = tl  # the interpreter looks for triton.language among the globals
+    env[_INTERPRETED_MARK] = tl  # the interpreter looks for triton.language among the globals (and it marks ours)
     return clone
 
 
@@ -344,7 +351,16 @@ class _NestedCall:
 
     def __init__(self, jit_fn, memo):
         self.original = jit_fn.fn
-        self.fn = InterpretedFunction(_with_interpreted_globals(jit_fn.fn, memo)).rewrite()
+        self._memo = memo
+        self._rewritten = None
+
+    @property
+    def fn(self):
+        # rewritten when first called: a generated module's prelude has ~20 combine helpers a kernel
+        # mostly does not use, and each rewrite cost ~15 KB (Triton keeps every one)
+        if self._rewritten is None:
+            self._rewritten = InterpretedFunction(_with_interpreted_globals(self.original, self._memo)).rewrite()
+        return self._rewritten
 
     def __call__(self, *args, **kwargs):
         _patch_lang(self.original)  # e.g. tl.core's builtins, which the kernel's own patch may not cover
@@ -385,6 +401,12 @@ def launch_cache() -> dict:
 def clear_launch_caches():
     for cache in _LAUNCH_CACHES:
         cache.clear()
+    _INTERPRETED.clear()   # (fa.clear_caches: a generated kernel's interpreted form goes with its module)
+    _INTERPRETED_HELPERS.clear()
+    rewritten = getattr(InterpretedFunction, "rewritten_fn", None)  # Triton's cache of every rewrite, for good
+    if isinstance(rewritten, dict):
+        for fn in [f for f in rewritten if _INTERPRETED_MARK in getattr(f, "__globals__", ())]:
+            del rewritten[fn]
 
 
 class DirectLaunch:
