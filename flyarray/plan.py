@@ -39,7 +39,7 @@ PLAN_CACHE_SIZE = 4096
 # and at most this many graph nodes over all plans (a plan and its key hold ~1.5 KB a node): a loop whose
 # unevaluated state grows makes a larger plan every step, and keeping them all grew memory quadratically
 # (400 steps of `x = x * 0.999 + 1; float(x.sum())`: 200 MB). The newest plan stays, whatever its size.
-PLAN_CACHE_NODES = 200_000
+PLAN_CACHE_NODES = 100_000
 _plans: collections.OrderedDict = collections.OrderedDict()
 _plan_nodes = 0  # graph nodes in _plans' keys
 _newest = None  # the plan last used or added: already at the LRU end of _plans when it is hit again

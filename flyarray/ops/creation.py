@@ -219,6 +219,15 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
     """
     if not hasattr(x, "__dlpack__"):
         raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
+    try:
+        return _from_dlpack(x, device, copy)
+    except ValueError as exc:   # the array API's from_dlpack: BufferError where copy=False needs a copy
+        if copy is False and str(exc).startswith("copy=False"):
+            raise BufferError(f"from_dlpack: {exc}") from None
+        raise
+
+
+def _from_dlpack(x, device, copy) -> Array:
     if isinstance(x, Array):
         return asarray(x, device=device, copy=copy)
     if isinstance(x, np.ndarray):
