@@ -394,6 +394,18 @@ def test_vjp_and_jvp():
     np.testing.assert_allclose(np.asarray(ty), want.numpy(), rtol=RTOL, atol=ATOL)
 
 
+def test_stop_gradient_stops_complex_values_too():
+    """A complex value under stop_gradient is a constant of the derivative (JAX): nothing flows through it, so
+    nothing complex is differentiated and nothing is refused."""
+    x = fa.asarray(np.array([0.3, -0.7]))
+
+    def f(a):
+        return fa.sum(fa.real(fa.stop_gradient(a * (1 + 1j))) * a) + fa.sum(a)
+    np.testing.assert_allclose(np.asarray(fa.grad(f)(x)), np.asarray(x) + 1, rtol=1e-12)
+    _, t = fa.jvp(f, (x,), (fa.ones(2, dtype=fa.float64),))
+    np.testing.assert_allclose(float(t), float(np.sum(np.asarray(x) + 1)), rtol=1e-12)
+
+
 def test_stop_gradient_and_closures():
     x = fa.asarray(X)
     g = fa.grad(lambda a: fa.sum(a * fa.stop_gradient(a)))(x)

@@ -554,8 +554,8 @@ def jvp(fun, primals, tangents, has_aux=False):
 
 def stop_gradient(x):
     """``x``'s value with no derivative flowing through it (a pytree of arrays)."""
-    def stop(leaf):
-        if not isinstance(leaf, Array) or not _differentiable(leaf.dtype):
+    def stop(leaf):   # complex ones too: no derivative flows through them (and none would be refused)
+        if not isinstance(leaf, Array) or not (_differentiable(leaf.dtype) or leaf.dtype.kind == "c"):
             return leaf
         node = leaf._node
         copy = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)
