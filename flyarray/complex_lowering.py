@@ -246,6 +246,7 @@ def as_complex_node(packed: ir.Node, node: ir.Node = None) -> ir.Node:
     if node is None:
         node = ir.Node(ir.OUTPUT, (lib,), 0, packed.shape[:-1], d, packed.device)
     else:
+        ir.keep_history(node)
         node.prim, node.inputs, node.params = ir.OUTPUT, (lib,), 0
     lib.params = {"outputs": [node], "kwargs": {}}
     return node
@@ -713,6 +714,7 @@ class _Lowering:
 
 def _become(node, new):
     """Root ``node`` computes ``new``'s value from now on (its object stays: the user's array holds it)."""
+    ir.keep_history(node)   # inside fa.grad/jvp the derivative still sees the complex graph it was recorded as
     if new.kind in ("output", "view", "source", "constant", "iota") or new.buffer is not None:
         node.prim, node.inputs, node.params = ELEMENTWISE["astype"], (new,), None
     else:

@@ -103,9 +103,16 @@ differentiating = _Differentiating()
 def forget_inputs(node: Node):
     """Drop a realized node's inputs (its buffer stands for them now), keeping them aside while a derivative
     transform records on this thread."""
-    if differentiating.depth and node.inputs:
-        differentiating.history[node] = (node.prim, node.inputs, node.params)
+    keep_history(node)
     node.inputs = ()
+
+
+def keep_history(node: Node):
+    """Keep what ``node`` computes from (its first form: an evaluation may rewrite a node in place first, as
+    complex lowering does on a plan miss) while a derivative transform records on this thread: autodiff then
+    sees the graph as recorded, whether or not that evaluation missed the plan cache."""
+    if differentiating.depth and node.inputs and node not in differentiating.history:
+        differentiating.history[node] = (node.prim, node.inputs, node.params)
 
 
 def buffer_view(node: Node):

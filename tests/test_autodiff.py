@@ -406,6 +406,24 @@ def test_stop_gradient_stops_complex_values_too():
     np.testing.assert_allclose(float(t), float(np.sum(np.asarray(x) + 1)), rtol=1e-12)
 
 
+def test_a_complex_value_evaluated_inside_a_transform_is_refused_on_every_call():
+    """Evaluating a real function of a complex intermediate inside fa.grad/jvp (a print, np.asarray): the plan
+    miss lowers complex to real arithmetic in place, and the derivative used to walk that lowered graph on the
+    first call (a value) and the recorded one on the next (a TypeError). It sees the recorded graph both times."""
+    x = fa.asarray(np.array([0.3, -0.7]))
+
+    def f(a):
+        r = fa.abs(a * (2 - 1j) + 1j)
+        np.asarray(r)
+        return fa.sum(r)
+    fa.clear_caches()   # the first call misses the plan cache
+    for call in (1, 2):
+        with pytest.raises(TypeError, match="complex"):
+            fa.grad(f)(x)
+        with pytest.raises(TypeError, match="complex"):
+            fa.jvp(f, (x,), (fa.ones(2, dtype=fa.float64),))
+
+
 def test_stop_gradient_and_closures():
     x = fa.asarray(X)
     g = fa.grad(lambda a: fa.sum(a * fa.stop_gradient(a)))(x)
