@@ -196,12 +196,6 @@ def _unit(k, shape, d) -> Array:
     return u if d is dt.float32 else u.astype(d)
 
 
-def _beside_key(x, k, dtype=None) -> Array:
-    """Numpy data or a Python list given with key ``k``, as an array on the key's device (numpy operands
-    join the other operands' device, as everywhere); a tensor stays where it is."""
-    return creation.asarray(x, dtype=dtype, device=None if isinstance(x, torch.Tensor) else k.device)
-
-
 def _scalar_or(x, d, fn, name, shape, k):
     """A Python number stays a (weak) scalar, rounded to ``d`` first as JAX converts it; an array (fa,
     numpy, torch) is cast to ``d`` and must broadcast to ``shape``."""
@@ -210,7 +204,7 @@ def _scalar_or(x, d, fn, name, shape, k):
     if not isinstance(x, Array):
         if x is None or isinstance(x, (bool, str, bytes)):
             raise TypeError(f"{fn}: {name} must be a real number or an array, got {x!r}")
-        x = _beside_key(x, k)
+        x = creation.asarray_beside(x, k.device)
     _check_fits(x, shape, fn, name)
     return x.astype(d, copy=False)
 
@@ -297,8 +291,8 @@ def truncated_normal(k, lower, upper, shape=None, dtype=dt.float32) -> Array:
     """Standard normal conditioned on (lower, upper), as ``jax.random.truncated_normal``."""
     _check_key(k, "truncated_normal")
     d = _float_dtype(dtype, "truncated_normal")
-    lo = _beside_key(lower, k, d) if not isinstance(lower, Array) else lower.astype(d, copy=False)
-    hi = _beside_key(upper, k, d) if not isinstance(upper, Array) else upper.astype(d, copy=False)
+    lo = creation.asarray_beside(lower, k.device, d) if not isinstance(lower, Array) else lower.astype(d, copy=False)
+    hi = creation.asarray_beside(upper, k.device, d) if not isinstance(upper, Array) else upper.astype(d, copy=False)
     shape = _shape(broadcast_shapes(lo.shape, hi.shape) if shape is None else shape)
     _check_fits(lo, shape, "truncated_normal", "lower")
     _check_fits(hi, shape, "truncated_normal", "upper")
@@ -347,7 +341,7 @@ def categorical(k, logits, axis=-1) -> Array:
     row kernel."""
     _check_key(k, "categorical")
     if not isinstance(logits, Array):
-        logits = _beside_key(logits, k)
+        logits = creation.asarray_beside(logits, k.device)
     if logits.ndim == 0:
         raise ValueError("categorical: logits must have at least one axis (the categories)")
     axis = _axis_in(axis, logits.shape, "categorical", "logits")
@@ -434,7 +428,7 @@ def _int_bound(x, name, device, d, shape):
     if not isinstance(x, Array):
         if x is None or isinstance(x, (float, bool, str, bytes)):
             raise TypeError(f"randint: {name} must be an int or an integer array, got {x!r}")
-        x = creation.asarray(x, device=None if isinstance(x, torch.Tensor) else device)
+        x = creation.asarray_beside(x, device)
     if x.dtype.kind not in "iub":
         raise TypeError(f"randint: {name} must be an int or an integer array, got {x.dtype}")
     _check_fits(x, shape, "randint", name)
@@ -467,7 +461,7 @@ def permutation(k, x, axis=0) -> Array:
         if n < 0:
             raise ValueError(f"permutation: x must be a non-negative size or an array, got {x}")
     else:
-        values = x if isinstance(x, Array) else _beside_key(x, k)
+        values = x if isinstance(x, Array) else creation.asarray_beside(x, k.device)
         if values.ndim == 0:
             raise ValueError("permutation: x must be a size or an array with at least one axis")
         axis = _axis_in(axis, values.shape, "permutation", "an array")

@@ -18,6 +18,7 @@ from .reductions import all, any, count_nonzero, argmax, argmin, max, mean, min,
 from . import nn  # noqa: F401
 
 import functools as _functools  # noqa: E402
+import itertools as _itertools  # noqa: E402
 import types as _types  # noqa: E402
 
 import numpy as _np  # noqa: E402
@@ -87,7 +88,7 @@ def accepting_arrays(fn):
 
     @_functools.wraps(fn)
     def wrapper(*args, **kwargs):   # (this module's any() is fa.any: plain loops)
-        for a in list(args) + list(kwargs.values()):
+        for a in _itertools.chain(args, kwargs.values()):
             if isinstance(a, foreign):
                 device = _operands_device(tuple(args) + tuple(kwargs.values()), False)
                 args = tuple(_later(b, device) for b in args)

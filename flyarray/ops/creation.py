@@ -87,6 +87,12 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     return Array(ir.source(tensor))
 
 
+def asarray_beside(obj, device, dtype=None) -> Array:
+    """``obj`` as an array for an op whose other operands live on ``device``: numpy data and Python lists go
+    there (numpy operands join the other operands' device), a tensor stays where it is."""
+    return asarray(obj, dtype=dtype, device=None if isinstance(obj, torch.Tensor) else device)
+
+
 def _python_data(obj) -> bool:
     """Python numbers and (nested) lists/tuples of them: data with no device of its own, unlike numpy's (the
     CPU, zero copy) and a tensor's."""

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from .. import dtypes as dt
 from .._array import Array
 from ..primitives import ELEMENTWISE
@@ -122,7 +120,7 @@ def isin(x1, x2, /, *, invert=False):
     of ``x1``'s shape; any dtypes (they promote). A fused comparison and ``any`` over ``x2``'s elements. A Python
     scalar ``x2`` (or a list of Python ints) is weak, as in ``x1 == x2``, except that an int outside an integer
     ``x1``'s range matches nothing (as numpy's isin) rather than raising."""
-    from .creation import asarray
+    from .creation import asarray, asarray_beside
     from .reductions import any as _any
     x1 = x1 if _is_array(x1) else asarray(x1)
     if isinstance(x2, (bool, int, float, complex)):   # a Python scalar is weak, as in x1 == x2 (2024.12)
@@ -131,8 +129,7 @@ def isin(x1, x2, /, *, invert=False):
             return full(x1.shape, bool(invert), dtype="bool", device=x1.device)   # out of range: no element is it
         hit = elementwise("equal", x1, x2)
         return elementwise("logical_not", hit) if invert else hit
-    x2 = x2 if _is_array(x2) else asarray(x2, dtype=_python_ints_dtype(x2, x1.dtype),
-                                          device=None if isinstance(x2, torch.Tensor) else x1.device)
+    x2 = x2 if _is_array(x2) else asarray_beside(x2, x1.device, _python_ints_dtype(x2, x1.dtype))
     flat = x2.reshape((-1,))
     hit = _any(elementwise("equal", x1[..., None], flat), axis=-1)
     return elementwise("logical_not", hit) if invert else hit
