@@ -65,6 +65,9 @@ def set_default_device(device):
                          f"not {chosen.type!r}")
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"set_default_device: {device!r}, but torch sees no GPU here")
+    if chosen.type == "cuda" and chosen.index is not None and chosen.index >= torch.cuda.device_count():
+        raise ValueError(f"set_default_device: {device!r}, but torch sees {torch.cuda.device_count()} GPU(s) "
+                         f"here (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     _default_device_override = canonical_device(chosen)
 
 

@@ -337,3 +337,6 @@ def test_arrays_made_on_cuda_and_from_cuda_tensors_share_one_device():
     assert {a.device for a in made} == {t.device} == {fa.__array_namespace_info__().default_device()}
     got = (fa.ones(3) + fa.asarray(t) + fa.asarray([1.0, 1.0, 1.0], device="cuda")) * t.cpu().numpy()
     assert torch.equal(torch.from_dlpack(got), (t + 2) * t)
+    absent = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(ValueError, match=f"set_default_device: '{absent}'.*sees {torch.cuda.device_count()} GPU"):
+        fa.set_default_device(absent)

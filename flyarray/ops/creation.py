@@ -13,6 +13,11 @@ from .._array import Array, _numpy_view
 from .core import astype, constant
 
 
+class CopyRefused(ValueError):
+    """copy=False where the data must be copied (moved, cast, stacked, made from Python values): asarray's
+    ValueError, which from_dlpack turns into the array API's BufferError."""
+
+
 def _device(device) -> torch.device:
     if device is None:
         from ..runtime import default_device
@@ -62,11 +67,11 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
         out = obj
         if device is not None and _device(device) != obj.device:
             if copy is False:
-                raise ValueError(f"copy=False, but the array is on {obj.device}, not {device}")
+                raise CopyRefused(f"copy=False, but the array is on {obj.device}, not {device}")
             out = Array(ir.source(obj._tensor().to(_device(device))))
         if target_dtype is not None and target_dtype != out.dtype:
             if copy is False:
-                raise ValueError(f"copy=False, but dtype {out.dtype} differs from {target_dtype}")
+                raise CopyRefused(f"copy=False, but dtype {out.dtype} differs from {target_dtype}")
             return astype(out, target_dtype)
         return astype(out, out.dtype, copy=True) if copy else out
     if isinstance(obj, (list, tuple)) and _holds_arrays(obj):
@@ -76,11 +81,11 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
         device = _device(None)  # Python numbers and lists have no device: the default one (the array API's rule)
     if device is not None and tensor.device != _device(device):
         if copy is False:
-            raise ValueError(f"copy=False, but the data is on {tensor.device}, not {device}")
+            raise CopyRefused(f"copy=False, but the data is on {tensor.device}, not {device}")
         tensor = tensor.to(_device(device))
     if target_dtype is not None and tensor.dtype != target_dtype.torch:
         if copy is False:
-            raise ValueError(f"copy=False, but dtype {dt.from_torch(tensor.dtype)} differs from {target_dtype}")
+            raise CopyRefused(f"copy=False, but dtype {dt.from_torch(tensor.dtype)} differs from {target_dtype}")
         return astype(Array(ir.source(tensor)), target_dtype)
     if copy:
         tensor = tensor.clone()
@@ -109,14 +114,14 @@ def _stacked(obj, dtype, device, copy):
     """A list of arrays (numpy's and JAX's asarray([a, b])): their stack, lazy; a new buffer always."""
     from .manipulation import stack
     if copy is False:
-        raise ValueError("copy=False, but a list of arrays is stacked into a new buffer")
+        raise CopyRefused("copy=False, but a list of arrays is stacked into a new buffer")
     return stack([asarray(e, dtype=dtype, device=device) for e in obj])  # not empty: it holds an array
 
 
 def _copied(obj, copy, make):
     """``make()``: a new buffer from Python values (so copy=False is refused), its errors as TypeError."""
     if copy is False:
-        raise ValueError("copy=False, but Python scalars and sequences must be copied")
+        raise CopyRefused("copy=False, but Python scalars and sequences must be copied")
     try:
         return make()
     except OverflowError as exc:  # numpy: a Python int out of the dtype's range; or ours (_ints_within)
@@ -184,7 +189,7 @@ def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
     t = t.detach()
     if t.is_conj() or t.is_neg():
         if copy is False:
-            raise ValueError("copy=False, but this torch tensor is a conjugate/negative view, whose values must be "
+            raise CopyRefused("copy=False, but this torch tensor is a conjugate/negative view, whose values must be "
                              "copied (resolve_conj()/resolve_neg())")
         t = t.resolve_conj().resolve_neg()
     return t
@@ -204,7 +209,7 @@ def _from_numpy(arr: np.ndarray, copy) -> torch.Tensor:
     size = arr.itemsize
     if not arr.flags.writeable or arr.dtype.byteorder not in "=|" or any(s < 0 or s % size for s in arr.strides):
         if copy is False:
-            raise ValueError("copy=False, but this numpy array is read-only, byte-swapped, or has negative strides "
+            raise CopyRefused("copy=False, but this numpy array is read-only, byte-swapped, or has negative strides "
                              "or strides that are not a multiple of its itemsize, and must be copied")
         arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C", copy=True)
     ml = _ML_DTYPES.get(arr.dtype.name)
@@ -227,10 +232,8 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
         raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
     try:
         return _from_dlpack(x, device, copy)
-    except ValueError as exc:   # the array API's from_dlpack: BufferError where copy=False needs a copy
-        if copy is False and str(exc).startswith("copy=False"):
-            raise BufferError(f"from_dlpack: {exc}") from None
-        raise
+    except CopyRefused as exc:   # the array API's from_dlpack: BufferError where copy=False needs a copy
+        raise BufferError(f"from_dlpack: {exc}") from None
 
 
 def _from_dlpack(x, device, copy) -> Array:
@@ -252,7 +255,7 @@ def _from_dlpack(x, device, copy) -> Array:
         t = t.clone()
     if device is not None and t.device != _device(device):
         if copy is False:
-            raise ValueError(f"copy=False, but the data is on {t.device}, not {device}")
+            raise CopyRefused(f"copy=False, but the data is on {t.device}, not {device}")
         t = t.to(_device(device))
     return Array(ir.source(t))
 
