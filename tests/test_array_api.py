@@ -675,6 +675,40 @@ def test_vecdot_of_integers_keeps_their_dtype():
     assert fa.vecdot(fa.asarray(x.astype(np.uint8)), fa.asarray(x.astype(np.uint8))).dtype == fa.uint8
 
 
+def test_contracted_axes_are_checked_not_broadcast():
+    """vecdot and cross contract an axis each operand has, of one size: a size 1 is not broadcast to it (numpy and
+    the array API refuse these; they returned numbers)."""
+    ones = fa.ones
+    for x1, x2, axis, words in (((3,), (1,), -1, "size 3 in x1.*and 1 in x2"), ((3, 2), (2,), -2, "x2 .* no axis -2"),
+                                ((), (), -1, "out of range")):
+        with pytest.raises(ValueError, match=f"vecdot: .*{words}"):
+            fa.vecdot(ones(x1), ones(x2), axis=axis)
+    with pytest.raises(ValueError, match=r"cross: axis -1 has size 3 in x1 .* 1 in x2 .*\(both 3\)"):
+        fa.cross(ones(3), ones(1))
+    with pytest.raises(TypeError, match="cross: axis must be an int"):
+        fa.cross(ones(3), ones(3), axis=-1.0)
+    for axes in (1.0, None):
+        with pytest.raises(TypeError, match="tensordot: axes must be an int or two sequences"):
+            fa.tensordot(ones((2, 2)), ones((2, 2)), axes=axes)
+    assert_matches(fa.vecdot(fa.asarray(X), fa.asarray(X[0])), np.vecdot(X, X[0]), rtol=1e-5)   # broadcast batch
+    assert_matches(fa.cross(fa.asarray(X[:, :3]), fa.asarray(X[0, :3])), np.cross(X[:, :3], X[0, :3]), rtol=1e-5)
+
+
+def test_einsum_broadcasts_size_one_letters_to_zero_and_takes_scalars():
+    assert fa.einsum("i,i->i", fa.ones(0), fa.ones(1)).shape == (0,)
+    assert float(fa.einsum("i,i->", fa.ones(0), fa.ones(1))) == 0.0
+    assert fa.einsum("ij,j->ij", fa.ones((2, 1)), fa.ones(0)).shape == (2, 0)
+    for scalar in (np.float32(2), 2.0):
+        assert_matches(fa.einsum("ij,->ij", X, scalar), 2 * X)
+        assert_matches(fa.einsum(",ij->ij", scalar, X), 2 * X)
+        assert_matches(fa.tensordot(X, scalar, axes=0), 2 * X)
+
+
+def test_matrix_norm_of_empty_matrices_is_zero():
+    for ord in (1, 2, math.inf, "fro", "nuc"):
+        assert np.asarray(fa.linalg.matrix_norm(fa.zeros((2, 0, 0)), ord=ord)).tolist() == [0.0, 0.0]
+
+
 def test_tensordot_and_cumulative_sum_with_empty_axes():
     out = fa.tensordot(fa.asarray(np.ones((2, 0), np.float32)), fa.asarray(np.ones((0,), np.float32)), axes=1)
     assert np.asarray(out).tolist() == [0.0, 0.0]

@@ -226,6 +226,20 @@ def operands_device(args):
     return None
 
 
+def operands_as_arrays(operands) -> list:
+    """Operands that must all be arrays (einsum's, tensordot's): numpy arrays and scalars, tensors and Python
+    numbers (0-d arrays of the default dtypes, as ``fa.sum(3.0)``'s) as arrays, numpy data beside the other
+    operands' device."""
+    device = operands_device(operands)
+    out = []
+    for x in operands:
+        if isinstance(x, (bool, int, float, complex)):
+            from .creation import asarray
+            x = asarray(x, device=device)
+        out.append(as_array(x, device))
+    return out
+
+
 def _promote_and_broadcast(name, prim, args):
     device = operands_device(args)
     args = tuple(as_array(a, device) for a in args)

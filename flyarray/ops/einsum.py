@@ -10,7 +10,7 @@ import math
 
 from .. import dtypes as dt
 from .._array import Array
-from .core import node_of
+from .core import node_of, operands_as_arrays
 
 
 def einsum(subscripts, /, *operands) -> Array:
@@ -20,6 +20,7 @@ def einsum(subscripts, /, *operands) -> Array:
     Operand dtypes promote; float pairs contract with one matmul, the rest with a fused multiply-and-sum."""
     if not isinstance(subscripts, str):
         raise TypeError(f"einsum: subscripts must be a string, got {type(subscripts).__name__}")
+    operands = operands_as_arrays(operands)
     subscripts = _named_ellipsis(subscripts.replace(" ", ""), operands)
     ins, out = _parse(subscripts, len(operands))
     sizes = {}
@@ -29,7 +30,7 @@ def einsum(subscripts, /, *operands) -> Array:
         for c, n in zip(term, x.shape):
             if c in sizes and n != sizes[c] and 1 not in (n, sizes[c]):
                 raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {n}")
-            sizes[c] = max(sizes.get(c, n), n)
+            sizes[c] = n if sizes.get(c, 1) == 1 else sizes[c]   # a size 1 broadcasts (to 0 too)
     d = dt.result_type(*[x.dtype for x in operands])
     ops = [_distinct(term, x.astype(d, copy=False), sizes) for term, x in zip(ins, operands)]
     ops = [_sum_private(t, x, [o for j, o in enumerate(ops) if o is not ops[i]], out)
@@ -37,7 +38,6 @@ def einsum(subscripts, /, *operands) -> Array:
     if len(ops) == 2 and d.kind == "f":
         return _matmul_pair(ops[0], ops[1], out, sizes)
     return _product_sum(ops, out).astype(d, copy=False)
-
 
 def _named_ellipsis(s, operands) -> str:
     """``s`` with every ``...`` replaced by letters it does not use: the broadcast axes, right-aligned

@@ -8,7 +8,7 @@ import torch
 
 from .. import dtypes as dt
 from .. import views
-from .core import array_arg, node_of
+from .core import array_arg, node_of, operands_as_arrays
 from .manipulation import permute_dims, reshape
 from .library import Library, call
 
@@ -101,8 +101,28 @@ def vecdot(x1, x2, /, *, axis=-1):
     (the array API's rule, as matmul); bool inputs give sum's int64."""
     from .elementwise import conj
     from .reductions import sum
+    x1, x2 = operands_as_arrays((x1, x2))
+    _check_contracted_axis("vecdot", node_of(x1).shape, node_of(x2).shape, axis)
     product = conj(x1) * x2
     return sum(product, axis=axis, dtype=product.dtype if product.dtype.kind in "iu" else None)
+
+
+def _check_contracted_axis(name, shape1, shape2, axis, size=None):
+    """The axis a vecdot/cross contracts must be each operand's own, of one size (``size`` if given), not made by
+    broadcasting (the array API's rule; numpy's): counted from the end of each shape, as the broadcast aligns them."""
+    axis = views.as_int(axis, f"{name}: axis")
+    nd = max(len(shape1), len(shape2))
+    if not -nd <= axis < nd:
+        raise ValueError(f"{name}: axis {axis} is out of range for shapes {shape1} and {shape2}")
+    back = axis - nd if axis >= 0 else axis
+    for which, shape in (("x1", shape1), ("x2", shape2)):
+        if -back > len(shape):
+            raise ValueError(f"{name}: {which} (shape {shape}) has no axis {axis} to contract")
+    n1, n2 = shape1[back], shape2[back]
+    if n1 != n2 or (size is not None and n1 != size):
+        need = f" (both {size})" if size is not None else ""
+        raise ValueError(f"{name}: axis {axis} has size {n1} in x1 (shape {shape1}) and {n2} in x2 (shape {shape2})"
+                         f"{need}; it is contracted, not broadcast")
 
 
 # ---- epilogue fusion: matmul followed by bias / activation / residual / cast --------------------------------
@@ -269,6 +289,7 @@ def tensordot(x1, x2, /, *, axes=2):
     """Sum of products over ``axes`` of ``x1`` and ``x2`` (the array API's/numpy's tensordot): an int (the
     last ``axes`` of x1 with the first of x2) or two sequences of axes. Float dtypes run one matmul; integer
     dtypes a fused multiply-and-sum. Dtypes promote."""
+    x1, x2 = operands_as_arrays((x1, x2))
     a, b = node_of(x1), node_of(x2)
     if isinstance(axes, int) or hasattr(axes, "__index__"):
         k = views.as_int(axes, "tensordot: axes")
@@ -277,6 +298,9 @@ def tensordot(x1, x2, /, *, axes=2):
                              f"{a.shape} and {b.shape}")
         ax1, ax2 = list(range(len(a.shape) - k, len(a.shape))), list(range(k))
     else:
+        if not isinstance(axes, (list, tuple)):
+            raise TypeError(f"tensordot: axes must be an int or two sequences of axes, got {axes!r} of type "
+                            f"{type(axes).__name__}")
         if len(axes) != 2:
             raise ValueError(f"tensordot: axes must be an int or two sequences of axes, got {axes!r}")
         ax1 = [views.normalize_axis(v, len(a.shape), "tensordot: axes") for v in views.axis_tuple(axes[0])]
@@ -334,11 +358,9 @@ def cross(x1, x2, /, *, axis=-1):
     linalg.cross; numeric dtypes promote. Views and elementwise ops (it fuses)."""
     from .manipulation import broadcast_arrays
     x1, x2 = array_arg(x1, "cross: x1"), array_arg(x2, "cross: x2")
+    _check_contracted_axis("cross", x1.shape, x2.shape, axis, size=3)
     x1, x2 = broadcast_arrays(*_promoted(x1, x2))
-    nd = x1.ndim
-    if not -nd <= axis < nd or x1.shape[axis] != 3:
-        raise ValueError(f"cross: x1 and x2 (broadcast to {x1.shape}) need size 3 along axis {axis}")
-    axis = axis % nd
+    axis = axis % x1.ndim
     a = [_pick(x1, axis, i) for i in range(3)]
     b = [_pick(x2, axis, i) for i in range(3)]
     parts = [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]]
@@ -401,7 +423,7 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     if ord in ("nuc", 2, -2):
         from .decompositions import svdvals
         s = svdvals(x)
-        r = R.sum(s, axis=-1) if ord == "nuc" else R.max(s, axis=-1) if ord == 2 else R.min(s, axis=-1)
+        r = R.sum(s, axis=-1) if ord == "nuc" else _max_of_magnitudes(s, -1, False) if ord == 2 else R.min(s, axis=-1)
         return r[..., None, None] if keepdims else r
     if ord not in (1, -1, math.inf, -math.inf):
         raise ValueError(f"matrix_norm: ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got {ord!r}")
