@@ -338,6 +338,10 @@ def _cdt(d: dt.DType) -> dt.DType:
     return dt.compute_dtype(d)
 
 
+def _is_float8(d: dt.DType) -> bool:
+    return d in (dt.float8_e4m3fn, dt.float8_e5m2)
+
+
 def _rounded_to(expr: str, narrow: dt.DType) -> str:
     """``expr`` rounded to float16/bfloat16 and held in float32 (their compute dtype). Through float32
     first, as torch converts float64 and integers (and as every target converts to bfloat16)."""
@@ -615,6 +619,8 @@ class _Emitter:
             value = f"(({addr} % {b}) - ({addr} // {b}) == {a})"
         if op.dtype.kind == "b":
             return f"({value} != 0)"
+        if _is_float8(op.dtype):  # Triton casts float8 only from floats; eye's value is a bool
+            value = f"{value}.to(tl.float32)"
         if cdt is not op.dtype:  # a float16/bfloat16 ramp holds float16/bfloat16 values, kept in float32
             return _rounded_to(value, op.dtype)
         return f"{value}.to({_tl(cdt)})"
@@ -624,9 +630,14 @@ class _Emitter:
         in_cdt = _cdt(op.in_dtype)
         out_cdt = _cdt(op.dtype)
         if op.prim == "astype":
+            value = args[0]
+            if _is_float8(in_cdt) and out_cdt.kind != "f":  # Triton casts float8 only to and from floats
+                value = f"{value}.to(tl.float32)"
             if op.dtype.kind == "b":
-                return f"({args[0]} != 0)"
-            expr = f"{args[0]}.to({_tl(out_cdt)})"
+                return f"({value} != 0)"   # compared as a float: -0.0 (float8 code 0x80) is False
+            if _is_float8(out_cdt) and in_cdt.kind != "f":
+                value = f"{value}.to(tl.float32)"
+            expr = f"{value}.to({_tl(out_cdt)})"
             if out_cdt is not op.dtype and op.in_dtype is not op.dtype:
                 # A cast the user asked for rounds (70000 -> inf in float16) even though the kernel
                 # keeps the narrow value in float32: the float32-intermediate liberty covers arithmetic.

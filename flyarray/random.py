@@ -325,6 +325,9 @@ def bernoulli(k, p=0.5, shape=None) -> Array:
     shape = _shape(shape)
     if isinstance(p, Array):
         _check_fits(p, shape, "bernoulli", "p")
+    if d in dt.STORAGE_ONLY:
+        raise TypeError(f"bernoulli: p must be float16, bfloat16, float32 or float64 (float8 is a storage format), "
+                        f"got {d}")
     return uniform(k, shape, _float_dtype(d, "bernoulli")) < p
 
 
@@ -345,6 +348,9 @@ def categorical(k, logits, axis=-1) -> Array:
     if logits.ndim == 0:
         raise ValueError("categorical: logits must have at least one axis (the categories)")
     axis = _axis_in(axis, logits.shape, "categorical", "logits")
+    if logits.dtype in dt.STORAGE_ONLY:
+        raise TypeError(f"categorical: logits must be float16, bfloat16, float32 or float64 (float8 is a storage "
+                        f"format), got {logits.dtype}")
     g = gumbel(k, logits.shape, logits.dtype if logits.dtype.kind == "f" else dt.float32)
     return reductions.argmax(g + logits, axis=axis)
 

@@ -455,6 +455,22 @@ def test_numpy_view_is_read_only_and_bfloat16_converts():
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_casts_to_and_from_integers_and_bool(backend, name):
+    """Triton casts float8 only to and from floats: the generated kernel goes through float32 (it failed to
+    compile), and -0.0 (code 0x80) is False as a bool (compared as a float)."""
+    f8, t8 = getattr(fa, name), getattr(torch, name)
+    values = torch.tensor([-0.0, 0.0, 1.0, -3.0, 7.5])
+    x = fa.asarray(values.to(t8))
+    for other in (fa.int32, fa.uint8, fa.int64, fa.bool):
+        want = values.to(t8).to(getattr(torch, other.name if other is not fa.bool else "bool"))
+        assert torch.equal(x.astype(other).torch(), want), other
+    for src in (torch.int16, torch.bool):
+        back = values.abs().to(src)
+        assert torch.equal(fa.asarray(back).astype(f8).torch().float(), back.to(t8).float())
+    assert fa.eye(2, dtype=f8).torch().float().tolist() == [[1.0, 0.0], [0.0, 1.0]]
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
 def test_numpy_view_of_float8_is_ml_dtypes(name):
     # np.asarray of a float8 array failed with torch's "Got unsupported ScalarType Float8_e4m3fn"
     ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -793,3 +809,30 @@ def test_inf_norms_of_empty_arrays_are_zero(shape, fn):
 def test_tensordot_names_a_repeated_axis():
     with pytest.raises(ValueError, match=r"tensordot: axes \(\[0, 0\], \[0, 1\]\) name an axis of x1"):
         fa.tensordot(fa.ones((2, 2)), fa.ones((2, 2)), axes=([0, 0], [0, 1]))
+
+
+def test_cumulative_sums_accumulate_in_float32_on_every_backend(backend):
+    """The kernels accumulate float16/bfloat16/float32 scans in float32; the reference backend did in float64
+    (torch's CPU cumsum/cumprod), so a term float32 drops, or an overflow, came out differently."""
+    f16 = fa.asarray(np.array([32768, 2.0 ** -24, -32768], np.float16))
+    assert np.asarray(fa.cumulative_sum(f16)).tolist() == [32768.0, 32768.0, 0.0]
+    big = fa.asarray(np.array([3e38, 3e38, -3e38], np.float32))
+    assert np.isinf(np.asarray(fa.cumulative_sum(big))[1:]).all()
+    assert np.asarray(fa.cumulative_prod(fa.asarray(np.array([1e30, 1e30, 1e-30], np.float32)))).tolist()[1:] == \
+        [np.inf, np.inf]
+
+
+def test_sinh_and_cosh_near_float32s_limit_are_finite():
+    """torch's vectorized CPU sinh/cosh overflow exp(|x|) first: 89.0 gave inf in arrays of 32+ elements."""
+    x = np.full(64, 89.0, np.float32)
+    for fn in (fa.sinh, fa.cosh):
+        assert np.allclose(np.asarray(fn(fa.asarray(x))), np.sinh(np.float64(89.0)), rtol=1e-6)
+
+
+def test_float8_random_arguments_are_refused_by_name():
+    k = fa.random.key(0)
+    logits = fa.asarray([[1.0, 2.0]]).astype(fa.float8_e4m3fn)
+    with pytest.raises(TypeError, match="categorical: logits must be float16.*float8_e4m3fn"):
+        fa.random.categorical(k, logits)
+    with pytest.raises(TypeError, match="bernoulli: p must be float16.*float8_e4m3fn"):
+        fa.random.bernoulli(k, fa.asarray(0.5).astype(fa.float8_e4m3fn), (2,))

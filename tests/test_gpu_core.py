@@ -340,3 +340,15 @@ def test_arrays_made_on_cuda_and_from_cuda_tensors_share_one_device():
     absent = f"cuda:{torch.cuda.device_count()}"
     with pytest.raises(ValueError, match=f"set_default_device: '{absent}'.*sees {torch.cuda.device_count()} GPU"):
         fa.set_default_device(absent)
+
+
+def test_gpu_float8_casts_to_and_from_integers_and_bool_compile():
+    """The generated kernel casts float8 through float32 (Triton's sm_90 build refused `fp8.to(tl.int32)`)."""
+    for t8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        values = torch.tensor([-0.0, 0.0, 1.0, -3.0, 7.5], device="cuda")
+        x = fa.asarray(values.to(t8))
+        assert torch.equal(x.astype(fa.int32).torch(), values.to(t8).to(torch.int32))
+        assert torch.from_dlpack(x.astype(fa.bool)).tolist() == [False, False, True, True, True]
+        ints = torch.tensor([0, 2, 7], device="cuda", dtype=torch.int16)
+        assert torch.equal(fa.asarray(ints).astype(fa.dtypes.from_torch(t8)).torch().float(), ints.to(t8).float())
+        assert fa.eye(2, dtype=fa.dtypes.from_torch(t8), device="cuda").torch().float().tolist() == [[1, 0], [0, 1]]

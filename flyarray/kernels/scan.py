@@ -17,6 +17,7 @@ Triton's own combine functions (the interpreter recognizes them by identity).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -99,15 +100,31 @@ def scan(x: torch.Tensor, op: str, out_dtype: torch.dtype, include_initial: bool
     return out
 
 
-def reference_scan(x: torch.Tensor, op: str, out_dtype: torch.dtype, include_initial: bool = False):
-    """The oracle: torch.cumsum / cumprod in float64 (int64 for integers), then rounded once."""
-    acc = torch.float64 if out_dtype.is_floating_point else torch.int64
+def reference_scan(x: torch.Tensor, op: str, out_dtype: torch.dtype, include_initial: bool = False, acc=None):
+    """torch.cumsum / cumprod in the kernel's accumulator (``acc_dtype``: float32 for float16/bfloat16/float32,
+    so the reference backend overflows, and loses small terms, where the kernel does), then rounded once.
+    ``acc=torch.float64``: the tests' higher-precision oracle."""
+    acc = acc or acc_dtype(out_dtype)
     xa = x.detach().to(acc)
     if include_initial:
         ident = torch.ones if op == "prod" else torch.zeros
         xa = torch.cat([ident(tuple(x.shape[:-1]) + (1,), dtype=acc, device=x.device), xa], dim=-1)
-    out = torch.cumprod(xa, dim=-1) if op == "prod" else torch.cumsum(xa, dim=-1)
+    if acc == torch.float32:
+        out = _float32_scan(xa, op)
+    else:
+        out = torch.cumprod(xa, dim=-1) if op == "prod" else torch.cumsum(xa, dim=-1)
     return out.to(out_dtype)
+
+
+def _float32_scan(x: torch.Tensor, op: str) -> torch.Tensor:
+    """An inclusive scan whose every partial result is a float32, in row order: torch's CPU cumsum/cumprod of
+    float32 accumulate in float64 (neither overflowing where float32 does nor dropping what float32 drops);
+    numpy's accumulate in the dtype. On a GPU torch's accumulate in float32."""
+    if x.device.type != "cpu":
+        return torch.cumprod(x, dim=-1) if op == "prod" else torch.cumsum(x, dim=-1)
+    ufunc = np.multiply if op == "prod" else np.add
+    with np.errstate(all="ignore"):
+        return torch.from_numpy(ufunc.accumulate(x.contiguous().numpy(), axis=-1, dtype=np.float32))
 
 
 def compile_specs() -> list:

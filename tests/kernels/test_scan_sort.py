@@ -28,7 +28,7 @@ def test_scan_matches_float64(rows, n, seed, special, op, initial, half):
     x = _row_data(rows, n, seed, special, 0) * (0.5 if op == "prod" else 1.0)
     x = x.half() if half else x
     got = scan_mod.scan(x, op, x.dtype, initial, config={"block": 8})  # several blocks: the carried prefix
-    want = scan_mod.reference_scan(x, op, x.dtype, initial)
+    want = scan_mod.reference_scan(x, op, x.dtype, initial, acc=torch.float64)
     tol = 2e-3 if half else 1e-5
     torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol, equal_nan=True)
 
