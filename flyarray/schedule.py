@@ -348,6 +348,11 @@ class _Scheduler:
                 base = n.inputs[0] if n.kind == "view" else n
                 if not self.is_available(base) or base.id in self.filling:
                     return False
+                if n.kind == "view" and base.realized and views.apply_all(ir.buffer_view(base), n.params) is None:
+                    # no strided view of the buffer shows it (a transposed argument flattened): the load would
+                    # need a copy first, which is planning something new (and it would take this kernel's
+                    # siblings again: the copy's kernel asked for the same sibling forever)
+                    return False
                 continue
             if n.kind != "elementwise" or n.shape != builder.full or self.must_store(n):
                 return False

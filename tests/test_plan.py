@@ -531,6 +531,55 @@ def test_jit_refuses_a_tensor_as_a_static_argument(backend):
     assert len(g.cache) == 0
 
 
+def test_jit_static_parameters_are_static_however_they_are_passed(backend):
+    """static_argnums and static_argnames name one parameter through the signature (JAX's rule): a static
+    parameter passed the other way was traced (ConcretizationError on reshape), and a tensor got through."""
+    def f(a, n):
+        return a.reshape(n, -1)
+
+    x = torch.arange(6.0)
+    for jf in (fa.jit(f, static_argnums=1), fa.jit(f, static_argnames="n")):
+        assert fa.asarray(jf(x, np.int64(3))).shape == (3, 2) and jf(x, n=np.int64(3)).shape == (3, 2)
+        with pytest.raises(TypeError, match="is static .* torch.Tensor"):
+            jf(x, n=torch.ones(6))
+        with pytest.raises(TypeError, match="is static .* torch.Tensor"):
+            jf(x, torch.ones(6))
+
+
+def test_jit_fixes_closed_over_lazy_values_of_every_kind(backend):
+    """A lazy array the function closes over is evaluated when the trace is made: a concat/stack/composite one
+    was left in the plan and recomputed from its source's memory as it was at each replay."""
+    t = torch.ones(3)
+    made = {"concat": fa.concat([fa.asarray(t), fa.asarray(t)])[:3], "stack": fa.stack([fa.asarray(t)] * 2)[0],
+            "softmax": fa.nn.softmax(fa.asarray(t)) * 3}
+    for name, c in made.items():
+        f = fa.jit(lambda x, c=c: x + c)
+        first = np.asarray(f(fa.zeros(3))).tolist()
+        t.add_(1)
+        assert np.asarray(f(fa.zeros(3))).tolist() == first == np.asarray(c).tolist(), name
+        t.sub_(1)
+
+
+def test_jit_tells_apart_pytree_node_data_and_dict_keys_by_type(backend):
+    """Node data and dict keys join the signature typed: 1 and 1.0 (or 0.0 and -0.0) compare equal, so a
+    trace made for one was replayed for the other."""
+    f = fa.jit(lambda d: {k: v * k for k, v in d.items()})
+    ints = f({1: torch.arange(3, dtype=torch.int32)})
+    floats = f({1.0: torch.arange(3, dtype=torch.int32)})
+    assert list(ints) == [1] and ints[1].dtype == fa.int32
+    assert list(floats) == [1.0] and isinstance(list(floats)[0], float) and floats[1.0].dtype == fa.float32
+
+
+def test_jit_of_a_flattened_transposed_argument_broadcast_again_terminates(backend):
+    """The scheduler took a sibling whose load needed a copy (a transposed argument flattened): the copy's
+    kernel asked for the same sibling, forever."""
+    a = torch.arange(6.0).reshape(2, 3).T
+    f = fa.jit(lambda a: fa.broadcast_to(a.reshape(-1)[:1], (3, 2)) * 2)
+    assert np.asarray(f(a)).tolist() == [[0.0, 0.0]] * 3
+    j = fa.jit(lambda a: fa.broadcast_to(a.reshape(-1)[1:2], (3, 2)))(a)
+    assert np.asarray(j * 2).tolist() == [[6.0, 6.0]] * 3
+
+
 def test_jit_dict_outputs_come_back_alike_on_every_call(backend):
     """The tracing call returned the function's own dict, replays a rebuilt one (keys sorted): the same call
     gave its keys in two orders."""

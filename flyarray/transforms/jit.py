@@ -47,7 +47,7 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
     if cuda_graph not in (None, True, False):
         raise TypeError(f"fa.jit: cuda_graph must be None, True or False, got {cuda_graph!r}")
     static_argnums, static_argnames = _static_args(static_argnums, static_argnames)
-    static_argnums = _check_static_names(fn, static_argnums, static_argnames)
+    static_argnums, static_argnames = _check_static_names(fn, static_argnums, static_argnames)
     cache = _Traces()
 
     @functools.wraps(fn)
@@ -139,26 +139,33 @@ def _static_args(static_argnums, static_argnames) -> tuple:
 
 
 def _check_static_names(fn, static_argnums, static_argnames) -> tuple:
-    """Check the static names against ``fn``'s signature; return static_argnums with negative positions
-    resolved against its positional parameters (as JAX does), not against each call's argument count:
-    -1 of ``f(x, y, mode="add")`` is ``mode`` whether or not a call passes it."""
+    """Check the static names against ``fn``'s signature; return (static_argnums, static_argnames), each
+    completed from the other through the signature (as JAX does: a parameter static by position is static
+    when passed by name too, and the other way round), with negative positions resolved against the
+    positional parameters, not against each call's argument count: -1 of ``f(x, y, mode="add")`` is
+    ``mode`` whether or not a call passes it."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return static_argnums
+        return static_argnums, static_argnames
     names = list(params)
     for name in static_argnames:
         if name not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             raise ValueError(f"fa.jit: static_argnames names {name!r}, which {fn.__name__} has no parameter for "
                              f"(it takes {', '.join(names)})")
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
-        for i in static_argnums:
-            if not -len(positional) <= i < len(positional):
-                raise ValueError(f"fa.jit: static_argnums has {i}, but {fn.__name__} takes "
-                                 f"{len(positional)} positional argument(s)")
-        return tuple(i % len(positional) for i in static_argnums)
-    return static_argnums
+    if any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+        return static_argnums, static_argnames
+    for i in static_argnums:
+        if not -len(positional) <= i < len(positional):
+            raise ValueError(f"fa.jit: static_argnums has {i}, but {fn.__name__} takes "
+                             f"{len(positional)} positional argument(s)")
+    nums = {i % len(positional) for i in static_argnums}
+    by_name = {p.name: i for i, p in enumerate(positional) if p.kind is p.POSITIONAL_OR_KEYWORD}
+    nums |= {by_name[name] for name in static_argnames if name in by_name}
+    extra = tuple(positional[i].name for i in sorted(nums) if positional[i].kind is positional[i].POSITIONAL_OR_KEYWORD
+                  and positional[i].name not in static_argnames)
+    return tuple(sorted(nums)), tuple(static_argnames) + extra
 
 
 # ---- the signature --------------------------------------------------------------------------------
@@ -207,6 +214,13 @@ def _leaf_key(t):
 _PARAMETER = torch.nn.Parameter
 
 
+# node kinds that are no array's value to fix: sources read memory as the trace's arguments do, constants and
+# iotas depend on nothing, and a library call's or custom rule's node stands for its several outputs (those are
+# values: "output", "custom_output"). Anything else computed before the trace began is realized: elementwise,
+# reduce, view, concat, composite...
+_NOT_VALUES = ("source", "constant", "iota", "library", "custom")
+
+
 def _realize_closed_over(leaves, start):
     """Evaluate the lazy arrays the traced function closed over (made before the trace began) first: their values
     are the trace's constants, as in JAX, fixed buffers every replay reads. Left lazy, the plan would recompute
@@ -215,7 +229,7 @@ def _realize_closed_over(leaves, start):
     # the walk stops at them (and at buffers): only the lazy values the trace's own nodes read are found
     closed = [node for node in ir.toposort([a._node for a in leaves if isinstance(a, Array)],
                                            lambda n: () if n.realized or n.id < start else n.inputs)
-              if node.id < start and not node.realized and node.kind in ("elementwise", "reduce", "view", "output")]
+              if node.id < start and not node.realized and node.kind not in _NOT_VALUES]
     if closed:
         plan.realize([Array(n) for n in closed])
 
@@ -268,7 +282,19 @@ def _structure(treedef):
     hash and comparison, which made a pytree argument's signature cost ~20 us more)."""
     if treedef.kind is None:
         return None
-    return (treedef.kind, treedef.aux, tuple([_structure(c) for c in treedef.children]))
+    return (treedef.kind, _typed(treedef.aux), tuple([_structure(c) for c in treedef.children]))
+
+
+def _typed(aux):
+    """Node data with its types: dict keys 1 and 1.0, node data 0.0 and -0.0 compare equal but trace
+    differently. Unhashable data stays unhashable (refused by the caller, naming the argument)."""
+    if aux is None or type(aux) is str:
+        return aux
+    if type(aux) is tuple:
+        return tuple([_typed(a) for a in aux])
+    if type(aux) is float:
+        return (float, aux.hex() if aux == aux else "nan")
+    return (type(aux), aux)
 
 
 def _static_key(value, where, static=False):
