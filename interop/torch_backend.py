@@ -122,12 +122,25 @@ def _gelu(x, *, approximate="none"):
     return fa.gelu(x, approximate=approximate == "tanh")
 
 
+def _rounded_once(fn, x, *args, **kwargs):
+    """``fn(x, ...)`` computed in float32 and rounded once to x's float16/bfloat16 dtype, as eager torch computes
+    one op (softmax, pow): under the regions' eager rounding a lowering made of several flyarray ops would
+    round each intermediate (x * x before x * x * x), up to 4x eager's error, and not eager's bits."""
+    if x.dtype not in (fa.float16, fa.bfloat16):
+        return fn(x, *args, **kwargs)
+    return fn(x.astype(fa.float32), *args, **kwargs).astype(x.dtype)
+
+
 def _softmax(x, dim, half_to_float):
-    return fa.nn.softmax(x.astype(fa.float32) if half_to_float else x, axis=dim)
+    if half_to_float:
+        return fa.nn.softmax(x.astype(fa.float32), axis=dim)
+    return _rounded_once(fa.nn.softmax, x, axis=dim)
 
 
 def _log_softmax(x, dim, half_to_float):
-    return fa.nn.log_softmax(x.astype(fa.float32) if half_to_float else x, axis=dim)
+    if half_to_float:
+        return fa.nn.log_softmax(x.astype(fa.float32), axis=dim)
+    return _rounded_once(fa.nn.log_softmax, x, axis=dim)
 
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
@@ -153,7 +166,7 @@ def _pow_scalar(x, exponent):
         return fa.sqrt(x)
     if exponent == -0.5 and x.dtype.kind == "f":
         return fa.rsqrt(x)
-    return fa.pow(x, exponent)
+    return _rounded_once(fa.pow, x, exponent)   # x ** 3 is a chain of multiplies: rounded once, as eager's
 
 
 def _same_dtypes(op, *arrays):

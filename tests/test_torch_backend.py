@@ -1382,6 +1382,21 @@ def test_fp16_bf16_gradients_through_ties_are_eagers(interpret, fn, inputs):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_one_aten_op_rounds_once_as_eagers(dtype):
+    """x ** 4 (a chain of multiplies here) and softmax (exp, sum, divide) are one ATen op each: eager computes
+    them in float32 and rounds once; the regions' eager rounding rounded every step (2-5x eager's error against
+    float64). Rounded once, the results are eager's to within one rounding of the float32 value."""
+    torch._dynamo.reset()
+    x = torch.randn(256, generator=torch.Generator().manual_seed(0)).to(dtype) * 2
+    for fn in (lambda t: t ** 4, lambda t: torch.softmax(t, -1), lambda t: torch.log_softmax(t, -1)):
+        exact = fn(x.double())
+        got = torch.compile(fn, backend="flyarray")(x)
+        assert got.dtype == dtype
+        worst = lambda y: ((y.double() - exact).abs() / exact.abs().clamp_min(1e-3)).max().item()
+        assert worst(got) <= 1.01 * worst(fn(x)) + 1e-6, (worst(got), worst(fn(x)))
+
+
 def test_bf16_max_pool_head_has_eagers_gradients(interpret):
     """Linear -> GELU -> amax over tokens in bfloat16: the parameters' gradients were NaN."""
     class Pool(torch.nn.Module):
