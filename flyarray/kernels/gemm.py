@@ -739,17 +739,29 @@ class _PreparedGemm:
 def _prepare(step, cfg, *, a_mode, b_mode, activation, arch, allow_tf32):
     """The launch plan of one step: the warp-specialized sm_90 kernel where the config asks for it
     (``WS``: its tile settings) and the step fits it, else the Triton GEMM."""
-    if cfg.get("WS") is not None and activation not in WS_SPILLING and _ws_fits(step, arch, a_mode, b_mode):
+    if cfg.get("WS") is not None and _ws_takes(activation, step[4]) and _ws_fits(step, arch, a_mode, b_mode):
         return _PreparedWs(step, cfg["WS"], activation)
     return _PreparedGemm(step, cfg, a_mode=a_mode, b_mode=b_mode, activation=activation, arch=arch,
                          allow_tf32=allow_tf32)
 
 
-# Epilogues the warp-specialized kernel spills registers in (cross-compiled for sm_90, Triton 3.6): exact
-# gelu's erf, 265 bytes (730 with a residual); every other activation, with or without bias and residual,
-# spills none. Timed on the H100, the fp16 MLP (Linear -> GELU -> Linear) took 1951 us with it against
-# 1631 us with the Triton GEMM (docs/benchmarks.md, twenty-first session).
+# Activations the warp-specialized kernel spills registers in when a residual is added too (cross-compiled for
+# sm_90, Triton 3.6): exact gelu's erf, 730 bytes. Without a residual it applies gelu to the accumulator's
+# column halves one after the other (gemm_hopper._store_gelu_by_halves): 0 spills, where the whole tile at
+# once spilled 265 bytes, and the fp16 MLP (Linear -> GELU -> Linear) took 1951 us with that against 1631 us
+# with the Triton GEMM (H100, docs/benchmarks.md, twenty-first session). Every other activation, with or
+# without bias and residual, spills none.
 WS_SPILLING = ("gelu",)
+# The spill-free gelu by halves has not run on a GPU yet (twenty-eighth session: no device time left): until
+# test_gpu_epilogues_against_float64 and benchmarks/mlp_gelu_ws.py have, exact gelu stays on the Triton GEMM.
+WS_GELU_BY_HALVES = False
+
+
+def _ws_takes(activation, residual) -> bool:
+    """Whether the warp-specialized kernel's epilogue takes this activation (and residual) without spilling."""
+    if activation not in WS_SPILLING:
+        return True
+    return WS_GELU_BY_HALVES and residual is None
 
 
 def _ws_fits(step, arch, a_mode, b_mode) -> bool:
