@@ -14,46 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from flyarray.kernels import attention
+from gpu_timing import graph_us, profiled_us
 
 B, H, S, D = 2, 32, 2048, 128
-
-
-def profiled_us(fn, calls=10):
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per[e.name[:40]] = per.get(e.name[:40], 0.0) + e.device_time_total / calls
-    return {k: round(v, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
-
-
-def graph_us(fn, calls=20, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    return round(sorted(times)[len(times) // 2], 1)
 
 
 def main():

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from flyarray.kernels import attention
+from gpu_timing import graph_us
 
 B, H, S, D = 2, 32, 2048, 128
 FLUSH = torch.empty(96 * 2**20 // 4, device="cuda", dtype=torch.float32)
@@ -35,32 +36,9 @@ def layouts(dtype):
     return {"heads": heads, "tokens": tokens, "qkv": [qkv[:, :, i] for i in range(3)]}
 
 
-def graph_time(fn, calls=20, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    return sorted(times)[len(times) // 2]
-
-
 def main():
     rows = []
-    flush = graph_time(lambda: FLUSH.fill_(1.0))
+    flush = graph_us(lambda: FLUSH.fill_(1.0))
     for dtype in (torch.float16, torch.bfloat16):
         for name, (q, k, v) in layouts(dtype).items():
             ours = lambda: attention.attention_fwd(q, k, v, is_causal=True)[0]
@@ -68,9 +46,9 @@ def main():
                                                           is_causal=True)
             err = ((ours().float() - sdpa().transpose(1, 2).float()).norm() / sdpa().float().norm()).item()
             row = dict(dtype=str(dtype).split(".")[-1], layout=name, rel_err_vs_sdpa=err,
-                       ours=graph_time(ours), sdpa=graph_time(sdpa),
-                       ours_flushed=graph_time(lambda: (FLUSH.fill_(1.0), ours())) - flush,
-                       sdpa_flushed=graph_time(lambda: (FLUSH.fill_(1.0), sdpa())) - flush)
+                       ours=graph_us(ours), sdpa=graph_us(sdpa),
+                       ours_flushed=graph_us(lambda: (FLUSH.fill_(1.0), ours())) - flush,
+                       sdpa_flushed=graph_us(lambda: (FLUSH.fill_(1.0), sdpa())) - flush)
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) and k != "rel_err_vs_sdpa" else f"{k}={v}"
                            for k, v in row.items()), flush=True)

@@ -14,29 +14,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from flyarray.kernels import gemm
-
-
-def graph_us(fn, calls=20, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    return round(sorted(times)[len(times) // 2], 1)
+from gpu_timing import graph_us
 
 
 ON_IN_MLP = os.environ.get("WS_GELU", "1") == "1"   # WS_GELU=0: the MLP rows with the Triton GEMM's gelu
