@@ -13,27 +13,12 @@ import threading
 import time
 
 import torch
+from gpu_timing import profiled_us as kernel_us  # device us per call by kernel name
 from host_seed_block import _host_us as host_us  # one call's host time, the GPU idle before it
 
 from flyarray.bench import torch_models
 from flyarray.bench.harness import time_ms
 from flyarray.kernels._triton import launch_hooks_set
-
-
-def kernel_us(fn, calls=10):
-    """Device us per call by kernel name (torch.profiler over ``calls`` calls), largest first."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per[e.name[:40]] = per.get(e.name[:40], 0.0) + e.device_time_total / calls
-    return dict(sorted(((k, round(v, 1)) for k, v in per.items()), key=lambda kv: -kv[1]))
 
 
 def stage(tag, case):
