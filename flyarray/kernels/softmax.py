@@ -75,8 +75,8 @@ def _softmax_rows_kernel(x_ptr, y_ptr, M, N, x_stride, y_stride,
     m = tl.where(m == _NEG_INF, 0.0, m)  # an all -inf row: exp gives 0, 0/0 gives NaN as torch does
     e = tl.exp(x - m[:, None])
     s = tl.reduce(e, 1, tl.standard._sum_combine)
-    if LOG:
-        y = x - (m + tl.log(s))[:, None]
+    if LOG:   # (x - m) - log(s): m + log(s) would round log(s) away at a large row max (1e7: -log(4) -> 0)
+        y = (x - m[:, None]) - tl.log(s)[:, None]
     else:
         y = e * (1.0 / s)[:, None]
     mask = (rows < M)[:, None] & col_ok
@@ -96,7 +96,7 @@ def _combine_stats(m, s):
 def _write_normalized(x_row, y_row, begin, end, m_row, s_row, LOG: tl.constexpr, BLOCK_N: tl.constexpr):
     """The write pass over columns [begin, end) of one row, given its (max, sum)."""
     inv_s = 1.0 / s_row
-    log_z = m_row + tl.log(s_row)
+    log_s = tl.log(s_row)
     # last chunk first: the most recently read chunks are the likeliest still in L2
     num_chunks = (end - begin + BLOCK_N - 1) // BLOCK_N
     for i in range(0, num_chunks):
@@ -104,8 +104,8 @@ def _write_normalized(x_row, y_row, begin, end, m_row, s_row, LOG: tl.constexpr,
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < end
         x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        if LOG:
-            y = x - log_z
+        if LOG:   # (x - m) - log(s), as _softmax_rows_kernel
+            y = (x - m_row) - log_s
         else:
             y = tl.exp(x - m_row) * inv_s
         tl.store(y_row + cols, y.to(y_row.dtype.element_ty), mask=mask)

@@ -100,6 +100,15 @@ def test_large_magnitudes_do_not_overflow():
     check(make((3, 40), torch.float32, scale=1e4), True, block_n=8, num_segments=2)
 
 
+@pytest.mark.parametrize("plan", [{}, {"block_n": 8}, {"block_n": 8, "num_segments": 2}])
+def test_log_softmax_of_large_equal_logits_keeps_the_log_of_the_count(plan):
+    """(x - m) - log(s), not x - (m + log(s)): at a row max of 1e7 the sum m + log(4) rounded to m + 1 (-1.0 for
+    -log 4), at 3e38 to m (0.0); the backward reuses the output."""
+    x = torch.tensor([[1e7] * 20, [3e38] * 20, [-3e38] * 20])
+    y = K.softmax(x, -1, True, **plan)
+    torch.testing.assert_close(y, torch.full_like(x, -math.log(20)))
+
+
 def grad_reference(x, dy, log, axis=-1):
     x64 = x.double().requires_grad_()
     (g,) = torch.autograd.grad((K.reference_softmax(x64, axis, log) * dy.double()).sum(), x64)
