@@ -28,13 +28,10 @@ _FOREIGN = (_np.ndarray, _np.generic, _torch.Tensor)
 
 
 def _convert(a, nested, device):
-    from .core import as_array
+    from .core import as_array, as_operand
     if nested and isinstance(a, (list, tuple)) and [v for v in a if isinstance(v, _FOREIGN)]:
         return type(a)(as_array(v, device) for v in a)
-    if isinstance(a, (bool, int, float, complex)):  # a Python scalar where an array goes: a 0-d array (fa.sum(3.0))
-        from .creation import asarray
-        return asarray(a, device=device)
-    return as_array(a, device)
+    return as_operand(a, device)   # a Python scalar where an array goes: a 0-d array (fa.sum(3.0))
 
 
 def _later(a, device):

@@ -226,18 +226,20 @@ def operands_device(args):
     return None
 
 
+def as_operand(x, device=None):
+    """``x`` where an array must go: as_array's conversions, and a Python number as a 0-d array of the default
+    dtypes (``fa.sum(3.0)``) on ``device``."""
+    if isinstance(x, (bool, int, float, complex)):
+        from .creation import asarray
+        return asarray(x, device=device)
+    return as_array(x, device)
+
+
 def operands_as_arrays(operands) -> list:
-    """Operands that must all be arrays (einsum's, tensordot's): numpy arrays and scalars, tensors and Python
-    numbers (0-d arrays of the default dtypes, as ``fa.sum(3.0)``'s) as arrays, numpy data beside the other
+    """Operands that must all be arrays (einsum's, tensordot's), each ``as_operand``, numpy data beside the other
     operands' device."""
     device = operands_device(operands)
-    out = []
-    for x in operands:
-        if isinstance(x, (bool, int, float, complex)):
-            from .creation import asarray
-            x = asarray(x, device=device)
-        out.append(as_array(x, device))
-    return out
+    return [as_operand(x, device) for x in operands]
 
 
 def _promote_and_broadcast(name, prim, args):

@@ -39,6 +39,7 @@ def einsum(subscripts, /, *operands) -> Array:
         return _matmul_pair(ops[0], ops[1], out, sizes)
     return _product_sum(ops, out).astype(d, copy=False)
 
+
 def _named_ellipsis(s, operands) -> str:
     """``s`` with every ``...`` replaced by letters it does not use: the broadcast axes, right-aligned
     across the terms (a term with fewer of them takes the last ones)."""
