@@ -176,10 +176,12 @@ def _shape(shape):
 _NMANT = {"float16": (16, 10), "bfloat16": (8, 7), "float32": (32, 23), "float64": (64, 52)}  # (random bits, mantissa bits), as JAX
 
 
-def _float_dtype(dtype, fn):
+def _float_dtype(dtype, fn, name="dtype"):
+    """The float dtype a sampler draws in; ``name``: the argument it comes from (dtype, or the array p / logits
+    whose dtype it is), for the error."""
     d = dt.default_float() if dtype is None else dt.dtype(dtype)   # None: the default, as fa.zeros
     if d.kind != "f" or d in dt.STORAGE_ONLY:
-        raise TypeError(f"{fn}: dtype must be float16, bfloat16, float32 or float64, got {d}")
+        raise TypeError(f"{fn}: {name} must be float16, bfloat16, float32 or float64, got {d}")
     return d
 
 
@@ -325,10 +327,7 @@ def bernoulli(k, p=0.5, shape=None) -> Array:
     shape = _shape(shape)
     if isinstance(p, Array):
         _check_fits(p, shape, "bernoulli", "p")
-    if d in dt.STORAGE_ONLY:
-        raise TypeError(f"bernoulli: p must be float16, bfloat16, float32 or float64 (float8 is a storage format), "
-                        f"got {d}")
-    return uniform(k, shape, _float_dtype(d, "bernoulli")) < p
+    return uniform(k, shape, _float_dtype(d, "bernoulli", "p")) < p
 
 
 def _axis_in(axis, shape, fn, what) -> int:
@@ -348,10 +347,8 @@ def categorical(k, logits, axis=-1) -> Array:
     if logits.ndim == 0:
         raise ValueError("categorical: logits must have at least one axis (the categories)")
     axis = _axis_in(axis, logits.shape, "categorical", "logits")
-    if logits.dtype in dt.STORAGE_ONLY:
-        raise TypeError(f"categorical: logits must be float16, bfloat16, float32 or float64 (float8 is a storage "
-                        f"format), got {logits.dtype}")
-    g = gumbel(k, logits.shape, logits.dtype if logits.dtype.kind == "f" else dt.float32)
+    d = _float_dtype(logits.dtype, "categorical", "logits") if logits.dtype.kind == "f" else dt.float32
+    g = gumbel(k, logits.shape, d)
     return reductions.argmax(g + logits, axis=axis)
 
 
