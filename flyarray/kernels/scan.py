@@ -109,19 +109,17 @@ def reference_scan(x: torch.Tensor, op: str, out_dtype: torch.dtype, include_ini
     if include_initial:
         ident = torch.ones if op == "prod" else torch.zeros
         xa = torch.cat([ident(tuple(x.shape[:-1]) + (1,), dtype=acc, device=x.device), xa], dim=-1)
-    if acc == torch.float32:
-        out = _float32_scan(xa, op)
-    else:
+    if acc == torch.float32 and xa.device.type == "cpu":
+        out = _float32_scan_on_cpu(xa, op)
+    else:   # (on a GPU torch's float32 scans accumulate in float32)
         out = torch.cumprod(xa, dim=-1) if op == "prod" else torch.cumsum(xa, dim=-1)
     return out.to(out_dtype)
 
 
-def _float32_scan(x: torch.Tensor, op: str) -> torch.Tensor:
+def _float32_scan_on_cpu(x: torch.Tensor, op: str) -> torch.Tensor:
     """An inclusive scan whose every partial result is a float32, in row order: torch's CPU cumsum/cumprod of
     float32 accumulate in float64 (neither overflowing where float32 does nor dropping what float32 drops);
-    numpy's accumulate in the dtype. On a GPU torch's accumulate in float32."""
-    if x.device.type != "cpu":
-        return torch.cumprod(x, dim=-1) if op == "prod" else torch.cumsum(x, dim=-1)
+    numpy's accumulate in the dtype."""
     ufunc = np.multiply if op == "prod" else np.add
     with np.errstate(all="ignore"):
         return torch.from_numpy(ufunc.accumulate(x.contiguous().numpy(), axis=-1, dtype=np.float32))
