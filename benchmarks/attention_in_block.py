@@ -26,13 +26,13 @@ def main():
     sdpa = lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   is_causal=True)
     print("1. alone, profiler:", "ours", profiled_us(ours), "sdpa", profiled_us(sdpa), flush=True)
-    print("1. alone, graph: ours", graph_us(ours), "sdpa", graph_us(sdpa), flush=True)
+    print("1. alone, graph: ours", round(graph_us(ours), 1), "sdpa", round(graph_us(sdpa), 1), flush=True)
     x = torch.randn(B * S, 4096, device="cuda", dtype=torch.float16)
     w = torch.randn(4096, 3 * 4096, device="cuda", dtype=torch.float16) * 0.02
     out = torch.empty(B * S, 3 * 4096, device="cuda", dtype=torch.float16)
     gemm = lambda: torch.matmul(x, w, out=out)
     alone = graph_us(gemm)
-    print(f"2. gemm alone {alone}; after it: ours {graph_us(lambda: (gemm(), ours())) - alone:.1f} "
+    print(f"2. gemm alone {alone:.1f}; after it: ours {graph_us(lambda: (gemm(), ours())) - alone:.1f} "
           f"sdpa {graph_us(lambda: (gemm(), sdpa())) - alone:.1f}", flush=True)
     from flyarray.bench import torch_models
     block = torch_models.Block(4096, 32).to(device="cuda", dtype=torch.float16).eval()

@@ -3,20 +3,24 @@ this folder on sys.path): CUDA-graph replays and torch.profiler per-kernel sums.
 import torch
 
 
-def graph_us(fn, calls=20, rounds=5) -> float:
-    """Device us per call of ``fn``: one CUDA graph of ``calls`` calls (captured after a warm-up on a side stream),
-    replayed ``rounds`` times; the median round."""
-    fn()
+def graph_us(fns, calls=20, rounds=5) -> float:
+    """Device us per call: one CUDA graph of ``calls`` calls (captured after a warm-up on a side stream), replayed
+    ``rounds`` times; the median round. ``fns``: one callable, or several that the calls cycle through (one per
+    weight copy, so the weights come from memory rather than L2)."""
+    fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+    for f in fns:
+        f()
     torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fns[i % len(fns)]()
     times = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -24,8 +28,8 @@ def graph_us(fn, calls=20, rounds=5) -> float:
         g.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    return round(sorted(times)[len(times) // 2], 1)
+        times.append(a.elapsed_time(b) / calls * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def profiled_us(fn, calls=10) -> dict:

@@ -40,7 +40,7 @@ def main():
         print(f"{name}: rel err {err:.2e}", flush=True)
         assert err < 2e-3, name
     for round_ in range(2):
-        print("round", round_, {name: graph_us(fn) for name, fn in runs.items()}, flush=True)
+        print("round", round_, {name: round(graph_us(fn), 1) for name, fn in runs.items()}, flush=True)
     gemm.WS_GELU_BY_HALVES = ON_IN_MLP
     mlp = torch.nn.Sequential(torch.nn.Linear(4096, 16384), torch.nn.GELU(), torch.nn.Linear(16384, 4096))
     mlp = mlp.to(device="cuda", dtype=torch.float16).eval()

@@ -23,6 +23,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from gpu_timing import graph_us as _graph_us
 
 from flyarray.kernels import mx, scaled_matmul as sm
 
@@ -95,28 +96,7 @@ def _read_flat_kernel(w_ptr, out_ptr, n_tiles, k_steps, iters, stride_words, BLO
 
 def graph_us(fns, calls=20, rounds=7):
     """Median us per call of a CUDA graph cycling through ``fns`` (one per weight copy)."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls * 1e3)
-    return sorted(times)[len(times) // 2]
+    return _graph_us(fns, calls, rounds)
 
 
 _BASE = dict(kernel="decode", BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=2, num_stages=3)

@@ -24,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton.testing
+from gpu_timing import graph_us
 
 from flyarray.kernels import attention
 
@@ -147,26 +148,8 @@ def check(config):
 
 
 def graph_time(fn, calls=20, rounds=5):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return sorted(times)[len(times) // 2]
+    """Device ms per call (CUDA-graph replays: gpu_timing.graph_us)."""
+    return graph_us(fn, calls, rounds) / 1e3
 
 
 def flops(B, Hq, Sq, Sk, D, causal):
