@@ -8,7 +8,6 @@ Nothing computes when an op is recorded. Evaluation is triggered only by
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import torch
@@ -26,6 +25,9 @@ class Array:
     __array_ufunc__ = None  # ndarray + Array -> Array.__radd__ (lazy), not an evaluated numpy array
 
     def __init__(self, node: Node):
+        if not isinstance(node, Node):   # the public class is no constructor of values: fa.asarray is
+            raise TypeError(f"fa.Array wraps a graph node, not {type(node).__name__}; use fa.asarray(value) "
+                            "to make an array")
         self._node = node
 
     # ---- metadata (no evaluation) -------------------------------------------------------
@@ -124,11 +126,10 @@ class Array:
     def __repr__(self):
         if self.device.type == "meta":   # shapes and dtypes, no values: nothing to evaluate (torch's form)
             return f"Array(..., shape={tuple(self.shape)}, dtype={self.dtype.name}, device='meta')"
-        t = self._tensor().detach().cpu()
-        text = repr(t)
-        inner = text[len("tensor("):text.rindex(")")]
-        # torch's own dtype= and device= go (a long repr puts them on a line of their own)
-        inner = re.split(r",\s*(?:dtype|device|requires_grad)=", inner, maxsplit=1)[0]
+        # numpy's printing: the shortest digits that tell values apart, where torch's rounds to 4 decimals
+        inner = np.array2string(_printable(self._tensor()), separator=", ", prefix="Array(")
+        if self.size == 0 and self.ndim != 1:   # "[]" alone hides the shape (numpy's form)
+            inner += f", shape={self.shape}"
         return f"Array({inner}, dtype={self.dtype.name})"
 
     def _repr_mimebundle_(self, include=None, exclude=None):
@@ -179,6 +180,8 @@ class Array:
         return flyarray
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if max_version is not None or stream is not None:
+            _dlpack.check_export_args(self._node.device, stream, max_version)
         if dl_device is None and copy is None:  # the buffer's own capsule, no copy
             buffer = self._node.buffer
             if buffer is None or buffer.device.type == "meta":
@@ -208,14 +211,20 @@ class Array:
             raise ValueError(f"the truth value of an array of shape {self.shape} is ambiguous; use any() or all()")
         return bool(self._values().item())
 
+    def _scalar(self, kind):
+        if self.size != 1:   # TypeError, as numpy's
+            raise TypeError(f"{kind}() of an array of shape {self.shape}: only an array of one element converts "
+                            "to a Python scalar")
+        return self._values().item()
+
     def __int__(self):
-        return int(self.item())
+        return int(self._scalar("int"))
 
     def __float__(self):
-        return float(self.item())
+        return float(self._scalar("float"))
 
     def __complex__(self):
-        return complex(self.item())
+        return complex(self._scalar("complex"))
 
     def __index__(self):
         if self.dtype.kind not in "iu":
@@ -256,6 +265,28 @@ class Array:
     def __hash__(self):
         raise TypeError("Array is unhashable (it is a value, not an identity)")
 
+    def __copy__(self):
+        return self   # immutable: a copy is the same value
+
+    def __deepcopy__(self, memo):
+        """A new array holding a copy of this one's value (evaluated; its own memory, on the same device): a deep
+        copy of a parameter tree is independent of it even through DLPack, as numpy's and JAX's are."""
+        return _ops().asarray(self._values().clone())
+
+    def __reduce__(self):
+        """pickle: the value (evaluated, copied contiguous to the CPU: a view pickles its elements, not its base)
+        and the device it lived on; unpickled as a new array there, or on the default device where that device
+        is missing. A lazy array's graph is never pickled (as JAX pickles an array's value)."""
+        if self._node.device.type == "meta":
+            value = torch.empty(self.shape, dtype=self.dtype.torch, device="meta")
+        else:
+            value = self._values().detach().cpu().resolve_conj().resolve_neg().contiguous().clone()
+        return (_unpickle, (value, str(self._node.device)))
+
+    def __delitem__(self, key):
+        raise TypeError("flyarray arrays are immutable: del x[key] cannot remove elements; build the array "
+                        "you want instead (x[mask], fa.concat of slices)")
+
     def __iter__(self):
         if not self.shape:
             raise TypeError("iteration over a 0-d array")
@@ -290,25 +321,32 @@ class Array:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         return _ops().reshape(self, tuple(shape))
 
-    def sum(self, axis=None, keepdims=False, dtype=None):
+    # The reductions' ``out=`` is refused by name (numpy's np.sum(x) etc. call these methods with out=None);
+    # mean/var/std take numpy's ``dtype=`` (the input cast first) and var/std its ``ddof=``.
+    def sum(self, axis=None, keepdims=False, dtype=None, out=None):
         """``fa.sum`` over ``axis``: bool/integer inputs sum to int64, floats keep their dtype."""
+        _no_out(out, "sum")
         return _ops().sum(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
-    def mean(self, axis=None, keepdims=False):
-        """``fa.mean`` over ``axis``: a float result (integers give float32)."""
-        return _ops().mean(self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False, dtype=None, out=None):
+        """``fa.mean`` over ``axis``: a float result (integers give float32); ``dtype`` casts the input first."""
+        _no_out(out, "mean")
+        return _ops().mean(self._cast(dtype), axis=axis, keepdims=keepdims)
 
-    def max(self, axis=None, keepdims=False):
+    def max(self, axis=None, keepdims=False, out=None):
         """``fa.max`` over ``axis``, in this array's dtype; an empty axis raises ValueError."""
+        _no_out(out, "max")
         return _ops().max(self, axis=axis, keepdims=keepdims)
 
-    def min(self, axis=None, keepdims=False):
+    def min(self, axis=None, keepdims=False, out=None):
         """``fa.min`` over ``axis``, in this array's dtype; an empty axis raises ValueError."""
+        _no_out(out, "min")
         return _ops().min(self, axis=axis, keepdims=keepdims)
 
-    def prod(self, axis=None, keepdims=False):
+    def prod(self, axis=None, keepdims=False, dtype=None, out=None):
         """``fa.prod`` over ``axis``: bool/integer inputs multiply in int64, floats keep their dtype."""
-        return _ops().prod(self, axis=axis, keepdims=keepdims)
+        _no_out(out, "prod")
+        return _ops().prod(self._cast(dtype), axis=axis, keepdims=keepdims)
 
     def argmax(self, axis=None, keepdims=False):
         """``fa.argmax``: int64 index of the first maximum (into the flattened array when axis is None)."""
@@ -318,25 +356,67 @@ class Array:
         """``fa.argmin``: int64 index of the first minimum (into the flattened array when axis is None)."""
         return _ops().argmin(self, axis=axis, keepdims=keepdims)
 
-    def var(self, axis=None, correction=0.0, keepdims=False):
-        """``fa.var`` over ``axis`` with ``correction`` (ddof); a float result (integers give float32)."""
-        return _ops().var(self, axis=axis, correction=correction, keepdims=keepdims)
+    def var(self, axis=None, correction=None, keepdims=False, dtype=None, out=None, ddof=None):
+        """``fa.var`` over ``axis`` with ``correction`` (numpy's ``ddof``); a float result (integers give float32)."""
+        _no_out(out, "var")
+        return _ops().var(self._cast(dtype), axis=axis, correction=_correction(correction, ddof, "var"),
+                          keepdims=keepdims)
 
-    def std(self, axis=None, correction=0.0, keepdims=False):
-        """``fa.std`` over ``axis`` with ``correction`` (ddof); a float result (integers give float32)."""
-        return _ops().std(self, axis=axis, correction=correction, keepdims=keepdims)
+    def std(self, axis=None, correction=None, keepdims=False, dtype=None, out=None, ddof=None):
+        """``fa.std`` over ``axis`` with ``correction`` (numpy's ``ddof``); a float result (integers give float32)."""
+        _no_out(out, "std")
+        return _ops().std(self._cast(dtype), axis=axis, correction=_correction(correction, ddof, "std"),
+                          keepdims=keepdims)
 
-    def any(self, axis=None, keepdims=False):
+    def any(self, axis=None, keepdims=False, out=None):
         """``fa.any``: whether any element along ``axis`` is nonzero; a bool result."""
+        _no_out(out, "any")
         return _ops().any(self, axis=axis, keepdims=keepdims)
 
-    def all(self, axis=None, keepdims=False):
+    def all(self, axis=None, keepdims=False, out=None):
         """``fa.all``: whether every element along ``axis`` is nonzero; a bool result."""
+        _no_out(out, "all")
         return _ops().all(self, axis=axis, keepdims=keepdims)
+
+    def _cast(self, dtype):
+        return self if dtype is None else _ops().astype(self, dtype)
 
     def flatten(self):
         """This array reshaped to 1-D in C order (a view where strides allow, else a copy). Any dtype."""
         return _ops().reshape(self, (-1,))
+
+
+def _no_out(out, name):
+    if out is not None:
+        raise TypeError(f"{name}: out= is not supported (flyarray arrays are immutable; use the returned array)")
+
+
+def _correction(correction, ddof, name):
+    if correction is not None and ddof is not None:
+        raise TypeError(f"{name}: pass correction or its numpy name ddof, not both")
+    return correction if correction is not None else (ddof if ddof is not None else 0.0)
+
+
+def _printable(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as numpy prints them: bfloat16/float8 through ml_dtypes (float32 without it)."""
+    t = t.detach().cpu().resolve_conj().resolve_neg()
+    if t.dtype in _ML_DTYPES:
+        try:
+            return _numpy_view(t.contiguous())
+        except TypeError:
+            t = t.float()
+    return t.numpy()
+
+
+def _unpickle(value: torch.Tensor, device: str) -> "Array":
+    """pickle's rebuild of an Array (``Array.__reduce__``): on ``device`` where this process has it."""
+    from .ops.creation import _available
+    from .runtime import default_device
+    try:
+        target = _available(torch.device(device), device)
+    except ValueError:   # pickled on a GPU this process lacks: the default device, as JAX does
+        target = default_device()
+    return _ops().asarray(value, device=target)
 
 
 _OPS = None
@@ -430,6 +510,16 @@ for _dunder, _fn in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), (
                      ("matmul", "matmul")]:
     setattr(Array, f"__{_dunder}__", _binary(_fn))
     setattr(Array, f"__r{_dunder}__", _binary(_fn, reflected=True))
+_POW = Array.__pow__
+
+
+def _pow(self, other, modulo=None):
+    if modulo is not None:
+        raise TypeError("pow(x, y, modulo): a modulus is not supported; use (x ** y) % modulo")
+    return _POW(self, other)
+
+
+Array.__pow__ = _pow
 for _dunder, _fn in [("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
                      ("eq", "equal"), ("ne", "not_equal")]:
     setattr(Array, f"__{_dunder}__", _binary(_fn))

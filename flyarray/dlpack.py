@@ -75,6 +75,18 @@ def _torch_takes_max_version() -> bool:
 _TORCH_MAX_VERSION = _torch_takes_max_version()
 
 
+def check_export_args(device: torch.device, stream, max_version):
+    """``__dlpack__``'s stream and max_version as the DLPack protocol defines them, refused by name before any
+    work: max_version a (major, minor) pair of ints; on the CPU no stream (None, or -1: no synchronization)."""
+    if max_version is not None and not (isinstance(max_version, tuple) and len(max_version) == 2
+                                        and all(type(v) is int for v in max_version)):
+        raise TypeError(f"__dlpack__: max_version must be a (major, minor) tuple of ints, got {max_version!r}")
+    if stream is not None and type(stream) is not int:
+        raise TypeError(f"__dlpack__: stream must be an int or None, got {type(stream).__name__}")
+    if stream is not None and stream != -1 and device.type == "cpu":
+        raise BufferError(f"__dlpack__: stream={stream!r} for an array on the CPU: a CPU consumer passes None")
+
+
 def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=None):
     tensor = array._tensor()
     if copy is False and array._copied_view(tensor):

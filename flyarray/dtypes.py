@@ -32,6 +32,16 @@ class DType:
 
     __str__ = __repr__
 
+    # one instance per dtype survives copying and pickling (identity is equality): by name
+    def __reduce__(self):
+        return (dtype, (self.name,))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     @property
     def is_floating(self) -> bool:
         return self.kind == "f"
@@ -111,6 +121,8 @@ def dtype(obj) -> DType:
         return _BY_TORCH[obj]
     if isinstance(obj, str) and obj in _BY_NAME:
         return _BY_NAME[obj]
+    if obj is None:   # numpy reads None as float64; where None means "the default", callers say so first
+        raise TypeError("dtype None: name a dtype (fa.float32, 'float32', torch.float32, ...)")
     if obj is bool:
         return bool_
     if obj is int:

@@ -163,13 +163,20 @@ def _in_float64_on_cpu(fn):
     return reference
 
 
-def _by_nonzero_uint8(op, a, b):
-    """``op(a, b)`` with a uint8 zero divisor giving numpy's 0 (torch raises ZeroDivisionError; the wider
-    unsigned types take unsigned.py's rule, which gives 0 too)."""
-    if not (isinstance(b, torch.Tensor) and b.dtype == torch.uint8):
-        return op(a, b)
-    zero = b == 0
-    return torch.where(zero, 0, op(a, torch.where(zero, 1, b))).to(torch.uint8)
+def _by_nonzero_integer(op, a, b):
+    """``op(a, b)`` with an integer zero divisor giving numpy's 0, as the generated kernels do (torch raises
+    ZeroDivisionError, late and unnamed, at evaluation; the wider unsigned types take unsigned.py's rule, which
+    gives 0 too)."""
+    if isinstance(b, torch.Tensor):
+        if b.dtype.is_floating_point or b.dtype.is_complex:
+            return op(a, b)
+        zero = b == 0
+        r = op(a, torch.where(zero, torch.ones((), dtype=b.dtype, device=b.device), b))
+        return torch.where(zero, torch.zeros((), dtype=r.dtype, device=r.device), r)
+    if type(b) is int and b == 0 and isinstance(a, torch.Tensor) and not (a.dtype.is_floating_point
+                                                                        or a.dtype.is_complex):
+        return torch.zeros_like(a)
+    return op(a, b)
 
 
 def _floor_divide_reference(a, b):
@@ -177,7 +184,7 @@ def _floor_divide_reference(a, b):
     if t.dtype in (torch.float16, torch.bfloat16):   # in float32, rounded once, as the generated kernels: torch's
         wide = [x.float() if isinstance(x, torch.Tensor) else x for x in (a, b)]   # vectorized CPU loop rounds
         return torch.div(*wide, rounding_mode="floor").to(t.dtype)                 # its steps (bf16 45 // 0.1001: 450)
-    return _by_nonzero_uint8(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
+    return _by_nonzero_integer(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
 
 
 def _remainder_of(a, b):
@@ -206,7 +213,7 @@ def _exact_remainder(a, b):
 def _remainder_reference(a, b, out=None):
     """torch.remainder, with a zero result signed as the divisor (the array API's rule; torch keeps the
     dividend's sign for floats)."""
-    r = _by_nonzero_uint8(_remainder_of(a, b), a, b)
+    r = _by_nonzero_integer(_remainder_of(a, b), a, b)
     if r.dtype.is_floating_point:
         r = torch.where(r == 0, torch.copysign(torch.zeros_like(r), torch.as_tensor(b, dtype=r.dtype)), r)
     return r if out is None else out.copy_(r)

@@ -163,14 +163,18 @@ def test_capsules_of_a_realized_array_are_its_buffer_in_every_protocol_form(back
     assert x.__dlpack_device__() == buffer.__dlpack_device__()
 
 
-def test_capsule_refusals_are_torchs(backend):
-    """What torch's own __dlpack__ refuses (a stream on the CPU, a stream that is not an int) is refused
-    the same way for an array holding that buffer."""
+def test_capsule_refusals_name_the_argument(backend):
+    """What the DLPack protocol refuses (a stream on the CPU, a stream that is not an int, a max_version that is
+    no (major, minor) pair) is refused by name before any export (torch's own: an AssertionError, or a
+    TypeError from inside)."""
     x = (fa.asarray(torch.arange(3.0)) + 1).block_until_ready()
-    with pytest.raises(AssertionError, match="stream"):
+    with pytest.raises(BufferError, match="stream=5 for an array on the CPU"):
         x.__dlpack__(stream=5)
-    with pytest.raises(TypeError, match="stream"):
+    with pytest.raises(TypeError, match="stream must be an int"):
         x.__dlpack__(stream="s")
+    for bad in (1, (1,), (1, 0.0), [1, 0]):
+        with pytest.raises(TypeError, match="max_version must be a"):
+            x.__dlpack__(max_version=bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

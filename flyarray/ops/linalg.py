@@ -46,6 +46,7 @@ def matmul(x1, x2, /):
     Float and complex operands run the GEMM kernel; integer ones a fused multiply-and-sum in their own
     dtype (wrapping, as numpy's); mixed dtypes promote first. Bool operands raise TypeError (the array
     API's matmul is for numeric dtypes)."""
+    x1, x2 = operands_as_arrays((x1, x2))   # a scalar operand is refused below for its rank, in both orders
     a, b = node_of(x1), node_of(x2)
     if not a.shape or not b.shape:
         raise ValueError(f"matmul: operands must have at least one dimension, got {a.shape} and {b.shape}")
