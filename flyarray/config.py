@@ -60,11 +60,28 @@ def forced_eager_rounding():
     return _forced_eager_rounding.get()
 
 
+# The environment's choice as plans are keyed on it (plan.settings): read at import and by
+# refresh_eager_rounding (fa.clear_caches), never live -- a kernel generated after the variable changed would
+# otherwise round one way and be cached under the key of the other.
+_env_eager_rounding = eager_rounding()
+
+
+def refresh_eager_rounding() -> bool:
+    global _env_eager_rounding
+    _env_eager_rounding = eager_rounding()
+    return _env_eager_rounding
+
+
+def env_eager_rounding() -> bool:
+    """FLYARRAY_EAGER_ROUNDING as last read (at import or by fa.clear_caches)."""
+    return _env_eager_rounding
+
+
 def eager_rounding_in_effect() -> bool:
     """Whether a kernel generated now rounds its fp16/bf16 intermediates: the scope's choice, else the
-    environment's."""
+    environment's as last read."""
     forced = _forced_eager_rounding.get()
-    return eager_rounding() if forced is None else forced
+    return _env_eager_rounding if forced is None else forced
 
 
 @contextlib.contextmanager

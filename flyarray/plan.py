@@ -26,6 +26,7 @@ import contextlib
 import threading
 import weakref
 
+import numpy as np
 import torch
 import torch.autograd.profiler as _torch_profiler
 
@@ -153,15 +154,23 @@ def freeze(value):
     if kind is bool or kind is int or kind is str or value is None:  # exact types first: the hot path
         return (kind, value)
     if isinstance(value, float):
-        return (float, value.hex() if value == value else "nan")
+        return (kind, _float_bits(value))
     if isinstance(value, (bool, int, str, type(None))):
         return (type(value), value)
+    if isinstance(value, complex):   # by bits too: -0.0 and 0.0 parts differ, a NaN part equals itself
+        return (kind, _float_bits(value.real), _float_bits(value.imag))
+    if isinstance(value, np.generic) and value.dtype.kind in "fc":   # np.float32(-0.0) == 0.0 as well
+        return (kind, freeze(value.item()))
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(freeze(v) for v in value))
-    if isinstance(value, dict):
-        return (dict, tuple(sorted((k, freeze(v)) for k, v in value.items())))
+    if isinstance(value, dict):   # keys frozen too ({-0.0: v} is no {0.0: v}), ordered by their frozen form
+        return (dict, tuple(sorted(((freeze(k), freeze(v)) for k, v in value.items()), key=repr)))
     hash(value)  # anything else must be hashable and compare exactly (dtypes, devices, enums)
     return (type(value), value)
+
+
+def _float_bits(x: float) -> str:
+    return x.hex() if x == x else "nan"
 
 
 # ---- 2. plans -----------------------------------------------------------------------------------
@@ -667,14 +676,14 @@ def _user_line() -> str:
     return "a trigger"
 
 
-_settings = (config.eager_rounding(),)
+_settings = (config.env_eager_rounding(),)
 _plan_check = config.plan_check()
 
 
 def refresh_settings():
     """Re-read the switches that plans depend on (read once at import, and by fa.clear_caches)."""
     global _settings, _plan_check
-    _settings = (config.eager_rounding(),)
+    _settings = (config.refresh_eager_rounding(),)
     _plan_check = config.plan_check()
 
 

@@ -274,8 +274,8 @@ def _op_signatures(signature) -> tuple:
 
 
 def _kwargs(description) -> dict:
-    frozen = description[2]  # plan.freeze(kwargs): (dict, ((name, (type, value)), ...))
-    return {name: _thawed(value) for name, value in frozen[1]}
+    frozen = description[2]  # plan.freeze(kwargs): (dict, (((str, name), (type, value)), ...))
+    return {_thawed(name): _thawed(value) for name, value in frozen[1]}
 
 
 def _thawed(value):
@@ -285,6 +285,8 @@ def _thawed(value):
     kind, inner = value
     if kind in (tuple, list):
         return kind(_thawed(v) for v in inner)
+    if kind is float:   # frozen by its bits (plan._float_bits)
+        return float("nan") if inner == "nan" else float.fromhex(inner)
     return inner
 
 

@@ -31,6 +31,11 @@ _backend_override = None
 _default_device_override = None
 
 
+def default_device_choice():
+    """fa.set_default_device's choice (None: the backend's default), as fa.jit keys its traces on it."""
+    return _default_device_override
+
+
 def default_device() -> torch.device:
     """Where creation functions and Python-number arrays go when no device is named: fa.set_default_device's
     choice, else the CPU under the interpret backend, else the GPU when torch sees one, else the CPU."""

@@ -318,9 +318,15 @@ def test_clear_caches_empties_the_hand_written_kernels_launch_plans(interpret):
     assert not gemm._plans
 
 
-def test_an_error_leaves_every_array_as_it_was():
-    """Integer division by zero fails on the reference backend: no node keeps a half-made buffer."""
+def test_an_error_leaves_every_array_as_it_was(monkeypatch):
+    """An op that fails at evaluation (floor_divide's reference made to raise): no node keeps a half-made buffer."""
+    from flyarray.primitives import ELEMENTWISE
+
+    def failing(a, b):
+        raise RuntimeError("floor_divide failed (made to, by this test)")
+    monkeypatch.setattr(ELEMENTWISE["floor_divide"], "reference", failing)
     fa.set_backend("reference")
+    fa.clear_caches()
     try:
         x = fa.asarray(torch.tensor([4, 5, 6]))
         z = fa.asarray(torch.tensor([1, 0, 2]))
@@ -332,6 +338,8 @@ def test_an_error_leaves_every_array_as_it_was():
             assert q._node.buffer is None and total._node.buffer is None
     finally:
         fa.set_backend(None)
+        monkeypatch.undo()
+        fa.clear_caches()
 
 
 def test_threads_reading_shared_lazy_arrays_get_right_answers(backend):
@@ -1044,3 +1052,67 @@ def test_jit_bakes_in_the_value_of_a_lazy_array_it_closes_over(backend):
     assert np.asarray(f(x)).tolist() == [2.0] * 3
     t.fill_(5.0)   # c was evaluated by the trace: it keeps its value, and so do replays
     assert np.asarray(c).tolist() == [2.0] * 3 and np.asarray(f(x)).tolist() == [2.0] * 3
+
+
+def _signs(x):
+    return np.signbit(np.asarray(x)).tolist()
+
+
+def test_plan_and_jit_keys_tell_signed_zeros_and_numpy_scalars_apart(backend, monkeypatch):
+    """Static values key plans and traces by their bits: np.float32(-0.0) == 0.0 and complex(-1, -0.0) ==
+    complex(-1, 0.0), so keyed by ==, the second program reused the first's plan or trace (1/arange(-0.0, ...)
+    gave +inf; atan2 of a -0.0 imaginary part gave +pi)."""
+    monkeypatch.setenv("FLYARRAY_PLAN_CHECK", "1")
+    fa.clear_caches()
+    for zero in (np.float32(0.0), np.float32(-0.0), np.float16(-0.0), 0.0, -0.0):
+        got = 1 / fa.arange(zero, -3.0, -1.0)
+        assert _signs(got)[0] == bool(np.signbit(zero)) and np.isinf(np.asarray(got)[0])
+    f = fa.jit(lambda x, c: fa.atan2(fa.imag(x * c), fa.real(x * c)))
+    one = fa.asarray(np.complex64([1]))
+    assert np.asarray(f(one, complex(-1, 0.0)))[0] == pytest.approx(np.pi)
+    assert np.asarray(f(one, complex(-1, -0.0)))[0] == pytest.approx(-np.pi)
+    g = fa.jit(lambda x, s: x / s, static_argnums=1)
+    x = fa.ones(2)
+    assert _signs(g(x, np.float32(0.0))) == [False, False] and _signs(g(x, np.float32(-0.0))) == [True, True]
+    h = fa.jit(lambda x, d: x / next(iter(d)), static_argnums=1)
+    assert _signs(h(x, {0.0: "a"})) == [False, False] and _signs(h(x, {-0.0: "a"})) == [True, True]
+    nan = fa.jit(lambda x, c: x * c)
+    for _ in range(5):   # a NaN part equals itself as a key: one trace, not one a call
+        nan(one, complex(float("nan"), 1.0))
+    assert len(nan.cache) == 1
+
+
+def test_numpy_scalars_in_creation_take_numpys_dtypes(backend):
+    assert fa.arange(np.int64(5)).dtype is fa.int64 and fa.arange(np.int32(1), 4).tolist() == [1, 2, 3]
+    assert fa.full(3, np.float32(2.5)).dtype is fa.float32 and fa.full(2, np.int8(3)).dtype is fa.int8
+    assert fa.full(2, np.float32(2.5), dtype=fa.float64).tolist() == [2.5, 2.5]
+    assert fa.pad(fa.ones(2), 1, constant_values=np.float32(3)).tolist() == [3.0, 1.0, 1.0, 3.0]
+
+
+def test_eager_rounding_is_read_when_caches_are_cleared_not_live(backend, monkeypatch):
+    """Plans are keyed on FLYARRAY_EAGER_ROUNDING as last read (import, fa.clear_caches); code generation read
+    the variable live, so a program first built while it was set (no clear_caches) rounded its fp16
+    intermediates and was cached under the key of "off"."""
+    monkeypatch.delenv("FLYARRAY_EAGER_ROUNDING", raising=False)
+    fa.clear_caches()
+    x = fa.asarray(np.float16([1.0]))
+    monkeypatch.setenv("FLYARRAY_EAGER_ROUNDING", "1")   # not re-read: no effect yet
+    assert np.asarray((x + 0.0001) - x).tolist() != [0.0]   # float32 inside: 1e-4 survives
+    fa.clear_caches()   # re-read: fp16 intermediates round, 1.0001 -> 1.0
+    assert np.asarray((x + 0.0001) - x).tolist() == [0.0]
+    monkeypatch.delenv("FLYARRAY_EAGER_ROUNDING")
+    fa.clear_caches()
+
+
+def test_jit_traces_again_under_another_default_device(backend):
+    """Creation ops inside a traced function go to the default device: a trace made before
+    fa.set_default_device is not replayed after it (it kept making CPU arrays)."""
+    f = fa.jit(lambda x: x + fa.ones(3))
+    assert f(fa.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    fa.set_default_device("meta")
+    try:
+        with pytest.raises(ValueError, match="device"):
+            f(torch.ones(3))   # as without jit: a CPU tensor and a meta constant
+    finally:
+        fa.set_default_device(None)
+    assert len(f.cache) == 1 and f(fa.ones(3)).tolist() == [2.0, 2.0, 2.0]

@@ -265,6 +265,9 @@ def full(shape, fill_value, *, dtype=None, device=None) -> Array:
 
     Default dtype from the scalar: bool -> bool, int -> int64, float -> float32 (numpy gives float64)."""
     shape = _shape(shape)
+    if isinstance(fill_value, np.generic) and fill_value.dtype.kind in "biufc":   # numpy's np.full: its dtype
+        dtype = fill_value.dtype if dtype is None else dtype
+        fill_value = fill_value.item()
     d = dt.dtype(dtype) if dtype is not None else dt.result_type(fill_value)
     return Array(constant(fill_value, shape, d, _device(device)))
 
@@ -319,6 +322,9 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
             raise TypeError(f"arange: {name} must be a real number, got {v!r} of type {type(v).__name__}")
         if not math.isfinite(v):
             raise ValueError(f"arange: {name} must be finite, got {v!r}")
+    # Python numbers from here on (numpy scalars too): a ramp's params key its plan (plan.freeze), and an int64
+    # numpy start is an integer ramp, as numpy's
+    start, stop, step = (int(v) if isinstance(v, numbers.Integral) else float(v) for v in (start, stop, step))
     if step == 0:
         raise ValueError("arange: step must not be zero")
     n = max(0, math.ceil((stop - start) / step))

@@ -222,8 +222,10 @@ def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
         raise ValueError(f"pad: mode must be one of {', '.join(_PAD_MODES)}, got {mode!r}")
     if mode != "constant":
         return _pad_from_x(x, _pad_widths(pad_width, len(node.shape)), mode)
+    if isinstance(constant_values, np.generic) and constant_values.dtype.kind in "biufc":
+        constant_values = constant_values.item()   # a numpy scalar's value (x's dtype decides the result's)
     if not isinstance(constant_values, (bool, int, float, complex)):
-        raise TypeError(f"pad: constant_values must be a Python scalar, got {type(constant_values).__name__}")
+        raise TypeError(f"pad: constant_values must be a Python or numpy scalar, got {type(constant_values).__name__}")
     out = x
     for axis, (before, after) in enumerate(_pad_widths(pad_width, len(node.shape))):
         parts = []

@@ -56,8 +56,10 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
             args, kwargs = _tensors_as_arrays(args, kwargs, static_argnums, static_argnames)
             return fn(*args, **kwargs)
         tensors = []
+        # a trace replays its plan: one built under other settings, or with creation ops on another default
+        # device, is another trace
         key = (_flatten_args(args, kwargs, static_argnums, static_argnames, tensors), runtime.backend_name(),
-               plan.settings())  # a trace replays its plan: one built under other settings is another trace
+               plan.settings(), runtime.default_device_choice())
         trace = cache.get(key)
         if trace is None:
             trace, result = _Trace.record(fn, args, kwargs, tensors, static_argnums, static_argnames)
