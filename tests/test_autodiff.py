@@ -876,3 +876,49 @@ def test_structure_and_dtype_mistakes_in_jvp_and_vjp_are_named():
         fa.vjp(lambda a: (a * 2, a), x)[1](x)
     with pytest.raises(TypeError, match="^grad"):
         fa.grad(lambda a: 1.0)(x)
+
+
+def test_custom_jvp_of_a_linear_function_whose_rule_calls_itself(backend):
+    """A linear f with the rule (f(x), f(t)) (valid, and JAX's usual form): reverse mode recorded the rule, whose
+    f(t) was another custom call, transposed by recording the rule again: RecursionError. Inside its own rule's
+    recording, f is its body."""
+    @fa.custom_jvp
+    def lin(x):
+        return 2 * fa.cumulative_sum(x)
+
+    @lin.defjvp
+    def _(primals, tangents):
+        return lin(*primals), lin(*tangents)
+
+    x = fa.asarray(np.arange(4.0))
+    assert np.asarray(fa.jvp(lin, (x,), (fa.ones(4, dtype=fa.float64),))[1]).tolist() == [2, 4, 6, 8]
+    assert np.asarray(fa.grad(lambda a: fa.sum(lin(a)))(x)).tolist() == [8, 6, 4, 2]
+    assert np.asarray(fa.grad(lambda a: fa.sum(lin(lin(a))))(x)).tolist() == [40, 24, 12, 4]
+
+
+def test_custom_jvp_whose_tangent_map_cannot_be_transposed_says_so(backend):
+    """Reverse mode of a custom_jvp differentiates its tangent map; a map through fa.linalg.solve (no derivative
+    rule) failed naming solve alone. The error names the custom_jvp and the way out."""
+    @fa.custom_jvp
+    def mysolve(a, y):
+        return fa.linalg.solve(a, y)
+
+    @mysolve.defjvp
+    def _(primals, tangents):
+        (a, y), (ta, ty) = primals, tangents
+        x = fa.linalg.solve(a, y)
+        return x, fa.linalg.solve(a, ty - ta @ x)
+
+    a = fa.asarray(np.array([[3.0, 1.0], [1.0, 2.0]]))
+    y = fa.asarray(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="custom_jvp mysolve: reverse mode.*solve.*custom_vjp"):
+        fa.grad(lambda b: fa.sum(mysolve(a, b)))(y)
+    with pytest.raises(TypeError, match="real-to-complex cast"):
+        fa.grad(lambda v: fa.real(fa.sum(fa.fft.fft(v))))(y)
+
+
+def test_vector_norm_and_cross_errors_name_their_function():
+    with pytest.raises(ValueError, match="vector_norm: axis 2 is out of range"):
+        fa.linalg.vector_norm(fa.ones((2, 2)), axis=2)
+    with pytest.raises(ValueError, match="they must both be 3"):
+        fa.linalg.cross(fa.ones((3, 4)), fa.ones((3, 4)))

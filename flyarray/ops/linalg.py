@@ -121,7 +121,7 @@ def _check_contracted_axis(name, shape1, shape2, axis, size=None):
             raise ValueError(f"{name}: {which} (shape {shape}) has no axis {axis} to contract")
     n1, n2 = shape1[back], shape2[back]
     if n1 != n2 or (size is not None and n1 != size):
-        need = f" (both {size})" if size is not None else ""
+        need = f" (they must both be {size})" if size is not None else ""
         raise ValueError(f"{name}: axis {axis} has size {n1} in x1 (shape {shape1}) and {n2} in x2 (shape {shape2})"
                          f"{need}; it is contracted, not broadcast")
 
@@ -382,6 +382,8 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     from .elementwise import pow as _pow
     from .elementwise import sqrt
     x = array_arg(x, "vector_norm: x")
+    if axis is not None:   # checked here, so a bad axis names vector_norm (the reductions below would name theirs)
+        views.normalize_axes(axis, x.ndim, "vector_norm: axis")
     if x.dtype.kind == "c" and ord == 2:   # |z|^2 from the parts: smooth at 0, as x * x below
         from .elementwise import imag, real
         re, im = real(x), imag(x)

@@ -106,7 +106,10 @@ def _trace(roots, inputs, start):
         if node.dtype.kind == "c" or any(i.dtype.kind == "c" for i in inputs_):
             # a library node's own shape is () (its outputs are its projections): name its inputs instead
             of = ", ".join(f"{i.dtype}{list(i.shape)}" for i in (inputs_ if prim.kind == "library" else (node,)))
-            raise TypeError(f"cannot differentiate through {prim.name} of {of}: derivatives "
+            what = prim.name
+            if prim.name == "astype" and all(i.dtype.kind != "c" for i in inputs_):   # e.g. fa.fft.fft of a real x
+                what = "a real-to-complex cast (fa.fft's functions make one of a real input)"
+            raise TypeError(f"cannot differentiate through {what} of {of}: derivatives "
                             "of complex-valued functions are not implemented (complex values are supported "
                             "outside fa.grad/vjp/jvp); differentiate a real function of real parts instead")
         if prim.kind not in ("library", "custom") and not _differentiable(node.dtype):
@@ -701,6 +704,17 @@ class custom_vjp:
                         "use custom_jvp")
 
 
+_TRANSPOSING = threading.local()
+
+
+def _transposing() -> set:
+    """The custom_jvp functions whose rule this thread is recording for reverse mode (custom_jvp._vjp)."""
+    inside = getattr(_TRANSPOSING, "functions", None)
+    if inside is None:
+        inside = _TRANSPOSING.functions = set()
+    return inside
+
+
 class custom_jvp:
     """A function with a hand-written JVP (JAX's jax.custom_jvp)::
 
@@ -724,7 +738,10 @@ class custom_jvp:
 
     def __call__(self, *args):
         out = self.fun(*args)
-        if self.rule is None:
+        if self.rule is None or self in _transposing():
+            # inside reverse mode's recording of this function's own rule (a linear f whose rule is
+            # (f(x), f(t))): f's body, recorded as plain ops -- a custom call here would be transposed by
+            # recording the same rule again, forever
             return out
         return _record_custom(self, CUSTOM_JVP, args, out)
 
@@ -759,5 +776,16 @@ class custom_jvp:
     def _vjp(self, call, gs, e):
         primals = e.x
         zero_t = [ad_rules.zeros(p.shape, p.dtype, p.device) for p in primals]
-        _, pull = vjp_flat(lambda *ts: self._tangent_out(call, primals, list(ts)), zero_t, list(e.active))
-        return pull(gs)
+        inside = _transposing()
+        inside.add(self)
+        try:
+            _, pull = vjp_flat(lambda *ts: self._tangent_out(call, primals, list(ts)), zero_t, list(e.active))
+            return pull(gs)
+        except TypeError as exc:
+            if "differentia" not in str(exc):
+                raise
+            raise TypeError(f"custom_jvp {self.__name__}: reverse mode differentiates the rule's tangent output "
+                            f"with respect to the tangents, and {exc} (a linear map flyarray cannot transpose); "
+                            "give it a custom_vjp for reverse mode") from None
+        finally:
+            inside.discard(self)
