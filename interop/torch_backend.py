@@ -842,8 +842,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     out, _ = torch.ops.flyarray.attention_forward(query.transpose(1, 2), key.transpose(1, 2),
                                                   value.transpose(1, 2), None, None, scale, is_causal)
     out = out.transpose(1, 2)  # (B, H, S, D) in (B, S, H, D) order: CUDA's flash/efficient/cuDNN SDPA layout
-    # torch's CPU SDPA, and its math path on CUDA (head dims it cannot take unpadded), give a contiguous one
-    return out.contiguous() if device != "cuda" or query.shape[-1] % 8 else out
+    # torch's CPU SDPA, and its math path on CUDA (head dims it cannot take unpadded), give a contiguous one: a
+    # copy always (.contiguous() asks whether it already is, a guard on S != 1 under backed_size_oblivious)
+    return out.clone(memory_format=torch.contiguous_format) if device != "cuda" or query.shape[-1] % 8 else out
 
 
 def _rms_norm(x, normalized_shape, weight=None, eps=None):

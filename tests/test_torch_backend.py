@@ -1693,3 +1693,29 @@ def test_group_norm_of_bfloat16_with_float32_weights_trains():
     torch.compile(f, backend="flyarray")(*got).backward()
     for g, w in zip(got, want):
         torch.testing.assert_close(g.grad, w.grad)
+
+
+def test_sdpa_adds_no_guard_on_sequence_length_one():
+    """Under backed_size_oblivious a dynamic SDPA compiles once for lengths 4, 1, 5, 2 (as aot_eager): the
+    rewrite's .contiguous() guarded S != 1, so a length-1 call recompiled."""
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.backends.registry import lookup_backend
+    if not hasattr(fx_config, "backed_size_oblivious"):
+        pytest.skip("this torch has no backed_size_oblivious")
+
+    def attn(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch._dynamo.reset()
+    compiles = []
+
+    def counting(gm, example_inputs, **kwargs):
+        compiles.append(1)
+        return lookup_backend("flyarray")(gm, example_inputs, **kwargs)
+    with fx_config.patch(backed_size_oblivious=True):
+        compiled = torch.compile(attn, backend=counting, dynamic=True)
+        for s in (4, 1, 5, 2):
+            q, k, v = (torch.randn(1, 2, s, 8) for _ in range(3))
+            torch.testing.assert_close(compiled(q, k, v), attn(q, k, v))
+    torch._dynamo.reset()
+    assert len(compiles) == 1
