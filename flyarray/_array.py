@@ -245,9 +245,9 @@ class Array:
 
     def __contains__(self, value):
         """``value in x`` (evaluates): whether any element equals ``value``, ``(x == value).any()``, as numpy."""
+        if not _operand_ok(value):   # an operand arrays do not compare with (None, a str, a list): False
+            return False
         equal = self == value
-        if not isinstance(equal, Array):   # an operand arrays do not compare with (None, a str): False
-            return bool(equal)
         return bool(_ops().any(equal))
 
     def __divmod__(self, other):
@@ -346,7 +346,7 @@ class Array:
     def prod(self, axis=None, keepdims=False, dtype=None, out=None):
         """``fa.prod`` over ``axis``: bool/integer inputs multiply in int64, floats keep their dtype."""
         _no_out(out, "prod")
-        return _ops().prod(self._cast(dtype), axis=axis, keepdims=keepdims)
+        return _ops().prod(self, axis=axis, keepdims=keepdims, dtype=dtype)
 
     def argmax(self, axis=None, keepdims=False):
         """``fa.argmax``: int64 index of the first maximum (into the flattened array when axis is None)."""
@@ -457,10 +457,16 @@ def _binary(name, reflected=False):
             fn = _recorder(name)
         kind = type(other)
         if kind is not Array and kind is not float and kind is not int and not _operand_ok(other):
+            if isinstance(other, _SEQUENCES):   # not NotImplemented: Python would then repeat the list
+                raise TypeError(f"{name}: a {kind.__name__} operand is not an array (a 0-d integer array "
+                                f"would repeat it); wrap it with fa.asarray")
             return NotImplemented
         return fn(other, self) if reflected else fn(self, other)
     method.__name__ = name
     return method
+
+
+_SEQUENCES = (list, tuple, str, bytes)
 
 
 def _recorder(name):

@@ -179,6 +179,7 @@ def broadcast_shapes(*shapes) -> tuple:
 
 
 INT64_MAX = 2**63 - 1
+MAX_ELEMENTS = 2**59   # times 16 bytes (complex128) still fits int64: torch's storage size would overflow past it
 
 
 def as_int(value, name: str) -> int:
@@ -202,8 +203,9 @@ def check_shape(shape, name: str = "shape") -> tuple:
     sizes = tuple(operator.index(s) for s in sizes)
     if any(s < 0 for s in sizes):
         raise ValueError(f"{name} {sizes}: sizes must be non-negative")
-    if math.prod(sizes) > INT64_MAX or any(s > INT64_MAX for s in sizes):
-        raise ValueError(f"{name} {sizes}: more elements than int64 can count (at most 2**63 - 1)")
+    if math.prod(sizes) > MAX_ELEMENTS or any(s > MAX_ELEMENTS for s in sizes):
+        raise ValueError(f"{name} {sizes}: more elements than any array holds (at most 2**59, whose bytes in the "
+                         "widest dtype int64 can still count)")
     return sizes
 
 
@@ -233,5 +235,5 @@ def normalize_axes(axis, ndim: int, name: str = "axis") -> tuple:
     axes = axis_tuple(axis, name, none_ok=True)
     out = tuple(sorted(normalize_axis(a, ndim, name) for a in axes))
     if len(set(out)) != len(out):
-        raise ValueError(f"repeated {name} in {axis}")
+        raise ValueError(f"{name} {axis} repeats an axis")
     return out if ndim else ()  # a 0-d array has no axis to reduce, flip or squeeze: the op is the identity

@@ -405,3 +405,47 @@ def test_library_entry_points_name_the_op_and_the_argument():
             (lambda: fat.mx_quantize(torch.randn(2, 32), "e3m4"), ValueError, "mx_quantize: fmt: unknown MX element")):
         with pytest.raises(err, match=match):
             call()
+
+
+def test_bad_input_found_by_the_api_wide_fuzz_is_refused_by_name(backend):
+    """Each of these returned a wrong or nonsense result with no error (fuzz round, twenty-ninth session)."""
+    x, y = fa.asarray(np.float32([1, 2, 3])), fa.asarray(np.float32([0, 0, 0]))
+    cases = [
+        (lambda: fa.where([1, 0, 1], x, y), TypeError, "where: cond must be an array"),   # bool(list): all x
+        (lambda: fa.where(None, x, y), TypeError, "where: cond"),
+        (lambda: fa.asarray(2) * [1, 2], TypeError, "multiply: a list operand"),   # repeated the list
+        (lambda: [1, 2] * fa.asarray(2), TypeError, "multiply: a list operand"),
+        (lambda: fa.real("abc"), TypeError, "real: x"), (lambda: fa.conj([1, 2]), TypeError, "conj: x"),
+        (lambda: fa.isin(x, x, invert="no"), TypeError, "isin: invert must be a bool"),
+        (lambda: fa.linspace(0, 1, 3, endpoint="no"), TypeError, "linspace: endpoint must be a bool"),
+        (lambda: fa.linspace("a", 1, 3), TypeError, "linspace: start must be a number"),
+        (lambda: fa.sum(x, keepdims="yes"), TypeError, "sum: keepdims must be a bool"),
+        (lambda: fa.nn.long_row_softmax(x, log="x"), TypeError, "long_row_softmax: log must be a bool"),
+        (lambda: fa.gelu(x, approximate="bogus"), TypeError, "gelu: approximate"),
+        (lambda: fa.arange(10, dtype=fa.bool), TypeError, "arange: dtype bool holds at most 2"),
+        (lambda: fa.searchsorted(x, x, sorter=np.array([5, 0, 1])), IndexError, "searchsorted: sorter holds"),
+        (lambda: fa.zeros(2**62), ValueError, "more elements than any array holds"),
+        (lambda: fa.linalg.vector_norm(fa.ones((2, 2)), axis=(0, 0)), ValueError, r"vector_norm: axis \(0, 0\) repeats"),
+    ]
+    for fn, error, message in cases:
+        fa.reset_stats()
+        with pytest.raises(error, match=message):
+            fn()
+        assert fa.stats()["kernels_launched"] == 0
+    # torch's spelling of exact GELU is "none", which, truthy, picked the tanh form
+    np.testing.assert_array_equal(np.asarray(fa.gelu(x, approximate="none")), np.asarray(fa.gelu(x)))
+    np.testing.assert_array_equal(np.asarray(fa.gelu(x, approximate="tanh")), np.asarray(fa.gelu(x, approximate=True)))
+    assert fa.searchsorted(x, x, sorter=[0, 1, 2]).tolist() == [0, 1, 2]   # a list sorter (AttributeError before)
+    assert x.astype(fa.int8).prod(dtype=fa.int8).dtype is fa.int8   # as fa.prod's dtype=
+    assert fa.arange(2, dtype=fa.bool).tolist() == [False, True]
+
+
+def test_quantize_linear_weights_refuses_what_it_cannot_replace():
+    import torch.nn as nn
+    from flyarray.quant import quantize_linear_weights
+    with pytest.raises(ValueError, match="bare nn.Linear"):   # returned replaced: [] and left it as it was
+        quantize_linear_weights(nn.Linear(32, 32))
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        quantize_linear_weights("a")
+    with pytest.raises(ValueError, match="quantize_linear_weights: activation_format"):
+        quantize_linear_weights(nn.Sequential(nn.Linear(32, 32)), activation_format="bogus")

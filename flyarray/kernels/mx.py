@@ -614,7 +614,14 @@ def quantize_linear_weights(model: nn.Module, sample_input=None, weight_format: 
     are restored), and 'rel_error' is ||after - before|| / ||before|| of its output
     (first output if a tuple).
     """
-    mx_format(weight_format)  # fail early on a bad name
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize_linear_weights: model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.Linear):   # in place: a bare Linear has no parent to hold its replacement
+        raise ValueError("quantize_linear_weights: model is a bare nn.Linear, which cannot be replaced in place; "
+                         "use MXLinear(linear, weight_format) or wrap it (nn.Sequential(linear))")
+    mx_format(weight_format, "quantize_linear_weights: weight_format")  # fail early on a bad name
+    if activation_format is not None:
+        mx_format(activation_format, "quantize_linear_weights: activation_format")
     if sample_input is not None and not isinstance(sample_input, (torch.Tensor, tuple)):
         raise TypeError(f"quantize_linear_weights: sample_input must be a tensor or a tuple of positional "
                         f"arguments, got {type(sample_input).__name__}")

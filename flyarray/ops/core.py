@@ -267,6 +267,9 @@ def where(cond, x, y) -> Array:
     cond, x, y = as_array(cond, device), as_array(x, device), as_array(y, device)
     device = common_device((cond, x, y))
     if not isinstance(cond, Array):
+        if not isinstance(cond, (bool, int, float)):   # bool([1, 0, 1]) is True: a list would pick x everywhere
+            raise TypeError(f"where: cond must be an array (numpy/torch too) or a Python scalar, got "
+                            f"{type(cond).__name__}; wrap a list with fa.asarray")
         cond = Array(constant(bool(cond), (), dt.bool_, device))
     d = dt.result_type(*[a.dtype if isinstance(a, Array) else a for a in (x, y)])
     shape = views.broadcast_shapes(*[a.shape for a in (cond, x, y) if isinstance(a, Array)])
@@ -297,6 +300,9 @@ def astype(x, dtype, /, *, copy=True, device=None) -> Array:
 def reduce(name: str, x, axis=None, keepdims=False, dtype=None) -> Array:
     prim = REDUCE[name]
     node = node_of(x)
+    if type(keepdims) is not bool:   # bool("no") is True
+        from .checks import check_bool
+        keepdims = check_bool(name, "keepdims", keepdims)
     # float8 is storage: no reduction computes in it. An explicit dtype= is what the reduction computes
     # in (the input is cast to it first: sum(x8, dtype=float32) is fine), so that is the one checked.
     check_storage_only(name, node.dtype if dtype is None or name in ("any", "all") else dt.dtype(dtype))

@@ -10,6 +10,7 @@ import torch
 from .. import dtypes as dt
 from .. import ir, views
 from .._array import Array, _numpy_view
+from .checks import check_bool
 from .core import astype, constant
 
 
@@ -332,6 +333,8 @@ def arange(start, /, stop=None, step=1, *, dtype=None, device=None) -> Array:
     if dtype is None:
         dtype = dt.int64 if all(isinstance(v, int) for v in (start, stop, step)) else dt.default_float()
     d = dt.dtype(dtype)
+    if d.kind == "b" and n > 2:   # numpy's rule: a bool ramp of more than two values has no meaning
+        raise TypeError(f"arange: dtype bool holds at most 2 values, got {n}")
     if d.kind in "iu" and n:
         _check_ramp_fits(start, start + (n - 1) * step, d)
     return _iota(("ramp", start, step), (n,), d, device)
@@ -356,6 +359,10 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
 
     Default dtype float32 (numpy's is float64); ``num`` is positional-or-keyword as in the array API."""
     num = views.as_int(num, "linspace: num")
+    endpoint = check_bool("linspace", "endpoint", endpoint)
+    for name, v in (("start", start), ("stop", stop)):
+        if not (isinstance(v, numbers.Number) or hasattr(v, "__float__")):   # a 0-d array too
+            raise TypeError(f"linspace: {name} must be a number, got {v!r} of type {type(v).__name__}")
     if num < 0:
         raise ValueError(f"linspace: num must be >= 0, got {num}")
     (num,) = views.check_shape((num,), "linspace: num")

@@ -15,6 +15,7 @@ import torch
 
 from .. import dtypes as dt
 from .. import views
+from .checks import check_bool
 from .library import Library, call
 
 _FLOATS = (dt.float32, dt.float64, dt.complex64, dt.complex128)
@@ -228,7 +229,7 @@ def cholesky(x, /, *, upper=False):
     """The Cholesky factor L (x = L L^H) of Hermitian positive-definite matrices (U with ``upper``);
     float32/64 or complex64/128.
     A lazy library call to torch.linalg.cholesky."""
-    return call(CHOLESKY, [x], upper=bool(upper))[0]
+    return call(CHOLESKY, [x], upper=check_bool("cholesky", "upper", upper))[0]
 
 
 class QRResult(NamedTuple):
@@ -266,7 +267,7 @@ def qr(x, /, *, mode="reduced"):
 def svd(x, /, *, full_matrices=True):
     """(U, S, Vh) with x = U diag(S) Vh, S descending (real); float32/64 or complex64/128. A lazy call to
     torch.linalg.svd."""
-    return SVDResult(*call(SVD, [x], full_matrices=bool(full_matrices)))
+    return SVDResult(*call(SVD, [x], full_matrices=check_bool("svd", "full_matrices", full_matrices)))
 
 
 def svdvals(x, /):

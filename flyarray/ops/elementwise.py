@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import dtypes as dt
 from .._array import Array
 from ..primitives import ELEMENTWISE
@@ -120,8 +122,10 @@ def isin(x1, x2, /, *, invert=False):
     of ``x1``'s shape; any dtypes (they promote). A fused comparison and ``any`` over ``x2``'s elements. A Python
     scalar ``x2`` (or a list of Python ints) is weak, as in ``x1 == x2``, except that an int outside an integer
     ``x1``'s range matches nothing (as numpy's isin) rather than raising."""
+    from .checks import check_bool
     from .creation import asarray, asarray_beside
     from .reductions import any as _any
+    invert = check_bool("isin", "invert", invert)
     x1 = x1 if _is_array(x1) else asarray(x1)
     if isinstance(x2, (bool, int, float, complex)):   # a Python scalar is weak, as in x1 == x2 (2024.12)
         if type(x2) is int and _python_ints_dtype([x2], x1.dtype) is None and x1.dtype.kind in "iu":
@@ -158,20 +162,23 @@ def _complex_part(prim, x):
 def conj(x, /):
     """The complex conjugate (re - i im), in ``x``'s dtype; a real array is returned as is."""
     from ..complex_lowering import CONJ
-    return _complex_part(CONJ, x) if _dtype_kind(x) == "c" else x
+    x = _operand(x, "conj")
+    return _complex_part(CONJ, x) if x.dtype.kind == "c" else x
 
 
 def real(x, /):
     """The real part: float32 for complex64, float64 for complex128; a real array is returned as is."""
     from ..complex_lowering import REAL
-    return _complex_part(REAL, x) if _dtype_kind(x) == "c" else x
+    x = _operand(x, "real")
+    return _complex_part(REAL, x) if x.dtype.kind == "c" else x
 
 
 def imag(x, /):
     """The imaginary part: float32 for complex64, float64 for complex128; zeros of ``x``'s dtype for a
     real array (as JAX; the array API defines imag for complex arrays only)."""
     from ..complex_lowering import IMAG
-    if _dtype_kind(x) == "c":
+    x = _operand(x, "imag")
+    if x.dtype.kind == "c":
         return _complex_part(IMAG, x)
     from .creation import zeros_like
     return zeros_like(x)
@@ -188,6 +195,13 @@ def complex_from_parts(re, im):
         raise TypeError(f"complex parts must be float32 or float64 arrays of one dtype and shape, got "
                         f"{a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)}")
     return Array(ir.Node(COMPLEX, (a, b), None, a.shape, dtypes.complex_dtype(a.dtype), a.device))
+
+
+def _operand(x, op):
+    """``x`` as an array (a Python number, numpy or torch value converted); anything else a TypeError naming ``op``
+    (a list or a str came back unchanged from real/conj)."""
+    from .core import as_operand
+    return array_arg(as_operand(x), f"{op}: x")
 
 
 def _dtype_kind(x):
@@ -211,8 +225,12 @@ def silu(x, /):
 
 def gelu(x, /, approximate=False):
     """GELU, x * Phi(x) exactly (erf) or with the tanh approximation when ``approximate``.
-    Float dtypes keep theirs, bool/integer give float32. Unlike jax.nn.gelu, the default is exact."""
-    return elementwise("gelu_tanh" if approximate else "gelu", x)
+    Float dtypes keep theirs, bool/integer give float32. Unlike jax.nn.gelu, the default is exact.
+    ``approximate``: a bool, or torch's spelling "none" / "tanh"."""
+    tanh = {"none": False, "tanh": True}.get(approximate) if isinstance(approximate, str) else approximate
+    if not isinstance(tanh, (bool, np.bool_)):   # "none" is torch's exact: truthy, it picked tanh
+        raise TypeError(f"gelu: approximate must be a bool or 'none'/'tanh', got {approximate!r}")
+    return elementwise("gelu_tanh" if tanh else "gelu", x)
 
 
 _SMALL_POWERS = (2, 3, 4)  # x ** n by multiplications for these Python-int exponents

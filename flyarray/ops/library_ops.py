@@ -109,7 +109,7 @@ SOFTMAX = Library("softmax", _softmax_abstract,
 
 def long_row_softmax(x, axis=-1, log=False):
     """softmax / log_softmax through kernels/softmax.py (online, segmented for few long rows)."""
-    return call(SOFTMAX, [x], axis=axis, log=bool(log))[0]
+    return call(SOFTMAX, [x], axis=axis, log=checks.check_bool("long_row_softmax", "log", log))[0]
 
 
 # ---- attention ------------------------------------------------------------------------------------------

@@ -11,11 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
+import numpy as np
+
 from .. import dtypes as dt
 from .. import views
 from ..primitives import check_storage_only, sum_dtype
 from . import checks
-from .core import array_arg, as_array, node_of
+from .core import array_arg, node_of
 from .library import Library, call
 
 
@@ -228,10 +230,16 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None):
     _real("searchsorted", "x1", x1._node)
     _real("searchsorted", "x2", x2._node)
     if sorter is not None:
-        sorter = as_array(sorter)
+        if isinstance(sorter, (list, tuple)):
+            sorter = np.asarray(sorter)
+        known = sorter if isinstance(sorter, np.ndarray) else None   # take range-checks known indices
+        sorter = array_arg(sorter, "searchsorted: sorter")
         if sorter.dtype.kind not in "iu" or sorter.shape != x1.shape:
             raise ValueError(f"searchsorted: sorter must be integer indices of shape {x1.shape}, "
                              f"got {sorter.dtype} {sorter.shape}")
+        if known is not None and known.size and not (0 <= known.min() and known.max() < known.size):
+            raise IndexError(f"searchsorted: sorter holds an index outside [0, {known.size}): "
+                             f"{int(known.min())}..{int(known.max())}")
         x1 = take(x1, sorter)
     d = dt.promote(x1.dtype, x2.dtype)
     x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
