@@ -290,7 +290,7 @@ class _Builder:
         sc = [self.scalar_slot(n) for n in step.scalars]
         if backend == "reference":  # the step makes its fresh outputs (often with no copy): backends/reference.py
             run_kernel = runtime.reference_step(kernel, self.input_views(step), [n.shape for n in step.outputs],
-                                                ins, outs, {slot for _, slot in fresh}, sc)
+                                                ins, outs, {slot for _, slot in fresh}, sc, self.device)
         else:
             launch = runtime.kernel_launcher(kernel, spec, backend, self.device, self.input_views(step),
                                              [n.shape for n in step.outputs])
@@ -531,7 +531,21 @@ def _evaluate_requested(roots: list):
         roots = _with_companions(roots)
     if _trace.sources or _trace.batched:
         _refuse_traced(roots)
+    first = roots[0].device
+    if len(roots) > 1 and any(r.device != first for r in roots):   # fa.eval(a, b) of arrays on two devices
+        _evaluate_per_device(roots)
+        return
     evaluate(roots)
+
+
+def _evaluate_per_device(roots: list):
+    """One evaluation per device (a plan runs on one backend, chosen by its device); a 'meta' root refuses
+    before any other runs (it has no values), whatever the order of the roots."""
+    devices = list(dict.fromkeys(r.device for r in roots))
+    for device in devices:
+        runtime.backend_for(device)   # raises for 'meta' (and for a device no backend takes) first
+    for device in devices:
+        evaluate([r for r in roots if r.device == device])
 
 
 def evaluate(roots: list) -> tuple:

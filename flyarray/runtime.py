@@ -51,6 +51,8 @@ def canonical_device(device: torch.device) -> torch.device:
     on "cuda" and one from a tensor are on one device (torch.device("cuda") != torch.device("cuda:0"))."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "meta" and device.index is not None:   # one meta device: torch's meta tensors say 'meta'
+        return torch.device("meta")
     return device
 
 
@@ -164,7 +166,7 @@ def kernel_launcher(kernel: Kernel, spec: codegen.LaunchSpec, backend: str, devi
     """
     if backend == "reference":
         from .backends.reference import compile_kernel
-        run_kernel = compile_kernel(kernel, input_views, output_shapes)
+        run_kernel = compile_kernel(kernel, input_views, output_shapes, device)
 
         def launch_reference(inputs, outputs, scalars):
             _stats["kernels_launched"] += 1
@@ -188,11 +190,11 @@ def kernel_launcher(kernel: Kernel, spec: codegen.LaunchSpec, backend: str, devi
     return launch_interpreted
 
 
-def reference_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, scalar_slots):
+def reference_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, scalar_slots, device):
     """A reference-backend kernel as a plan step ``step(slots, scalars)`` that reads and fills the plan's
     slots itself (backends/reference.py, ``compile_step``); counts its launches as ``kernel_launcher``'s."""
     from .backends.reference import compile_step
-    return compile_step(kernel, input_views, output_shapes, ins, outs, made, scalar_slots, _stats)
+    return compile_step(kernel, input_views, output_shapes, ins, outs, made, scalar_slots, _stats, device)
 
 
 def _scalar_args(kernel, scalars) -> list:

@@ -449,3 +449,50 @@ def test_quantize_linear_weights_refuses_what_it_cannot_replace():
         quantize_linear_weights("a")
     with pytest.raises(ValueError, match="quantize_linear_weights: activation_format"):
         quantize_linear_weights(nn.Sequential(nn.Linear(32, 32)), activation_format="bogus")
+
+
+def test_fake_tensors_are_refused_not_read(backend):
+    """A FakeTensor (FakeTensorMode) has no memory: fa.asarray and fat.function used to wrap it, launch a kernel on
+    address 0 and hand back a real tensor over it (a segfault when read)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    import flyarray.interop.torch as fat
+    f = fat.function(lambda a: fa.exp(a) * 2)
+    fa.reset_stats()
+    with FakeTensorMode():
+        fake = torch.empty(2, 3)
+        with pytest.raises(RuntimeError, match="FakeTensor"):
+            fa.asarray(fake)
+        with pytest.raises(RuntimeError, match="FakeTensor"):
+            f(fake)
+        with pytest.raises(RuntimeError, match="FakeTensor"):
+            f([fake])   # inside a pytree too
+    assert fa.stats()["kernels_launched"] == 0
+
+
+def test_meta_values_are_refused_in_flyarrays_words(backend):
+    """Ops that need a meta leaf's values (nonzero, masks, repeats) leaked torch's errors; fa.eval of a CPU and a
+    meta array ran the meta graph on the CPU's backend (by the first root's device)."""
+    m = fa.asarray(torch.empty(4, device="meta"))
+    cpu = fa.asarray(np.float32([1, 2, 3, 4]))
+    for fn in (lambda: fa.nonzero(m), lambda: cpu[m > 0], lambda: fa.repeat(cpu, fa.asarray(torch.empty(4, dtype=torch.int64, device="meta"))),
+               lambda: fa.eval(cpu + 1, m * 2), lambda: fa.eval(m * 2, cpu + 1)):
+        fa.reset_stats()
+        with pytest.raises(RuntimeError, match="'meta' device have shapes and dtypes but no values"):
+            fn()
+        assert fa.stats()["kernels_launched"] == 0
+
+
+def test_cpu_work_inside_torchs_meta_default_device(backend):
+    """Under `with torch.device("meta")` CPU arrays compute on the CPU: the reference backend made constants (and
+    asarray made lists) on torch's default device, so x.at[i].add(10.0) silently did nothing."""
+    x = fa.asarray(np.arange(5, dtype=np.float32))
+    with torch.device("meta"):
+        i = fa.asarray(np.array([1, 2]))
+        assert np.asarray(x.at[i].add(10.0)).tolist() == [0, 11, 12, 3, 4]
+        assert fa.zeros(2).tolist() == [0.0, 0.0] and fa.asarray([1.0, 2.0]).tolist() == [1.0, 2.0]
+
+
+def test_meta_with_an_index_is_the_one_meta_device(backend):
+    a = fa.zeros(2, device="meta:1")
+    b = fa.asarray(torch.empty(2, device="meta"))
+    assert a.device == b.device == torch.device("meta") and (a + b).shape == (2,)

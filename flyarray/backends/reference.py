@@ -44,10 +44,11 @@ def _strided_reader(view: View):
 
 
 def run_kernel(kernel: Kernel, inputs: list, outputs: list, scalars: list):
-    compile_kernel(kernel)(inputs, outputs, scalars)
+    made_on = next((t.device for t in outputs if t is not None), None)
+    compile_kernel(kernel, device=made_on)(inputs, outputs, scalars)
 
 
-def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None):
+def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None, device=None):
     """``run(inputs, outputs, scalars) -> outputs`` evaluating ``kernel`` with torch eager.
 
     ``input_views[i]``, where known, is how input i lies in memory: a load that reads it whole
@@ -60,14 +61,14 @@ def compile_kernel(kernel: Kernel, input_views=None, output_shapes=None):
     """
     names = _Names([f"inputs[{i}]" for i in range(kernel.n_inputs)],
                    [f"scalars[{j}]" for j in range(len(kernel.scalar_dtypes))])
-    env, body = _kernel_body(kernel, input_views, names)
+    env, body = _kernel_body(kernel, input_views, names, device)
     output_shapes = output_shapes or [st.view.shape for st in kernel.stores]
     stores = [_store_call(env, kernel, k, shape, f"outputs[{k}]", "inputs") for k, shape in enumerate(output_shapes)]
     body.append(f"return [{', '.join(stores)}]")
     return _define("run(inputs, outputs, scalars)", body, env, kernel)
 
 
-def compile_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, scalar_slots, stats):
+def compile_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, scalar_slots, stats, device=None):
     """``compile_kernel`` as a plan step ``step(slots, scalars)``: input i is ``slots[ins[i]]``, scalar j
     is ``scalars[scalar_slots[j]]``, output k goes to ``slots[outs[k]]`` (produced when its slot is in
     ``made``, else written into the buffer already there); counts the launch in ``stats``.
@@ -76,7 +77,7 @@ def compile_step(kernel: Kernel, input_views, output_shapes, ins, outs, made, sc
     to build and no function to call per evaluation beyond the torch calls (on the CPU the Python
     around a small kernel's calls is a good part of its time)."""
     names = _Names([f"slots[{i}]" for i in ins], [f"scalars[{j}]" for j in scalar_slots])
-    env, body = _kernel_body(kernel, input_views, names)
+    env, body = _kernel_body(kernel, input_views, names, device)
     env["stats"] = stats
     body.insert(0, 'stats["kernels_launched"] += 1')
     handed_over = _handed_over(kernel, output_shapes)
@@ -99,15 +100,17 @@ class _Names(NamedTuple):
     scalars: list
 
 
-def _kernel_body(kernel: Kernel, input_views, names: _Names):
-    """(env, lines) of the code computing each op's ``v{i}``; the objects the lines name go into env."""
+def _kernel_body(kernel: Kernel, input_views, names: _Names, device=None):
+    """(env, lines) of the code computing each op's ``v{i}``; the objects the lines name go into env.
+    ``device``: where a kernel without inputs makes its constants (its outputs' device; None: torch's default,
+    which ``with torch.device("meta")`` around CPU work would make meta)."""
     shapes = {"full": kernel.full_shape, "outer": kernel.keep_shape}
     input_views = input_views or [None] * kernel.n_inputs
-    env = {"torch": torch}
+    env = {"torch": torch, "kernel_device": device}
     body = []
     skip = _scalars_only(kernel)  # read as Python scalars only: no tensor to make
     if any(isinstance(op, (Const, Iota)) for i, op in enumerate(kernel.ops) if i not in skip):
-        body.append(f"dev = {names.inputs[0]}.device" if names.inputs else "dev = None")
+        body.append(f"dev = {names.inputs[0]}.device" if names.inputs else "dev = kernel_device")
     held = held_dtypes(kernel)
     reuse = _reusable_results(kernel, held)
     values = _value_shapes(kernel)

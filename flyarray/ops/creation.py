@@ -34,8 +34,11 @@ def _available(dev: torch.device, asked) -> torch.device:
     """``dev`` if arrays can live there (the CPU, a visible CUDA/ROCm device, and 'meta' for dry runs
     that record without evaluating, as the torch backend's), else a ValueError now: an absent device
     would otherwise fail later, at evaluation, with an unrelated error."""
-    if dev.type in ("cpu", "meta"):
+    if dev.type == "cpu":
         return dev
+    if dev.type == "meta":
+        from ..runtime import canonical_device
+        return canonical_device(dev)
     if dev.type == "cuda" and torch.cuda.is_available():
         if dev.index is None or dev.index < torch.cuda.device_count():
             from ..runtime import canonical_device
@@ -150,9 +153,11 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
         return _from_numpy(arr, copy)
     if isinstance(obj, (bool, numbers.Number, list, tuple, np.generic)):
         if target_dtype is not None and target_dtype.kind in "iu":
-            t = _copied(obj, copy, lambda: _ints_within(torch.tensor(obj), target_dtype).to(target_dtype.torch))
-        else:
-            t = _copied(obj, copy, lambda: torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None))
+            t = _copied(obj, copy, lambda: _ints_within(torch.tensor(obj, device="cpu"), target_dtype)
+                        .to(target_dtype.torch))
+        else:   # on the CPU, not torch's default device (a `with torch.device("meta")` around would make it meta)
+            t = _copied(obj, copy, lambda: torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None,
+                                                        device="cpu"))
         if t.dtype == torch.float64 and target_dtype is None and not isinstance(obj, np.generic):
             t = t.float()  # the array API's default float is float32
         _check_supported(t.dtype)
@@ -184,6 +189,8 @@ def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
     values: a conjugate or negative view (t.conj(), t.conj().imag) is resolved into a copy, since kernels
     read memory and would miss the bit (so copy=False refuses it)."""
     _check_supported(t.dtype)
+    if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+        refuse_fake(t)
     if t.layout is not torch.strided:
         raise TypeError(f"cannot make an array from a {t.layout} torch tensor: only dense (strided) tensors; "
                         "use t.to_dense()")
@@ -194,6 +201,16 @@ def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
                              "copied (resolve_conj()/resolve_neg())")
         t = t.resolve_conj().resolve_neg()
     return t
+
+
+def refuse_fake(t):
+    """A FakeTensor (torch's FakeTensorMode) on the CPU or a GPU looks like a tensor there but has no memory
+    (data_ptr 0): an array over it would be read by kernels and by torch.from_dlpack (a segfault). Refused, naming
+    the way to a dry run; a fake on 'meta' (the torch backend's dry run) is a meta array, which never evaluates."""
+    from torch._subclasses.fake_tensor import is_fake
+    if t.device.type != "meta" and is_fake(t):
+        raise RuntimeError("cannot make an array from a FakeTensor (made under torch's FakeTensorMode): it has no "
+                           "memory; for a dry run pass a 'meta' tensor, which records without evaluating")
 
 
 # dtypes numpy has only through ml_dtypes (what np.asarray gives out for them): taken in as same-width
@@ -388,7 +405,8 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
         last = float(stop)
         if ramp in (dt.float16, dt.bfloat16):  # a float16 ramp holds float16 values (rounded as codegen's)
             last = torch.tensor(last, dtype=torch.float64).float().to(ramp.torch).item()
-        values = where(_iota(("ramp", 0, 1), (num,), dt.int32, device) == num - 1, last, values)
+        positions = dt.int32 if num <= 2**31 else dt.int64   # an int32 ramp would not hold num - 1
+        values = where(_iota(("ramp", 0, 1), (num,), positions, device) == num - 1, last, values)
     if ramp is d:
         return values
     from .core import elementwise

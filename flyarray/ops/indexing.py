@@ -256,7 +256,7 @@ def _mask_slots(shape, axis, mask, masks):
     if masks == "keep":
         return [Slot("mask", axis, mask)]
     if isinstance(mask, Array):  # data-dependent shape: the mask is evaluated here (docs/semantics.md)
-        positions = [p.numpy() if p.device.type == "cpu" else p for p in torch.nonzero(mask.torch(), as_tuple=True)]
+        positions = [p.numpy() if p.device.type == "cpu" else p for p in torch.nonzero(mask._values(), as_tuple=True)]
     else:
         positions = np.nonzero(mask)
     return [Slot("array", axis + i, p if isinstance(p, np.ndarray) else _device_index(p)) for i, p in
@@ -445,7 +445,7 @@ def nonzero(x, /) -> tuple:
     if not node.shape:
         raise ValueError("nonzero: x must have at least one dimension (0-d input is not allowed)")
     # the signed view: the same zeros, and torch has no nonzero for uint16/32/64
-    return tuple(asarray(p) for p in torch.nonzero(unsigned.signed_view(x.torch()), as_tuple=True))
+    return tuple(asarray(p) for p in torch.nonzero(unsigned.signed_view(x._values()), as_tuple=True))
 
 
 # ---- functional updates: x.at[key].op(values) ---------------------------------------------------------------------

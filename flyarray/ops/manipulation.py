@@ -385,7 +385,7 @@ def repeat(x, repeats, /, *, axis=None) -> Array:
         return reshape(wide, shape[:axis] + (n * r,) + shape[axis + 1:])
     if isinstance(repeats, Array):  # its dtype and shape are checked before its values are computed
         _check_repeats(not repeats.dtype.is_integer, repeats.dtype.name, tuple(repeats.shape), axis, n)
-        counts = np.asarray(repeats.torch().cpu())
+        counts = np.asarray(repeats._values().cpu())
     else:
         counts = np.asarray(repeats)
         if counts.size == 0 and not isinstance(repeats, np.ndarray):  # [] reads as float64: no counts at all

@@ -238,6 +238,9 @@ def _realize_closed_over(leaves, start):
 
 def _tensor_leaf(t, tensors):
     """One tensor argument: bound as ``_plain`` takes it (the checks inline: no call for a plain tensor), its key."""
+    if type(t) is not torch.Tensor and type(t) is not _PARAMETER:   # a subclass: a FakeTensor has no memory
+        from ..ops.creation import refuse_fake
+        refuse_fake(t)
     if t.requires_grad or t.is_neg() or t.is_conj():
         t = _plain(t)
     tensors.append(t)
@@ -265,9 +268,7 @@ def _flatten(value, tensors, where, call):
         if isinstance(leaf, Array):
             leaf = leaf._tensor()
         if isinstance(leaf, torch.Tensor):
-            leaf = _plain(leaf)
-            tensors.append(leaf)
-            keys.append(_leaf_key(leaf))
+            keys.append(_tensor_leaf(leaf, tensors))
         else:
             keys.append(_static_key(leaf, where))
     structure = _structure(treedef)
