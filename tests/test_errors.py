@@ -496,3 +496,16 @@ def test_meta_with_an_index_is_the_one_meta_device(backend):
     a = fa.zeros(2, device="meta:1")
     b = fa.asarray(torch.empty(2, device="meta"))
     assert a.device == b.device == torch.device("meta") and (a + b).shape == (2,)
+
+
+def test_pad_from_x_matches_numpy_and_records_in_the_pads_size(backend):
+    """pad's edge/reflect/symmetric/wrap modes listed every output position to find its source (O(n) to record:
+    seconds for 2**24 elements); now only the pads' positions. Every mode, widths 0..4 on each side, lengths 1..4."""
+    import itertools
+    for mode, n, before, after in itertools.product(("edge", "reflect", "symmetric", "wrap"), range(1, 5), range(5),
+                                                    range(5)):
+        a = np.arange(n * 2, dtype=np.float32).reshape(2, n)
+        got = fa.pad(fa.asarray(a), ((1, 0), (before, after)), mode=mode)
+        np.testing.assert_array_equal(np.asarray(got), np.pad(a, ((1, 0), (before, after)), mode=mode))
+    big = fa.pad(fa.asarray(torch.empty(2**24, device="meta")), 3, mode="reflect")
+    assert big.shape == (2**24 + 6,) and len(big._node.inputs) == 3   # three views joined: before, x, after
