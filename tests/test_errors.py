@@ -509,3 +509,15 @@ def test_pad_from_x_matches_numpy_and_records_in_the_pads_size(backend):
         np.testing.assert_array_equal(np.asarray(got), np.pad(a, ((1, 0), (before, after)), mode=mode))
     big = fa.pad(fa.asarray(torch.empty(2**24, device="meta")), 3, mode="reflect")
     assert big.shape == (2**24 + 6,) and len(big._node.inputs) == 3   # three views joined: before, x, after
+
+
+def test_an_explicit_at_mode_applies_to_known_indices_too(backend):
+    """mode='clip' / 'drop' asked to clamp or drop, but a known (host) out-of-range index raised IndexError; as JAX,
+    negatives count from the end first."""
+    x = fa.asarray(np.float32([1, 2, 3]))
+    assert x.at[np.array([5])].get(mode="clip").tolist() == [3.0] and x.at[5].get(mode="clip").tolist() == 3.0
+    assert x.at[[5]].set(0.0, mode="drop").tolist() == [1.0, 2.0, 3.0]
+    assert x.at[[-1]].set(0.0, mode="drop").tolist() == [1.0, 2.0, 0.0]
+    assert x.at[np.array([-5])].get(mode="clip").tolist() == [1.0]
+    with pytest.raises(IndexError):   # no mode: a known index out of range is an error, as before
+        x.at[[5]].set(0.0)

@@ -473,7 +473,7 @@ class AtIndex:
         """``x[key]`` (JAX's ``.at[key].get()``): lazy out-of-range indices clamp (``mode`` None, 'clip' or
         'promise_in_bounds'; 'fill' is not implemented). The two hints are accepted and unused."""
         _check_mode(mode, fill_value, ("clip", "promise_in_bounds"))
-        return getitem(self._x, self._key)
+        return getitem(self._x, _as_lazy_indices(self._key, self._x) if mode == "clip" else self._key)
 
     def set(self, values, **options):
         """A new array: ``x`` with ``values`` (broadcast to ``x[key].shape``, cast to ``x``'s dtype) at ``key``.
@@ -504,7 +504,24 @@ class AtIndex:
 
     def _update(self, values, op, *, mode=None, indices_are_sorted=False, unique_indices=False):
         _check_mode(mode, None, ("drop", "promise_in_bounds"))  # lazy out-of-range indices are dropped
-        return update(self._x, self._key, values, op)
+        return update(self._x, _as_lazy_indices(self._key, self._x) if mode == "drop" else self._key, values, op)
+
+
+def _as_lazy_indices(key, x):
+    """``key`` with its host integer indices (ints, integer lists and numpy arrays) as arrays: a known index out of
+    range raises IndexError, a lazy one clamps (get) or is dropped (updates), which is what an explicit
+    mode='clip' / 'drop' asks for (as JAX's)."""
+    from .creation import asarray
+
+    def lazy(k):
+        if isinstance(k, bool) or isinstance(k, np.bool_):
+            return k
+        if isinstance(k, (int, np.integer)) or (isinstance(k, np.ndarray) and k.dtype.kind in "iu"):
+            return asarray(k, device=x.device)
+        if isinstance(k, list) and k and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in k):
+            return asarray(k, device=x.device)
+        return k
+    return tuple(lazy(k) for k in key) if isinstance(key, tuple) else lazy(key)
 
 
 def _check_mode(mode, fill_value, supported):
