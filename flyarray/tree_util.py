@@ -28,6 +28,11 @@ _REGISTRY: dict = {}
 def register_pytree_node(nodetype, flatten_func, unflatten_func):
     """Make ``nodetype`` a container: ``flatten_func(obj) -> (children, aux_data)`` and
     ``unflatten_func(aux_data, children) -> obj`` (JAX's signature; aux_data must be hashable)."""
+    if not isinstance(nodetype, type):
+        raise TypeError(f"register_pytree_node: nodetype must be a class, got {nodetype!r}")
+    for name, fn in (("flatten_func", flatten_func), ("unflatten_func", unflatten_func)):
+        if not callable(fn):
+            raise TypeError(f"register_pytree_node: {name} must be callable, got {fn!r}")
     if nodetype in _REGISTRY:
         raise ValueError(f"register_pytree_node: {nodetype.__name__} is already registered")
     _REGISTRY[nodetype] = _Registry(flatten_func, unflatten_func)
@@ -105,6 +110,8 @@ _LEAF = PyTreeDef(None, None, ())
 
 def tree_flatten(tree, is_leaf: Callable[[Any], bool] | None = None):
     """(leaves in order, treedef). ``is_leaf(x) -> True`` stops at x, as JAX's argument."""
+    if is_leaf is not None and not callable(is_leaf):
+        raise TypeError(f"tree_flatten: is_leaf must be a callable or None, got {is_leaf!r}")
     leaves: list = []
     return leaves, _flatten(tree, leaves, is_leaf)
 
@@ -123,7 +130,11 @@ def _flatten(x, leaves, is_leaf):
 
 def tree_unflatten(treedef: PyTreeDef, leaves):
     """The pytree of ``treedef``'s structure with ``leaves`` (an iterable) in flatten order."""
-    leaves = list(leaves)
+    _check_treedef(treedef, "tree_unflatten")
+    try:
+        leaves = list(leaves)
+    except TypeError:
+        raise TypeError(f"tree_unflatten: leaves must be an iterable, got {type(leaves).__name__}") from None
     if len(leaves) != treedef.num_leaves:
         raise ValueError(f"tree_unflatten: the structure {treedef} has {treedef.num_leaves} leaves, "
                          f"got {len(leaves)}")
@@ -153,7 +164,14 @@ def tree_structure(tree, is_leaf=None) -> PyTreeDef:
 
 def treedef_is_leaf(treedef: PyTreeDef) -> bool:
     """Whether ``treedef`` is the structure of a single leaf (as jax.tree_util.treedef_is_leaf)."""
+    _check_treedef(treedef, "treedef_is_leaf")
     return treedef.kind is None
+
+
+def _check_treedef(treedef, fn):
+    if not isinstance(treedef, PyTreeDef):
+        raise TypeError(f"{fn}: expected a PyTreeDef (from tree_flatten or tree_structure), got "
+                        f"{type(treedef).__name__}")
 
 
 def all_leaves(iterable) -> bool:
@@ -164,6 +182,8 @@ def all_leaves(iterable) -> bool:
 def tree_map(f: Callable, tree, *rest, is_leaf=None):
     """``f`` over the leaves of ``tree`` (and the matching leaves of each tree in ``rest``, which must
     have ``tree``'s structure, or extend it below its leaves as JAX allows)."""
+    if not callable(f):
+        raise TypeError(f"tree_map: f must be callable, got {f!r}")
     leaves, treedef = tree_flatten(tree, is_leaf)
     others = [_flatten_up_to(treedef, r, i + 1) for i, r in enumerate(rest)]
     return tree_unflatten(treedef, [f(*xs) for xs in zip(leaves, *others)])

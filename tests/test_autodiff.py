@@ -617,7 +617,7 @@ def test_custom_vjp_nondiff_argnums():
     with pytest.raises(TypeError, match=r"one cotangent per argument not in nondiff_argnums \(1\).*length 2"):
         fa.grad(lambda a: fa.sum(bad(fa.sin, a)))(x)
     with pytest.raises(ValueError, match="nondiff_argnums names argument 3.*2 argument"):
-        fa.custom_vjp(lambda f, x: f(x), nondiff_argnums=3).defvjp(lambda f, x: (f(x), x), None)(fa.sin, x)
+        fa.custom_vjp(lambda f, x: f(x), nondiff_argnums=3).defvjp(lambda f, x: (f(x), x), lambda *a: a)(fa.sin, x)
     with pytest.raises(TypeError, match="nondiff_argnums must be ints"):
         fa.custom_vjp(lambda f, x: f(x), nondiff_argnums=("f",))
 

@@ -521,3 +521,17 @@ def test_an_explicit_at_mode_applies_to_known_indices_too(backend):
     assert x.at[np.array([-5])].get(mode="clip").tolist() == [1.0]
     with pytest.raises(IndexError):   # no mode: a known index out of range is an error, as before
         x.at[[5]].set(0.0)
+
+
+def test_tree_util_and_custom_rules_refuse_what_they_cannot_call():
+    tu = fa.tree_util
+    for fn, message in ((lambda: tu.tree_unflatten("a", [1]), "tree_unflatten: expected a PyTreeDef"),
+                        (lambda: tu.treedef_is_leaf("a"), "treedef_is_leaf: expected a PyTreeDef"),
+                        (lambda: tu.tree_unflatten(tu.tree_structure([1]), 5), "leaves must be an iterable"),
+                        (lambda: tu.tree_map("a", [1]), "tree_map: f must be callable"),
+                        (lambda: tu.tree_flatten([1], is_leaf="a"), "is_leaf must be a callable"),
+                        (lambda: tu.register_pytree_node("a", None, None), "nodetype must be a class"),
+                        (lambda: fa.custom_vjp(lambda x: x).defvjp("a", "b"), "defvjp"),
+                        (lambda: fa.custom_jvp(lambda x: x).defjvp("a"), "defjvp")):
+        with pytest.raises(TypeError, match=message):
+            fn()

@@ -648,6 +648,8 @@ class custom_vjp:
         self.nondiff_argnums = nums
 
     def defvjp(self, fwd, bwd):
+        recording.check_callable(fwd, "custom_vjp.defvjp: fwd")
+        recording.check_callable(bwd, "custom_vjp.defvjp: bwd")
         self.fwd, self.bwd = fwd, bwd
         return self
 
@@ -733,6 +735,7 @@ class custom_jvp:
         self.fun, self.rule = fun, None
 
     def defjvp(self, rule):
+        recording.check_callable(rule, "custom_jvp.defjvp")
         self.rule = rule
         return rule
 
