@@ -272,6 +272,8 @@ def _shift(op, x, axes, sign):
     x = _array(op, x)
     if x.ndim == 0:
         return x
+    if axes is not None and not isinstance(axes, (numbers.Integral, tuple, list)):
+        raise TypeError(f"fft.{op}: axes must be an int, a tuple of ints or None, got {axes!r}")
     axes = tuple(range(x.ndim)) if axes is None else \
         tuple(_axis(op, x, a) for a in ((axes,) if isinstance(axes, numbers.Integral) else axes))
     shifts = tuple(sign * (x.shape[a] // 2) for a in axes)

@@ -426,6 +426,8 @@ def test_bad_input_found_by_the_api_wide_fuzz_is_refused_by_name(backend):
         (lambda: fa.searchsorted(x, x, sorter=np.array([5, 0, 1])), IndexError, "searchsorted: sorter holds"),
         (lambda: fa.zeros(2**62), ValueError, "more elements than any array holds"),
         (lambda: fa.linalg.vector_norm(fa.ones((2, 2)), axis=(0, 0)), ValueError, r"vector_norm: axis \(0, 0\) repeats"),
+        (lambda: fa.isclose(x, x, rtol="a"), TypeError, "isclose: rtol must be a real number"),
+        (lambda: fa.fft.fftshift(x, axes=1.0), TypeError, "fft.fftshift: axes must be"),
     ]
     for fn, error, message in cases:
         fa.reset_stats()

@@ -258,6 +258,9 @@ def isclose(a, b, rtol=1e-5, atol=1e-8):
     """|a - b| <= atol + rtol * |b| elementwise, as a bool array; numeric dtypes. An infinity is close
     to itself only (as numpy); NaN is close to nothing (numpy's default; no ``equal_nan``). Integer
     arrays compare in float64, as numpy's (a - b in their own dtype wraps: uint 1 - (2^32 - 1) is 2)."""
+    for name, v in (("rtol", rtol), ("atol", atol)):   # a str or None failed deep in an operator
+        if isinstance(v, bool) or not isinstance(v, (int, float, Array, np.ndarray, np.generic)):
+            raise TypeError(f"isclose: {name} must be a real number (or an array of them), got {v!r}")
     a, b = (astype(v, _FLOAT64) if _integral(v) else v for v in (a, b))
     within = elementwise("less_equal", elementwise("abs", a - b), atol + rtol * elementwise("abs", b))
     # |a - inf| <= rtol * inf holds for every a, so a finite b is required and equal infinities added
