@@ -217,21 +217,31 @@ def _round(x: float, d) -> float:
 
 
 def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
-    """Uniform on [minval, maxval), as ``jax.random.uniform``."""
+    """Uniform on [minval, maxval), as ``jax.random.uniform`` (its numbers, bit for bit), except where JAX leaves
+    that range: ``u * (max - min) + min`` rounded up to ``max`` is taken one value below it, and a width that
+    overflows (float16 [-60000, 60000)) is replaced by ``min * (1 - u) + max * u`` (JAX gives inf and NaN)."""
     _check_key(k, "uniform")
     d = _float_dtype(dtype, "uniform")
     shape = _shape(shape)
     lo, hi = (_scalar_or(minval, d, "uniform", "minval", shape, k),
               _scalar_or(maxval, d, "uniform", "maxval", shape, k))
     u = _unit(k, shape, d)
-    if not isinstance(lo, Array) and not isinstance(hi, Array):
-        if (lo, hi) == (0.0, 1.0):
-            return u
-        width = _round(hi - lo, d)   # JAX subtracts in the dtype
-    else:
-        width = _op_in(d, operator.sub, hi, lo)
-    out = ew.maximum(_op_in(d, operator.add, _op_in(d, operator.mul, u, width), lo), lo)
+    scalars = not isinstance(lo, Array) and not isinstance(hi, Array)
+    if scalars and (lo, hi) == (0.0, 1.0):
+        return u
+    width = _round(hi - lo, d) if scalars else _op_in(d, operator.sub, hi, lo)   # JAX subtracts in the dtype
+    out = _op_in(d, operator.add, _op_in(d, operator.mul, u, width), lo)
+    if not scalars or not math.isfinite(width):
+        convex = _op_in(d, operator.add, _op_in(d, operator.mul, _op_in(d, operator.sub, 1.0, u), lo),
+                        _op_in(d, operator.mul, u, hi))
+        out = convex if scalars else ew.where(ew.isfinite(width), out, convex)
+    below_hi = ew.nextafter(hi, _full_like_inf(hi, -1)) if isinstance(hi, Array) else _nextafter(hi, -math.inf, d)
+    out = ew.maximum(ew.minimum(out, below_hi), lo)
     return manipulation.broadcast_to(out, shape) if out.shape != shape else out
+
+
+def _full_like_inf(x, sign):
+    return creation.full((), sign * math.inf, dtype=x.dtype, device=x.device)
 
 
 def _op_in(d, op, a, b):
@@ -300,7 +310,9 @@ def truncated_normal(k, lower, upper, shape=None, dtype=dt.float32) -> Array:
     _check_fits(hi, shape, "truncated_normal", "upper")
     sqrt2 = math.sqrt(2.0)
     a, b = ew.erf(_wide(lo) / sqrt2), ew.erf(_wide(hi) / sqrt2)
-    u = uniform(k, shape, d, _in(d, a), _in(d, b))
+    a, b = _in(d, a), _in(d, b)
+    u = uniform(k, shape, d, a, b)
+    u = ew.where(u == a, ew.nextafter(a, b), u)   # erfinv(-1) = -inf (lower=-inf): -finfo.max after the clamp
     out = _in(d, sqrt2 * _erfinv(_wide(u)))
     out = ew.maximum(out, ew.nextafter(lo, creation.full((), float("inf"), dtype=d, device=lo.device)))
     return ew.minimum(out, ew.nextafter(hi, creation.full((), float("-inf"), dtype=d, device=hi.device)))
@@ -321,7 +333,9 @@ def bernoulli(k, p=0.5, shape=None) -> Array:
         if p is None or isinstance(p, (bool, str, bytes)):
             raise TypeError(f"bernoulli: p must be a real number or an array, got {p!r}")
         p = creation.asarray(p)   # numpy, torch, lists: one draw per element, as for an fa array
-    d = p.dtype if isinstance(p, Array) and p.dtype.kind == "f" else dt.float32
+    # a float16/bfloat16 p is compared with a float32 draw: JAX draws in p's dtype, whose 2**10 / 2**7 levels
+    # make p = 1e-3 in bfloat16 come true 7.8e-3 of the time
+    d = p.dtype if isinstance(p, Array) and p.dtype in (dt.float32, dt.float64) else dt.float32
     if shape is None:
         shape = p.shape if isinstance(p, Array) else ()
     shape = _shape(shape)
@@ -348,6 +362,8 @@ def categorical(k, logits, axis=-1) -> Array:
         raise ValueError("categorical: logits must have at least one axis (the categories)")
     axis = _axis_in(axis, logits.shape, "categorical", "logits")
     d = _float_dtype(logits.dtype, "categorical", "logits") if logits.dtype.kind == "f" else dt.float32
+    if d in (dt.float16, dt.bfloat16):   # noise drawn and added in float32: a 16-bit Gumbel has 2**10 / 2**7
+        d, logits = dt.float32, logits.astype(dt.float32)   # levels, biased toward low indices and truncated
     g = gumbel(k, logits.shape, d)
     return reductions.argmax(g + logits, axis=axis)
 

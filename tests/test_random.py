@@ -530,3 +530,47 @@ def test_16_bit_normal_and_uniform_are_the_same_bits_on_every_backend(dtype):
         finally:
             fa.set_backend(None)
     assert got["reference"] == got["interpret"]
+
+
+@pytest.mark.parametrize("dtype, lo, hi", [(fa.float32, 1e6, 1e6 + 1), (fa.float32, 1.0, 1.0000001),
+                                           (fa.bfloat16, 27.375, 27.5), (fa.float16, 1000.0, 1001.0)])
+def test_uniform_never_returns_maxval(reference, dtype, lo, hi):
+    """u * width + lo rounds up to maxval for a width of a few ulps (JAX's formula, half the samples at
+    [1, 1.0000001)); the docs promise [minval, maxval)."""
+    x = np.asarray(R.uniform(R.key(1), (20000,), dtype, lo, hi).astype(fa.float64))
+    hi_d = float(torch.tensor(hi, dtype=torch.float64).to(dtype.torch))
+    assert x.max() < hi_d and x.min() >= float(torch.tensor(lo, dtype=torch.float64).to(dtype.torch))
+    arr = np.asarray(R.uniform(R.key(1), (20000,), dtype, fa.full((20000,), lo, dtype=dtype),
+                               fa.full((), hi, dtype=dtype)).astype(fa.float64))
+    assert arr.max() < hi_d
+
+
+@pytest.mark.parametrize("dtype, bound", [(fa.float16, 60000.0), (fa.float32, 3e38), (fa.bfloat16, 3e38)])
+def test_uniform_over_a_range_wider_than_the_dtype_holds_stays_finite(reference, dtype, bound):
+    """maxval - minval overflowed to inf: every sample inf or NaN (JAX's formula); now min * (1 - u) + max * u."""
+    for lo, hi in ((-bound, bound), (fa.full((), -bound, dtype=dtype), bound)):
+        x = np.asarray(R.uniform(R.key(2), (10000,), dtype, lo, hi).astype(fa.float64))
+        assert np.isfinite(x).all() and x.min() >= -bound * 1.01 and x.max() < bound * 1.01
+        assert abs(x.mean()) < bound * 0.05
+
+
+@pytest.mark.parametrize("dtype", [fa.float16, fa.bfloat16, fa.float32])
+def test_truncated_normal_with_an_infinite_lower_bound_is_finite(reference, dtype):
+    """erf(-inf) = -1 is uniform's minval, which it returns (2**-10 of float16 draws): erfinv(-1) = -inf, clamped
+    to -finfo.max."""
+    x = np.asarray(R.truncated_normal(R.key(3), -float("inf"), float("inf"), (200000,), dtype).astype(fa.float64))
+    assert np.abs(x).max() < 10
+
+
+@pytest.mark.parametrize("dtype", [fa.float16, fa.bfloat16])
+def test_16_bit_p_and_logits_draw_in_float32(reference, dtype):
+    """bernoulli drew its uniform in p's dtype (bfloat16 p = 1e-3 came true 7.9e-3 of the time) and categorical its
+    Gumbel noise in the logits' (float16 logits [0, -10] never chose 1; equal bfloat16 logits favoured low indices)."""
+    n = 400000
+    hits = np.asarray(R.bernoulli(R.key(4), fa.full((n,), 1e-3, dtype=dtype))).mean()
+    p = float(torch.tensor(1e-3).to(dtype.torch))
+    assert abs(hits - p) < 5 * np.sqrt(p / n)
+    rows = 100000
+    s = np.asarray(R.categorical(R.key(5), fa.asarray(np.tile(np.float32([0, -8]), (rows, 1))).astype(dtype)))
+    q = 1 / (1 + np.exp(8.0))
+    assert abs(s.mean() - q) < 5 * np.sqrt(q / rows)
