@@ -483,6 +483,19 @@ def _same_rows(shape, keep_shape) -> bool:
     return [s for s in shape if s != 1] == [s for s in keep_shape if s != 1]
 
 
+def _mapping(shape, chain):
+    """What a movement ``chain`` addresses in a value of ``shape``: the strided view it makes of the value's
+    contiguous layout (size-1 axes' strides zeroed), else the chain itself. Chains that address the same elements
+    are one lowering: keyed by the raw chain, a value read whole and through a view at every step (x.at[i].add(x[j])
+    in a loop) was lowered once per path, 2**depth times."""
+    if not chain:
+        return chain
+    view = views.apply_all(View.contiguous(shape), chain)
+    if view is None:
+        return chain
+    return ("view", view.shape, tuple(0 if n == 1 else s for n, s in zip(view.shape, view.strides)), view.offset)
+
+
 class _KernelBuilder:
     """One kernel's ops. The lowering methods that ``yield`` are generators run by _drive."""
 
@@ -548,7 +561,7 @@ class _KernelBuilder:
 
     # ---- lowering ----------------------------------------------------------------------------------
     def lower(self, node: ir.Node, chain: tuple, domain: str):
-        key = (node.id, chain, domain)
+        key = (node.id, _mapping(node.shape, chain), domain)
         if key not in self.memo:
             self.memo[key] = yield self._lower(node, chain, domain)
         return self.memo[key]

@@ -171,3 +171,31 @@ def test_fp8_casts_match_torch_on_the_interpreter(interpret, dtype):
                       1e-9, 3.0e-3])
     enc = fa.asarray(t).astype(getattr(fa, dtype)).torch()
     assert torch.equal(enc.view(torch.uint8), t.to(tdt).view(torch.uint8))
+
+
+def test_a_value_read_whole_and_through_a_view_each_step_lowers_once_per_mapping(monkeypatch):
+    """x = x.at[i].add(x[j]) in a loop reads each x whole and through an index view: lowered once per distinct
+    movement chain, a node deep down was lowered 2**depth times (56 s to schedule 16 steps). Chains that address
+    the same elements are one lowering now: the count of lowerings grows linearly."""
+    import numpy as np
+    import flyarray as fa
+    from flyarray import plan, schedule
+    calls = []
+    original = schedule._KernelBuilder._lower
+
+    def counting(self, node, chain, domain):
+        calls.append(node.id)
+        return original(self, node, chain, domain)
+    monkeypatch.setattr(schedule._KernelBuilder, "_lower", counting)
+    counts = {}
+    for n in (8, 16):
+        a0 = np.linspace(-1, 1, 4)
+        x, want = fa.asarray(a0), a0.copy()
+        for i in range(n):
+            x = x.at[i % 4].add(0.5 * x[(i + 1) % 4])
+            want[i % 4] += 0.5 * want[(i + 1) % 4]
+        calls.clear()
+        schedule.schedule(plan.unrealized_bases([x]))
+        counts[n] = len(calls)
+        np.testing.assert_allclose(np.asarray(x), want)
+    assert counts[16] < 3 * counts[8], counts   # 2**8 times more before
