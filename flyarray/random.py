@@ -335,13 +335,14 @@ def bernoulli(k, p=0.5, shape=None) -> Array:
         p = creation.asarray(p)   # numpy, torch, lists: one draw per element, as for an fa array
     # a float16/bfloat16 p is compared with a float32 draw: JAX draws in p's dtype, whose 2**10 / 2**7 levels
     # make p = 1e-3 in bfloat16 come true 7.8e-3 of the time
-    d = p.dtype if isinstance(p, Array) and p.dtype in (dt.float32, dt.float64) else dt.float32
+    d = p.dtype if isinstance(p, Array) and p.dtype.kind == "f" else dt.float32
+    d = dt.float32 if _float_dtype(d, "bernoulli", "p") in (dt.float16, dt.bfloat16) else d
     if shape is None:
         shape = p.shape if isinstance(p, Array) else ()
     shape = _shape(shape)
     if isinstance(p, Array):
         _check_fits(p, shape, "bernoulli", "p")
-    return uniform(k, shape, _float_dtype(d, "bernoulli", "p")) < p
+    return uniform(k, shape, d) < p
 
 
 def _axis_in(axis, shape, fn, what) -> int:
