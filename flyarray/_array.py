@@ -8,7 +8,6 @@ Nothing computes when an op is recorded. Evaluation is triggered only by
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 

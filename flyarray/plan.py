@@ -154,11 +154,11 @@ def freeze(value):
     if kind is bool or kind is int or kind is str or value is None:  # exact types first: the hot path
         return (kind, value)
     if isinstance(value, float):
-        return (kind, _float_bits(value))
+        return (float, _float_bits(value))
     if isinstance(value, (bool, int, str, type(None))):
         return (type(value), value)
     if isinstance(value, complex):   # by bits too: -0.0 and 0.0 parts differ, a NaN part equals itself
-        return (kind, _float_bits(value.real), _float_bits(value.imag))
+        return (complex, _float_bits(value.real), _float_bits(value.imag))
     if isinstance(value, np.generic) and value.dtype.kind in "fc":   # np.float32(-0.0) == 0.0 as well
         return (kind, freeze(value.item()))
     if isinstance(value, (tuple, list)):

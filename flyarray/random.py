@@ -314,8 +314,8 @@ def truncated_normal(k, lower, upper, shape=None, dtype=dt.float32) -> Array:
     u = uniform(k, shape, d, a, b)
     u = ew.where(u == a, ew.nextafter(a, b), u)   # erfinv(-1) = -inf (lower=-inf): -finfo.max after the clamp
     out = _in(d, sqrt2 * _erfinv(_wide(u)))
-    out = ew.maximum(out, ew.nextafter(lo, creation.full((), float("inf"), dtype=d, device=lo.device)))
-    return ew.minimum(out, ew.nextafter(hi, creation.full((), float("-inf"), dtype=d, device=hi.device)))
+    out = ew.maximum(out, ew.nextafter(lo, _full_like_inf(lo, 1)))
+    return ew.minimum(out, ew.nextafter(hi, _full_like_inf(hi, -1)))
 
 
 def gumbel(k, shape=(), dtype=dt.float32) -> Array:

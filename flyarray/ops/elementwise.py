@@ -204,13 +204,6 @@ def _operand(x, op):
     return array_arg(as_operand(x), f"{op}: x")
 
 
-def _dtype_kind(x):
-    from .. import dtypes
-    from .core import as_array
-    x = as_array(x)
-    return x.dtype.kind if isinstance(getattr(x, "dtype", None), dtypes.DType) else None
-
-
 def relu(x, /):
     """max(x, 0) elementwise, in ``x``'s dtype; integer and float dtypes (bool raises TypeError).
     Fuses into a preceding matmul's epilogue. Not in numpy (jax.nn.relu)."""

@@ -514,7 +514,7 @@ def _as_lazy_indices(key, x):
     from .creation import asarray
 
     def lazy(k):
-        if isinstance(k, bool) or isinstance(k, np.bool_):
+        if isinstance(k, (bool, np.bool_)):
             return k
         if isinstance(k, (int, np.integer)) or (isinstance(k, np.ndarray) and k.dtype.kind in "iu"):
             return asarray(k, device=x.device)

@@ -232,7 +232,7 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None):
     if sorter is not None:
         if isinstance(sorter, (list, tuple)):
             sorter = np.asarray(sorter)
-        known = sorter if isinstance(sorter, np.ndarray) else None   # take range-checks known indices
+        known = sorter if isinstance(sorter, np.ndarray) else None   # host indices: range-checked here, as numpy
         sorter = array_arg(sorter, "searchsorted: sorter")
         if sorter.dtype.kind not in "iu" or sorter.shape != x1.shape:
             raise ValueError(f"searchsorted: sorter must be integer indices of shape {x1.shape}, "
