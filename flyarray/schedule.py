@@ -426,7 +426,8 @@ class _Scheduler:
         memo, key = self.walk_memo()[1], (node.id, chain)
         ok = memo.get(key)
         if ok is None:
-            ok = memo[key] = all(v is not None and views.apply_all(v, chain) is not None
+            ok = memo[key] = all(v is not None and (views.addresses_one_element(v)
+                                                    or views.apply_all(v, chain) is not None)
                                  for v in self.leaf_views(node))
         return ok
 
@@ -465,6 +466,18 @@ class _Scheduler:
         if self.is_available(node) or node.kind == "source":
             return frozenset((ir.buffer_view(node),))
         return frozenset((View.contiguous(node.shape),))  # an iota, or a reduction/boundary: a contiguous buffer
+
+
+# Each node a movement chain meets applies it whole (to key the lowering, to check it can be pushed), and a chain
+# grows by every view it passes that does not merge into it (views.prepend). Where views keep the layout strided
+# (reshapes that move size-1 axes around, over a real buffer), a loop of them scheduled in time quadratic in its
+# depth (37 s at 1000 steps). Past this many ops, a node the chain can read as a strided view of its contiguous
+# buffer is stored and read so: one more kernel per this many views, and linear time. Real chains are a few ops.
+MAX_PUSHED_CHAIN = 96
+
+
+def _too_long_to_push(node, chain) -> bool:
+    return len(chain) > MAX_PUSHED_CHAIN and views.apply_all(View.contiguous(node.shape), chain) is not None
 
 
 def _worth_a_row_kernel(full, keep) -> bool:
@@ -571,7 +584,8 @@ class _KernelBuilder:
             return (yield self.load(node, chain, domain))
         kind = node.kind
         if kind == "view":
-            return (yield self.lower(node.inputs[0], node.params + chain, domain))
+            base = node.inputs[0]
+            return (yield self.lower(base, views.prepend(base.shape, node.params, chain), domain))
         if kind == "constant":
             return self.add(Const(self.scalar(node), domain, node.dtype))
         if domain == "full" and self.axes and kind in ("elementwise", "reduce", "iota"):
@@ -596,7 +610,7 @@ class _KernelBuilder:
         if wanted and not (domain == "full" and self.is_identity(node.shape, chain, self.full)):
             yield self.sched.ensure(node)  # the user holds it and this kernel cannot store it as-is
             return (yield self.load(node, chain, domain))
-        if chain and not self.sched.pushable(node, chain):
+        if chain and (_too_long_to_push(node, chain) or not self.sched.pushable(node, chain)):
             yield self.sched.ensure(node)
             return (yield self.load(node, chain, domain))
         args = []
@@ -632,7 +646,7 @@ class _KernelBuilder:
 
     def load(self, node, chain, domain):
         if node.kind == "view" and node.id not in self.sched.planned:  # a planned view has a buffer of its own
-            node, chain = node.inputs[0], node.params + chain
+            node, chain = node.inputs[0], views.prepend(node.inputs[0].shape, node.params, chain)
         view = views.apply_all(ir.buffer_view(node), chain)
         while view is None:  # e.g. flattening a transposed user buffer: copy it contiguous first
             node, chain = yield self.copy_through(node, chain)

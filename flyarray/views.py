@@ -68,6 +68,94 @@ def apply(view: View, op: tuple) -> Optional[View]:
     raise ValueError(f"unknown movement op {kind}")
 
 
+def output_shape(op: tuple, shape: tuple) -> tuple:
+    """The shape movement ``op`` makes of ``shape``."""
+    kind = op[0]
+    if kind in ("reshape", "expand"):
+        return tuple(op[1])
+    if kind == "permute":
+        return tuple(shape[p] for p in op[1])
+    if kind == "slice":
+        return tuple(op[3])
+    return tuple(shape)  # flip
+
+
+def prepend(shape: tuple, ops: tuple, chain: tuple) -> tuple:
+    """``ops`` (applied to ``shape``) then ``chain`` (already simplified), as one chain that addresses the same
+    elements from any view: an op that undoes its neighbour goes, two neighbours of a kind become one.
+
+    A view pushed down a graph grows by each view it passes. Merged at the junction only, a chain that keeps
+    undoing itself (x = (x.T * c) in a loop, or a reshape-transpose-reshape of a square) stays short, and the
+    scheduler, which applies a node's chain whole, works in time linear in the graph's depth instead of
+    quadratic."""
+    front = []  # (op, the shape it applies to)
+    for op in ops:
+        if _is_identity(op, shape):
+            continue
+        rest, shape = _join(front, (op,), shape)
+        if rest:
+            front.append((rest[0], shape))
+            shape = output_shape(rest[0], shape)
+    rest = _join(front, tuple(chain), shape)[0]  # (pops from front: before front is read)
+    return tuple(op for op, _ in front) + rest
+
+
+def _join(front: list, rest: tuple, shape: tuple) -> tuple:
+    """Merge the last ops of ``front`` (popping them) into the head of ``rest``, which applies to ``shape``:
+    (what remains of ``rest``, the shape its head applies to)."""
+    while rest and front:
+        last, last_shape = front[-1]
+        merged = _merged(last, last_shape, rest[0])
+        if merged is None:
+            break
+        front.pop()
+        rest, shape = merged + rest[1:], last_shape
+    return rest, shape
+
+
+def _is_identity(op: tuple, shape: tuple) -> bool:
+    kind = op[0]
+    if kind in ("reshape", "expand"):
+        return tuple(op[1]) == tuple(shape)
+    if kind == "permute":
+        return tuple(op[1]) == tuple(range(len(op[1])))
+    if kind == "flip":
+        return all(shape[ax] <= 1 for ax in op[1])
+    _, starts, steps, out = op
+    return not any(starts) and all(t == 1 for t in steps) and tuple(out) == tuple(shape)
+
+
+def _merged(a: tuple, shape: tuple, b: tuple) -> Optional[tuple]:
+    """Op ``a`` on ``shape`` followed by op ``b``, as at most one op: () when they cancel, None when they do not
+    merge. Exact for any view: reshapes compose (only the elements' order matters), as do permutations,
+    broadcasts, slices (start and step) and flips (an axis flipped twice is back)."""
+    kind = a[0]
+    if kind != b[0]:
+        return None
+    if kind in ("reshape", "expand"):
+        return () if tuple(b[1]) == tuple(shape) else (b,)
+    if kind == "permute":
+        perm = tuple(a[1][k] for k in b[1])
+        return () if perm == tuple(range(len(perm))) else (("permute", perm),)
+    if kind == "flip":
+        axes = tuple(sorted(ax for ax in set(a[1]) ^ set(b[1]) if shape[ax] > 1))
+        return (("flip", axes),) if axes else ()
+    if kind == "slice":
+        _, starts_a, steps_a, _ = a
+        _, starts_b, steps_b, out = b
+        starts = tuple(sa + sb * ta for sa, sb, ta in zip(starts_a, starts_b, steps_a))
+        steps = tuple(ta * tb for ta, tb in zip(steps_a, steps_b))
+        op = ("slice", starts, steps, tuple(out))
+        return () if _is_identity(op, shape) else (op,)
+    return None
+
+
+def addresses_one_element(view: View) -> bool:
+    """Whether every index of ``view`` lands on one element (a broadcast scalar): any movement chain then gives
+    a strided view again (all strides 0)."""
+    return all(st == 0 or n <= 1 for n, st in zip(view.shape, view.strides))
+
+
 def stepped_strides(strides, steps, shape) -> tuple:
     """Strides after stepping; an axis of at most one element keeps its stride (any stride addresses it),
     so steps composed over and over never overflow an int64 stride."""

@@ -338,3 +338,101 @@ def test_flipping_length_one_axes_is_no_copy():
         out = np.array(v, copy=False)
         assert np.shares_memory(out, t.numpy())
     np.testing.assert_array_equal(np.asarray(fa.flip(a[:, :1])), np.flip(t.numpy()[:, :1]))
+
+
+# ---- simplifying movement chains (views.prepend) ---------------------------------------------------------------
+@st.composite
+def movement_ops(draw, shape, max_ops):
+    """Up to ``max_ops`` random movement ops starting from ``shape``: (ops, the shape they make)."""
+    from flyarray import views
+    ops = []
+    for _ in range(draw(st.integers(0, max_ops))):
+        kind = draw(st.sampled_from(["reshape", "permute", "expand", "slice", "flip"]))
+        rank = len(shape)
+        if kind == "reshape":
+            n = int(np.prod(shape))
+            dims = []
+            for _ in range(draw(st.integers(0, 3))):
+                d = draw(st.sampled_from([k for k in (1, 2, 3, 4, 6) if n % k == 0] or [1]))
+                dims.append(d)
+                n //= d
+            dims.append(n)
+            op = ("reshape", tuple(draw(st.permutations(dims))))
+        elif kind == "permute":
+            op = ("permute", tuple(draw(st.permutations(range(rank)))))
+        elif kind == "expand":
+            op = ("expand", tuple(draw(st.sampled_from([1, 3])) if s == 1 else s for s in shape))
+        elif kind == "slice":
+            starts, steps, out = [], [], []
+            for s in shape:
+                start = draw(st.integers(0, max(s - 1, 0)))
+                step = draw(st.integers(1, 3))
+                size = draw(st.integers(0, len(range(start, s, step)))) if s else 0
+                starts.append(start if s else 0)
+                steps.append(step)
+                out.append(size)
+            op = ("slice", tuple(starts), tuple(steps), tuple(out))
+        else:
+            op = ("flip", tuple(sorted(draw(st.sets(st.integers(0, rank - 1))) if rank else ())))
+        ops.append(op)
+        shape = views.output_shape(op, shape)
+    return tuple(ops), shape
+
+
+def _numpy_move(a, ops):
+    """The movement ``ops`` applied to numpy array ``a`` by their meaning."""
+    for op in ops:
+        kind = op[0]
+        if kind == "reshape":
+            a = a.reshape(op[1])
+        elif kind == "permute":
+            a = a.transpose(op[1])
+        elif kind == "expand":
+            a = np.broadcast_to(a, op[1])
+        elif kind == "slice":
+            a = a[tuple(slice(s, s + t * n, t) for s, t, n in zip(op[1], op[2], op[3]))]
+        else:
+            a = np.flip(a, op[1]) if op[1] else a
+    return a
+
+
+def _addresses(view):
+    """Each element's address under ``view``, as an array of its shape."""
+    index = np.indices(view.shape, dtype=np.int64) if view.shape else np.zeros((0,), np.int64)
+    return view.offset + sum((index[k] * st for k, st in enumerate(view.strides)), np.zeros(view.shape, np.int64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4), data=st.data())
+def test_prepended_chains_address_what_the_raw_chain_does(shape, data):
+    """views.prepend merges a view's ops into the chain below it (cancelling, composing): from any strided base
+    (contiguous, transposed, stepped, flipped, broadcast) it must address the elements the raw chain does."""
+    from flyarray import views
+    from flyarray.views import View
+    ops, mid = data.draw(movement_ops(shape, 4))
+    rest, _ = data.draw(movement_ops(mid, 6))
+    chain = views.prepend(mid, rest, ())
+    combined = views.prepend(shape, ops, chain)
+    assert len(combined) <= len(ops) + len(rest)
+    contiguous = View.contiguous(shape)
+    bases = [contiguous, View(shape, tuple(0 for _ in shape), 7),
+             View(shape, tuple(s * 3 for s in contiguous.strides), 2),
+             views.apply(View.contiguous(shape[::-1]), ("permute", tuple(range(len(shape)))[::-1])),
+             views.apply(contiguous, ("flip", tuple(range(len(shape)))))]
+    for base in bases:
+        want = _numpy_move(_addresses(base), ops + rest)
+        raw = views.apply_all(base, ops + rest)
+        got = views.apply_all(base, combined)
+        if raw is not None:
+            assert got is not None, (base, ops + rest, combined)
+        if got is not None:
+            np.testing.assert_array_equal(_addresses(got), want)
+
+
+def test_a_chain_that_undoes_itself_vanishes():
+    from flyarray import views
+    step = (("reshape", (2, 2)), ("permute", (1, 0)), ("reshape", (4,)))
+    assert views.prepend((4,), step, step) == ()
+    assert views.prepend((2, 3), (("permute", (1, 0)),), (("permute", (1, 0)),)) == ()
+    assert views.prepend((5,), (("slice", (1,), (2,), (2,)),), (("slice", (1,), (1,), (1,)),)) == \
+        (("slice", (3,), (2,), (1,)),)
