@@ -23,7 +23,7 @@
 # MODE=mx_probe: the GPU tests named by TESTS (default: core, complex, torch backend), then
 # benchmarks/mx_decode_probe.py (NOSCALE=1: again without the scale loads) and Nsight Compute on the MXFP4 decode.
 # MODE=suite_then_torch: the whole test suite (TESTS= narrows it); BENCH=1: then benchmarks/seed_block_state.py
-# and `bench --suite torch`. Since the core suite's CPU tests run on the GPU host too (twenty-seventh session), the
+# and `bench --suite torch` (BENCH_SUITES="attention mx ...": those suites instead). Since the core suite's CPU tests run on the GPU host too (twenty-seventh session), the
 # whole suite no longer fits one 600 s call: run TESTS="tests --ignore=tests/kernels" (~310 s) and TESTS=tests/kernels.
 # Results under $OUT; a short table last.
 set -uo pipefail
@@ -129,6 +129,12 @@ if [ "${MODE:-tests}" = suite_then_torch ]; then
   timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -n ${WORKERS:-12} -p no:cacheprovider ${TESTS:-tests} > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -30
   if [ -n "${BENCH:-}" ]; then
+    if [ -n "${BENCH_SUITES:-}" ]; then   # e.g. BENCH_SUITES="attention mx topk gemm": issue 15's table
+      timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench.json" \
+        $(for s in $BENCH_SUITES; do printf -- "--suite %s " "$s"; done) > "$OUT/bench.log" 2>&1
+      echo "bench rc=$?"; tail -60 "$OUT/bench.log"
+      exit 0
+    fi
     timeout 120 python3 benchmarks/seed_block_state.py > "$OUT/seed_state.log" 2>&1; echo "state rc=$?"
     grep -vi warning "$OUT/seed_state.log" | tail -25
     timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench_torch.json" --suite torch \
