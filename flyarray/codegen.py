@@ -197,7 +197,7 @@ def _logaddexp(a, b):
     m = _maximum(a, b)
     d = tl.abs(a - b)
     # log1p: log(1 + e) loses e below the unit roundoff (logaddexp(0, -20) would be 0, not 2.1e-9)
-    return tl.where(tl.abs(m) == float("inf"), m, m + ext.log1p(tl.exp(-d)))
+    return tl.where(tl.abs(m) == float("inf"), m, m + ext.log1p(ext.exp(-d)))
 
 
 # threefry2x32 (fa.random) on uint32 words (they wrap, as the algorithm wants); int64 in and out.

@@ -152,10 +152,13 @@ def _sqrt_reference(x, out=None):
 
 
 def _in_float64_on_cpu(fn):
-    """``fn`` of a CPU float32 (or narrower) tensor computed in float64 and rounded: torch's vectorized CPU
-    sinh/cosh overflow exp(|x|) first, so |x| in (88.7, 89.4] gave inf in arrays of 32+ elements (finite in
-    shorter ones, and in the kernels)."""
+    """``fn`` of a CPU float32 (or narrower) tensor computed in float64 and rounded, and of a float64 one by numpy:
+    torch's vectorized CPU sinh/cosh overflow exp(|x|) first, so |x| in (88.7, 89.4] gave inf in arrays of 32+
+    elements (finite in shorter ones, and in the kernels), and float64 |x| in (709.78, 710.47] inf likewise."""
     def reference(x, out=None):
+        if x.device.type == "cpu" and x.dtype == torch.float64:  # (torch overflows there too, past 709.78)
+            result = torch.from_numpy(np.asarray(getattr(np, fn.__name__)(x.numpy()))).to(x.dtype)
+            return out.copy_(result) if out is not None else result
         if x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             return fn(x, out=out)
         result = fn(x.double()).to(x.dtype)
@@ -225,18 +228,23 @@ def _float_only(fn_name):
 
 # ---- unary, float results -------------------------------------------------------------
 for _name, _ref, _low in [
-    ("exp", torch.exp, _f("tl.exp({0})")),
+    # libdevice exp, not tl.exp: for float32 Triton lowers that to 2**(x * log2(e)) on the approximate ex2, up to
+    # ~60 ulp off for large |x| (the product's rounding is scaled by |x|); torch.exp is within 1-2
+    ("exp", torch.exp, _float_only("exp")),
     ("exp2", torch.exp2, _f("tl.exp2({0})")),
     ("log", torch.log, _f("tl.log({0})")),
     ("log2", torch.log2, _f("tl.log2({0})")),
     # correctly rounded, as the array API asks: tl.sqrt is approximate for float32 (exact for float64,
     # which sqrt_rn does not take)
     ("sqrt", _sqrt_reference, lambda a, cdt: f"tl.sqrt({a[0]})" if cdt.name == "float64" else f"tl.sqrt_rn({a[0]})"),
-    ("rsqrt", torch.rsqrt, _f("tl.rsqrt({0})")),
+    # 1 / correctly rounded sqrt: tl.rsqrt is rsqrt.approx on NVIDIA, flushing float32 subnormals (rsqrt(1e-40)
+    # was inf) and unrefined for float64
+    ("rsqrt", torch.rsqrt, lambda a, cdt: f"(1.0 / tl.sqrt({a[0]}))" if cdt.name == "float64"
+     else f"(1.0 / tl.sqrt_rn({a[0]}))"),
     ("sin", torch.sin, _f("tl.sin({0})")),
     ("cos", torch.cos, _f("tl.cos({0})")),
     ("erf", torch.erf, _f("tl.erf({0})")),
-    ("sigmoid", torch.sigmoid, _f("(1.0 / (1.0 + tl.exp(-{0})))")),
+    ("sigmoid", torch.sigmoid, _f("(1.0 / (1.0 + ext.exp(-{0})))")),
     ("tan", torch.tan, _float_only("tan")),
     ("tanh", torch.tanh, _float_only("tanh")),
     ("acos", torch.acos, _float_only("acos")),
@@ -255,15 +263,28 @@ for _name, _ref, _low in [
 
 # ---- activations (first-class so the scheduler can move them into a GEMM epilogue) ----------
 _ew("relu", 1, "numeric", "same", torch.relu, _f("tl.where({0} < 0, 0, {0})"))
-_ew("silu", 1, "float", "same", torch.nn.functional.silu, _f("({0} / (1.0 + tl.exp(-{0})))"))
-def _gelu_reference(x):
-    """torch's gelu, except at +inf: its CPU kernel gives NaN there (0.5 * inf * (1 + erf(inf)) is inf)."""
-    return torch.where(torch.isposinf(x), x, torch.nn.functional.gelu(x))
+_ew("silu", 1, "float", "same", torch.nn.functional.silu, _f("({0} / (1.0 + ext.exp(-{0})))"))
+# Both GELUs in forms without cancellation: 0.5 * x * (1 + erf(x / sqrt 2)) and 0.5 * x * (1 + tanh(u)) lose every
+# digit below x ~ -3 (torch's own kernels do: gelu(-6.8) gave 0 for 2.9e-11, and the two backends disagreed 10x);
+# 0.5 * x * erfc(-x / sqrt 2) and x * sigmoid(2u) are the same functions, accurate in the tail.
+_SQRT_HALF = 0.7071067811865476
+_TWO_SQRT_2_OVER_PI = 1.5957691216057308
 
 
-_ew("gelu", 1, "float", "same", _gelu_reference, _f("(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))"))
-_ew("gelu_tanh", 1, "float", "same", lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-    _f("(0.5 * {0} * (1.0 + ext.tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}))))"))
+def _in_float32_at_least(fn):
+    """``fn`` computed as the kernels do: half types in float32, rounded once."""
+    def reference(x, out=None):
+        wide = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        result = fn(wide).to(x.dtype)
+        return out.copy_(result) if out is not None else result
+    return reference
+
+
+_ew("gelu", 1, "float", "same", _in_float32_at_least(lambda x: 0.5 * x * torch.erfc(x * -_SQRT_HALF)),
+    _f(f"(0.5 * {{0}} * ext.erfc({{0}} * {-_SQRT_HALF!r}))"))
+_ew("gelu_tanh", 1, "float", "same",
+    _in_float32_at_least(lambda x: x * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
+    _f(f"({{0}} / (1.0 + ext.exp({-_TWO_SQRT_2_OVER_PI!r} * ({{0}} + 0.044715 * {{0}} * {{0}} * {{0}}))))"))
 
 # ---- unary, same dtype ----------------------------------------------------------------
 def _negate(a, cdt):

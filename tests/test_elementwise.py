@@ -588,3 +588,42 @@ def test_isin_takes_python_scalars_and_ints_weakly(backend):
     assert np.asarray(fa.isin(i8, 1000)).tolist() == [False] * 3
     assert np.asarray(fa.isin(i8, 1000, invert=True)).tolist() == [True] * 3
     assert np.asarray(fa.isin(i8, [2, 1000])).tolist() == [False, True, False]
+
+
+def test_gelu_tails_keep_their_digits(backend):
+    """0.5 x (1 + erf(x / sqrt 2)) and 0.5 x (1 + tanh(u)) cancel to nothing below x ~ -3 (gelu(-6.83) gave 0 for
+    -2.9e-11; the tanh form's backends disagreed 10x): both are computed in forms without cancellation."""
+    import math
+    x = np.array([-9.5, -6.8297, -5.417, -4.9205, -3.0, -0.5, -0.0, 0.0, 0.7, 3.0, 40.0], np.float32)
+    u = [0.7978845608028654 * (float(v) + 0.044715 * float(v) ** 3) for v in x]
+    exact = np.array([0.5 * float(v) * math.erfc(-float(v) / math.sqrt(2)) for v in x])
+    tanh = np.array([float(v) / (1 + math.exp(-2 * w)) for v, w in zip(x, u)])
+    for approximate, want in (("none", exact), ("tanh", tanh)):
+        got = np.asarray(fa.nn.gelu(fa.asarray(x), approximate=approximate)).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)   # the condition number grows as x**2
+        assert list(np.signbit(got[6:8])) == [True, False]   # the sign of zero, as x's
+        assert np.asarray(fa.nn.gelu(fa.asarray(np.float32([np.inf])), approximate=approximate))[0] == np.inf
+
+
+def test_float64_sinh_cosh_finite_up_to_their_overflow(backend):
+    x = np.array([709.97, -710.32, 710.4, 711.0])
+    np.testing.assert_allclose(np.asarray(fa.sinh(fa.asarray(x))), np.sinh(x), rtol=1e-14)
+    np.testing.assert_allclose(np.asarray(fa.cosh(fa.asarray(x))), np.cosh(x), rtol=1e-14)
+
+
+def test_rsqrt_of_a_float32_subnormal_is_finite(backend):
+    x = np.float32([1e-40, 4.0, 0.0, np.inf])
+    np.testing.assert_array_equal(np.asarray(fa.rsqrt(fa.asarray(x))),
+                                  np.float32([1 / np.sqrt(np.float64(x[0])), 0.5, np.inf, 0.0]))
+
+
+def test_generated_exp_and_rsqrt_avoid_the_approximate_instructions():
+    """What runs on the GPU cannot be seen on the CPU's backends (the interpreter's exp is numpy's): the generated
+    source must call libdevice's exp (tl.exp is ex2.approx for float32 on NVIDIA) and divide by a rounded sqrt."""
+    from flyarray import codegen, plan
+    from flyarray.schedule import schedule
+    x = fa.asarray(np.ones(8, np.float32))
+    for fn in (fa.exp, fa.sigmoid, fa.nn.silu, lambda v: fa.nn.gelu(v, approximate="tanh"), fa.rsqrt):
+        (step,) = schedule(plan.unrealized_bases([fn(x)]))
+        source = codegen.launch_spec(step.kernel).source
+        assert "tl.exp(" not in source and "tl.rsqrt(" not in source, source

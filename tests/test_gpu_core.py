@@ -352,3 +352,34 @@ def test_gpu_float8_casts_to_and_from_integers_and_bool_compile():
         ints = torch.tensor([0, 2, 7], device="cuda", dtype=torch.int16)
         assert torch.equal(fa.asarray(ints).astype(fa.dtypes.from_torch(t8)).torch().float(), ints.to(t8).float())
         assert fa.eye(2, dtype=fa.dtypes.from_torch(t8), device="cuda").torch().float().tolist() == [[1, 0], [0, 1]]
+
+
+def _ulps(got, want, mantissa_bits):
+    """|got - want| in units in the last place of ``want`` (float64 truth), normal range."""
+    exponent = torch.floor(torch.log2(want.abs())).clamp(min=-126 if mantissa_bits == 24 else -1022)
+    return ((got.double() - want) / torch.exp2(exponent - mantissa_bits + 1)).abs()
+
+
+def test_exp_sigmoid_rsqrt_are_as_accurate_as_torch_on_gpu():
+    """tl.exp is 2**(x * log2 e) on the approximate ex2 for float32 (~60 ulp at |x| ~ 85), tl.rsqrt is rsqrt.approx
+    (float32 subnormals flushed, float64 unrefined): the kernels use libdevice's exp and 1 / sqrt instead."""
+    x = torch.empty(1 << 20, device="cuda").uniform_(-100, 88.7)
+    truth = torch.exp(x.double())
+    normal = truth > 1.2e-38
+    assert _ulps(fa.exp(fa.asarray(x)).torch(), truth, 24)[normal].max().item() <= 2
+    s_truth = torch.sigmoid(x.double())
+    s_normal = s_truth > 1.2e-38
+    assert _ulps(fa.sigmoid(fa.asarray(x)).torch(), s_truth, 24)[s_normal].max().item() <= 3
+    for dtype, bits in ((torch.float32, 24), (torch.float64, 53)):
+        y = torch.exp2(torch.empty(1 << 16, device="cuda", dtype=torch.float64).uniform_(-120, 120)).to(dtype)
+        assert _ulps(fa.rsqrt(fa.asarray(y)).torch(), 1 / torch.sqrt(y.double()), bits).max().item() <= 1.5
+    tiny = torch.full((8,), 1e-40, device="cuda")
+    assert torch.equal(fa.rsqrt(fa.asarray(tiny)).torch(), 1 / torch.sqrt(tiny.double()).float())
+
+
+def test_gelu_tails_are_accurate_on_gpu():
+    x = torch.linspace(-12, 4, 4096, device="cuda")
+    for approximate, truth in (("none", 0.5 * x.double() * torch.erfc(-x.double() / 2 ** 0.5)),
+                               ("tanh", x.double() * torch.sigmoid(1.5957691216057308 * (x.double() + 0.044715 * x.double() ** 3)))):
+        got = fa.nn.gelu(fa.asarray(x), approximate=approximate).torch().double()
+        torch.testing.assert_close(got, truth, rtol=2e-5, atol=0)   # condition number ~ x**2

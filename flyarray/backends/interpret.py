@@ -7,6 +7,8 @@ numpy functions over the interpreter's tensors. The kernel source is the same.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
@@ -38,6 +40,8 @@ def _power(x, y):
 
 
 class InterpreterMath:
+    exp = staticmethod(_lift(np.exp))
+    erfc = staticmethod(_lift(np.vectorize(math.erfc, otypes=[np.float64])))
     tan = staticmethod(_lift(np.tan))
     tanh = staticmethod(_lift(np.tanh))
     acos = staticmethod(_lift(np.arccos))
