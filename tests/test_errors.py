@@ -537,3 +537,11 @@ def test_tree_util_and_custom_rules_refuse_what_they_cannot_call():
                         (lambda: fa.custom_jvp(lambda x: x).defjvp("a"), "defjvp")):
         with pytest.raises(TypeError, match=message):
             fn()
+
+
+def test_clip_names_a_list_bound():
+    x = fa.asarray(np.arange(4.0))
+    with pytest.raises(TypeError, match="clip: min must be an array or a scalar, got a list"):
+        fa.clip(x, [0, 1, 1, 1], 2)
+    with pytest.raises(TypeError, match="clip: max .* tuple"):
+        fa.clip(x, None, (1, 2, 3, 4))

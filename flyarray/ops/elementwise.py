@@ -93,6 +93,9 @@ def clip(x, /, min=None, max=None):
     x = array_arg(x, "clip: x")
     out = x
     for bound, name in ((min, "min"), (max, "max")):
+        if isinstance(bound, (list, tuple)):   # (the comparison below would name `less`)
+            raise TypeError(f"clip: {name} must be an array or a scalar, got a {type(bound).__name__}; "
+                            "wrap it with fa.asarray")
         if isinstance(bound, float) and math.isnan(bound):
             # a comparison with NaN is False, so the scalar paths below would skip it; the array API's
             # result is NaN everywhere
