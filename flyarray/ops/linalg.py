@@ -380,14 +380,13 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     from . import reductions as R
     from .elementwise import abs as _abs
     from .elementwise import pow as _pow
-    from .elementwise import sqrt
     x = array_arg(x, "vector_norm: x")
     if axis is not None:   # checked here, so a bad axis names vector_norm (the reductions below would name theirs)
         views.normalize_axes(axis, x.ndim, "vector_norm: axis")
     if x.dtype.kind == "c" and ord == 2:   # |z|^2 from the parts: smooth at 0, as x * x below
         from .elementwise import imag, real
         re, im = real(x), imag(x)
-        return sqrt(R.sum(re * re + im * im, axis=axis, keepdims=keepdims))
+        return R.root_with_zero_slope_at_zero(R.sum(re * re + im * im, axis=axis, keepdims=keepdims))
     if x.dtype.kind == "c":  # the norm of the magnitudes, in the parts' dtype
         x = _abs(x)
     if x.dtype.kind != "f":
@@ -397,7 +396,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     if x.dtype in (dt.float16, dt.bfloat16):  # squares of 300 overflow float16: float32 inside, as torch
         return vector_norm(x.astype(dt.float32), axis=axis, keepdims=keepdims, ord=ord).astype(x.dtype)
     if ord == 2:   # x * x, not |x| * |x|: abs's derivative at 0 is 0, which made the second derivative 0 there
-        return sqrt(R.sum(x * x, axis=axis, keepdims=keepdims))
+        return R.root_with_zero_slope_at_zero(R.sum(x * x, axis=axis, keepdims=keepdims))
     a = _abs(x)
     if ord == 1:
         return R.sum(a, axis=axis, keepdims=keepdims)
@@ -407,7 +406,8 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         return R.min(a, axis=axis, keepdims=keepdims)
     if ord == 0:
         return R.sum((a != 0).astype(x.dtype), axis=axis, keepdims=keepdims)
-    return _pow(R.sum(_pow(a, float(ord)), axis=axis, keepdims=keepdims), 1.0 / ord)
+    total = R.sum(_pow(a, float(ord)), axis=axis, keepdims=keepdims)
+    return R.root_with_zero_slope_at_zero(total, float(ord)) if ord > 0 else _pow(total, 1.0 / ord)
 
 
 def matrix_norm(x, /, *, keepdims=False, ord="fro"):

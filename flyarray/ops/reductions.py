@@ -118,10 +118,21 @@ def var(x, /, *, axis=None, correction=0.0, keepdims=False):
 
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Standard deviation, sqrt of ``var`` (``correction`` is numpy's ddof). Float inputs keep their dtype;
-    integer/bool inputs give float32 (numpy: float64)."""
-    from .core import elementwise
+    integer/bool inputs give float32 (numpy: float64). Its gradient at a constant row is 0, as torch's."""
     xf, out = _float_input("std", x)
-    return astype(elementwise("sqrt", _var(xf, axis, correction, keepdims, "std")), out, copy=False)
+    return astype(root_with_zero_slope_at_zero(_var(xf, axis, correction, keepdims, "std")), out, copy=False)
+
+
+def root_with_zero_slope_at_zero(s, p=2.0):
+    """``s ** (1 / p)`` (sqrt for p = 2) of a non-negative sum, whose derivative is taken as 0 where ``s`` is 0:
+    the root's slope there is infinite and the sum's is 0, so the chain rule gave NaN (the gradient of a norm
+    at a zero vector, of std at a constant row). 0 is torch's answer there (JAX's is NaN); the value is the
+    same. The double where keeps the unused branch's derivative finite."""
+    from .core import elementwise, where
+    zero = s == 0
+    safe = where(zero, 1.0, s)
+    root = elementwise("sqrt", safe) if p == 2.0 else elementwise("pow", safe, 1.0 / p)
+    return where(zero, 0.0, root)
 
 
 def count_nonzero(x, /, *, axis=None, keepdims=False):
