@@ -60,12 +60,14 @@ def test_take(axis):
 
 
 def test_take_clip_mode_clamps_host_indices_too():
-    """mode='clip' clamps indices given on the host (lists, numpy, ints) as it does fa arrays: negative ones
-    count from the end first (JAX's rule), then every index is clamped into the axis (it raised IndexError)."""
+    """mode='clip' clamps indices given on the host (lists, numpy, ints) as it does fa arrays (it raised IndexError);
+    a negative index clamps to 0, as numpy's and JAX's take (x.at[i].get(mode='clip') counts it from the end first,
+    as JAX's indexing does)."""
     X = np.arange(24.0).reshape(2, 3, 4)
     x = fa.asarray(X)
     idx = [5, -1, -7, 0, 3]
-    want = np.take(X, [3, 3, 0, 0, 3], axis=2)
+    want = np.take(X, [3, 0, 0, 0, 3], axis=2)
+    assert_matches(fa.take(x, idx, axis=2, mode="clip"), np.take(X, idx, axis=2, mode="clip"))
     assert_matches(fa.take(x, idx, axis=2, mode="clip"), want)
     assert_matches(fa.take(x, np.asarray(idx), axis=2, mode="clip"), want)
     assert_matches(fa.take(x, fa.asarray(idx), axis=2, mode="clip"), want)
@@ -278,10 +280,10 @@ def test_errors_before_work(no_evaluation):
         fa.take_along_axis(x, np.zeros(3, np.int64), axis=0)
     with pytest.raises(ValueError, match="mode"):
         fa.take(x, [0], mode="fill")
-    with pytest.raises(NotImplementedError, match="fill"):
-        x.at[[0]].get(mode="fill", fill_value=0.0)
-    with pytest.raises(NotImplementedError, match="clip"):
-        x.at[[0]].set(1.0, mode="clip")
+    with pytest.raises(ValueError, match="mode must be"):
+        x.at[[0]].get(mode="wrap")
+    with pytest.raises(ValueError, match="mode must be"):
+        x.at[[0]].set(1.0, mode="fill")
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"])
@@ -425,3 +427,27 @@ def test_update_dtype_errors_come_when_recorded(no_evaluation):
             with pytest.raises(TypeError, match=f"at\\[\\].{mode} does not accept fa.float8_e4m3fn"):
                 getattr(f8.at[key], mode)(2.0)
         f8.at[key].set(2.0)
+
+
+def test_at_modes_and_power_as_jax(backend):
+    """JAX 0.10.2's answers (run beside these): get(mode='fill'|'drop') reads fill_value (NaN, the lowest signed /
+    highest unsigned integer by default) at out-of-range indices; updates with mode='clip' clamp (a negative index
+    counts from the end first); .power raises to the product of the exponents at repeated indices."""
+    x = fa.asarray(np.arange(5.0))
+    i = fa.asarray(np.array([2, 9, -1, -9]))
+    assert x.at[np.array([2, 2])].power(2.0).tolist() == [0.0, 1.0, 16.0, 3.0, 4.0]
+    assert x.at[1:3].power(3.0).tolist() == [0.0, 1.0, 8.0, 3.0, 4.0]
+    assert x.at[i].get(mode="fill", fill_value=-1).tolist() == [2.0, -1.0, 4.0, -1.0]
+    np.testing.assert_array_equal(np.asarray(x.at[i].get(mode="drop")), [2.0, np.nan, 4.0, np.nan])
+    assert fa.arange(5).at[np.array([2, 9])].get(mode="fill").tolist() == [2, np.iinfo(np.int64).min]
+    assert fa.asarray(np.arange(5, dtype=np.uint8)).at[[2, 9]].get(mode="fill").tolist() == [2, 255]
+    assert x.at[9].get(mode="fill", fill_value=-1.0).tolist() == -1.0
+    assert x.at[i].set(10.0, mode="clip").tolist() == [10.0, 1.0, 10.0, 3.0, 10.0]
+    assert x.at[i].add(10.0, mode="clip").tolist() == [10.0, 1.0, 12.0, 3.0, 24.0]
+    assert x.at[i].get(mode="clip", fill_value=-1.0).tolist() == [2.0, 4.0, 4.0, 0.0]   # ignored, as JAX's
+    m = fa.asarray(np.arange(12.0).reshape(3, 4))
+    assert m.at[fa.asarray(np.array([0, 5])), 1:3].get(mode="fill", fill_value=-1).tolist() == [[1.0, 2.0], [-1.0, -1.0]]
+    with pytest.raises(ValueError, match="at\\[\\]: mode must be None or one of 'drop', 'clip'"):
+        x.at[0].set(1.0, mode="fill")
+    with pytest.raises(TypeError, match="at\\[\\].power does not accept bool"):
+        fa.asarray(np.array([True])).at[0].power(True)

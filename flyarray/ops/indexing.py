@@ -269,18 +269,19 @@ def _device_index(t):
 
 
 # ---- reading ---------------------------------------------------------------------------------------------------
-def getitem(x, key) -> Array:
+def getitem(x, key, fill=None) -> Array:
     """``x[key]`` with numpy's semantics: basic indexing (ints, slices with steps, None, ...) is a view;
     integer arrays (fa, numpy, torch, lists) gather (a lazy library call); a boolean mask evaluates itself
     (the result's shape depends on its values) and gathers its nonzero positions.
 
     Out-of-range indices given on the host (ints, lists, numpy) raise IndexError; indices in fa arrays or
-    torch tensors (device data, never read back) are clamped into range (as JAX)."""
+    torch tensors (device data, never read back) are clamped into range (as JAX); with ``fill`` (a scalar), their
+    elements are ``fill`` instead (x.at[key].get(mode='fill'))."""
     node = node_of(x)
     slots = parse(node.shape, key)
     if not any(s.kind == "array" for s in slots):
         return basic(x, slots)
-    return _gather(x, slots)
+    return _gather(x, slots, fill)
 
 
 def basic(x, slots) -> Array:
@@ -320,8 +321,8 @@ def _layout(slots):
 
 
 def _index_arrays(x, slots, adv, clamp):
-    """The array slots as int64 Arrays, negative indices wrapped; lazy ones clamped (reads) or marked
-    invalid (updates: returns their validity mask too)."""
+    """The array slots as int64 Arrays, negative indices wrapped, lazy ones clamped into range (``clamp``) or not;
+    and the mask of where every lazy one was in range (None when all are known)."""
     from .creation import asarray
     from .elementwise import clip, logical_and, where
     out, valid = [], None
@@ -339,8 +340,7 @@ def _index_arrays(x, slots, adv, clamp):
         idx = where(idx < 0, idx + n, idx)
         if clamp:
             idx = clip(idx, 0, max(n - 1, 0))
-        else:
-            valid = ok if valid is None else logical_and(valid, ok)
+        valid = ok if valid is None else logical_and(valid, ok)
         out.append(idx)
     return out, valid
 
@@ -355,22 +355,27 @@ def _linear(indices, sizes):
     return lin
 
 
-def _gather(x, slots) -> Array:
+def _gather(x, slots, fill=None) -> Array:
+    from .core import where
+    from .creation import full
     from .manipulation import broadcast_to, moveaxis, permute_dims, reshape
     adv, place = _layout(slots)
     y = basic(x, [Slot("slice", s.axis, (0, 1, x.shape[s.axis])) if s.kind == "array" else s for s in slots])
     rest = [i for i in range(len(slots)) if i not in adv]  # every slot is one axis of y (no ints are left)
     sizes = tuple(x.shape[slots[i].axis] for i in adv)
-    indices, _ = _index_arrays(x, slots, adv, clamp=True)
+    indices, valid = _index_arrays(x, slots, adv, clamp=True)
     b_shape = views.broadcast_shapes(*[i.shape for i in indices])
     if math.prod(sizes) == 0 and math.prod(b_shape) > 0:
         raise IndexError(f"cannot index into axes of size 0 (shape {x.shape}) with non-empty indices")
     lin = broadcast_to(_linear(indices, sizes), b_shape)
     z = reshape(permute_dims(y, tuple(adv + rest)), (math.prod(sizes),) + tuple(y.shape[i] for i in rest))
     (out,) = call(GATHER, [z, lin])
+    nb = len(b_shape)
     if place:
-        nb = len(b_shape)
         out = moveaxis(out, tuple(range(nb)), tuple(range(place, place + nb)))
+    if fill is not None and valid is not None:   # out-of-range lazy indices read ``fill``
+        valid = reshape(broadcast_to(valid, b_shape), (1,) * place + b_shape + (1,) * (out.ndim - place - nb))
+        out = where(valid, out, full((), fill, dtype=x.dtype, device=x.device))
     return out
 
 
@@ -379,8 +384,8 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
     ``x[(slice(None),) * axis + (indices,)]``. Any dtype for ``x``; integer indices of any shape.
 
     ``mode``: None (out-of-range host indices -- ints, lists, numpy -- raise IndexError; fa/torch arrays
-    clamp), 'clip' (every index is clamped: negative ones count from the end first, as JAX's; numpy's
-    'clip' sends them to 0 instead), 'wrap' (indices are taken modulo the axis size). A lazy library call
+    clamp), 'clip' (every index is clamped into range: a negative one is 0, as numpy's and JAX's), 'wrap'
+    (indices are taken modulo the axis size). A lazy library call
     (gather)."""
     from .manipulation import reshape
     node = node_of(x)
@@ -399,8 +404,9 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
         raise IndexError(f"take: cannot {mode} indices into axis {axis} of size 0")
     if mode == "wrap":
         idx = np.mod(idx, n) if isinstance(idx, np.ndarray) else idx % n
-    elif mode == "clip" and isinstance(idx, np.ndarray):   # lazy indices clamp when gathered
-        idx = np.clip(np.where(idx < 0, idx + n, idx), 0, max(n - 1, 0))
+    elif mode == "clip":   # clamped into [0, n - 1] as they are: a negative index is 0, not counted from the end
+        from .elementwise import clip
+        idx = np.clip(idx, 0, max(n - 1, 0)) if isinstance(idx, np.ndarray) else clip(idx, 0, max(n - 1, 0))
     return getitem(x, (slice(None),) * axis + (idx,))
 
 
@@ -470,9 +476,14 @@ class AtIndex:
         self._x, self._key = x, key
 
     def get(self, *, mode=None, indices_are_sorted=False, unique_indices=False, fill_value=None):
-        """``x[key]`` (JAX's ``.at[key].get()``): lazy out-of-range indices clamp (``mode`` None, 'clip' or
-        'promise_in_bounds'; 'fill' is not implemented). The two hints are accepted and unused."""
-        _check_mode(mode, fill_value, ("clip", "promise_in_bounds"))
+        """``x[key]`` (JAX's ``.at[key].get()``): out-of-range lazy indices clamp (``mode`` None, 'clip' or
+        'promise_in_bounds'; 'clip' clamps known ones too) or read ``fill_value`` ('fill' or 'drop', as JAX's:
+        its default is NaN for floats, the lowest value of a signed integer type, the highest of an unsigned one,
+        True for bool; it is ignored in the other modes, as JAX's). The two hints are accepted and unused."""
+        _check_mode(mode, ("clip", "fill", "drop", "promise_in_bounds"))
+        if mode in ("fill", "drop"):
+            fill = _default_fill(self._x.dtype) if fill_value is None else fill_value
+            return getitem(self._x, _as_lazy_indices(self._key, self._x), fill=fill)
         return getitem(self._x, _as_lazy_indices(self._key, self._x) if mode == "clip" else self._key)
 
     def set(self, values, **options):
@@ -502,9 +513,17 @@ class AtIndex:
         """A new array: ``maximum(x, values)`` at ``key``; repeated indices take the largest."""
         return self._update(values, "max", **options)
 
+    def power(self, values, **options):
+        """A new array: ``x ** values`` at ``key``; repeated indices raise to the product of their values (JAX's
+        rule: x ** (the exponents multiplied into ones))."""
+        return self._update(values, "power", **options)
+
     def _update(self, values, op, *, mode=None, indices_are_sorted=False, unique_indices=False):
-        _check_mode(mode, None, ("drop", "promise_in_bounds"))  # lazy out-of-range indices are dropped
-        return update(self._x, _as_lazy_indices(self._key, self._x) if mode == "drop" else self._key, values, op)
+        """Out-of-range lazy indices are dropped (``mode`` None, 'drop', 'promise_in_bounds'; 'drop' drops known
+        ones too) or clamped into range ('clip', known ones too: a negative one counts from the end first)."""
+        _check_mode(mode, ("drop", "clip", "promise_in_bounds"))
+        key = _as_lazy_indices(self._key, self._x) if mode in ("drop", "clip") else self._key
+        return update(self._x, key, values, op, clamp=mode == "clip")
 
 
 def _as_lazy_indices(key, x):
@@ -524,22 +543,30 @@ def _as_lazy_indices(key, x):
     return tuple(lazy(k) for k in key) if isinstance(key, tuple) else lazy(key)
 
 
-def _check_mode(mode, fill_value, supported):
-    if mode is not None and mode not in supported or fill_value is not None:
-        raise NotImplementedError(f"at[]: mode={mode!r}, fill_value={fill_value!r} is not implemented; "
-                                  f"out-of-range lazy indices are {'clamped' if 'clip' in supported else 'dropped'} "
-                                  f"(modes None, {', '.join(map(repr, supported))})")
+def _check_mode(mode, supported):
+    if mode is not None and mode not in supported:
+        raise ValueError(f"at[]: mode must be None or one of {', '.join(map(repr, supported))}, got {mode!r}")
+
+
+def _default_fill(dtype):
+    """JAX's fill for an out-of-range read: NaN, the lowest signed / highest unsigned integer, True."""
+    if dtype == dt.bool_:
+        return True
+    if dtype.kind in "fc":
+        return float("nan")
+    info = np.iinfo(dtype.name)
+    return int(info.min) if dtype.kind == "i" else int(info.max)
 
 
 def _combine(mode, old, new):
-    from .elementwise import divide, maximum, minimum, multiply
+    from .elementwise import divide, maximum, minimum, multiply, pow
     from .elementwise import add as add_
     return {"set": lambda: new, "add": lambda: add_(old, new), "multiply": lambda: multiply(old, new),
             "divide": lambda: divide(old, new), "min": lambda: minimum(old, new),
-            "max": lambda: maximum(old, new)}[mode]()
+            "max": lambda: maximum(old, new), "power": lambda: pow(old, new)}[mode]()
 
 
-def update(x, key, values, mode) -> Array:
+def update(x, key, values, mode, clamp=False) -> Array:
     """``x.at[key].<mode>(values)``: the record-time checks, then one of three routes (module docstring)."""
     from .creation import asarray
     node = node_of(x)
@@ -557,7 +584,7 @@ def update(x, key, values, mode) -> Array:
     if masks:
         slots = parse(node.shape, key)
     if any(s.kind == "array" for s in slots):
-        return _scatter(x, slots, v, mode)
+        return _scatter(x, slots, v, mode, clamp)
     return _region_update(x, slots, v, mode)
 
 
@@ -569,6 +596,8 @@ def _check_update_dtype(mode, d):
     check_storage_only(f"at[].{mode}", d)
     if mode == "divide" and d.kind not in "fc":
         raise TypeError(f"at[].divide needs a float or complex array, got {d}")
+    if mode == "power" and d == dt.bool_:
+        raise TypeError("at[].power does not accept bool arrays")
     if mode in ("min", "max") and d == dt.bool_:
         raise TypeError(f"at[].{mode} does not accept bool arrays (use add for or, multiply for and)")
     if mode in ("min", "max") and d.kind == "c":
@@ -688,14 +717,16 @@ def _embed(x, slots, v, fill=0):
     return v
 
 
-def _scatter(x, slots, v, mode) -> Array:
+def _scatter(x, slots, v, mode, clamp=False) -> Array:
     """An integer-array key: the flat index of every selected element, then one scatter call."""
     from .creation import arange, full, ones
     from .core import where
-    from .elementwise import divide
+    from .elementwise import divide, pow
     from .manipulation import broadcast_to, reshape
     adv, place = _layout(slots)
-    indices, valid = _index_arrays(x, slots, adv, clamp=False)
+    indices, valid = _index_arrays(x, slots, adv, clamp=clamp)
+    if clamp:
+        valid = None   # clamped indices all land
     b_shape = views.broadcast_shapes(*[i.shape for i in indices])
     others = [i for i in range(len(slots)) if i not in adv]
     dims = [slots[i].value[2] if slots[i].kind == "slice" else 1 for i in others]
@@ -724,8 +755,8 @@ def _scatter(x, slots, v, mode) -> Array:
     except ValueError:
         raise ValueError(f"at[]: values of shape {v.shape} do not broadcast to the indexed shape {r_shape}") from None
     flat = reshape(x, (-1,))
-    if mode == "divide":  # x / (product of the values at each index): exact where an index appears once
+    if mode in ("divide", "power"):  # x / (product of the values at each index), x ** (their product): JAX's
         (den,) = call(SCATTER, [ones(flat.shape, dtype=x.dtype, device=x.device), lin, v], mode="multiply")
-        return reshape(divide(flat, den), x.shape)
+        return reshape(divide(flat, den) if mode == "divide" else pow(flat, den), x.shape)
     (out,) = call(SCATTER, [flat, lin, v], mode=mode)
     return reshape(out, x.shape)
