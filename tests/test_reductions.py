@@ -249,3 +249,13 @@ def test_integer_mean_and_var_accumulate_in_float64(backend):
     m = fa.mean(fa.asarray(x))
     assert m.dtype == fa.float32 and float(m) == -3.125
     np.testing.assert_allclose(np.asarray(fa.var(fa.asarray(x), axis=1)), np.var(x, axis=1), rtol=1e-6)
+
+
+def test_float32_sums_are_pairwise_in_every_backend(backend):
+    """Triton's interpreter ran tl.reduce's custom combine one element at a time: the interpret backend's var of
+    4096 float32 values 1e6 + N(0, 1) was 894 (truth 0.97). Sums use tl.sum (pairwise there, a tree on a GPU)."""
+    rng = np.random.default_rng(0)
+    x = (1e6 + rng.standard_normal(4096)).astype(np.float32)
+    truth = np.var(x.astype(np.float64))
+    assert abs(float(fa.var(fa.asarray(x))) - truth) < 1e-2 * truth
+    assert abs(float(fa.sum(fa.asarray(x))) - np.sum(x.astype(np.float64))) < 1e-6 * 4096e6
