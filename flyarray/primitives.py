@@ -332,10 +332,32 @@ _ew("remainder", 2, "numeric", "same", _remainder_reference,
     lambda a, cdt: f"_fremainder({a[0]}, {a[1]})" if cdt.kind == "f" else f"_iremainder({a[0]}, {a[1]})")
 _ew("pow", 2, "numeric", "same", torch.pow,
     lambda a, cdt: f"ext.pow({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ipow({a[0]}, {a[1]})")
-_ew("maximum", 2, "numeric", "same", torch.maximum,
-    lambda a, cdt: f"_{'f' if cdt.kind == 'f' else ''}maximum({a[0]}, {a[1]})")
-_ew("minimum", 2, "numeric", "same", torch.minimum,
-    lambda a, cdt: f"_{'f' if cdt.kind == 'f' else ''}minimum({a[0]}, {a[1]})")
+def _ordered_zeros(fn, low_wins):
+    """torch's maximum/minimum with IEEE 754-2019's order of zeros: -0 < +0 (JAX's answers; torch returns either
+    operand, and its vectorized and scalar CPU paths differ)."""
+    def reference(a, b, out=None):
+        r = fn(torch.as_tensor(a), torch.as_tensor(b))
+        if r.is_floating_point():
+            a, b = torch.as_tensor(a, dtype=r.dtype), torch.as_tensor(b, dtype=r.dtype)
+            first = torch.signbit(a) if low_wins else ~torch.signbit(a)
+            r = torch.where(a == b, torch.where(first, a, b), r)
+        return r if out is None else out.copy_(r)
+    return reference
+
+
+def _extremum(name, low_wins):
+    """maximum/minimum: a tie (equal operands: only zeros differ) picks by the sign bit, as the reference."""
+    def lower(a, cdt):
+        if cdt.kind != "f":
+            return f"_{name}({a[0]}, {a[1]})"
+        negative = f"({a[0]}.to(tl.int{8 * cdt.itemsize}, bitcast=True) < 0)"
+        pick = f"tl.where({negative}, {a[0]}, {a[1]})" if low_wins else f"tl.where({negative}, {a[1]}, {a[0]})"
+        return f"tl.where({a[0]} == {a[1]}, {pick}, _f{name}({a[0]}, {a[1]}))"
+    return lower
+
+
+_ew("maximum", 2, "numeric", "same", _ordered_zeros(torch.maximum, False), _extremum("maximum", False))
+_ew("minimum", 2, "numeric", "same", _ordered_zeros(torch.minimum, True), _extremum("minimum", True))
 _ew("atan2", 2, "float", "same", torch.atan2, _f("ext.atan2({0}, {1})"))
 _ew("hypot", 2, "float", "same", torch.hypot, _f("ext.hypot({0}, {1})"))
 _ew("copysign", 2, "float", "same", torch.copysign, _f("ext.copysign({0}, {1})"))

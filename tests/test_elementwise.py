@@ -627,3 +627,15 @@ def test_generated_exp_and_rsqrt_avoid_the_approximate_instructions():
         (step,) = schedule(plan.unrealized_bases([fn(x)]))
         source = codegen.launch_spec(step.kernel).source
         assert "tl.exp(" not in source and "tl.rsqrt(" not in source, source
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_maximum_minimum_order_signed_zeros(backend, dtype):
+    """IEEE 754-2019 (and JAX): maximum(+0, -0) is +0 and minimum is -0 whichever comes first; the backends
+    returned one operand each, and differently (torch's vectorized and scalar CPU paths differ too)."""
+    a = np.array([0.0, -0.0, -0.0, 0.0, np.nan, 1.0] * 6, dtype)
+    b = np.array([-0.0, 0.0, -0.0, 0.0, 1.0, np.nan] * 6, dtype)
+    mx = np.asarray(fa.maximum(fa.asarray(a), fa.asarray(b)))
+    mn = np.asarray(fa.minimum(fa.asarray(a), fa.asarray(b)))
+    assert list(np.signbit(mx[:4])) == [False, False, True, False] and np.isnan(mx[4:6]).all()
+    assert list(np.signbit(mn[:4])) == [True, True, True, False] and np.isnan(mn[4:6]).all()
