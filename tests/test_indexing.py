@@ -279,7 +279,7 @@ def test_errors_before_work(no_evaluation):
     with pytest.raises(ValueError, match="rank"):
         fa.take_along_axis(x, np.zeros(3, np.int64), axis=0)
     with pytest.raises(ValueError, match="mode"):
-        fa.take(x, [0], mode="fill")
+        fa.take(x, [0], mode="raise")
     with pytest.raises(ValueError, match="mode must be"):
         x.at[[0]].get(mode="wrap")
     with pytest.raises(ValueError, match="mode must be"):
@@ -451,3 +451,19 @@ def test_at_modes_and_power_as_jax(backend):
         x.at[0].set(1.0, mode="fill")
     with pytest.raises(TypeError, match="at\\[\\].power does not accept bool"):
         fa.asarray(np.array([True])).at[0].power(True)
+
+
+def test_take_fill_mode_and_nested_list_keys_as_jax(backend):
+    """JAX 0.10.2's answers: take(mode='fill') reads fill_value (default NaN / lowest int) at out-of-range indices,
+    negative ones in range counting from the end; a nested integer list key under an explicit at[] mode is device
+    data too (it raised IndexError where a flat list or numpy array did not)."""
+    x = fa.asarray(np.arange(5.0))
+    assert fa.take(x, [5, -6, 1, -1], mode="fill", fill_value=-1.0).tolist() == [-1.0, -1.0, 1.0, 4.0]
+    np.testing.assert_array_equal(np.asarray(fa.take(x, fa.asarray(np.array([5, -6, 1])), mode="fill")), [np.nan, np.nan, 1.0])
+    assert fa.take(fa.arange(5), np.array([7]), mode="fill").tolist() == [np.iinfo(np.int64).min]
+    got = fa.take(fa.asarray(np.arange(6.0).reshape(2, 3)), [[0, 3]], axis=1, mode="fill")
+    np.testing.assert_array_equal(np.asarray(got), [[[0.0, np.nan]], [[3.0, np.nan]]])
+    assert x.at[[[5], [3]]].get(mode="clip").tolist() == [[4.0], [3.0]]
+    assert x.at[[[5], [3]]].add(10.0, mode="drop").tolist() == [0.0, 1.0, 2.0, 13.0, 4.0]
+    with pytest.raises(ValueError, match="fill_value is used with mode='fill' only"):
+        fa.take(x, [0], fill_value=1.0)

@@ -379,13 +379,14 @@ def _gather(x, slots, fill=None) -> Array:
     return out
 
 
-def take(x, indices, /, *, axis=None, mode=None) -> Array:
+def take(x, indices, /, *, axis=None, mode=None, fill_value=None) -> Array:
     """Elements of ``x`` at ``indices`` along ``axis`` (flattened ``x`` when None): numpy's/JAX's take,
     ``x[(slice(None),) * axis + (indices,)]``. Any dtype for ``x``; integer indices of any shape.
 
     ``mode``: None (out-of-range host indices -- ints, lists, numpy -- raise IndexError; fa/torch arrays
-    clamp), 'clip' (every index is clamped into range: a negative one is 0, as numpy's and JAX's), 'wrap'
-    (indices are taken modulo the axis size). A lazy library call
+    clamp; jnp.take's default fills instead), 'clip' (every index is clamped into range: a negative one is 0, as
+    numpy's and JAX's), 'wrap' (indices are taken modulo the axis size), 'fill' (out-of-range indices read
+    ``fill_value``: by default NaN, the lowest signed / highest unsigned integer, True, as JAX's). A lazy library call
     (gather)."""
     from .manipulation import reshape
     node = node_of(x)
@@ -394,8 +395,10 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
     elif not node.shape:
         raise ValueError("take: x must have at least one dimension when axis is given")
     axis = views.normalize_axis(axis, x.ndim, "take: axis")
-    if mode not in (None, "clip", "wrap"):
-        raise ValueError(f"take: mode must be None, 'clip' or 'wrap', got {mode!r}")
+    if mode not in (None, "clip", "wrap", "fill"):
+        raise ValueError(f"take: mode must be None, 'clip', 'wrap' or 'fill', got {mode!r}")
+    if fill_value is not None and mode != "fill":
+        raise ValueError(f"take: fill_value is used with mode='fill' only, got mode={mode!r}")
     kind, idx = _classify(indices if not isinstance(indices, (int, np.integer)) else np.asarray(indices))
     if kind != "array":
         raise TypeError(f"take: indices must be an integer array (or list), got {type(indices).__name__}")
@@ -407,6 +410,9 @@ def take(x, indices, /, *, axis=None, mode=None) -> Array:
     elif mode == "clip":   # clamped into [0, n - 1] as they are: a negative index is 0, not counted from the end
         from .elementwise import clip
         idx = np.clip(idx, 0, max(n - 1, 0)) if isinstance(idx, np.ndarray) else clip(idx, 0, max(n - 1, 0))
+    if mode == "fill":
+        key = (slice(None),) * axis + (_as_lazy_indices(idx, x) if isinstance(idx, np.ndarray) else idx,)
+        return getitem(x, key, fill=_default_fill(x.dtype) if fill_value is None else fill_value)
     return getitem(x, (slice(None),) * axis + (idx,))
 
 
@@ -537,8 +543,10 @@ def _as_lazy_indices(key, x):
             return k
         if isinstance(k, (int, np.integer)) or (isinstance(k, np.ndarray) and k.dtype.kind in "iu"):
             return asarray(k, device=x.device)
-        if isinstance(k, list) and k and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in k):
-            return asarray(k, device=x.device)
+        if isinstance(k, list) and k:   # flat or nested, as numpy reads it: integer lists only (not masks)
+            values = np.asarray(k) if all(isinstance(v, (int, np.integer, list)) for v in k) else None
+            if values is not None and values.dtype.kind in "iu":
+                return asarray(values, device=x.device)
         return k
     return tuple(lazy(k) for k in key) if isinstance(key, tuple) else lazy(key)
 
