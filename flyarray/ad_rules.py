@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from . import dtypes as dt
-from . import ir, ops as F
+from . import ir, views, ops as F
 from .ops import core
 from .ops.decompositions import DECOMPOSITIONS
 from .ops.indexing import GATHER, SCATTER
@@ -221,15 +221,7 @@ for _name, _weights in (("max", _chooser_weights), ("min", _chooser_weights), ("
 def _view_shapes(base_shape, ops):
     shapes = [tuple(base_shape)]
     for op in ops:
-        kind = op[0]
-        if kind in ("reshape", "expand"):
-            shapes.append(tuple(op[1]))
-        elif kind == "permute":
-            shapes.append(tuple(shapes[-1][p] for p in op[1]))
-        elif kind == "slice":
-            shapes.append(tuple(op[3]))
-        else:  # flip
-            shapes.append(shapes[-1])
+        shapes.append(views.output_shape(op, shapes[-1]))
     return shapes
 
 

@@ -133,21 +133,17 @@ def _merged(a: tuple, shape: tuple, b: tuple) -> Optional[tuple]:
     if kind != b[0]:
         return None
     if kind in ("reshape", "expand"):
-        return () if tuple(b[1]) == tuple(shape) else (b,)
-    if kind == "permute":
-        perm = tuple(a[1][k] for k in b[1])
-        return () if perm == tuple(range(len(perm))) else (("permute", perm),)
-    if kind == "flip":
-        axes = tuple(sorted(ax for ax in set(a[1]) ^ set(b[1]) if shape[ax] > 1))
-        return (("flip", axes),) if axes else ()
-    if kind == "slice":
+        op = b
+    elif kind == "permute":
+        op = ("permute", tuple(a[1][k] for k in b[1]))
+    elif kind == "flip":
+        op = ("flip", tuple(sorted(ax for ax in set(a[1]) ^ set(b[1]) if shape[ax] > 1)))
+    else:  # slice
         _, starts_a, steps_a, _ = a
         _, starts_b, steps_b, out = b
         starts = tuple(sa + sb * ta for sa, sb, ta in zip(starts_a, starts_b, steps_a))
-        steps = tuple(ta * tb for ta, tb in zip(steps_a, steps_b))
-        op = ("slice", starts, steps, tuple(out))
-        return () if _is_identity(op, shape) else (op,)
-    return None
+        op = ("slice", starts, tuple(ta * tb for ta, tb in zip(steps_a, steps_b)), tuple(out))
+    return () if _is_identity(op, shape) else (op,)
 
 
 def addresses_one_element(view: View) -> bool:

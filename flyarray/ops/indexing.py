@@ -345,6 +345,13 @@ def _index_arrays(x, slots, adv, clamp):
     return out, valid
 
 
+def _on_index_dims(a, b_shape, place, ndim):
+    """``a`` broadcast to the index arrays' shape ``b_shape``, on the result's dims for them (they sit at ``place``
+    among ``ndim``)."""
+    from .manipulation import broadcast_to, reshape
+    return reshape(broadcast_to(a, b_shape), (1,) * place + b_shape + (1,) * (ndim - place - len(b_shape)))
+
+
 def _linear(indices, sizes):
     """The flat index into the row-major product of ``sizes`` (int64, broadcast over the indices)."""
     strides = views.contiguous_strides(sizes)
@@ -370,12 +377,12 @@ def _gather(x, slots, fill=None) -> Array:
     lin = broadcast_to(_linear(indices, sizes), b_shape)
     z = reshape(permute_dims(y, tuple(adv + rest)), (math.prod(sizes),) + tuple(y.shape[i] for i in rest))
     (out,) = call(GATHER, [z, lin])
-    nb = len(b_shape)
     if place:
+        nb = len(b_shape)
         out = moveaxis(out, tuple(range(nb)), tuple(range(place, place + nb)))
     if fill is not None and valid is not None:   # out-of-range lazy indices read ``fill``
-        valid = reshape(broadcast_to(valid, b_shape), (1,) * place + b_shape + (1,) * (out.ndim - place - nb))
-        out = where(valid, out, full((), fill, dtype=x.dtype, device=x.device))
+        fill = full((), fill, dtype=x.dtype, device=x.device)
+        out = where(_on_index_dims(valid, b_shape, place, out.ndim), out, fill)
     return out
 
 
@@ -411,7 +418,7 @@ def take(x, indices, /, *, axis=None, mode=None, fill_value=None) -> Array:
         from .elementwise import clip
         idx = np.clip(idx, 0, max(n - 1, 0)) if isinstance(idx, np.ndarray) else clip(idx, 0, max(n - 1, 0))
     if mode == "fill":
-        key = (slice(None),) * axis + (_as_lazy_indices(idx, x) if isinstance(idx, np.ndarray) else idx,)
+        key = (slice(None),) * axis + (_as_lazy_indices(idx, x),)
         return getitem(x, key, fill=_default_fill(x.dtype) if fill_value is None else fill_value)
     return getitem(x, (slice(None),) * axis + (idx,))
 
@@ -747,14 +754,12 @@ def _scatter(x, slots, v, mode, clamp=False) -> Array:
             start, step, count = s.value
             ramp = arange(count, device=x.device) * step + start if count else arange(0, device=x.device)
             coords[s.axis] = reshape(ramp, tuple(count if d == r else 1 for d in range(len(r_shape))))
-    for i, idx in zip(adv, indices):  # the broadcast index dims sit at ``place``
-        idx = broadcast_to(idx, b_shape)
-        coords[slots[i].axis] = reshape(idx, (1,) * place + b_shape + (1,) * (len(r_shape) - place - nb))
+    for i, idx in zip(adv, indices):
+        coords[slots[i].axis] = _on_index_dims(idx, b_shape, place, len(r_shape))
     lin = _linear([coords.get(a, 0) for a in range(x.ndim)], x.shape)
     lin = lin if isinstance(lin, Array) else full((), lin, dtype=dt.int64, device=x.device)
     if valid is not None:  # dropped updates point nowhere
-        valid = reshape(broadcast_to(valid, b_shape), (1,) * place + b_shape + (1,) * (len(r_shape) - place - nb))
-        lin = where(valid, lin, -1)
+        lin = where(_on_index_dims(valid, b_shape, place, len(r_shape)), lin, -1)
     lin = broadcast_to(lin, r_shape)
     if not isinstance(v, Array):
         v = full((), v, dtype=x.dtype, device=x.device)
