@@ -79,6 +79,7 @@ _UNARY = {
     "tan": lambda g, x, y: g * (1.0 + y * y),
     "tanh": lambda g, x, y: g * (1.0 - y * y),
     "erf": lambda g, x, y: g * (_TWO_OVER_SQRT_PI * F.exp(-(x * x))),
+    "erfc": lambda g, x, y: g * (-_TWO_OVER_SQRT_PI * F.exp(-(x * x))),
     "sigmoid": lambda g, x, y: g * (y * (1.0 - y)),
     "acos": lambda g, x, y: -(g * F.rsqrt(1.0 - x * x)),
     "acosh": lambda g, x, y: g * F.rsqrt((x - 1.0) * (x + 1.0)),
@@ -205,8 +206,20 @@ def _prod_weights(e):
     rows = F.reshape(moved, moved.shape[:len(kept)] + (math.prod(x.shape[a] for a in axes),))
     prefix = F.cumulative_prod(rows, axis=-1, include_initial=True)[..., :-1]
     suffix = F.flip(F.cumulative_prod(F.flip(rows, axis=-1), axis=-1, include_initial=True)[..., :-1], axis=-1)
-    others = F.reshape(prefix * suffix, moved.shape)
+    others = _overflow_before_a_zero_is_zero(prefix * suffix, rows)
+    others = F.reshape(others, moved.shape)
     return F.permute_dims(others, [(kept + axes).index(a) for a in range(x.ndim)])
+
+
+def _overflow_before_a_zero_is_zero(products, rows):
+    """The products of the others, with 0 where they are NaN only because a partial product of finite
+    values overflowed before meeting a zero (``[1e30, 1e30, 0, 1]`` in float32: inf * 0): the true product
+    is 0 (torch's gradient too). An inf or NaN among the others keeps the NaN."""
+    def among_others(mask):
+        count = F.sum(mask.astype(dt.int32), axis=-1, keepdims=True)
+        return (count - mask.astype(dt.int32)) > 0
+    overflowed = among_others(rows == 0) & ~among_others(~F.isfinite(rows)) & F.isnan(products)
+    return F.where(overflowed, F.zeros((), dtype=products.dtype, device=products.device), products)
 
 
 REDUCE["sum"].vjp = _sum_vjp

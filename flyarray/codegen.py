@@ -34,7 +34,7 @@ COLUMN_TILE = 64  # kept x reduced tile side of column-major row kernels (reduct
 HEAVY_F64_EW_BLOCK = 256
 HEAVY_F64_ROW_TILE = 1024
 _HEAVY = frozenset(("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "sinh", "cosh",
-                    "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "pow", "hypot",
+                    "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "erfc", "pow", "hypot",
                     "logaddexp", "sigmoid", "gelu", "silu"))
 
 

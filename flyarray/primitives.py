@@ -244,6 +244,8 @@ for _name, _ref, _low in [
     ("sin", torch.sin, _f("tl.sin({0})")),
     ("cos", torch.cos, _f("tl.cos({0})")),
     ("erf", torch.erf, _f("tl.erf({0})")),
+    # libdevice's erfc (the interpreter binds math.erfc): 1 - erf(x) cancels to nothing past x ~ 4
+    ("erfc", torch.erfc, _f("ext.erfc({0})")),
     ("sigmoid", torch.sigmoid, _f("(1.0 / (1.0 + ext.exp(-{0})))")),
     ("tan", torch.tan, _float_only("tan")),
     ("tanh", torch.tanh, _float_only("tanh")),

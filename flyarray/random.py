@@ -277,14 +277,39 @@ def _erfinv(x: Array) -> Array:
     small = _horner(w - 2.5, _ERFINV_SMALL)
     large = _horner(ew.sqrt(ew.maximum(w, 5.0)) - 3.0, _ERFINV_LARGE)
     p = core.where(w < 5.0, small, large) * x
+    if x.dtype == dt.float64:
+        p = _refined_in_float64(p, x)
     # the infinities as constants: x * inf would send 0 * inf = NaN back through the branch not taken
     infinities = core.where(x > 0, float("inf"), float("-inf")).astype(x.dtype, copy=False)
     return core.where(ew.abs(x) == 1.0, infinities, p)
 
 
+# Newton steps that take Giles' float32 erfinv to float64 accuracy: 4 reach 5 ulp of the true erfinv
+# (mpmath at 50 digits) over 20,000 uniform u and u = +-(1 - 2**-k), k = 1..53; 3 leave u = 1 - 2**-53 at
+# 2e6 ulp, where the float32 polynomial, extrapolated past its range, starts 12% off.
+_FLOAT64_NEWTON_STEPS = 4
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _refined_in_float64(z: Array, x: Array) -> Array:
+    """erfinv(x) from the estimate ``z``. Where |x| > 1/2 the step solves log erfc(|z|) = log(1 - |x|)
+    (1 - |x| is exact there, and log erfc is nearly quadratic, so Newton converges from afar and keeps
+    relative accuracy in the tail, where erf(z) - x would have cancelled); elsewhere erf(z) = x."""
+    tail = ew.abs(x) > 0.5
+    log_c = ew.log(1.0 - ew.abs(x))
+    for _ in range(_FLOAT64_NEWTON_STEPS):
+        a = ew.abs(z)
+        density = _TWO_OVER_SQRT_PI * ew.exp(-(z * z))
+        erfc_a = ew.erfc(a)
+        tail_z = ew.copysign(a + (ew.log(erfc_a) - log_c) * erfc_a / density, x)
+        z = core.where(tail, tail_z, z - (ew.erf(z) - x) / density)
+    return z
+
+
 def normal(k, shape=(), dtype=dt.float32) -> Array:
     """Standard normal, as ``jax.random.normal``: sqrt(2) * erfinv(u), u uniform on (-1, 1).
-    The erfinv is float32-accurate (Giles), also for float64."""
+    The erfinv is Giles' float32 one (XLA's: the same bits as JAX's in float32); float64 refines it by
+    Newton's method to within 5 ulp of the true erfinv (JAX's float64 polynomial differs by a few ulp)."""
     _check_key(k, "normal")
     d = _float_dtype(dtype, "normal")
     u = uniform(k, shape, d, _nextafter(-1.0, 0.0, d), 1.0)

@@ -229,7 +229,7 @@ _EW = {
     aten.sqrt.default: fa.sqrt, aten.rsqrt.default: fa.rsqrt, aten.abs.default: fa.abs,
     aten.tanh.default: fa.tanh, aten.sigmoid.default: fa.sigmoid, aten.relu.default: fa.relu,
     aten.silu.default: fa.silu, aten.gelu.default: _gelu, aten.sin.default: fa.sin, aten.cos.default: fa.cos,
-    aten.erf.default: fa.erf, aten.reciprocal.default: fa.reciprocal, aten.log1p.default: fa.log1p,
+    aten.erf.default: fa.erf, aten.erfc.default: fa.erfc, aten.reciprocal.default: fa.reciprocal, aten.log1p.default: fa.log1p,
     aten.expm1.default: fa.expm1, aten.pow.Tensor_Scalar: _pow_scalar, aten.pow.Tensor_Tensor: fa.pow,
     aten.maximum.default: fa.maximum, aten.minimum.default: fa.minimum,
     aten.where.self: fa.where, aten.eq.Tensor: fa.equal, aten.eq.Scalar: fa.equal,

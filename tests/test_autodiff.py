@@ -40,6 +40,7 @@ UNARY = {  # name: (fa fn, torch fn, domain)
     "log2": (fa.log2, torch.log2, POS), "log10": (fa.log10, torch.log10, POS), "sqrt": (fa.sqrt, torch.sqrt, POS),
     "rsqrt": (fa.rsqrt, torch.rsqrt, POS), "sin": (fa.sin, torch.sin, X), "cos": (fa.cos, torch.cos, X),
     "tan": (fa.tan, torch.tan, UNIT), "tanh": (fa.tanh, torch.tanh, X), "erf": (fa.erf, torch.erf, X),
+    "erfc": (fa.erfc, torch.erfc, X),
     "sigmoid": (fa.sigmoid, torch.sigmoid, X), "acos": (fa.acos, torch.acos, UNIT),
     "acosh": (fa.acosh, torch.acosh, BIG), "asin": (fa.asin, torch.asin, UNIT), "asinh": (fa.asinh, torch.asinh, X),
     "atan": (fa.atan, torch.atan, X), "atanh": (fa.atanh, torch.atanh, UNIT), "cosh": (fa.cosh, torch.cosh, X),
@@ -170,6 +171,21 @@ def test_prod_with_zeros():
         x = np.array(x, np.float32)
         _check(lambda a: fa.prod(a), lambda a: a.prod(), x)
     _check(lambda a: fa.sum(fa.prod(a, axis=1)), lambda a: a.prod(1).sum(), X)
+
+
+@pytest.mark.parametrize("x, want", [
+    ([1e30, 1e30, 0.0, 1.0], [0.0, 0.0, np.inf, 0.0]),       # inf * 0 inside the products of the others
+    ([0.0, 1.0, 1e30, 1e30], [np.inf, 0.0, 0.0, 0.0]),       # the overflow after the zero
+    ([np.inf, 0.0, 1.0, 2.0], [0.0, np.inf, np.nan, np.nan]),  # a real inf times a zero stays NaN (torch's)
+    ([np.nan, 0.0, 1.0], [0.0, np.nan, np.nan]),
+])
+def test_prod_gradient_where_a_partial_product_overflows_before_a_zero(x, want):
+    """The product of the others is 0 where it holds a zero, even if the finite values around it overflow
+    float32 first (torch's gradient of the first case; of the second torch gives NaN at 1.0)."""
+    got = np.asarray(fa.grad(fa.prod)(fa.asarray(np.array(x, np.float32))))
+    np.testing.assert_array_equal(got, np.array(want, np.float32))
+    rows = np.asarray(fa.grad(lambda a: fa.sum(fa.prod(a, axis=1)))(fa.asarray(np.array([x, x], np.float32))))
+    np.testing.assert_array_equal(rows, np.array([want, want], np.float32))
 
 
 def test_views():

@@ -41,7 +41,7 @@ def _t(name):
 
 ELEMENTWISE_CASES = {
     **{n: (getattr(fa, n), _t(n), (R,)) for n in (
-        "exp", "exp2", "sin", "cos", "erf", "sigmoid", "tanh", "asinh", "atan", "cosh", "sinh", "expm1", "relu",
+        "exp", "exp2", "sin", "cos", "erf", "erfc", "sigmoid", "tanh", "asinh", "atan", "cosh", "sinh", "expm1", "relu",
         "negative", "positive", "abs", "square", "sign", "floor", "ceil", "trunc", "round")},
     **{n: (getattr(fa, n), _t(n), (POS,)) for n in ("log", "log2", "log10", "sqrt", "rsqrt", "log1p", "reciprocal")},
     **{n: (getattr(fa, n), _t(n), (UNIT,)) for n in ("acos", "asin", "atanh", "tan")},

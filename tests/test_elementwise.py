@@ -23,13 +23,14 @@ from .conftest import (ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, LAYOUTS, assert_mat
                        sample, scaled)
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 # name -> (numpy function over float64 / the dtype, (lo, hi) domain)
 UNARY_FLOAT = {
     "exp": (np.exp, (-5, 5)), "exp2": (np.exp2, (-6, 6)), "log": (np.log, (0.1, 20)),
     "log2": (np.log2, (0.1, 20)), "log10": (np.log10, (0.1, 20)), "sqrt": (np.sqrt, (0, 20)),
     "rsqrt": (lambda x: 1 / np.sqrt(x), (0.1, 20)), "sin": (np.sin, (-4, 4)), "cos": (np.cos, (-4, 4)),
-    "tan": (np.tan, (-1.2, 1.2)), "erf": (_erf, (-3, 3)), "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), (-6, 6)),
+    "tan": (np.tan, (-1.2, 1.2)), "erf": (_erf, (-3, 3)), "erfc": (_erfc, (-3, 9)), "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), (-6, 6)),
     "tanh": (np.tanh, (-4, 4)), "acos": (np.arccos, (-1, 1)), "asin": (np.arcsin, (-1, 1)),
     "atan": (np.arctan, (-5, 5)), "acosh": (np.arccosh, (1, 10)), "asinh": (np.arcsinh, (-5, 5)),
     "atanh": (np.arctanh, (-0.9, 0.9)), "cosh": (np.cosh, (-4, 4)), "sinh": (np.sinh, (-4, 4)),

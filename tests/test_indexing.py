@@ -320,15 +320,31 @@ def test_at_update_over_reversed_whole_axes_keeps_the_key_order(backend):
     assert_matches(g, np.array([3.0, 2.0, 1.0, 0.0], np.float32))
 
 
-def test_at_update_casts_a_python_scalar_first_whatever_the_key(backend):
-    """JAX's rule, one for every key kind: the value is cast to x's dtype before the op."""
+def test_at_update_combines_in_the_promoted_dtype_then_casts_whatever_the_key(backend):
+    """JAX's rule, one for every key kind (outputs of jax 0.10.2): the op runs in the dtype x and the values
+    promote to and its result is cast back; set casts the values. (Casting the values first gave -3 and 6.)"""
     x = fa.asarray(np.array([-5, 3, 7], np.int32))
     for key in (0, [0], np.array([True, False, False]), slice(0, 1)):
-        assert_matches(x.at[key].add(2.5), np.array([-3, 3, 7], np.int32))
+        assert_matches(x.at[key].add(2.5), np.array([-2, 3, 7], np.int32))
+        assert_matches(x.at[key].set(2.5), np.array([2, 3, 7], np.int32))
     for key in (1, [1]):
-        assert_matches(x.at[key].multiply(2.5), np.array([-5, 6, 7], np.int32))
+        assert_matches(x.at[key].multiply(2.5), np.array([-5, 7, 7], np.int32))
     with pytest.raises(ValueError, match="cannot cast the update value"):
         x.at[0].set(float("nan"))
+    with pytest.raises(ValueError, match="cannot cast the update value"):
+        x.at[[0]].add(float("inf"))
+    x = fa.asarray(np.array([1, 2, 3, 4], np.int32))
+    assert_matches(x.at[[1, 1]].add(0.6), np.array([1, 3, 3, 4], np.int32))   # 2 + 0.6 + 0.6, then cast
+    assert_matches(x.at[1:3].multiply(fa.asarray(np.array([2.7, 1.5], np.float32))), np.array([1, 5, 4, 4], np.int32))
+    assert_matches(x.at[[0, 0]].power(fa.asarray(np.array([0.5, 2.0]))), np.array([1, 2, 3, 4], np.int32))
+    u = fa.asarray(np.array([0, 5, 200], np.uint8))
+    minus_one = fa.asarray(np.array(-1, np.int32))
+    for key in (0, [0]):   # max(0, -1) in int32 is 0 (the values cast first made -1 255)
+        assert_matches(u.at[key].max(minus_one), np.array([0, 5, 200], np.uint8))
+    assert_matches(u.at[[0, 2]].min(fa.asarray(np.array([-1, 300], np.int32))), np.array([255, 5, 200], np.uint8))
+    h = fa.asarray(np.array([1.0, 2.0], np.float16))
+    thousandth = np.float32(1e-3)
+    assert_matches(h.at[[0, 0]].add(fa.asarray(np.array([thousandth] * 2))), np.array([1.002, 2.0], np.float16))
 
 
 def test_uint64_indices_past_int64_are_out_of_range_not_negative(backend):

@@ -198,7 +198,7 @@ _SCALAR_OPERAND = {"add": torch.add, "multiply": torch.mul, "subtract": torch.su
 # and take ``out=`` (_reusable_results writes into a dead argument); tests/test_reliability.py checks both
 _KEEPS_FLOAT_DTYPE = frozenset(("add", "subtract", "multiply", "divide", "negative", "exp", "log", "sin", "cos", "tan",
                                 "tanh", "sqrt", "abs", "maximum", "minimum", "expm1", "log1p", "rsqrt", "sigmoid",
-                                "square", "reciprocal", "erf", "sinh", "cosh", "exp2", "log2", "log10", "atan", "asin",
+                                "square", "reciprocal", "erf", "erfc", "sinh", "cosh", "exp2", "log2", "log10", "atan", "asin",
                                 "acos", "asinh", "atanh", "atan2", "hypot", "copysign", "logaddexp", "floor", "ceil",
                                 "trunc", "round"))
 _COMMUTES = {"add", "multiply"}

@@ -587,8 +587,8 @@ def update(x, key, values, mode, clamp=False) -> Array:
     node = node_of(x)
     _check_update_dtype(mode, node.dtype)
     v = values if isinstance(values, Array) else asarray(values, device=node.device) \
-        if not isinstance(values, (bool, int, float)) else _scalar_of(values, node.dtype)
-    if isinstance(v, Array) and v.dtype != node.dtype:
+        if not isinstance(values, (bool, int, float)) else _scalar_of(values, node.dtype, mode)
+    if isinstance(v, Array) and v.dtype != node.dtype and mode == "set":
         v = v.astype(node.dtype)
     slots = parse(node.shape, key, masks="keep")
     masks = [s for s in slots if s.kind == "mask"]
@@ -619,14 +619,18 @@ def _check_update_dtype(mode, d):
         raise TypeError(f"at[].{mode} does not accept {d} arrays (complex numbers have no order)")
 
 
-def _scalar_of(value, dtype):
-    """A Python scalar update value cast to the array's dtype first (JAX's rule, and what an integer-array
-    key's scatter does): x.at[i].add(2.5) on int32 adds 2, whatever the key's kind."""
+def _scalar_of(value, dtype, mode):
+    """A Python scalar update value. ``set`` casts it to the array's dtype (0.7 into int32 sets 0); the
+    other ops combine it with ``x`` as a weak scalar, in the dtype they promote to, and cast the result back
+    (JAX's rule): int32 ``x.at[i].multiply(2.7)`` is ``int(x * 2.7)``, not ``x * 2``. A NaN or inf cannot
+    end in an integer array and is refused."""
+    if dtype.kind in "iu" and isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"at[]: cannot cast the update value {value} to {dtype}")
+    if mode != "set":
+        return value
     if dtype == dt.bool_:
         return bool(value)
     if dtype.kind in "iu" and isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"at[]: cannot cast the update value {value} to {dtype}")
         return int(value)  # truncates toward zero, as astype
     return value
 
@@ -761,15 +765,17 @@ def _scatter(x, slots, v, mode, clamp=False) -> Array:
     if valid is not None:  # dropped updates point nowhere
         lin = where(_on_index_dims(valid, b_shape, place, len(r_shape)), lin, -1)
     lin = broadcast_to(lin, r_shape)
-    if not isinstance(v, Array):
-        v = full((), v, dtype=x.dtype, device=x.device)
+    # the values meet x in the dtype the two promote to (set: x's own, the values were cast already)
+    work = dt.result_type(x.dtype, v.dtype if isinstance(v, Array) else v)
+    v = v.astype(work, copy=False) if isinstance(v, Array) else full((), v, dtype=work, device=x.device)
     try:
         v = broadcast_to(v, r_shape)
     except ValueError:
         raise ValueError(f"at[]: values of shape {v.shape} do not broadcast to the indexed shape {r_shape}") from None
-    flat = reshape(x, (-1,))
+    flat = reshape(x, (-1,)).astype(work, copy=False)
     if mode in ("divide", "power"):  # x / (product of the values at each index), x ** (their product): JAX's
-        (den,) = call(SCATTER, [ones(flat.shape, dtype=x.dtype, device=x.device), lin, v], mode="multiply")
-        return reshape(divide(flat, den) if mode == "divide" else pow(flat, den), x.shape)
-    (out,) = call(SCATTER, [flat, lin, v], mode=mode)
-    return reshape(out, x.shape)
+        (den,) = call(SCATTER, [ones(flat.shape, dtype=work, device=x.device), lin, v], mode="multiply")
+        out = divide(flat, den) if mode == "divide" else pow(flat, den)
+    else:
+        (out,) = call(SCATTER, [flat, lin, v], mode=mode)
+    return reshape(out, x.shape).astype(x.dtype, copy=False)
