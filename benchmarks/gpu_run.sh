@@ -126,8 +126,11 @@ if [ "${MODE:-tests}" = suite_then_torch ]; then
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} FLYARRAY_CACHE_DIR=/tmp/flyarray-cache
   mkdir -p "$OUT"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
-  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -n ${WORKERS:-12} -p no:cacheprovider ${TESTS:-tests} > "$OUT/tests.log" 2>&1
-  echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -30
+  # -v names each failure as it happens, and SIGINT at the limit still prints pytest's summary (a killed run
+  # left only dots: the thirty-first session saw two F's it could not name)
+  timeout -s INT -k 30 ${TEST_TIMEOUT:-400} python3 -m pytest -v -rfE -n ${WORKERS:-12} -p no:cacheprovider ${TESTS:-tests} \
+    > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | sort -u | tail -30
   if [ -n "${BENCH:-}" ]; then
     if [ -n "${BENCH_SUITES:-}" ]; then   # e.g. BENCH_SUITES="attention mx topk gemm": issue 15's table
       timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench.json" \

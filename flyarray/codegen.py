@@ -31,16 +31,22 @@ COLUMN_TILE = 64  # kept x reduced tile side of column-major row kernels (reduct
 # kernel with one keeps few elements a thread, or it spills (the sm_90 cross-compile of complex128 tan: 552
 # bytes at 8 elements a thread). Elementwise: 256 a program on 4 warps (2 a thread); row kernels: tiles of
 # 1024 elements and enough warps for 2 a thread (benchmarks/xc_generated.py finds such spills).
-HEAVY_F64_EW_BLOCK = 256
-HEAVY_F64_ROW_TILE = 1024
+HEAVY_EW_BLOCK = 256
+HEAVY_ROW_TILE = 1024
 _HEAVY = frozenset(("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "sinh", "cosh",
                     "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "erfc", "pow", "hypot",
                     "logaddexp", "sigmoid", "gelu", "silu"))
 
 
-def _heavy_float64(kernel) -> bool:
-    return any(isinstance(op, Elementwise) and op.prim in _HEAVY and "float64" in (op.dtype.name, op.in_dtype.name)
-               for op in kernel.ops)
+# float32 kernels with many of them spill the same way: a complex64 chain, exp(z * z + 1j) / (z - 2) then sqrt,
+# lowers to 102 real ops, 5 of them heavy (sm_90, Triton 3.6: 128 registers and 8 spill bytes at 8 elements a thread)
+HEAVY_OPS_PER_KERNEL = 4
+
+
+def _heavy(kernel) -> bool:
+    heavy = [op for op in kernel.ops if isinstance(op, Elementwise) and op.prim in _HEAVY]
+    return (len(heavy) >= HEAVY_OPS_PER_KERNEL
+            or any("float64" in (op.dtype.name, op.in_dtype.name) for op in heavy))
 
 
 # Launch shapes (per-arch tuned values replace these in launch_shape; benchmarks/tune_fused.py explores them).
@@ -446,9 +452,9 @@ class _Emitter:
 
     def launch_shape(self):
         lay = self.lay
-        heavy = _heavy_float64(self.k)
+        heavy = _heavy(self.k)
         if not self.rows:
-            block = TUNING["ew_block"] if not heavy else HEAVY_F64_EW_BLOCK
+            block = TUNING["ew_block"] if not heavy else HEAVY_EW_BLOCK
             if lay.M < block:
                 block = max(16, 1 << max(lay.M - 1, 0).bit_length())
             warps = TUNING["ew_warps"] if block >= 1024 or heavy else max(1, block // 256)
@@ -463,7 +469,7 @@ class _Emitter:
             block_n = TUNING["reduce_block_n"]
         else:
             block_n = TUNING["loop_block_n"]
-        block_m = max(1, min(64, (TUNING["row_tile"] if not heavy else HEAVY_F64_ROW_TILE) // block_n))
+        block_m = max(1, min(64, (TUNING["row_tile"] if not heavy else HEAVY_ROW_TILE) // block_n))
         block_m = 1 << (block_m.bit_length() - 1)
         tile = block_n * block_m
         warps = TUNING["row_warps"] or (4 if tile <= 4096 else (8 if tile <= 8192 else 16))

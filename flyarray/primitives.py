@@ -138,6 +138,12 @@ def _f(expr):  # a lowering from a format string over a, b, c
     return lambda args, cdt: expr.format(*args)
 
 
+def _rn_div(a, b, cdt):
+    """a / b correctly rounded, as torch's and numpy's: Triton lowers a float32 ``/`` to NVIDIA's div.full.f32
+    (up to 2 ulp off; sigmoid measured 3.1 ulp on an H100); float64 ``/`` is div.rn already."""
+    return f"tl.math.div_rn({a}, {b})" if cdt.name == "float32" else f"({a} / {b})"
+
+
 def _sqrt_reference(x, out=None):
     """sqrt correctly rounded: torch's CPU kernels are off by an ulp on a sixth of float32 inputs (and
     some float64 ones), numpy's are exact; float16/bfloat16 round from an exact float32 result."""
@@ -240,13 +246,13 @@ for _name, _ref, _low in [
     # 1 / correctly rounded sqrt: tl.rsqrt is rsqrt.approx on NVIDIA, flushing float32 subnormals (rsqrt(1e-40)
     # was inf) and unrefined for float64
     ("rsqrt", torch.rsqrt, lambda a, cdt: f"(1.0 / tl.sqrt({a[0]}))" if cdt.name == "float64"
-     else f"(1.0 / tl.sqrt_rn({a[0]}))"),
+     else _rn_div("1.0", f"tl.sqrt_rn({a[0]})", cdt)),
     ("sin", torch.sin, _f("tl.sin({0})")),
     ("cos", torch.cos, _f("tl.cos({0})")),
     ("erf", torch.erf, _f("tl.erf({0})")),
     # libdevice's erfc (the interpreter binds math.erfc): 1 - erf(x) cancels to nothing past x ~ 4
     ("erfc", torch.erfc, _f("ext.erfc({0})")),
-    ("sigmoid", torch.sigmoid, _f("(1.0 / (1.0 + ext.exp(-{0})))")),
+    ("sigmoid", torch.sigmoid, lambda a, cdt: _rn_div("1.0", f"(1.0 + ext.exp(-{a[0]}))", cdt)),
     ("tan", torch.tan, _float_only("tan")),
     ("tanh", torch.tanh, _float_only("tanh")),
     ("acos", torch.acos, _float_only("acos")),
@@ -265,7 +271,8 @@ for _name, _ref, _low in [
 
 # ---- activations (first-class so the scheduler can move them into a GEMM epilogue) ----------
 _ew("relu", 1, "numeric", "same", torch.relu, _f("tl.where({0} < 0, 0, {0})"))
-_ew("silu", 1, "float", "same", torch.nn.functional.silu, _f("({0} / (1.0 + ext.exp(-{0})))"))
+_ew("silu", 1, "float", "same", torch.nn.functional.silu,
+    lambda a, cdt: _rn_div(a[0], f"(1.0 + ext.exp(-{a[0]}))", cdt))
 # Both GELUs in forms without cancellation: 0.5 * x * (1 + erf(x / sqrt 2)) and 0.5 * x * (1 + tanh(u)) lose every
 # digit below x ~ -3 (torch's own kernels do: gelu(-6.8) gave 0 for 2.9e-11, and the two backends disagreed 10x);
 # 0.5 * x * erfc(-x / sqrt 2) and x * sigmoid(2u) are the same functions, accurate in the tail.
@@ -286,7 +293,8 @@ _ew("gelu", 1, "float", "same", _in_float32_at_least(lambda x: 0.5 * x * torch.e
     _f(f"(0.5 * {{0}} * ext.erfc({{0}} * {-_SQRT_HALF!r}))"))
 _ew("gelu_tanh", 1, "float", "same",
     _in_float32_at_least(lambda x: x * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
-    _f(f"({{0}} / (1.0 + ext.exp({-_TWO_SQRT_2_OVER_PI!r} * ({{0}} + 0.044715 * {{0}} * {{0}} * {{0}}))))"))
+    lambda a, cdt: _rn_div(a[0], f"(1.0 + ext.exp({-_TWO_SQRT_2_OVER_PI!r} * ({a[0]} + 0.044715 * {a[0]} * {a[0]} * {a[0]})))",
+                           cdt))
 
 # ---- unary, same dtype ----------------------------------------------------------------
 def _negate(a, cdt):
@@ -309,7 +317,7 @@ _ew("floor", 1, "numeric", "same", torch.floor, lambda a, cdt: f"tl.floor({a[0]}
 _ew("ceil", 1, "numeric", "same", torch.ceil, lambda a, cdt: f"tl.ceil({a[0]})" if cdt.kind == "f" else a[0])
 _ew("trunc", 1, "numeric", "same", torch.trunc, lambda a, cdt: f"ext.trunc({a[0]})" if cdt.kind == "f" else a[0])
 _ew("round", 1, "numeric", "same", torch.round, lambda a, cdt: f"ext.rint({a[0]})" if cdt.kind == "f" else a[0])
-_ew("reciprocal", 1, "float", "same", torch.reciprocal, _f("(1.0 / {0})"))
+_ew("reciprocal", 1, "float", "same", torch.reciprocal, lambda a, cdt: _rn_div("1.0", a[0], cdt))
 _ew("bitwise_invert", 1, "int_bool", "same", torch.bitwise_not,
     lambda a, cdt: f"({a[0]} == 0)" if cdt.kind == "b" else f"(~{a[0]})")
 _ew("logical_not", 1, "any", "bool", torch.logical_not, _f("({0} == 0)"))
@@ -327,7 +335,7 @@ _ew("add", 2, "any", "same", torch.add,
 _ew("subtract", 2, "numeric", "same", torch.subtract, _f("({0} - {1})"))
 _ew("multiply", 2, "any", "same", torch.multiply,
     lambda a, cdt: f"({a[0]} & {a[1]})" if cdt.kind == "b" else f"({a[0]} * {a[1]})")
-_ew("divide", 2, "float", "same", torch.divide, _f("({0} / {1})"))
+_ew("divide", 2, "float", "same", torch.divide, lambda a, cdt: _rn_div(a[0], a[1], cdt))
 _ew("floor_divide", 2, "numeric", "same", _floor_divide_reference,
     lambda a, cdt: f"_ffloordiv({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ifloordiv({a[0]}, {a[1]})")
 _ew("remainder", 2, "numeric", "same", _remainder_reference,

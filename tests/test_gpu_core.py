@@ -382,4 +382,6 @@ def test_gelu_tails_are_accurate_on_gpu():
     for approximate, truth in (("none", 0.5 * x.double() * torch.erfc(-x.double() / 2 ** 0.5)),
                                ("tanh", x.double() * torch.sigmoid(1.5957691216057308 * (x.double() + 0.044715 * x.double() ** 3)))):
         got = fa.nn.gelu(fa.asarray(x), approximate=approximate).torch().double()
-        torch.testing.assert_close(got, truth, rtol=2e-5, atol=0)   # condition number ~ x**2
+        # condition number ~ x**2; below ~3 float32 min-normals (gelu_tanh from x ~ -10, where exp(-2u) overflows
+        # and subnormals flush) the float32 result is 0 (the H100, thirty-first session: 2.9e-38 off at most)
+        torch.testing.assert_close(got, truth, rtol=2e-5, atol=4e-38)
