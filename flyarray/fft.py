@@ -109,6 +109,9 @@ def _axis(op, x, axis):
 
 
 def _axes_and_sizes(op, x, s, axes):
+    for name, value in (("s", s), ("axes", axes)):
+        if value is not None and (isinstance(value, (numbers.Number, str, bytes)) or not hasattr(value, "__len__")):
+            raise TypeError(f"fft.{op}: {name} must be a sequence of ints or None, got {value!r}")
     if axes is None:
         if s is not None and len(s) > x.ndim:
             raise ValueError(f"fft.{op}: s {tuple(s)} has more entries than x has axes (shape {x.shape})")

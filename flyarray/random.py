@@ -203,12 +203,20 @@ def _scalar_or(x, d, fn, name, shape, k):
     numpy, torch) is cast to ``d`` and must broadcast to ``shape``."""
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         return _round(float(x), d)
-    if not isinstance(x, Array):
-        if x is None or isinstance(x, (bool, str, bytes)):
-            raise TypeError(f"{fn}: {name} must be a real number or an array, got {x!r}")
-        x = creation.asarray_beside(x, k.device)
+    x = _real_array(x, k, fn, name)
     _check_fits(x, shape, fn, name)
     return x.astype(d, copy=False)
+
+
+def _real_array(x, k, fn, name) -> Array:
+    """``x`` (an fa array, numpy, torch, a list) as an array beside the key, refused by name unless real."""
+    if not isinstance(x, Array):
+        if x is None or isinstance(x, (bool, str, bytes, numbers.Complex)):
+            raise TypeError(f"{fn}: {name} must be a real number or an array, got {x!r}")
+        x = creation.asarray_beside(x, k.device)
+    if x.dtype.kind == "c":
+        raise TypeError(f"{fn}: {name} must be real, got a {x.dtype} array")
+    return x
 
 
 def _round(x: float, d) -> float:
@@ -328,8 +336,9 @@ def truncated_normal(k, lower, upper, shape=None, dtype=dt.float32) -> Array:
     """Standard normal conditioned on (lower, upper), as ``jax.random.truncated_normal``."""
     _check_key(k, "truncated_normal")
     d = _float_dtype(dtype, "truncated_normal")
-    lo = creation.asarray_beside(lower, k.device, d) if not isinstance(lower, Array) else lower.astype(d, copy=False)
-    hi = creation.asarray_beside(upper, k.device, d) if not isinstance(upper, Array) else upper.astype(d, copy=False)
+    lo, hi = (creation.asarray_beside(bound, k.device, d) if isinstance(bound, numbers.Real) and not isinstance(bound, bool)
+              else _real_array(bound, k, "truncated_normal", name).astype(d, copy=False)
+              for bound, name in ((lower, "lower"), (upper, "upper")))
     shape = _shape(broadcast_shapes(lo.shape, hi.shape) if shape is None else shape)
     _check_fits(lo, shape, "truncated_normal", "lower")
     _check_fits(hi, shape, "truncated_normal", "upper")
@@ -355,9 +364,9 @@ def bernoulli(k, p=0.5, shape=None) -> Array:
     """True with probability p, as ``jax.random.bernoulli``: uniform(k, shape, p's dtype) < p."""
     _check_key(k, "bernoulli")
     if not isinstance(p, Array) and not (isinstance(p, numbers.Real) and not isinstance(p, bool)):
-        if p is None or isinstance(p, (bool, str, bytes)):
-            raise TypeError(f"bernoulli: p must be a real number or an array, got {p!r}")
-        p = creation.asarray(p)   # numpy, torch, lists: one draw per element, as for an fa array
+        p = _real_array(p, k, "bernoulli", "p")   # numpy, torch, lists: one draw per element, as for an fa array
+    elif isinstance(p, Array) and p.dtype.kind == "c":
+        raise TypeError(f"bernoulli: p must be real, got a {p.dtype} array")
     # a float16/bfloat16 p is compared with a float32 draw: JAX draws in p's dtype, whose 2**10 / 2**7 levels
     # make p = 1e-3 in bfloat16 come true 7.8e-3 of the time
     d = p.dtype if isinstance(p, Array) and p.dtype.kind == "f" else dt.float32

@@ -545,3 +545,32 @@ def test_clip_names_a_list_bound():
         fa.clip(x, [0, 1, 1, 1], 2)
     with pytest.raises(TypeError, match="clip: max .* tuple"):
         fa.clip(x, None, (1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda: fa.fft.fftn(fa.ones((3, 4)), axes=1), TypeError, "fft.fftn: axes must be a sequence of ints or None"),
+    (lambda: fa.fft.irfftn(fa.ones((3, 4)), s=3), TypeError, "fft.irfftn: s must be a sequence of ints or None"),
+    (lambda: fa.linalg.solve(fa.eye(3), fa.asarray(1.0)), ValueError, r"solve: x2 must be a vector \(M,\)"),
+    (lambda: fa.linalg.solve(fa.ones((2, 3, 3)), fa.ones((3, 3, 2))), ValueError,
+     r"solve: the batch dims of x1 \(2, 3, 3\) and x2 \(3, 3, 2\) do not broadcast"),
+    (lambda: fa.linalg.solve(fa.ones((2, 3, 3)), fa.ones((2, 3))), ValueError,
+     r"solve: x1 \(2, 3, 3\) and x2 \(2, 3\): x2's rows must be 3"),
+    (lambda: fa.linalg.matmul(fa.ones((2, 2, 3)), fa.ones((3, 3, 2))), ValueError,
+     r"matmul: the batch dims of x1 \(2, 2, 3\) and x2 \(3, 3, 2\) do not broadcast"),
+    (lambda: fa.linalg.eigvalsh(fa.ones((2, 3))), ValueError, "eigvalsh: x must be a stack of square matrices"),
+    (lambda: fa.linalg.eigvals(fa.eye(3, dtype=fa.int64)), TypeError, "eigvals: x has dtype fa.int64"),
+    (lambda: fa.linalg.cross(fa.ones(3, dtype=fa.bool), fa.ones(3, dtype=fa.bool)), TypeError,
+     "cross: bool operands are not supported"),
+    (lambda: fa.linalg.outer([1.0, 2.0], fa.ones(2)), TypeError, "outer: x1 must be a flyarray Array"),
+])
+def test_linalg_and_fft_errors_name_the_function_and_the_argument(no_evaluation, call, exc, message):
+    """Found by a fuzzing helper (thirty-first session): each raised a bare Python error or named another function."""
+    with pytest.raises(exc, match=message):
+        call()
+
+
+@pytest.mark.parametrize("order", [np.int64(2), np.int32(1), np.float32(3.0)])
+def test_vector_norm_takes_numpy_scalar_orders(order):
+    x = np.arange(1.0, 5.0)
+    np.testing.assert_allclose(np.asarray(fa.linalg.vector_norm(fa.asarray(x), ord=order)),
+                               np.linalg.vector_norm(x, ord=order), rtol=1e-12)

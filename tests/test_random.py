@@ -521,6 +521,12 @@ def test_wrap_key_data_refuses_non_integer_data_of_every_type(data):
     (lambda k: R.gumbel(fa.zeros((2,), dtype=fa.int32)), TypeError, "gumbel: a key is"),
     (lambda k: R.bernoulli(R.split(k), 0.5), ValueError, "bernoulli: expected one key"),
     (lambda k: R.categorical(None, fa.zeros((3,))), TypeError, "categorical: expected a key"),
+    (lambda k: R.truncated_normal(k, "a", 1.0, (3,)), TypeError, "truncated_normal: lower must be a real number"),
+    (lambda k: R.truncated_normal(k, 0.0, None, (3,)), TypeError, "truncated_normal: upper must be a real number"),
+    (lambda k: R.uniform(k, (3,), minval=1j), TypeError, "uniform: minval must be a real number or an array, got 1j"),
+    (lambda k: R.uniform(k, (3,), maxval=fa.asarray([1j])), TypeError, "uniform: maxval must be real"),
+    (lambda k: R.bernoulli(k, fa.asarray([1j])), TypeError, "bernoulli: p must be real, got a fa.complex64 array"),
+    (lambda k: R.truncated_normal(k, np.array([0j]), 1.0), TypeError, "truncated_normal: lower must be real"),
 ])
 def test_errors_name_the_function_and_the_argument(call, exc, message):
     fa.reset_stats()

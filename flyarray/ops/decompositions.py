@@ -110,25 +110,25 @@ def _svdvals_abstract(x):
 SVDVALS = _op("svdvals", _svdvals_abstract, lambda x: torch.linalg.svdvals(x))
 
 
-def _eigh_abstract(x):
-    _matrix("eigh", x)
-    _square("eigh", x)
+def _eigh_abstract(x, op="eigh"):
+    _matrix(op, x)
+    _square(op, x)
     return [(x.shape[:-1], dt.real_dtype(x.dtype)), (x.shape, x.dtype)]
 
 
 EIGH = _op("eigh", _eigh_abstract, lambda x: tuple(torch.linalg.eigh(x)))
-EIGVALSH = _op("eigvalsh", lambda x: _eigh_abstract(x)[:1], lambda x: torch.linalg.eigvalsh(x))
+EIGVALSH = _op("eigvalsh", lambda x: _eigh_abstract(x, "eigvalsh")[:1], lambda x: torch.linalg.eigvalsh(x))
 
 
-def _eig_abstract(x):
-    _matrix("eig", x)
-    _square("eig", x)
+def _eig_abstract(x, op="eig"):
+    _matrix(op, x)
+    _square(op, x)
     c = dt.complex_dtype(dt.real_dtype(x.dtype))
     return [(x.shape[:-1], c), (x.shape, c)]
 
 
 EIG = _op("eig", _eig_abstract, lambda x: tuple(torch.linalg.eig(x)))
-EIGVALS = _op("eigvals", lambda x: _eig_abstract(x)[:1], lambda x: torch.linalg.eigvals(x))
+EIGVALS = _op("eigvals", lambda x: _eig_abstract(x, "eigvals")[:1], lambda x: torch.linalg.eigvals(x))
 
 
 def _solve_abstract(a, b):
@@ -140,13 +140,19 @@ def _solve_abstract(a, b):
     if a.dtype != b.dtype:  # solve() promotes first: this is a direct call(SOLVE, ...)
         raise TypeError(f"solve: x1 and x2 have dtypes {a.dtype} and {b.dtype}; cast one with astype")
     n = a.shape[-1]
+    if not b.shape:
+        raise ValueError("solve: x2 must be a vector (M,) or a stack of matrices (..., M, K), got shape ()")
     if len(b.shape) == 1:
         if b.shape[0] != n:
             raise ValueError(f"solve: x1 {a.shape} and the vector x2 {b.shape} differ in size")
         return [(a.shape[:-1], a.dtype)]
     if b.shape[-2] != n:
         raise ValueError(f"solve: x1 {a.shape} and x2 {b.shape}: x2's rows must be {n}")
-    return [(views.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + b.shape[-2:], a.dtype)]
+    try:
+        batch = views.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"solve: the batch dims of x1 {a.shape} and x2 {b.shape} do not broadcast") from None
+    return [(batch + b.shape[-2:], a.dtype)]
 
 
 def _solve(a, b):
@@ -316,6 +322,8 @@ def solve(x1, x2, /):
         d = dt.promote(x1.dtype, x2.dtype)
         x1, x2 = x1.astype(d, copy=False), x2.astype(d, copy=False)
     if 2 <= x2.ndim < x1.ndim:  # torch would read x2 of shape x1.shape[:-1] as a stack of vectors
+        if x1.ndim >= 2 and x2.shape[-2] != x1.shape[-1]:   # (named with the shapes given, before broadcasting)
+            raise ValueError(f"solve: x1 {x1.shape} and x2 {x2.shape}: x2's rows must be {x1.shape[-1]}")
         x2 = _broadcast_batch(x2, x1.shape[:-2], "solve")
     return call(SOLVE, [x1, x2])[0]
 

@@ -3,6 +3,9 @@ views, elementwise ops, reductions and matmul: outer, tensordot, diagonal, trace
 from __future__ import annotations
 
 import math
+import numbers
+
+import numpy as np
 
 import torch
 
@@ -60,6 +63,7 @@ def matmul(x1, x2, /):
     if lhs.shape[-1] != rhs.shape[-2]:  # every path below (GEMM, complex block GEMM, multiply-and-sum)
         raise ValueError(f"matmul: inner dimensions differ: {x1.shape} @ {x2.shape} "
                          f"({lhs.shape[-1]} != {rhs.shape[-2]})")
+    _check_batches_broadcast("matmul", x1.shape, x2.shape, lhs.shape[:-2], rhs.shape[:-2])
     if x1.dtype.kind in "iu":
         out = contract(lhs, rhs)
     elif x1.dtype.kind == "c":
@@ -71,6 +75,14 @@ def matmul(x1, x2, /):
     if x2.ndim == 1:
         out = out[..., 0]
     return out
+
+
+def _check_batches_broadcast(op, shape1, shape2, batch1, batch2):
+    try:
+        views.broadcast_shapes(batch1, batch2)
+    except ValueError:
+        raise ValueError(f"{op}: the batch dims of x1 {tuple(shape1)} and x2 {tuple(shape2)} do not broadcast "
+                         f"({tuple(batch1)} against {tuple(batch2)})") from None
 
 
 def _complex_matmul(a, b):
@@ -280,6 +292,7 @@ def _promoted(x1, x2):
 def outer(x1, x2, /):
     """The outer product of two 1-D arrays, ``x1[:, None] * x2[None, :]``; numeric dtypes promote. Elementwise
     (it fuses with its neighbours)."""
+    x1, x2 = array_arg(x1, "outer: x1"), array_arg(x2, "outer: x2")
     for name, x in (("x1", x1), ("x2", x2)):
         if len(node_of(x).shape) != 1:
             raise ValueError(f"outer: {name} must be 1-D, got shape {x.shape}")
@@ -359,6 +372,9 @@ def cross(x1, x2, /, *, axis=-1):
     linalg.cross; numeric dtypes promote. Views and elementwise ops (it fuses)."""
     from .manipulation import broadcast_arrays
     x1, x2 = array_arg(x1, "cross: x1"), array_arg(x2, "cross: x2")
+    if dt.bool_ in (x1.dtype, x2.dtype):
+        raise TypeError(f"cross: bool operands are not supported (numeric dtypes only), got {x1.dtype} and "
+                        f"{x2.dtype}")
     _check_contracted_axis("cross", x1.shape, x2.shape, axis, size=3)
     x1, x2 = broadcast_arrays(*_promoted(x1, x2))
     axis = axis % x1.ndim
@@ -391,8 +407,9 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         x = _abs(x)
     if x.dtype.kind != "f":
         x = x.astype(dt.default_float())
-    if not isinstance(ord, (int, float)) or isinstance(ord, bool):
+    if not isinstance(ord, numbers.Real) or isinstance(ord, (bool, np.bool_)):   # numpy's scalars are Real
         raise TypeError(f"vector_norm: ord must be a real number, got {ord!r}")
+    ord = float(ord) if isinstance(ord, np.floating) else int(ord) if isinstance(ord, np.integer) else ord
     if x.dtype in (dt.float16, dt.bfloat16):  # squares of 300 overflow float16: float32 inside, as torch
         return vector_norm(x.astype(dt.float32), axis=axis, keepdims=keepdims, ord=ord).astype(x.dtype)
     if ord == 2:   # x * x, not |x| * |x|: abs's derivative at 0 is 0, which made the second derivative 0 there
