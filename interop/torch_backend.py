@@ -360,6 +360,7 @@ class Region:
 
     def __init__(self):
         self.nodes, self.inputs, self.outputs = [], [], []
+        self.passing_through = frozenset()   # outputs the dry run saw come back as (views of) memory given
 
     def finish(self, users_outside):
         inside = set(self.nodes)
@@ -598,12 +599,28 @@ def _dry_run(steps, table):
         if any(v is None for v in values):  # no recorded value, or a size no stand-in reaches: trust the lowering
             continue
         try:
-            _region_fn(region, table, on_error=_Failed)(*values)
+            outputs = _region_fn(region, table, on_error=_Failed)(*values)
         except _Failed as failed:
             if config.log_level() >= 1:
                 print(f"[flyarray] backend: {failed.node.target} runs as the torch op ({failed.cause!r})")
             return failed.node
+        region.passing_through = _passing_through(region, outputs)
     return None
+
+
+def _passing_through(region, outputs) -> frozenset:
+    """The region outputs whose recorded value is an input's memory or another output's (a view chain
+    followed to its base): what an identity lowering hands back (the sum of a 0-d tensor is that tensor
+    to flyarray, a fresh one in torch)."""
+    from flyarray import ir
+    from flyarray.ops.core import node_of
+    roots = []
+    for array in outputs:
+        node = node_of(array)
+        while node.prim is ir.VIEW:
+            node = node.inputs[0]
+        roots.append(node)
+    return frozenset(n for n, root in zip(region.outputs, roots) if root.buffer is not None or roots.count(root) > 1)
 
 
 class _Failed(Exception):
@@ -625,7 +642,7 @@ class _OutputLayout:
       would otherwise change under it.
     """
 
-    def __init__(self, node, exact: bool):
+    def __init__(self, node, exact: bool, region):
         self.node = node
         val = node.meta.get("val")
         order = _dense_order(val) if exact else None
@@ -636,7 +653,8 @@ class _OutputLayout:
         # checked at run time only where flyarray may hand back memory it was given or shares (~1 us a
         # tensor compared) and torch may not: against the region's inputs (the graph may update one in
         # place later), and where torch code gets it (the caller may update it in place) its other outputs
-        self.check_memory = _copied_in_torch(node)
+        self.check_memory = _copied_in_torch(node, set(region.nodes)) or (
+            node in region.passing_through and not _is_torch_view(node))
         self.check_outputs = exact and self.check_memory
 
     def as_torch_gives_it(self, t, others):
@@ -747,15 +765,24 @@ _MOVEMENT = {aten.clone.default, aten._to_copy.default, aten.alias.default, aten
 _KEEPS_DTYPE = _MOVEMENT - {aten._to_copy.default}   # moves whose result has their input's dtype
 
 
-def _copied_in_torch(node) -> bool:
-    """Whether ``node`` ends a chain of movement ops (which flyarray lowers to views of one value, so its
-    result may be memory another tensor holds too) with one of them no view in torch (clone, _to_copy:
-    torch promises new memory)."""
-    while node.op == "call_function" and node.target in _MOVEMENT and isinstance(node.args[0], torch.fx.Node):
-        if node.target._schema.returns[0].alias_info is None:
+def _copied_in_torch(node, inside) -> bool:
+    """Whether ``node`` ends a chain of movement ops in its region (``inside``: which flyarray lowers to
+    views of one value, so its result may be memory another tensor holds too) with one of them no view in
+    torch (clone, _to_copy: torch promises new memory). The chain stops at the region's edge: past it the
+    input is a tensor already, whose own aliasing torch made (a torch view of a cast output, then a select
+    in this region, aliases that output as in eager)."""
+    while (node in inside and node.op == "call_function" and node.target in _MOVEMENT
+           and isinstance(node.args[0], torch.fx.Node)):
+        if not _is_torch_view(node):
             return True
         node = node.args[0]
     return False
+
+
+def _is_torch_view(node) -> bool:
+    target = getattr(node, "target", None)
+    schema = getattr(target, "_schema", None)
+    return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None)
 
 
 class CompiledGraph:
@@ -779,7 +806,7 @@ class CompiledGraph:
         for kind, item in steps:
             if kind == "region":
                 fn = fa.jit(_region_fn(item, table))
-                layouts = [_OutputLayout(n, n in read_by_torch) for n in item.outputs]
+                layouts = [_OutputLayout(n, n in read_by_torch, item) for n in item.outputs]
                 self.steps.append((kind, (item, fn, layouts, _views_among(item, layouts))))
             else:
                 self.steps.append((kind, item))

@@ -457,6 +457,33 @@ def test_a_clone_shares_memory_with_no_other_output_nor_a_saved_tensor():
     torch.testing.assert_close(x.grad, x.detach().exp())
 
 
+def test_an_identity_reduction_is_memory_of_its_own():
+    """The sum (amax) of a 0-d tensor is that tensor to flyarray and a new one in torch: returned beside its
+    operand, or of a 0-d input, an in-place update of one leaves the other as eager has it."""
+    torch._dynamo.reset()
+    y, total = torch.compile(lambda x: (lambda y: (y, y.sum()))(x.sum() * 2), backend="flyarray")(torch.ones(3))
+    y.add_(100.0)
+    assert total.item() == 6.0
+    s = torch.tensor(1.5)
+    m = torch.compile(lambda s: s.amax(), backend="flyarray")(s)
+    s.add_(100.0)
+    assert m.item() == 1.5
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_torch_view_of_a_cast_output_stays_a_view_with_dynamic_shapes(dynamic):
+    """``a = x.float(); a.flatten()[..., -1]``: with symbolic sizes the flatten runs as torch's view between two
+    regions; the select after it aliased nothing (its chain was followed past the region into the cast,
+    which promises new memory, so it was cloned). Writing to ``a`` shows in the view, as in eager."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: (lambda a: (a, a.flatten()[..., -1]))(x.float()), backend="flyarray",
+                             dynamic=dynamic)
+    for shape in [(1, 1, 4), (2, 1, 4)]:
+        a, last = compiled(torch.randn(shape, dtype=torch.bfloat16))
+        a.fill_(7.0)
+        assert last.item() == 7.0
+
+
 def test_torch_code_reading_a_region_output_sees_torchs_layout():
     """Where torch code reads a fused result -- an op flyarray does not lower (as_strided), a view whose
     size is symbolic, or the caller -- it has eager's layout: x.t() * 2 keeps x's memory order there."""

@@ -391,3 +391,17 @@ def test_vmap_over_an_attention_cotangent_matches_the_loop(backend):
     for i, got in enumerate(batched):
         want = np.stack([np.asarray(g(*map(fa.asarray, (q, k, v, c)))[i]) for c in cots])
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_size_mismatch_names_each_batched_leaf():
+    """Found by a fuzzing helper: the message listed sizes and shapes without saying whose (ambiguous where two
+    leaves share a shape); it names each argument and its key path now, as JAX does."""
+    a, c = fa.ones((3, 2)), fa.ones((2, 5))
+    with pytest.raises(ValueError, match=r"argument 0 has size 3 at axis 0 \(shape \(3, 2\)\), argument 1 has size 3 "
+                                         r"at axis 0 \(shape \(3, 2\)\), argument 2 has size 5 at axis 1"):
+        fa.vmap(lambda x, y, z: x + y + z, in_axes=(0, 0, 1))(a, a, c)
+    with pytest.raises(ValueError, match=r"argument 0\['a'\] has size 3 at axis 0 \(shape \(3, 2\)\), "
+                                         r"argument 0\['b'\] has size 2 at axis 1"):
+        fa.vmap(lambda d: d["a"] + d["b"], in_axes=({"a": 0, "b": 1},))({"a": a, "b": fa.ones((3, 2))})
+    with pytest.raises(ValueError, match=r"keyword 'w'\[1\] has size 4"):
+        fa.vmap(lambda x, w: x + w[0] + w[1])(fa.ones((3,)), w=[fa.ones((3,)), fa.ones((4,))])

@@ -185,8 +185,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     """softmax(scale * q k^T + bias, masked) v in JAX's (batch, seq, heads, head_dim) layout, flash style.
 
     Any strides: torch (B, H, S, D) tensors pass as ``.transpose(1, 2)`` views without a copy.
-    GQA/MQA when key/value have fewer heads; causal with unequal lengths is aligned bottom-right.
-    head_dim past 256 (the kernels' widest) is computed by the same math on fused primitives.
+    GQA/MQA when key/value have fewer heads. Two conventions differ from ``jax.nn.dot_product_attention``:
+    causal with unequal lengths is aligned bottom-right (query i sees keys up to i + Sk - Sq: FlashAttention's
+    rule, the one a KV-cache decode needs; JAX and torch's SDPA align top-left, ``tril(ones(Sq, Sk))``: pass
+    that as ``mask`` for theirs), and a query row whose every key is masked gives 0 (and no gradient) where
+    JAX gives the mean of ``value``. head_dim past 256 (the kernels' widest) is computed by the same math on
+    fused primitives.
     """
     from .core import array_arg
     query = array_arg(query, "dot_product_attention: query")   # its head_dim is read before call() checks it

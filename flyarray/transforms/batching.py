@@ -85,13 +85,24 @@ def _output_array(o, i):
 
 
 def _leaf_names(args, kwargs) -> list:
-    """What each leaf of tree_flatten((args, kwargs)) is, for messages: 'argument 1', "keyword 'scale'"."""
+    """What each leaf of tree_flatten((args, kwargs)) is, for messages: 'argument 1', "argument 0['a']",
+    "keyword 'scale'[2]"."""
     names = []
     for i, a in enumerate(args):
-        names += [f"argument {i}"] * len(tu.tree_leaves(a))
+        names += _leaf_paths(a, f"argument {i}")
     for key in sorted(kwargs):   # tree_util flattens a dict in sorted key order
-        names += [f"keyword {key!r}"] * len(tu.tree_leaves(kwargs[key]))
+        names += _leaf_paths(kwargs[key], f"keyword {key!r}")
     return names
+
+
+def _leaf_paths(tree, prefix) -> list:
+    """``prefix`` plus the key path of each leaf of ``tree`` through dicts, lists and tuples (in tree_flatten's
+    order); a custom pytree node's leaves all get the node's path."""
+    if isinstance(tree, dict):
+        return [p for k in sorted(tree) for p in _leaf_paths(tree[k], f"{prefix}[{k!r}]")]
+    if type(tree) in (list, tuple):
+        return [p for j, v in enumerate(tree) for p in _leaf_paths(v, f"{prefix}[{j}]")]
+    return [prefix] * len(tu.tree_leaves(tree))
 
 
 def _normalize(ax, ndim, what, shape):
@@ -225,14 +236,15 @@ def vmap(fun, in_axes=0, out_axes=0):
                 ax = _normalize(ax, x.ndim, "in_axes", x.shape)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(_unbatchable(_leaf_names(args, kwargs)[i], ax, exc)) from None
-            sizes.append((x.shape[ax], x.shape, ax))
+            sizes.append((x.shape[ax], x.shape, ax, i))
             batched[i] = moveaxis(x, ax, 0) if ax else x
         if not sizes:
             raise ValueError("vmap: in_axes must batch at least one argument (every entry is None)")
         n = sizes[0][0]
-        if any(s != n for s, _, _ in sizes):
-            raise ValueError("vmap: the batched axes have different sizes: "
-                             + ", ".join(f"size {s} at axis {ax} of shape {shape}" for s, shape, ax in sizes))
+        if any(s != n for s, _, _, _ in sizes):
+            names = _leaf_names(args, kwargs)
+            raise ValueError("vmap: the batched axes have different sizes: " + ", ".join(
+                f"{names[i]} has size {s} at axis {ax} (shape {shape})" for s, shape, ax, i in sizes))
         start = next(ir._ids)  # every node made from now on has a larger id
         values = {}
         for i, xb in batched.items():
