@@ -347,6 +347,25 @@ def test_at_update_combines_in_the_promoted_dtype_then_casts_whatever_the_key(ba
     assert_matches(h.at[[0, 0]].add(fa.asarray(np.array([thousandth] * 2))), np.array([1.002, 2.0], np.float16))
 
 
+def test_at_divide_and_power_cast_the_values_first_and_casts_back_saturate(backend):
+    """JAX's divide and power multiply the values into ones of x's dtype (a cast first); a float result cast
+    back into an integer x saturates as XLA's convert does (outputs of jax 0.10.2; a re-fuzz found both)."""
+    x = fa.asarray(np.array([3, -6, 7], np.int32))
+    for key in (0, [0], slice(0, 1)):
+        assert_matches(x.at[key].power(2.5), np.array([9, -6, 7], np.int32))
+    assert_matches(x.at[1].power(fa.asarray(np.float32(2.5))), np.array([3, 36, 7], np.int32))
+    h = fa.asarray(np.array([1.0, 1.0], np.float16))
+    assert_matches(h.at[0].divide(fa.asarray(np.float32(70000.0))), np.array([0.0, 1.0], np.float16))
+    u = fa.asarray(np.array([5, 7, 9], np.uint8))
+    for key in (0, [0]):
+        assert_matches(u.at[key].min(fa.asarray(np.float32(-1.4))), np.array([0, 7, 9], np.uint8))
+    assert_matches(u.at[1].add(fa.asarray(np.float16(-8.5))), np.array([5, 0, 9], np.uint8))
+    assert_matches(u.at[[2]].multiply(-1.5), np.array([5, 7, 0], np.uint8))
+    i8 = fa.asarray(np.array([100, 1], np.int8))
+    assert_matches(i8.at[0].add(fa.asarray(np.float32(156.9))), np.array([127, 1], np.int8))
+    assert_matches(i8.at[np.array([True, False])].set(fa.asarray(np.float32(-1e9))), np.array([-128, 1], np.int8))
+
+
 def test_uint64_indices_past_int64_are_out_of_range_not_negative(backend):
     x = fa.asarray(np.arange(5.0))
     with pytest.raises(IndexError, match="out of bounds"):

@@ -588,8 +588,8 @@ def update(x, key, values, mode, clamp=False) -> Array:
     _check_update_dtype(mode, node.dtype)
     v = values if isinstance(values, Array) else asarray(values, device=node.device) \
         if not isinstance(values, (bool, int, float)) else _scalar_of(values, node.dtype, mode)
-    if isinstance(v, Array) and v.dtype != node.dtype and mode == "set":
-        v = v.astype(node.dtype)
+    if isinstance(v, Array) and v.dtype != node.dtype and mode in _CAST_FIRST:
+        v = _saturating_cast(v, node.dtype)
     slots = parse(node.shape, key, masks="keep")
     masks = [s for s in slots if s.kind == "mask"]
     scalar = not isinstance(v, Array) or v.ndim == 0
@@ -619,20 +619,42 @@ def _check_update_dtype(mode, d):
         raise TypeError(f"at[].{mode} does not accept {d} arrays (complex numbers have no order)")
 
 
+# JAX's at[]: set, divide and power cast the values to x's dtype first (divide and power multiply them into
+# ones of x's dtype); add, multiply, min and max combine in the promoted dtype and cast the result back
+_CAST_FIRST = frozenset(("set", "divide", "power"))
+
+
 def _scalar_of(value, dtype, mode):
-    """A Python scalar update value. ``set`` casts it to the array's dtype (0.7 into int32 sets 0); the
-    other ops combine it with ``x`` as a weak scalar, in the dtype they promote to, and cast the result back
-    (JAX's rule): int32 ``x.at[i].multiply(2.7)`` is ``int(x * 2.7)``, not ``x * 2``. A NaN or inf cannot
-    end in an integer array and is refused."""
+    """A Python scalar update value. ``set``/``divide``/``power`` cast it to the array's dtype (0.7 into int32
+    sets 0; int32 ``x.at[i].power(2.5)`` squares); the other ops combine it with ``x`` as a weak scalar, in
+    the dtype they promote to, and cast the result back (JAX's rule): int32 ``x.at[i].multiply(2.7)`` is
+    ``int(x * 2.7)``, not ``x * 2``. A NaN or inf cannot end in an integer array and is refused."""
     if dtype.kind in "iu" and isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"at[]: cannot cast the update value {value} to {dtype}")
-    if mode != "set":
+    if mode not in _CAST_FIRST:
         return value
     if dtype == dt.bool_:
         return bool(value)
     if dtype.kind in "iu" and isinstance(value, float):
-        return int(value)  # truncates toward zero, as astype
+        info = np.iinfo(dtype.name)   # truncates toward zero and saturates, as JAX's convert_element_type
+        return min(max(int(value), int(info.min)), int(info.max))
     return value
+
+
+def _saturating_cast(v, dtype):
+    """``v`` cast to ``dtype`` as JAX's at[] casts (XLA's convert): a float beyond an integer type's range
+    becomes its min or max, NaN becomes 0 (astype, numpy's and torch's cast, wraps or is undefined there:
+    uint8 ``.at[0].min(-1.4)`` gave 255)."""
+    from .core import where
+    if not isinstance(v, Array):   # a Python scalar set: _scalar_of cast it already
+        return v
+    if v.dtype.kind != "f" or dtype.kind not in "iu":
+        return v.astype(dtype, copy=False)
+    info = np.iinfo(dtype.name)
+    lo, hi = int(info.min), int(info.max)
+    # float(hi) rounds up to a power of two for the wide types: at or past it is past the range
+    cast = where(v != v, 0, v).astype(dtype, copy=False)
+    return where(v >= float(hi), hi, where(v <= float(lo), lo, cast)).astype(dtype, copy=False)
 
 
 def _masked_update(x, slot, v, mode):
@@ -643,7 +665,7 @@ def _masked_update(x, slot, v, mode):
     mask = slot.value if isinstance(slot.value, Array) else asarray(slot.value, device=x.device)
     k, nd = mask.ndim, x.ndim
     mask = reshape(mask, (1,) * slot.axis + mask.shape + (1,) * (nd - slot.axis - k))
-    return where(mask, _combine(mode, x, v), x).astype(x.dtype, copy=False)
+    return where(mask, _saturating_cast(_combine(mode, x, v), x.dtype), x)
 
 
 def _region_update(x, slots, v, mode):
@@ -665,15 +687,15 @@ def _region_update(x, slots, v, mode):
         if isinstance(v, Array) and v.size != 1:
             v = _in_array_order(v, slots)
         out = _combine(mode, x, v)
-        return out.astype(x.dtype, copy=False) if isinstance(out, Array) else full(x.shape, out, dtype=x.dtype,
-                                                                                   device=x.device)
+        return _saturating_cast(out, x.dtype) if isinstance(out, Array) else full(x.shape, out, dtype=x.dtype,
+                                                                                  device=x.device)
     if isinstance(v, Array) and v.size != 1:
         # divide by 1 outside the region: x / 0 there, discarded by the where, would still make its
         # gradient 0 * inf = NaN
         v = _embed(x, slots, v, fill=1 if mode == "divide" else 0)
     elif isinstance(v, Array):
         v = reshape(v, ())
-    return where(mask, _combine(mode, x, v), x).astype(x.dtype, copy=False)
+    return where(mask, _saturating_cast(_combine(mode, x, v), x.dtype), x)
 
 
 def _ascending(s):
@@ -778,4 +800,4 @@ def _scatter(x, slots, v, mode, clamp=False) -> Array:
         out = divide(flat, den) if mode == "divide" else pow(flat, den)
     else:
         (out,) = call(SCATTER, [flat, lin, v], mode=mode)
-    return reshape(out, x.shape).astype(x.dtype, copy=False)
+    return _saturating_cast(reshape(out, x.shape), x.dtype)
