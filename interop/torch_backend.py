@@ -609,9 +609,11 @@ def _dry_run(steps, table):
 
 
 def _passing_through(region, outputs) -> frozenset:
-    """The region outputs whose recorded value is an input's memory or another output's (a view chain
-    followed to its base): what an identity lowering hands back (the sum of a 0-d tensor is that tensor
-    to flyarray, a fresh one in torch)."""
+    """The region outputs whose recorded value is an input's memory, or the memory of another output that
+    torch also makes fresh (a view chain followed to its base): what an identity lowering hands back (the sum
+    of a 0-d tensor is that tensor to flyarray, a fresh one in torch). An output torch makes as a view of
+    another shares its memory in eager too: that pair is no reason to copy (the backward's saved ``y`` and
+    ``y.t()``)."""
     from flyarray import ir
     from flyarray.ops.core import node_of
     roots = []
@@ -620,7 +622,10 @@ def _passing_through(region, outputs) -> frozenset:
         while node.prim is ir.VIEW:
             node = node.inputs[0]
         roots.append(node)
-    return frozenset(n for n, root in zip(region.outputs, roots) if root.buffer is not None or roots.count(root) > 1)
+    fresh = [not _is_torch_view(n) for n in region.outputs]
+    return frozenset(n for i, (n, root) in enumerate(zip(region.outputs, roots))
+                     if root.buffer is not None
+                     or any(j != i and other is root and fresh[j] for j, other in enumerate(roots)))
 
 
 class _Failed(Exception):
