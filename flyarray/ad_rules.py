@@ -820,12 +820,40 @@ def _scatter_vjp(gs, e):
         return [dz, None, F.where(won, _gathered(g, idx), 0).astype(g.dtype, copy=False)]
     if mode == "add":
         return [g, None, _gathered(g, idx)]
-    raise TypeError(f"at[].{mode} with integer-array or mask indices is not differentiable yet; use add or set")
+    if mode == "multiply":  # out[r] = z[r] * (the product of the values scattered to r)
+        z = e.x[0]
+        (scaled,) = core_call(SCATTER, [F.ones(z.shape, dtype=v.dtype, device=v.device), idx, v], mode="multiply")
+        dz = (g * scaled).astype(z.dtype, copy=False)
+        return [dz, None, (_gathered(g * z, idx) * _products_of_others(idx, v, z.shape)).astype(v.dtype, copy=False)]
+    raise TypeError(f"at[].{mode} with integer-array or mask indices is not differentiable yet; use add, multiply "
+                    "or set")
+
+
+def _products_of_others(idx, v, z_shape):
+    """For each update j of a multiply-scatter: the product of the other values scattered to idx[j] (1 where
+    there are none; 0 where one of them is 0). Zeros are counted, not divided by: the nonzero values' product
+    over the entry divided by v[j] where v[j] is not 0."""
+    zero = v == 0
+    safe = F.where(zero, F.ones((), dtype=v.dtype, device=v.device), v)
+    (nonzero_product,) = core_call(SCATTER, [F.ones(z_shape, dtype=v.dtype, device=v.device), idx, safe],
+                                   mode="multiply")
+    (zeros_at,) = core_call(SCATTER, [F.zeros(z_shape, dtype=dt.int32, device=v.device), idx,
+                                      zero.astype(dt.int32)], mode="add")
+    zeros_among_others = _gathered(zeros_at, idx) - zero.astype(dt.int32)
+    return F.where(zeros_among_others > 0, F.zeros((), dtype=v.dtype, device=v.device),
+                   _gathered(nonzero_product, idx) / safe)
 
 
 def _scatter_jvp(t, e):
     (z, idx, v), (tz, _, tv) = e.x, t
     mode = e.params["kwargs"]["mode"]
+    if mode == "multiply":   # d out = dz * scaled + z * (sum over the updates j of dv[j] * the others' product)
+        tz = tz if tz is not None else zeros(z.shape, z.dtype, z.device)
+        tv = tv if tv is not None else zeros(v.shape, v.dtype, v.device)
+        (scaled,) = core_call(SCATTER, [F.ones(z.shape, dtype=v.dtype, device=v.device), idx, v], mode="multiply")
+        (spread,) = core_call(SCATTER, [zeros(z.shape, v.dtype, v.device), idx,
+                                        tv * _products_of_others(idx, v, z.shape)], mode="add")
+        return [(tz * scaled + z * spread).astype(e.y[0].dtype, copy=False)]
     if mode not in ("set", "add"):
         raise TypeError(f"at[].{mode} with integer-array or mask indices has no forward-mode rule yet")
     tz = tz if tz is not None else zeros(z.shape, z.dtype, z.device)
