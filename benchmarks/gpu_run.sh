@@ -24,7 +24,8 @@
 # benchmarks/mx_decode_probe.py (NOSCALE=1: again without the scale loads) and Nsight Compute on the MXFP4 decode.
 # MODE=suite_then_torch: the whole test suite (TESTS= narrows it); BENCH=1: then benchmarks/seed_block_state.py
 # and `bench --suite torch` (BENCH_SUITES="attention mx ...": those suites instead). Since the core suite's CPU tests run on the GPU host too (twenty-seventh session), the
-# whole suite no longer fits one 600 s call: run TESTS="tests --ignore=tests/kernels" (~310 s) and TESTS=tests/kernels.
+# whole suite no longer fits one 600 s call: run TESTS="tests --ignore=tests/kernels" (~310 s) and TESTS=tests/kernels;
+# since the thirty-first session the core alone ran past 390 s: CORE_HALF=1 and CORE_HALF=2 run half its files each.
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -125,6 +126,10 @@ if [ "${MODE:-tests}" = suite_then_torch ]; then
   # `bench --suite torch`: the seed block's forward beside eager and torch.compile, fresh and after the Llama case
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} FLYARRAY_CACHE_DIR=/tmp/flyarray-cache
   mkdir -p "$OUT"
+  if [ -n "${CORE_HALF:-}" ]; then   # 1 or 2: half of the core suite's files (the whole ran past 390 s on 16 workers)
+    files=(tests/test_*.py); n=${#files[@]}; h=$(( (n + 1) / 2 ))
+    if [ "$CORE_HALF" = 1 ]; then TESTS="${files[*]:0:$h}"; else TESTS="${files[*]:$h}"; fi
+  fi
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
   # -v names each failure as it happens, and SIGINT at the limit still prints pytest's summary (a killed run
   # left only dots: the thirty-first session saw two F's it could not name)
