@@ -138,6 +138,38 @@ def _f(expr):  # a lowering from a format string over a, b, c
     return lambda args, cdt: expr.format(*args)
 
 
+def _in_float32_at_least(fn):
+    """``fn`` computed as the kernels do: half types in float32, rounded once."""
+    def reference(x, out=None):
+        wide = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        result = fn(wide).to(x.dtype)
+        return out.copy_(result) if out is not None else result
+    return reference
+
+
+# Below these the logistic 1 / (1 + e^-z) is e^z to the dtype's precision (1 + e^z rounds to 1), and e^-z
+# overflows first past -88.7 in float32 (silu(-89.05) gave -0.0 for -1.9e-37, sigmoid a 0 for a subnormal):
+# sigmoid, silu and gelu_tanh take e^z there (JAX's logistic keeps that tail too).
+_LOGISTIC_TAIL = {"float32": -20.0, "float64": -40.0}
+
+
+def _logistic_tail(name) -> float:
+    return _LOGISTIC_TAIL["float64" if name == "float64" else "float32"]
+
+
+def _times_logistic(x, z, cdt):
+    """x * sigmoid(z) as generated source (x None: sigmoid(z)), with e^z in the tail."""
+    if x is None:
+        return f"tl.where({z} < {_logistic_tail(cdt.name)!r}, ext.exp({z}), {_rn_div('1.0', f'(1.0 + ext.exp(-{z}))', cdt)})"
+    return (f"tl.where({z} < {_logistic_tail(cdt.name)!r}, {x} * ext.exp({z}), "
+            f"{_rn_div(x, f'(1.0 + ext.exp(-{z}))', cdt)})")
+
+
+def _logistic_reference(z):
+    """torch.sigmoid(z) with e^z in the tail, as the kernels compute it (z float32 or float64)."""
+    return torch.where(z < _logistic_tail(str(z.dtype).split(".")[-1]), torch.exp(z), torch.sigmoid(z))
+
+
 def _rn_div(a, b, cdt):
     """a / b correctly rounded, as torch's and numpy's: Triton lowers a float32 ``/`` to NVIDIA's div.full.f32
     (up to 2 ulp off; sigmoid measured 3.1 ulp on an H100); float64 ``/`` is div.rn already."""
@@ -252,7 +284,7 @@ for _name, _ref, _low in [
     ("erf", torch.erf, _f("tl.erf({0})")),
     # libdevice's erfc (the interpreter binds math.erfc): 1 - erf(x) cancels to nothing past x ~ 4
     ("erfc", torch.erfc, _f("ext.erfc({0})")),
-    ("sigmoid", torch.sigmoid, lambda a, cdt: _rn_div("1.0", f"(1.0 + ext.exp(-{a[0]}))", cdt)),
+    ("sigmoid", _in_float32_at_least(_logistic_reference), lambda a, cdt: _times_logistic(None, a[0], cdt)),
     ("tan", torch.tan, _float_only("tan")),
     ("tanh", torch.tanh, _float_only("tanh")),
     ("acos", torch.acos, _float_only("acos")),
@@ -271,8 +303,10 @@ for _name, _ref, _low in [
 
 # ---- activations (first-class so the scheduler can move them into a GEMM epilogue) ----------
 _ew("relu", 1, "numeric", "same", torch.relu, _f("tl.where({0} < 0, 0, {0})"))
-_ew("silu", 1, "float", "same", torch.nn.functional.silu,
-    lambda a, cdt: _rn_div(a[0], f"(1.0 + ext.exp(-{a[0]}))", cdt))
+_ew("silu", 1, "float", "same",
+    _in_float32_at_least(lambda x: torch.where(x < _logistic_tail(str(x.dtype).split(".")[-1]), x * torch.exp(x),
+                                               torch.nn.functional.silu(x))),
+    lambda a, cdt: _times_logistic(a[0], a[0], cdt))
 # Both GELUs in forms without cancellation: 0.5 * x * (1 + erf(x / sqrt 2)) and 0.5 * x * (1 + tanh(u)) lose every
 # digit below x ~ -3 (torch's own kernels do: gelu(-6.8) gave 0 for 2.9e-11, and the two backends disagreed 10x);
 # 0.5 * x * erfc(-x / sqrt 2) and x * sigmoid(2u) are the same functions, accurate in the tail.
@@ -280,21 +314,11 @@ _SQRT_HALF = 0.7071067811865476
 _TWO_SQRT_2_OVER_PI = 1.5957691216057308
 
 
-def _in_float32_at_least(fn):
-    """``fn`` computed as the kernels do: half types in float32, rounded once."""
-    def reference(x, out=None):
-        wide = x if x.dtype in (torch.float32, torch.float64) else x.float()
-        result = fn(wide).to(x.dtype)
-        return out.copy_(result) if out is not None else result
-    return reference
-
-
 _ew("gelu", 1, "float", "same", _in_float32_at_least(lambda x: 0.5 * x * torch.erfc(x * -_SQRT_HALF)),
     _f(f"(0.5 * {{0}} * ext.erfc({{0}} * {-_SQRT_HALF!r}))"))
 _ew("gelu_tanh", 1, "float", "same",
-    _in_float32_at_least(lambda x: x * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
-    lambda a, cdt: _rn_div(a[0], f"(1.0 + ext.exp({-_TWO_SQRT_2_OVER_PI!r} * ({a[0]} + 0.044715 * {a[0]} * {a[0]} * {a[0]})))",
-                           cdt))
+    _in_float32_at_least(lambda x: x * _logistic_reference(_TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
+    lambda a, cdt: _times_logistic(a[0], f"({_TWO_SQRT_2_OVER_PI!r} * ({a[0]} + 0.044715 * {a[0]} * {a[0]} * {a[0]}))", cdt))
 
 # ---- unary, same dtype ----------------------------------------------------------------
 def _negate(a, cdt):

@@ -640,3 +640,21 @@ def test_maximum_minimum_order_signed_zeros(backend, dtype):
     mn = np.asarray(fa.minimum(fa.asarray(a), fa.asarray(b)))
     assert list(np.signbit(mx[:4])) == [False, False, True, False] and np.isnan(mx[4:6]).all()
     assert list(np.signbit(mn[:4])) == [True, True, True, False] and np.isnan(mn[4:6]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logistic_family_keeps_its_negative_tail(backend, dtype):
+    """1 / (1 + e^-x) overflows e^-x past -88.7 in float32: silu(-89.05) gave -0.0 for -1.9e-37 and sigmoid 0 for
+    subnormal results (a re-fuzz found it; torch's silu does the same, JAX's logistic does not). They take e^x
+    in the tail now; float64 from -40, where 1 + e^x rounds to 1."""
+    import mpmath
+    x = np.array([-89.05, -95.0, -101.0, -30.0, -41.0, -16.7, -3.0], dtype)
+    with mpmath.workdps(40):
+        sig = np.array([float(1 / (1 + mpmath.exp(-mpmath.mpf(float(v))))) for v in x])
+    got_sigmoid = np.asarray(fa.sigmoid(fa.asarray(x))).astype(np.float64)
+    got_silu = np.asarray(fa.silu(fa.asarray(x))).astype(np.float64)
+    tiny = np.finfo(dtype).smallest_subnormal
+    np.testing.assert_allclose(got_sigmoid, sig.astype(dtype), rtol=4 * np.finfo(dtype).eps, atol=2 * tiny)
+    np.testing.assert_allclose(got_silu, (x.astype(np.float64) * sig).astype(dtype), rtol=4 * np.finfo(dtype).eps,
+                               atol=2 * tiny * 128)
+    assert (got_silu[:3] < 0).all()   # the float32 tail is normal or subnormal, not -0.0
