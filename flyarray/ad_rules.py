@@ -822,11 +822,17 @@ def _scatter_vjp(gs, e):
         return [g, None, _gathered(g, idx)]
     if mode == "multiply":  # out[r] = z[r] * (the product of the values scattered to r)
         z = e.x[0]
-        (scaled,) = core_call(SCATTER, [F.ones(z.shape, dtype=v.dtype, device=v.device), idx, v], mode="multiply")
+        scaled = _scattered_product(idx, v, z.shape)
         dz = (g * scaled).astype(z.dtype, copy=False)
         return [dz, None, (_gathered(g * z, idx) * _products_of_others(idx, v, z.shape)).astype(v.dtype, copy=False)]
     raise TypeError(f"at[].{mode} with integer-array or mask indices is not differentiable yet; use add, multiply "
                     "or set")
+
+
+def _scattered_product(idx, v, z_shape):
+    """The product of the values scattered to each entry of a ``z_shape`` array (1 where none land)."""
+    (product,) = core_call(SCATTER, [F.ones(z_shape, dtype=v.dtype, device=v.device), idx, v], mode="multiply")
+    return product
 
 
 def _products_of_others(idx, v, z_shape):
@@ -835,8 +841,7 @@ def _products_of_others(idx, v, z_shape):
     over the entry divided by v[j] where v[j] is not 0."""
     zero = v == 0
     safe = F.where(zero, F.ones((), dtype=v.dtype, device=v.device), v)
-    (nonzero_product,) = core_call(SCATTER, [F.ones(z_shape, dtype=v.dtype, device=v.device), idx, safe],
-                                   mode="multiply")
+    nonzero_product = _scattered_product(idx, safe, z_shape)
     (zeros_at,) = core_call(SCATTER, [F.zeros(z_shape, dtype=dt.int32, device=v.device), idx,
                                       zero.astype(dt.int32)], mode="add")
     zeros_among_others = _gathered(zeros_at, idx) - zero.astype(dt.int32)
@@ -850,7 +855,7 @@ def _scatter_jvp(t, e):
     if mode == "multiply":   # d out = dz * scaled + z * (sum over the updates j of dv[j] * the others' product)
         tz = tz if tz is not None else zeros(z.shape, z.dtype, z.device)
         tv = tv if tv is not None else zeros(v.shape, v.dtype, v.device)
-        (scaled,) = core_call(SCATTER, [F.ones(z.shape, dtype=v.dtype, device=v.device), idx, v], mode="multiply")
+        scaled = _scattered_product(idx, v, z.shape)
         (spread,) = core_call(SCATTER, [zeros(z.shape, v.dtype, v.device), idx,
                                         tv * _products_of_others(idx, v, z.shape)], mode="add")
         return [(tz * scaled + z * spread).astype(e.y[0].dtype, copy=False)]

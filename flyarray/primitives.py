@@ -165,9 +165,14 @@ def _times_logistic(x, z, cdt):
             f"{_rn_div(x, f'(1.0 + ext.exp(-{z}))', cdt)})")
 
 
+def _in_logistic_tail(z):
+    """Where a float32 or float64 tensor ``z`` lies in the logistic's e^z tail (the reference's test)."""
+    return z < _logistic_tail("float64" if z.dtype == torch.float64 else "float32")
+
+
 def _logistic_reference(z):
     """torch.sigmoid(z) with e^z in the tail, as the kernels compute it (z float32 or float64)."""
-    return torch.where(z < _logistic_tail(str(z.dtype).split(".")[-1]), torch.exp(z), torch.sigmoid(z))
+    return torch.where(_in_logistic_tail(z), torch.exp(z), torch.sigmoid(z))
 
 
 def _rn_div(a, b, cdt):
@@ -304,8 +309,7 @@ for _name, _ref, _low in [
 # ---- activations (first-class so the scheduler can move them into a GEMM epilogue) ----------
 _ew("relu", 1, "numeric", "same", torch.relu, _f("tl.where({0} < 0, 0, {0})"))
 _ew("silu", 1, "float", "same",
-    _in_float32_at_least(lambda x: torch.where(x < _logistic_tail(str(x.dtype).split(".")[-1]), x * torch.exp(x),
-                                               torch.nn.functional.silu(x))),
+    _in_float32_at_least(lambda x: torch.where(_in_logistic_tail(x), x * torch.exp(x), torch.nn.functional.silu(x))),
     lambda a, cdt: _times_logistic(a[0], a[0], cdt))
 # Both GELUs in forms without cancellation: 0.5 * x * (1 + erf(x / sqrt 2)) and 0.5 * x * (1 + tanh(u)) lose every
 # digit below x ~ -3 (torch's own kernels do: gelu(-6.8) gave 0 for 2.9e-11, and the two backends disagreed 10x);

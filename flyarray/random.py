@@ -363,10 +363,8 @@ def gumbel(k, shape=(), dtype=dt.float32) -> Array:
 def bernoulli(k, p=0.5, shape=None) -> Array:
     """True with probability p, as ``jax.random.bernoulli``: uniform(k, shape, p's dtype) < p."""
     _check_key(k, "bernoulli")
-    if not isinstance(p, Array) and not (isinstance(p, numbers.Real) and not isinstance(p, bool)):
+    if not (isinstance(p, numbers.Real) and not isinstance(p, bool)):
         p = _real_array(p, k, "bernoulli", "p")   # numpy, torch, lists: one draw per element, as for an fa array
-    elif isinstance(p, Array) and p.dtype.kind == "c":
-        raise TypeError(f"bernoulli: p must be real, got a {p.dtype} array")
     # a float16/bfloat16 p is compared with a float32 draw: JAX draws in p's dtype, whose 2**10 / 2**7 levels
     # make p = 1e-3 in bfloat16 come true 7.8e-3 of the time
     d = p.dtype if isinstance(p, Array) and p.dtype.kind == "f" else dt.float32

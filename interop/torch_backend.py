@@ -359,11 +359,11 @@ class Region:
     """A run of lowered nodes; ``inputs`` come from outside, ``outputs`` are read outside."""
 
     def __init__(self):
-        self.nodes, self.inputs, self.outputs = [], [], []
+        self.nodes, self.inputs, self.outputs, self.inside = [], [], [], frozenset()
         self.passing_through = frozenset()   # outputs the dry run saw come back as (views of) memory given
 
     def finish(self, users_outside):
-        inside = set(self.nodes)
+        inside = self.inside = frozenset(self.nodes)
         seen = set()
         for n in self.nodes:
             for a in n.all_input_nodes:
@@ -658,7 +658,7 @@ class _OutputLayout:
         # checked at run time only where flyarray may hand back memory it was given or shares (~1 us a
         # tensor compared) and torch may not: against the region's inputs (the graph may update one in
         # place later), and where torch code gets it (the caller may update it in place) its other outputs
-        self.check_memory = _copied_in_torch(node, set(region.nodes)) or (
+        self.check_memory = _copied_in_torch(node, region.inside) or (
             node in region.passing_through and not _is_torch_view(node))
         self.check_outputs = exact and self.check_memory
 
@@ -679,13 +679,12 @@ def _views_among(region, layouts) -> dict:
     (``b, b.t()``): rebuilt from that output's final tensor, they alias it as in eager even where it was
     copied (re-laid out, or a clone given memory of its own). In dependency order: bases before views."""
     exact = {layout.node: i for i, layout in enumerate(layouts) if layout.exact}
-    inside = set(region.nodes)
+    inside = region.inside
     views = {}
     for node, i in exact.items():
         chain, at = [], node
         while (at.op == "call_function" and isinstance(at.target, torch._ops.OpOverload)
-               and at.target._schema.returns and at.target._schema.returns[0].alias_info is not None
-               and not at.target._schema.is_mutable and at.args and isinstance(at.args[0], torch.fx.Node)
+               and _is_torch_view(at) and not at.target._schema.is_mutable and at.args and isinstance(at.args[0], torch.fx.Node)
                and all(a not in inside for a in at.all_input_nodes if a is not at.args[0])):
             chain.append(at)
             at = at.args[0]
