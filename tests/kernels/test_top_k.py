@@ -264,6 +264,58 @@ def test_non_contiguous_and_errors():
     assert values.shape == (0, 2) and indices.shape == (0, 2)
 
 
+@pytest.mark.parametrize("shape,k", [((3, 37), 5), ((2, 3, 300), 20), ((2, 3000), 7)])  # narrow, direct, wide
+def test_a_signatures_later_calls_replay_its_launches_on_their_own_tensors(monkeypatch, shape, k):
+    """The first call of a signature is recorded (its allocations and launches), later calls replay it
+    (on a GPU; the test sends the interpreter down the same path): each on its own input, into its own
+    outputs, with every result checked; the replay keeps no tensor of the call it was recorded from;
+    another k, a config override or a non-contiguous input takes the whole path."""
+    import gc
+    import weakref
+    from flyarray.kernels import top_k as module
+    monkeypatch.setattr(module, "_PREPARED_ON_CPU", True)
+    monkeypatch.setattr(module, "_REPLAYS", {})
+    first = torch.randn(shape)
+    assert_same(first, k, top_k(first, k))
+    assert len(module._REPLAYS) == 1
+    (replay,) = module._REPLAYS.values()
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is None   # the recorded launches' arguments hold no tensor of the first call
+    for seed in range(2):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        values, indices = top_k(x, k)
+        assert_same(x, k, (values, indices))
+        again = top_k(x, k)
+        assert again[0].data_ptr() != values.data_ptr()   # fresh outputs every call
+    monkeypatch.setattr(module._Replay, "__call__", lambda self, x: _unreachable())
+    x = torch.randn(shape)
+    assert_same(x, k - 1, top_k(x, k - 1))      # another signature records its own
+    assert_same(x, k, top_k(x, k, config=dict(narrow_tile=512)))   # overrides: never replayed
+    t = torch.randn(tuple(reversed(shape))).transpose(0, -1)
+    assert_same(t, k, top_k(t, k))              # not contiguous: the whole path
+    assert len(module._REPLAYS) == 2 and replay in module._REPLAYS.values()
+
+
+def _unreachable():
+    raise AssertionError("replayed where the whole path was expected")
+
+
+def test_softmax_top_k_replays_per_renormalize_flag(monkeypatch):
+    from flyarray.kernels import top_k as module
+    monkeypatch.setattr(module, "_PREPARED_ON_CPU", True)
+    monkeypatch.setattr(module, "_REPLAYS", {})
+    for seed in range(2):
+        logits = torch.randn(33, 24, generator=torch.Generator().manual_seed(seed))
+        for renormalize in (False, True):
+            probs, indices = softmax_top_k(logits, 3, renormalize)
+            ref_probs, ref_indices = reference_softmax_top_k(logits, 3, renormalize)
+            assert torch.equal(indices, ref_indices)
+            torch.testing.assert_close(probs.double(), ref_probs, rtol=2e-6, atol=2e-6)
+    assert len(module._REPLAYS) == 2
+
+
 @settings(max_examples=15, deadline=None)
 @given(rows=st.integers(1, 3), n=st.integers(1, 80), data=st.data(),
        wide=st.booleans(), half=st.booleans(), distinct=st.integers(1, 6))
@@ -412,10 +464,12 @@ def test_softmax_top_k_gpu(dtype, renormalize):
 @gpu
 @pytest.mark.parametrize("shape,k", [((64, 131072), 50), ((8, 4096), 1024), ((300, 257), 7), ((16, 5000), 3)])
 def test_gpu_repeated_signatures_launch_directly_with_new_data(shape, k):
-    """From the second call of a signature on, every kernel launches through FixedLaunch: each call
-    gets new values (and one a row-strided view), each result is checked."""
+    """From the second call of a signature on, every kernel launches through FixedLaunch (replayed: the
+    signature's recorded launches): each call gets new values (and one a row-strided view, which takes the
+    whole path), each result is checked."""
     from flyarray.kernels import top_k as module
     module._LAUNCHES.clear()
+    module._REPLAYS.clear()
     for _ in range(3):
         x = torch.randn(shape, device="cuda")
         assert_same(x, k, top_k(x, k))
@@ -423,6 +477,8 @@ def test_gpu_repeated_signatures_launch_directly_with_new_data(shape, k):
     assert_same(wide, k, top_k(wide, k))
     launches = [launch for fixed in module._LAUNCHES.values() for launch in fixed.made.values()]
     assert launches and all(launch.compiled is not None for launch in launches)
+    replayed = [fixed for replay in module._REPLAYS.values() for fixed, _, _ in replay.steps]
+    assert replayed and all(fixed in launches for fixed in replayed)
     logits = torch.randn(4096, 64, device="cuda")
     for _ in range(2):
         probs, indices = softmax_top_k(logits, 4, True)
