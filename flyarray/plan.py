@@ -215,8 +215,12 @@ class Plan:
                 node = nodes[bind[0]].params["outputs"][bind[1]]
             if node.prim is ir.VIEW:  # a view computed alone (schedule.py): a buffer of its own now
                 with ir.REBIND:  # other threads may be recording views of it (ops/core.movement)
-                    ir.forget_inputs(node)
-                    node.buffer, node.prim, node.params = slots[bind[-1]], ir.SOURCE, None
+                    # the buffer first, the inputs last: a Ctrl-C between any two of these stores leaves a node
+                    # that reads right (a buffer, or the view of its inputs), never one with neither
+                    ir.keep_history(node)
+                    node.buffer = slots[bind[-1]]
+                    node.prim, node.params = ir.SOURCE, None
+                    node.inputs = ()
             else:
                 node.buffer = slots[bind[-1]]
                 ir.forget_inputs(node)

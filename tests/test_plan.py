@@ -892,6 +892,50 @@ def test_jit_takes_numpy_arrays_as_array_leaves(backend):
     assert len(f.cache) == 1   # new values, same signature: one trace
 
 
+def test_jit_threads_making_a_first_call_at_once_trace_it_once():
+    """Threads making the first call of one signature at once: one traces, the others replay its trace (the
+    body ran once per signature, no retrace warning); past the bounded cache, threads tracing new shapes at
+    once trim it without tripping over each other (a KeyError from a twice-deleted oldest entry before)."""
+    import importlib
+    import time
+    import warnings
+    jit_module = importlib.import_module("flyarray.transforms.jit")
+    runs = []
+
+    @fa.jit
+    def f(x):
+        runs.append(1)
+        time.sleep(0.02)   # a body that takes a moment to trace, as a model does
+        return x * 2
+
+    def calls(n_threads, shape_of):
+        errors, barrier = [], threading.Barrier(n_threads)
+
+        def call(i):
+            barrier.wait()
+            try:
+                n = shape_of(i)
+                np.testing.assert_array_equal(np.asarray(f(fa.ones(n))), np.full(n, 2.0))
+            except Exception as e:   # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 4):
+            calls(8, lambda i, n=n: n)
+    assert len(runs) == 2 and len(f.cache) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for start in range(10, 10 + 3 * jit_module.MAX_TRACES, 16):   # past the bound: trims in threads
+            calls(16, lambda i, start=start: start + i)
+    assert len(f.cache) == jit_module.MAX_TRACES
+
+
 def test_jit_keeps_a_bounded_number_of_traces_and_says_why_it_retraces(backend):
     """A static argument that changes every call (a decaying Python float) traces every call: the
     cache stays bounded and a warning names the remedy once."""
@@ -1116,3 +1160,41 @@ def test_jit_traces_again_under_another_default_device(backend):
     finally:
         fa.set_default_device(None)
     assert len(f.cache) == 1 and f(fa.ones(3)).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_ctrl_c_anywhere_in_binding_a_view_leaves_it_readable():
+    """A KeyboardInterrupt delivered between any two lines of Plan.bind's branch for a view computed alone
+    (as a signal handler's exception arrives: between bytecodes) leaves the view readable, recomputed or
+    bound, with the right values; before the fix one spot left a node with neither inputs nor a buffer."""
+    import inspect
+    lines, start = inspect.getsourcelines(plan.Plan.bind)
+    branch = next(i for i, text in enumerate(lines) if "node.prim is ir.VIEW" in text)
+    end = next(i for i in range(branch + 1, len(lines)) if lines[i].strip().startswith("else"))
+    targets = [start + i for i in range(branch + 1, end) if lines[i].strip() and not lines[i].strip().startswith("#")]
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want = np.exp(base)[1:3, ::2]
+    interrupted = 0
+    for target in targets:
+        fired = []
+
+        def local(frame, event, arg, target=target, fired=fired):
+            if event == "line" and frame.f_lineno == target and not fired:
+                fired.append(True)
+                raise KeyboardInterrupt
+            return local
+
+        def tracer(frame, event, arg, local=local):
+            return local if frame.f_code is plan.Plan.bind.__code__ else None
+
+        v = fa.exp(fa.asarray(base))[1:3, ::2]   # a view of a lazy result: computed alone, bound as a view
+        sys.settrace(tracer)
+        try:
+            np.asarray(v)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        interrupted += bool(fired)
+        np.testing.assert_allclose(np.asarray(v), want, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(v + 1), want + 1, rtol=1e-6)
+    assert interrupted == len(targets) >= 4

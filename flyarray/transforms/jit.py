@@ -62,10 +62,15 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), cuda_graph=None):
                plan.settings(), runtime.default_device_choice())
         trace = cache.get(key)
         if trace is None:
-            trace, result = _Trace.record(fn, args, kwargs, tensors, static_argnums, static_argnames)
-            trace.cuda_graph = cuda_graph
-            _remember(cache, key, trace, fn)
-            return result
+            # one thread traces a function at a time: threads making the first call of one signature at once
+            # trace it once (the others replay that trace), and the bounded cache is trimmed by one thread
+            with cache.lock:
+                trace = cache.get(key)
+                if trace is None:
+                    trace, result = _Trace.record(fn, args, kwargs, tensors, static_argnums, static_argnames)
+                    trace.cuda_graph = cuda_graph
+                    _remember(cache, key, trace, fn)
+                    return result
         return trace.replay(tensors)
 
     wrapped.cache = cache
@@ -77,16 +82,18 @@ _WARN_AFTER = 16  # traces of one function before saying why it keeps tracing
 
 
 class _Traces(dict):
-    """A jitted function's traces by signature, and how many it has recorded in all."""
-    __slots__ = ("recorded",)
+    """A jitted function's traces by signature, how many it has recorded in all, and the lock its tracing
+    threads take (reentrant: a trace may call the function again, which then traces through)."""
+    __slots__ = ("recorded", "lock")
 
     def __init__(self):
         super().__init__()
         self.recorded = 0
+        self.lock = threading.RLock()
 
 
 def _remember(cache: _Traces, key, trace, fn):
-    """Keep ``trace``; the cache is bounded (a static argument that changes every call, such as a Python
+    """Keep ``trace`` (under ``cache.lock``); the cache is bounded (a static argument that changes every call, such as a Python
     float learning rate, would otherwise grow it forever) and says once why it keeps growing."""
     if len(cache) >= MAX_TRACES:
         del cache[next(iter(cache))]
