@@ -46,21 +46,26 @@ def result_type(*args):
     promotion table, with JAX's rules across kinds (int + float -> the float) and weak Python scalars."""
     import builtins  # this module's ``bool`` is fa.bool (a DType), not the Python type
 
-    import numpy
-    import torch
-
     def dtype_of(a):
         if isinstance(a, (int, float, complex, builtins.bool)):
             return a
-        if isinstance(a, (Array, numpy.ndarray, numpy.generic, torch.Tensor)):  # arrays, as asarray takes them
-            return _dtypes.dtype(a.dtype)
-        return _dtypes.dtype(a)
+        return _dtype_of(a)
     return _dtypes.result_type(*[dtype_of(a) for a in args])
 
 
+def _dtype_of(a):
+    """A dtype, or an array's (Arrays, numpy arrays and scalars, torch tensors: what asarray takes)."""
+    import numpy
+    import torch
+    if isinstance(a, (Array, numpy.ndarray, numpy.generic, torch.Tensor)):
+        return _dtypes.dtype(a.dtype)
+    return _dtypes.dtype(a)
+
+
 def can_cast(from_, to):
-    """Whether ``from_`` promotes to ``to`` without changing ``to`` (the array API's can_cast); any dtype pair."""
-    from_, to = _dtypes.dtype(from_), _dtypes.dtype(to)
+    """Whether ``from_`` (a dtype or an array) promotes to ``to`` without changing ``to`` (the array API's
+    can_cast); any dtype pair."""
+    from_, to = _dtype_of(from_), _dtypes.dtype(to)
     try:
         return _dtypes.promote(from_, to) == to
     except TypeError:

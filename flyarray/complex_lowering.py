@@ -298,8 +298,8 @@ def csinh(z: Parts) -> Parts:
     = 0 + nan j), and sinh(+-inf + i inf) = +-inf + nan j."""
     a, b = z.re, z.im
     blown = a.isinf() & b.isfinite().logical_not()
-    re = where(blown, a, where(a.equal(0), a * _finite_or_one(b.cos(), b), a.sinh() * b.cos()))
-    im = where(b.equal(0), b, a.cosh() * b.sin())
+    re = where(blown, a, where(a.equal(0), a * _finite_or_one(b.cos(), b), _hyperbolic_times(a, a.sinh(), b.cos())))
+    im = where(b.equal(0), b, _hyperbolic_times(a, a.cosh(), b.sin()))
     return Parts(re, im)
 
 
@@ -307,10 +307,20 @@ def ccosh(z: Parts) -> Parts:
     """(cosh a cos b, sinh a sin b), with C99's special values as csinh."""
     a, b = z.re, z.im
     blown = a.isinf() & b.isfinite().logical_not()
-    re = where(blown, a.abs(), a.cosh() * b.cos())
+    re = where(blown, a.abs(), _hyperbolic_times(a, a.cosh(), b.cos()))
     im = where(a.equal(0), a * _finite_or_one(b.sin(), b),
-               where(b.equal(0), b * where(a.less(0), F(a._const(-1.0)), 1.0), a.sinh() * b.sin()))
+               where(b.equal(0), b * where(a.less(0), F(a._const(-1.0)), 1.0), _hyperbolic_times(a, a.sinh(), b.sin())))
     return Parts(re, im)
+
+
+def _hyperbolic_times(a: F, h: F, t: F) -> F:
+    """h * t for h = sinh a or cosh a and t a cos/sin (|t| <= 1), also where h overflows at a finite a but the
+    product does not: there |h| = e^|a| / 2, taken as (e^(|a|/2) t / 2) e^(|a|/2), as cexp scales (sinh(100 +
+    1e-30j) in complex64 is inf + 1.3e13j; h * t gave inf j). Finite up to |a| = 2 log(max) (float32 177,
+    float64 1419); past that only t below ~1e-38 (1e-308) could give a finite result."""
+    half = (0.5 * a.abs()).exp()
+    scaled = half * t * 0.5 * half
+    return where(h.isinf() & a.isfinite(), where(h.less(0), -scaled, scaled), h * t)
 
 
 def _finite_or_one(v: F, b: F) -> F:
@@ -319,15 +329,17 @@ def _finite_or_one(v: F, b: F) -> F:
 
 
 def clog(z: Parts) -> Parts:
-    """log|z| + i arg z. Where |z| overflows with finite parts (both near the float's maximum), log|z| is
-    log(max) + log1p((min / max)^2) / 2, which does not (log(hypot) gave inf there)."""
+    """log|z| + i arg z. Where |z| overflows with finite parts (both near the float's maximum) or is subnormal,
+    log|z| is log(max) + log1p((min / max)^2) / 2: log(hypot) gave inf past the maximum, and below the normal
+    range read a |z| rounded to a few bits (log(1e-45 - 1e-45j) in complex64 was off by ln sqrt 2)."""
     a, b = z.re.abs(), z.im.abs()
     h = a.hypot(b)
     big, small = where(a.greater_equal(b), a, b), where(a.greater_equal(b), b, a)
-    ratio = small / big
+    ratio = small / where(big.equal(0), 1.0, big)   # (no 0/0 off the taken branch)
     scaled = big.log() + 0.5 * (ratio * ratio).log1p()
     overflowed = h.isinf() & a.isfinite() & b.isfinite()
-    return Parts(where(overflowed, scaled, h.log()), z.im.atan2(z.re))
+    subnormal = h.less(2.0 ** -1022 if a.n.dtype == dt.float64 else 2.0 ** -126) & big.greater(0)
+    return Parts(where(overflowed | subnormal, scaled, h.log()), z.im.atan2(z.re))
 
 
 def clog1p(z: Parts) -> Parts:

@@ -836,3 +836,29 @@ def test_float8_random_arguments_are_refused_by_name():
         fa.random.categorical(k, logits)
     with pytest.raises(TypeError, match="bernoulli: p must be float16.*float8_e4m3fn"):
         fa.random.bernoulli(k, fa.asarray(0.5).astype(fa.float8_e4m3fn), (2,))
+
+
+def test_reshape_copy_false_raises_where_numpy_would_copy_and_copy_true_is_memory_of_its_own():
+    """The array API's reshape(copy=): False raises ValueError where no strides describe the result over the
+    array's memory (as numpy does for a transposed buffer made flat), and is a view elsewhere (a flip made
+    flat has strides, as in numpy); True gives memory of its own, so a DLPack consumer writing it leaves the
+    source tensor alone."""
+    t = torch.arange(6.0).reshape(2, 3)
+    x = fa.asarray(t)
+    with pytest.raises(ValueError, match=r"copy=False.*\(3, 2\) -> \(6,\) needs a copy"):
+        fa.reshape(x.mT, (6,), copy=False)
+    with pytest.raises(ValueError, match="needs a copy"):
+        fa.reshape(fa.exp(x).mT, (6,), copy=False)   # the same over memory a lazy value will have
+    with pytest.raises(TypeError, match="copy must be None, True or False"):
+        fa.reshape(x, (6,), copy="no")
+    for copy in (None, False):
+        np.testing.assert_array_equal(np.asarray(fa.reshape(x, (3, 2), copy=copy)), t.numpy().reshape(3, 2))
+        np.testing.assert_array_equal(np.asarray(fa.reshape(fa.flip(x), (6,), copy=copy)), t.numpy()[::-1, ::-1].ravel())
+    np.testing.assert_array_equal(np.asarray(fa.reshape(x.mT, (6,))), t.numpy().T.ravel())
+    same = torch.from_dlpack(fa.reshape(x, (3, 2), copy=False))
+    assert same.data_ptr() == t.data_ptr()
+    for shape in ((3, 2), (2, 3)):
+        own = torch.from_dlpack(fa.reshape(x, shape, copy=True))
+        assert own.data_ptr() != t.data_ptr()
+        own[0, 0] = 100.0
+        assert t[0, 0].item() == 0.0

@@ -491,6 +491,9 @@ def test_result_type_of_dtypes_arrays_and_scalars():
     assert fa.result_type(fa.int64, fa.float16) == fa.float16  # JAX: the float wins
     assert fa.result_type(fa.float16, fa.bfloat16) == fa.float32
     assert fa.can_cast(fa.int8, fa.int16) and not fa.can_cast(fa.int16, fa.int8)
+    # from_ may be an array (the array API's Union[dtype, array]): any kind asarray takes
+    assert fa.can_cast(fa.asarray(np.int8([1, 2])), fa.int16) and not fa.can_cast(x, fa.int8)
+    assert fa.can_cast(np.zeros(2, np.float16), "float32") and not fa.can_cast(torch.ones(2), fa.int32)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -574,3 +574,13 @@ def test_vector_norm_takes_numpy_scalar_orders(order):
     x = np.arange(1.0, 5.0)
     np.testing.assert_allclose(np.asarray(fa.linalg.vector_norm(fa.asarray(x), ord=order)),
                                np.linalg.vector_norm(x, ord=order), rtol=1e-12)
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: fa.linspace(0, 1j, 3, dtype=fa.float32), "linspace: a complex start or stop"),
+    (lambda: fa.full_like(fa.ones(2), "a"), "full: fill_value must be a Python or numpy scalar, got 'a'"),
+    (lambda: fa.full((2,), None), "fill_value must be a Python or numpy scalar, got None"),
+])
+def test_creation_names_a_bad_fill_or_endpoint(make, words):
+    with pytest.raises(TypeError, match=words.replace("(", r"\(")):
+        make()

@@ -440,14 +440,26 @@ def movement(x, ops, shape) -> Array:
         return _movement(node, tuple(ops), shape)
 
 
-def _movement(node, ops, shape) -> Array:
+def is_view_of_memory(x, ops) -> bool:
+    """Whether movement ops ``ops`` of ``x`` make a view of its memory (strides over its buffer, or over the one
+    its value will have), rather than a copy: what ``copy=False`` asks of reshape."""
+    node = node_of(x)
+    with ir.REBIND:
+        return _folded(node, tuple(ops))[0] is not None
+
+
+def _folded(node, ops) -> tuple:
+    """(the View ``ops`` make over ``node``'s memory or None where strides cannot describe it, the start view
+    of a non-view node)."""
     if node.kind == "view":
         parent = folded_view(node)
-        folded = views.apply_all(parent, ops) if parent is not None else None
-        start = None
-    else:
-        start = ir.buffer_view(node)
-        folded = views.apply_all(start, ops)
+        return (views.apply_all(parent, ops) if parent is not None else None), None
+    start = ir.buffer_view(node)
+    return views.apply_all(start, ops), start
+
+
+def _movement(node, ops, shape) -> Array:
+    folded, start = _folded(node, ops)
     if folded is None:
         node = ir.Node(ELEMENTWISE["astype"], (node,), None, node.shape, node.dtype, node.device)  # a copy
         start = views.View.contiguous(node.shape)

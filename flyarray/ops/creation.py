@@ -283,6 +283,9 @@ def full(shape, fill_value, *, dtype=None, device=None) -> Array:
 
     Default dtype from the scalar: bool -> bool, int -> int64, float -> float32 (numpy gives float64)."""
     shape = _shape(shape)
+    if not isinstance(fill_value, (numbers.Number, np.generic)):
+        raise TypeError(f"full: fill_value must be a Python or numpy scalar, got {fill_value!r} of type "
+                        f"{type(fill_value).__name__}")
     if isinstance(fill_value, np.generic) and fill_value.dtype.kind in "biufc":   # numpy's np.full: its dtype
         dtype = fill_value.dtype if dtype is None else dtype
         fill_value = fill_value.item()
@@ -385,6 +388,8 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
     (num,) = views.check_shape((num,), "linspace: num")
     if isinstance(start, complex) or isinstance(stop, complex):
         d = dt.dtype(dtype) if dtype is not None else dt.complex64
+        if d.kind != "c":
+            raise TypeError(f"linspace: a complex start or stop ({start!r}, {stop!r}) needs a complex dtype, got {d}")
     else:
         d = dt.dtype(dtype) if dtype is not None else dt.default_float()
     if d.kind == "c":  # a ramp per part

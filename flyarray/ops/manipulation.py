@@ -13,15 +13,24 @@ import numpy as np
 
 from .. import ir, views
 from .._array import Array
-from .core import array_arg, movement, node_of
+from .core import array_arg, astype, is_view_of_memory, movement, node_of
 
 
 def reshape(x, shape, copy=None) -> Array:
     """``x`` with a new ``shape`` (one -1 is inferred), in C order; any dtype. A view where strides allow,
-    else a copy made lazily; ``copy`` is accepted and ignored (the array API's copy=False does not raise)."""
+    else a copy made lazily. ``copy`` (the array API's): True always copies (the result is memory of its own,
+    which DLPack consumers may write without touching x's); False raises ValueError where strides cannot
+    describe the result over x's memory (a transposed buffer made flat), as numpy's; None: either."""
     node = node_of(x)
+    if copy not in (None, True, False):
+        raise TypeError(f"reshape: copy must be None, True or False, got {copy!r}")
     shape = tuple(views.as_int(s, "reshape: each size") for s in views.axis_tuple(shape, "reshape: shape"))
     shape = views.check_shape(_infer_minus_one(node.shape, shape), "reshape: shape")
+    if copy:
+        x = astype(x, node.dtype, copy=True)
+    elif copy is False and shape != node.shape and not is_view_of_memory(x, [("reshape", shape)]):
+        raise ValueError(f"reshape: copy=False, but {node.shape} -> {shape} needs a copy: no strides describe it "
+                         "over this array's memory (a transposed layout made flat, for one); use copy=None")
     if shape == node.shape:
         return x
     return movement(x, [("reshape", shape)], shape)
