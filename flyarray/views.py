@@ -246,6 +246,8 @@ def _reshape(view: View, shape: tuple) -> Optional[View]:
 
 def broadcast_shapes(*shapes) -> tuple:
     """The array API's broadcast; the error names every shape."""
+    if len(shapes) == 2 and shapes[0] == shapes[1]:   # the common case, on every binary op's record path
+        return tuple(shapes[0])
     ndim = max((len(s) for s in shapes), default=0)
     out = []
     for axis in range(ndim):
@@ -260,6 +262,18 @@ def broadcast_shapes(*shapes) -> tuple:
                 size = d
         out.append(size)
     return tuple(out)
+
+
+def broadcast_batch(op: str, shapes: tuple, names: tuple = ("x1", "x2")) -> tuple:
+    """The broadcast batch dims of two stacks of matrices (all but each shape's last two); where they do not
+    broadcast, a ValueError naming ``op``, the operands and their shapes (matmul, solve, the interop GEMMs)."""
+    (s1, s2), (n1, n2) = shapes, names
+    b1, b2 = tuple(s1[:-2]), tuple(s2[:-2])
+    try:
+        return broadcast_shapes(b1, b2)
+    except ValueError:
+        raise ValueError(f"{op}: the batch dims of {n1} {tuple(s1)} and {n2} {tuple(s2)} do not broadcast "
+                         f"({b1} against {b2})") from None
 
 
 INT64_MAX = 2**63 - 1

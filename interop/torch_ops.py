@@ -22,6 +22,7 @@ from torch import Tensor
 
 import flyarray as fa
 from flyarray import dtypes as dt
+from flyarray import views
 from flyarray.ops import checks
 
 _OPTIONAL = {"weight", "residual", "bias", "mask", "lhs_scales", "grad_lse"}
@@ -321,12 +322,8 @@ def _check_matmul(a, b, bias, residual, activation, out_dtype):
     for name, x in (("a", aa), ("b", ba)):
         if len(x.shape) < 2:
             raise ValueError(f"{op}: {name} must be at least 2-D, got shape {x.shape}")
-    try:
-        ((shape, dtype),) = _matmul_abstract(aa, ba)
-    except ValueError as exc:
-        if "do not broadcast" not in str(exc):
-            raise
-        raise ValueError(f"{op}: the batch dims of a {aa.shape} and b {ba.shape} do not broadcast") from None
+    views.broadcast_batch(op, (aa.shape, ba.shape), ("a", "b"))
+    ((shape, dtype),) = _matmul_abstract(aa, ba)
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"{op}: activation must be one of {sorted(ACTIVATIONS)} or None, got {activation!r}")
     for name, x in (("bias", biasa), ("residual", ra)):
@@ -424,7 +421,6 @@ def _(lhs, rhs, lhs_scales, rhs_scales, out_dtype):
 
 
 def _check_mx_quantize(x, fmt, axis, block_size):
-    from flyarray import views
     from flyarray.quant import _quantize_abstract
     (xa,) = _avals("mx_quantize", x=x)
     if xa.shape:  # the abstract rule checks the range too; this names the torch op first

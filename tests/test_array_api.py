@@ -625,7 +625,7 @@ def test_solve_reads_a_2d_x2_as_a_matrix_broadcast_over_the_stack(a_shape, b_sha
 
 
 def test_solve_names_batch_dims_that_do_not_broadcast():
-    with pytest.raises(ValueError, match=r"solve: the batch dims of x1 \(2, 2\) and x2 \(3,\) do not broadcast"):
+    with pytest.raises(ValueError, match=r"solve: the batch dims of x1 \(2, 2, 3, 3\) and x2 \(3, 3, 1\) do not broadcast \(\(2, 2\) against \(3,\)\)"):
         fa.linalg.solve(fa.ones((2, 2, 3, 3)), fa.ones((3, 3, 1)))
 
 

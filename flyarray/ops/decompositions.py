@@ -148,10 +148,7 @@ def _solve_abstract(a, b):
         return [(a.shape[:-1], a.dtype)]
     if b.shape[-2] != n:
         raise ValueError(f"solve: x1 {a.shape} and x2 {b.shape}: x2's rows must be {n}")
-    try:
-        batch = views.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        raise ValueError(f"solve: the batch dims of x1 {a.shape} and x2 {b.shape} do not broadcast") from None
+    batch = views.broadcast_batch("solve", (a.shape, b.shape))
     return [(batch + b.shape[-2:], a.dtype)]
 
 
@@ -324,18 +321,14 @@ def solve(x1, x2, /):
     if 2 <= x2.ndim < x1.ndim:  # torch would read x2 of shape x1.shape[:-1] as a stack of vectors
         if x1.ndim >= 2 and x2.shape[-2] != x1.shape[-1]:   # (named with the shapes given, before broadcasting)
             raise ValueError(f"solve: x1 {x1.shape} and x2 {x2.shape}: x2's rows must be {x1.shape[-1]}")
-        x2 = _broadcast_batch(x2, x1.shape[:-2], "solve")
+        x2 = _broadcast_batch(x2, x1.shape, "solve")
     return call(SOLVE, [x1, x2])[0]
 
 
-def _broadcast_batch(x, batch, where):
-    """A stack of matrices ``x`` broadcast to the batch dims it shares with ``batch`` (so torch, which
-    tells a stack of vectors from a stack of matrices by the number of dims, reads it as matrices)."""
-    try:
-        full = views.broadcast_shapes(batch, x.shape[:-2])
-    except ValueError:
-        raise ValueError(f"{where}: the batch dims of x1 {tuple(batch)} and x2 {tuple(x.shape[:-2])} do not "
-                         "broadcast") from None
+def _broadcast_batch(x, x1_shape, where):
+    """A stack of matrices ``x`` (the x2 of ``where``) broadcast to the batch dims it shares with x1's (so torch,
+    which tells a stack of vectors from a stack of matrices by the number of dims, reads it as matrices)."""
+    full = views.broadcast_batch(where, (x1_shape, x.shape))
     from .manipulation import broadcast_to
     return broadcast_to(x, full + tuple(x.shape[-2:]))
 

@@ -63,7 +63,7 @@ def matmul(x1, x2, /):
     if lhs.shape[-1] != rhs.shape[-2]:  # every path below (GEMM, complex block GEMM, multiply-and-sum)
         raise ValueError(f"matmul: inner dimensions differ: {x1.shape} @ {x2.shape} "
                          f"({lhs.shape[-1]} != {rhs.shape[-2]})")
-    _check_batches_broadcast("matmul", x1.shape, x2.shape, lhs.shape[:-2], rhs.shape[:-2])
+    views.broadcast_batch("matmul", (lhs.shape, rhs.shape))
     if x1.dtype.kind in "iu":
         out = contract(lhs, rhs)
     elif x1.dtype.kind == "c":
@@ -75,14 +75,6 @@ def matmul(x1, x2, /):
     if x2.ndim == 1:
         out = out[..., 0]
     return out
-
-
-def _check_batches_broadcast(op, shape1, shape2, batch1, batch2):
-    try:
-        views.broadcast_shapes(batch1, batch2)
-    except ValueError:
-        raise ValueError(f"{op}: the batch dims of x1 {tuple(shape1)} and x2 {tuple(shape2)} do not broadcast "
-                         f"({tuple(batch1)} against {tuple(batch2)})") from None
 
 
 def _complex_matmul(a, b):
