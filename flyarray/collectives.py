@@ -79,10 +79,25 @@ _AS_BYTES = frozenset((torch.int16, torch.uint16, torch.uint32, torch.uint64))
 
 def _bytes(t):
     """A contiguous tensor of one of ``_AS_BYTES`` as its bytes (a view, last dimension times the item
-    size; a 0-d tensor becomes 1-d); other tensors as they are."""
+    size; a 0-d tensor becomes 1-d); other tensors as they are. torch calls a tensor contiguous whatever the
+    strides of its size-1 dims (and of an empty one), but views it as bytes only with a last stride of 1: such a
+    tensor is given its row-major strides first (the same memory)."""
     if t.dtype not in _AS_BYTES:
         return t
-    return (t if t.dim() else t.reshape(1)).view(torch.uint8)
+    if not t.dim():
+        t = t.reshape(1)
+    rowmajor = _row_major_strides(t.shape)
+    if t.stride() != rowmajor:
+        t = t.as_strided(t.shape, rowmajor, t.storage_offset())
+    return t.view(torch.uint8)
+
+
+def _row_major_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _reducible(t, op):

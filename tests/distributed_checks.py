@@ -269,6 +269,23 @@ def check_integer_dtypes_cross_collectives():
         assert got.dtype == a.dtype
 
 
+def check_byte_moved_dtypes_with_size_one_and_empty_dims():
+    """The dtypes that cross as bytes, in blocks with a size-1 or empty dim (torch keeps any stride there, and
+    viewed such a block as bytes only with a last stride of 1: device_get, ppermute and all_to_all raised)."""
+    mesh = _mesh()
+    for name in ("int16", "uint16", "uint32", "uint64"):
+        for shape, spec in (((1, 4), P(None, "x")), ((0, 4), P("x")), ((3, 2, 1), P(None, "x")), ((2, 1), P("x"))):
+            want = np.arange(int(np.prod(shape))).reshape(shape).astype(name)
+            xs = fa.device_put(fa.asarray(want, device=DEVICE), NamedSharding(mesh, spec))
+            assert np.array_equal(np.asarray(fa.device_get(xs)), want), (name, shape)
+            got = fa.device_get(fa.shard_map(lambda b: fa.lax.ppermute(b, "x", [(0, 1), (1, 0)]), mesh, (spec,),
+                                             spec)(xs))
+            halves = np.split(want, 2, axis=spec.index("x"))
+            assert np.array_equal(np.asarray(got), np.concatenate(halves[::-1], axis=spec.index("x"))), (name, shape)
+        empty = fa.device_put(fa.asarray(np.zeros((0, 4), np.int16), device=DEVICE), NamedSharding(mesh, P("x")))
+        assert np.asarray(fa.device_get(empty.astype(name))).shape == (0, 4)
+
+
 def check_psum_of_bool_counts():
     """psum of a bool array counts, in int32 (jax.lax.psum; a backend's bool SUM is a logical OR)."""
     mesh = _mesh()
