@@ -288,7 +288,17 @@ def elementwise(fn, *args):
         args = [gather(a, range(a.ndim)) if isinstance(a, ShardedArray) else a for a in args]
         out_axes = [()] * ndim
     locals_ = [_fit(a, out_axes, mesh) for a in args]
-    return ShardedArray(fn(*locals_), NamedSharding(mesh, _spec(out_axes)))
+    out = fn(*locals_)
+    block = views.broadcast_shapes(*[a.shape for a in locals_ if isinstance(a, Array)])
+    if not isinstance(out, Array) or tuple(out.shape) != tuple(block):
+        # a reduction or reshape per block would come back as a global array of the wrong shape and values
+        raise ValueError(f"sharded elementwise op: the function must be elementwise, but on blocks of shape {block} "
+                         f"it returned {_shape_or_type(out)}; use shard_map for other per-block functions")
+    return ShardedArray(out, NamedSharding(mesh, _spec(out_axes)))
+
+
+def _shape_or_type(value) -> str:
+    return f"shape {tuple(value.shape)}" if hasattr(value, "shape") else f"a {type(value).__name__}"
 
 
 # ---- reductions ----------------------------------------------------------------------------------------------

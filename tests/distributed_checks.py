@@ -286,6 +286,21 @@ def check_byte_moved_dtypes_with_size_one_and_empty_dims():
         assert np.asarray(fa.device_get(empty.astype(name))).shape == (0, 4)
 
 
+def check_sharding_elementwise_refuses_a_function_that_is_not():
+    """fa.sharding.elementwise of a per-block reduction returned a 'global' array of the wrong shape (each
+    rank's partial sums); now a ValueError names the block and result shapes."""
+    mesh = _mesh()
+    s = fa.device_put(fa.asarray(_randn(4, 6, seed=3), device=DEVICE), NamedSharding(mesh, P("x")))
+    try:
+        fa.sharding.elementwise(lambda t: t.sum(axis=0), s)
+    except ValueError as e:
+        assert "must be elementwise" in str(e) and "(2, 6)" in str(e) and "(6,)" in str(e), e
+    else:
+        raise AssertionError("a per-block sum was taken as elementwise")
+    _close(fa.device_get(fa.sharding.elementwise(lambda t: fa.exp(t) * 2.0, s)),
+           np.exp(np.asarray(fa.device_get(s))) * 2.0, atol=1e-5, what="an elementwise lambda")
+
+
 def check_psum_of_bool_counts():
     """psum of a bool array counts, in int32 (jax.lax.psum; a backend's bool SUM is a logical OR)."""
     mesh = _mesh()
