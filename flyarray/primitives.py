@@ -345,7 +345,9 @@ _ew("sign", 1, "numeric", "same", lambda x: torch.where(torch.isnan(x), x, torch
 _ew("floor", 1, "numeric", "same", torch.floor, lambda a, cdt: f"tl.floor({a[0]})" if cdt.kind == "f" else a[0])
 _ew("ceil", 1, "numeric", "same", torch.ceil, lambda a, cdt: f"tl.ceil({a[0]})" if cdt.kind == "f" else a[0])
 _ew("trunc", 1, "numeric", "same", torch.trunc, lambda a, cdt: f"ext.trunc({a[0]})" if cdt.kind == "f" else a[0])
-_ew("round", 1, "numeric", "same", torch.round, lambda a, cdt: f"ext.rint({a[0]})" if cdt.kind == "f" else a[0])
+# nearbyint (half to even, as torch.round), not rint: Triton 3.6's HIP libdevice has no rint (gfx950 and gfx942 could
+# not compile a round, so neither a complex prod)
+_ew("round", 1, "numeric", "same", torch.round, lambda a, cdt: f"ext.nearbyint({a[0]})" if cdt.kind == "f" else a[0])
 _ew("reciprocal", 1, "float", "same", torch.reciprocal, lambda a, cdt: _rn_div("1.0", a[0], cdt))
 _ew("bitwise_invert", 1, "int_bool", "same", torch.bitwise_not,
     lambda a, cdt: f"({a[0]} == 0)" if cdt.kind == "b" else f"(~{a[0]})")

@@ -152,3 +152,14 @@ def test_float64_transcendental_kernels_keep_few_elements_a_thread_and_do_not_sp
     z = fa.asarray(torch.complex(torch.rand(64, 64, dtype=torch.float64), torch.rand(64, 64, dtype=torch.float64)))
     (kernel,) = fa.inspect(fn, z, target="sm_90").kernels
     assert kernel.spills == 0, (kernel.spills, kernel.registers)
+
+
+@pytest.mark.parametrize("target", ["gfx950", "gfx942", "sm_90"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_round_and_complex_products_compile_for_every_target(target, dtype):
+    """fa.round emitted libdevice's rint, which Triton 3.6's HIP libdevice lacks: round (and a complex prod, whose
+    angles it rounds) did not compile for gfx950/gfx942 there; nearbyint (half to even too) exists everywhere."""
+    x = _x((8, 40), dtype=dtype)
+    fn = (lambda z: fa.prod(z, axis=-1)) if dtype.is_complex else (lambda z: fa.round(z * 3.0))
+    result = fa.inspect(fn, x, target=target)
+    assert result.kernels and all("rint(" not in k.triton_source.replace("nearbyint(", "") for k in result.kernels)

@@ -56,7 +56,7 @@ class InterpreterMath:
     log1p = staticmethod(_lift(np.log1p))
     log10 = staticmethod(_lift(np.log10))
     trunc = staticmethod(_lift(np.trunc))
-    rint = staticmethod(_lift(np.rint))
+    nearbyint = staticmethod(_lift(np.rint))  # round half to even, as libdevice's nearbyint
     signbit = staticmethod(_lift(np.signbit, result_bool=True))
     pow = staticmethod(_lift(_power))
     atan2 = staticmethod(_lift(np.arctan2))
