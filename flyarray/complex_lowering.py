@@ -132,28 +132,42 @@ def where(c: F, a, b) -> F:
 
 
 def prod_factors(re: F, im: F):
-    """A complex product's factors z = re + i im as (scale, rest, hi, lo), all float64 (also for complex64:
+    """A complex product's factors z = re + i im as (scale, rest, hi, lo, quarters), all float64 (also for complex64:
     its angles summed in float32 lost ~1e-3 over 1000 factors). |z| = scale * rest with scale = max(|re|,
     |im|) and rest = sqrt(1 + (min/max)^2) in [1, sqrt 2], so neither product overflows where the result
     does not (|z| of 3e38+3e38j is past float32's maximum, hypot of 1.5e308+1.5e308j past float64's).
     arg z = hi + lo, hi a multiple of 2^-20 (their sum is exact), |lo| <= 2^-21: a sum of 1000 angles
     rounded once is already ~1e3 ulps off (its size times eps), their rotation (``rotation``) is not.
-    The product is prod(scale) * (prod(rest) * rotation(sum(hi), sum(lo))). Zero, inf and NaN parts go
-    to scale (rest 1): a zero factor gives zero, NaN propagates."""
+    A factor on an axis (a real or imaginary number) turns by whole quarter turns: those are counted in
+    ``quarters`` (a sum of small integers is exact) and hi = lo = 0, so a product of such factors is exactly
+    real or imaginary (the sum of k float64 pi's has a sine of ~1e-16 k: prod of three -1s was -1 + 3.7e-16j).
+    The product is prod(scale) * (prod(rest) * quarter_turned(rotation(sum(hi), sum(lo)), sum(quarters))).
+    Zero, inf and NaN parts go to scale (rest 1): a zero factor gives zero, NaN propagates."""
     re, im = re.astype(dt.float64), im.astype(dt.float64)
     a, b = re.abs(), im.abs()
     scale = a.maximum(b)
     finite = scale.greater(0) & scale.less(float("inf"))
     q = where(finite, a.minimum(b) / where(finite, scale, 1.0), 0.0)  # no 0/0 even off the taken branch
     angle = im.atan2(re)
+    on_axis = (im.equal(0) | re.equal(0)) & (re.isnan() | im.isnan()).logical_not()
+    quarters = where(on_axis, (angle * (2 / math.pi)).round(), 0.0)
+    angle = where(on_axis, 0.0, angle)
     hi = (angle * 2.0 ** 20).round() * 2.0 ** -20
-    return scale, (q * q + 1.0).sqrt(), hi, angle - hi
+    return scale, (q * q + 1.0).sqrt(), hi, angle - hi, quarters
 
 
 def rotation(hi: F, lo: F):
     """(cos, sin) of hi + lo without rounding hi + lo (hi is exact, lo small)."""
     ch, sh, cl, sl = hi.cos(), hi.sin(), lo.cos(), lo.sin()
     return ch * cl - sh * sl, sh * cl + ch * sl
+
+
+def quarter_turned(c: F, s: F, quarters: F):
+    """(c, s) turned by a whole number of quarter turns (a float64 integer), exactly: by 1, i, -1 or -i."""
+    q = quarters - 4.0 * (quarters * 0.25).floor()
+    cq = where(q.equal(0), 1.0, where(q.equal(2), -1.0, F(q._const(0.0))))
+    sq = where(q.equal(1), 1.0, where(q.equal(3), -1.0, F(q._const(0.0))))
+    return c * cq - s * sq, s * cq + c * sq
 
 
 class Parts:
@@ -716,10 +730,10 @@ class _Lowering:
             return Parts(packed=out)
         if name == "prod":  # magnitudes multiply, angles add (in float64: prod_factors)
             shape, r = node.shape, x.re.n.dtype
-            scale, rest, hi, lo = prod_factors(x.re, x.im)
-            s, h, big, small = (F(ir.Node(REDUCE[op], (v.n,), axes, shape, dt.float64, node.device))
-                                for op, v in (("prod", scale), ("prod", rest), ("sum", hi), ("sum", lo)))
-            c, si = rotation(big, small)
+            scale, rest, hi, lo, quarters = prod_factors(x.re, x.im)
+            s, h, big, small, turns = (F(ir.Node(REDUCE[op], (v.n,), axes, shape, dt.float64, node.device)) for op, v in
+                                       (("prod", scale), ("prod", rest), ("sum", hi), ("sum", lo), ("sum", quarters)))
+            c, si = quarter_turned(*rotation(big, small), turns)
             return Parts((s * (h * c)).astype(r), (s * (h * si)).astype(r))
         raise TypeError(f"{name} does not accept complex inputs")
 

@@ -627,6 +627,22 @@ def test_gpu_unary_functions_match_the_reference_backend(dtype):
                                    err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_products_of_real_and_imaginary_factors_are_exactly_real_or_imaginary(backend, dtype):
+    """Factors on an axis turn by whole quarter turns, counted exactly: prod of three -1s is -1 + 0j (the sum of
+    three float64 pi's left -1 + 3.7e-16j), as numpy's and array_api_strict's; cumulative_prod likewise."""
+    for values, want in (([-1, -1, -1], -1), ([-2, -3, -5], -30), ([1j, 1j, 1j], -1j), ([1j, -1, 2j, -3], -6),
+                         ([2j, 2j], -4), ([-1j, 1j, -1], -1)):
+        z = np.array(values, dtype)
+        got = np.asarray(fa.prod(fa.asarray(z)))
+        assert got == want, (values, got)
+        steps = np.asarray(fa.cumulative_prod(fa.asarray(z)))
+        np.testing.assert_array_equal(steps, np.cumprod(z.astype(np.complex128)).astype(dtype))
+    mixed = np.array([2 + 3j, 1j, -1 - 1j, -2], dtype)   # off-axis factors keep their accuracy
+    np.testing.assert_allclose(np.asarray(fa.prod(fa.asarray(mixed))), np.prod(mixed.astype(np.complex128)),
+                               rtol=1e-6 if dtype == np.complex64 else 1e-14)
+
+
 def test_complex_power_zero_is_one_everywhere():
     z = np.array([0j, 1 + 2j, np.inf + 0j, np.nan + 0j], np.complex64)
     np.testing.assert_array_equal(np.asarray(fa.asarray(z) ** 0), np.ones(4, np.complex64))

@@ -8,6 +8,7 @@ of neighbours and a scan, then one read of where the groups start.
 """
 from __future__ import annotations
 
+import math
 import importlib
 from typing import NamedTuple
 
@@ -116,15 +117,15 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
 
 def _complex_scan(op, x, axis, include_initial):
     """Complex cumulative sums scan the (re, im) pairs (view_as_real) with the real scan kernel; products
-    multiply magnitudes and add angles (real scans of complex_lowering.prod_factors' four parts, in float64)."""
+    multiply magnitudes and add angles (real scans of complex_lowering.prod_factors' five parts, in float64)."""
     from ..complex_lowering import AS_COMPLEX, AS_REAL
     from .elementwise import abs as _abs
     from .elementwise import atan2, complex_from_parts, cos, imag, real, sin
     from .manipulation import moveaxis
     moved, axis = _last_axis(f"cumulative_{op}", x, axis)
     if op == "prod":  # as complex_lowering.prod_factors: float64, |z| split so that no product overflows early,
-        from .core import where  # the angle as an exact sum plus a small one
-        from .elementwise import maximum, minimum, round, sqrt
+        from .core import where  # the angle as whole quarter turns (factors on an axis), an exact sum, a small one
+        from .elementwise import floor, isnan, maximum, minimum, round, sqrt
         flag, r = bool(include_initial), real(moved).dtype
         re, im = real(moved).astype(dt.float64), imag(moved).astype(dt.float64)
         a, b = _abs(re), _abs(im)
@@ -132,12 +133,20 @@ def _complex_scan(op, x, axis, include_initial):
         finite = (big > 0) & (big < float("inf"))
         q = where(finite, minimum(a, b) / where(finite, big, 1.0), 0.0)
         angle = atan2(im, re)
+        on_axis = ((im == 0) | (re == 0)) & ~(isnan(re) | isnan(im))
+        quarters = where(on_axis, round(angle * (2 / math.pi)), 0.0)
+        angle = where(on_axis, 0.0, angle)
         hi = round(angle * 2.0 ** 20) * 2.0 ** -20
         (scale,) = call(SCAN, [big], op="prod", include_initial=flag)
         (rest,) = call(SCAN, [sqrt(q * q + 1.0)], op="prod", include_initial=flag)
         (h,) = call(SCAN, [hi], op="sum", include_initial=flag)
         (lo,) = call(SCAN, [angle - hi], op="sum", include_initial=flag)
+        (turns,) = call(SCAN, [quarters], op="sum", include_initial=flag)
         c, s = cos(h) * cos(lo) - sin(h) * sin(lo), sin(h) * cos(lo) + cos(h) * sin(lo)
+        turns = turns - 4.0 * floor(turns * 0.25)   # the exact quarter turns: by 1, i, -1 or -i
+        cq = where(turns == 0, 1.0, where(turns == 2, -1.0, 0.0))
+        sq = where(turns == 1, 1.0, where(turns == 3, -1.0, 0.0))
+        c, s = c * cq - s * sq, s * cq + c * sq
         return _from_last(complex_from_parts((scale * (rest * c)).astype(r), (scale * (rest * s)).astype(r)), axis)
     (pairs,) = call(AS_REAL, [moved])
     (out,) = call(SCAN, [moveaxis(pairs, -1, -2)], op="sum", include_initial=bool(include_initial))
