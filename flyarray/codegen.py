@@ -45,9 +45,15 @@ _HEAVY = frozenset(("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "si
 HEAVY_OPS_PER_KERNEL = 4
 
 
+# float64 values take two registers each: a kernel with this many float64 ops holds many tiles of them (a complex
+# prod's magnitude parts, 13: 150 spill bytes at 255 registers on 4 warps, sm_90, Triton 3.6, 32 elements a thread)
+HEAVY_FLOAT64_OPS = 8
+
+
 def _heavy(kernel) -> bool:
     heavy = [op for op in kernel.ops if isinstance(op, Elementwise) and op.prim in _HEAVY]
-    return (len(heavy) >= HEAVY_OPS_PER_KERNEL
+    wide = [op for op in kernel.ops if isinstance(op, Elementwise) and op.dtype.name == "float64"]
+    return (len(heavy) >= HEAVY_OPS_PER_KERNEL or len(wide) >= HEAVY_FLOAT64_OPS
             or any("float64" in (op.dtype.name, op.in_dtype.name) for op in heavy))
 
 
