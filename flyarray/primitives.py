@@ -171,8 +171,33 @@ def _in_logistic_tail(z):
 
 
 def _logistic_reference(z):
-    """torch.sigmoid(z) with e^z in the tail, as the kernels compute it (z float32 or float64)."""
+    """torch.sigmoid(z) with e^z in the tail, as the kernels compute it (z float32 or float64); on the CPU through
+    numpy (_layout_invariant: torch's CPU sigmoid differs by an ulp between layouts)."""
+    if z.device.type == "cpu":
+        return _layout_invariant(None, _numpy_logistic)(z)
     return torch.where(_in_logistic_tail(z), torch.exp(z), torch.sigmoid(z))
+
+
+def _numpy_logistic(z):
+    return np.where(z < _LOGISTIC_TAIL["float64"], np.exp(z), 1.0 / (1.0 + np.exp(-z)))
+
+
+def _layout_invariant(fn, numpy_fn):
+    """``fn`` of floating CPU tensors through numpy in float64, rounded once to their dtype: torch's vectorized
+    and scalar CPU paths of these functions differ by an ulp (atan2 of 4 float64 elements against 8; also atanh,
+    exp2, sigmoid, pow, hypot, logaddexp), so one value computed in two kernels of different layouts was two values
+    -- the gradient of max(atan2(stack([v, v]), c)) compared them and found no position equal to the max: all 0.
+    numpy's are the same in every layout. Other devices and dtypes: ``fn`` (None: numpy only, CPU floats only)."""
+    def reference(*args, out=None):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if fn is not None and (not tensors or tensors[0].device.type != "cpu" or not tensors[0].is_floating_point()):
+            return fn(*args) if out is None else fn(*args, out=out)
+        with np.errstate(all="ignore"):
+            result = numpy_fn(*[a.detach().to(torch.float64).numpy() if isinstance(a, torch.Tensor) else a
+                                for a in args])
+        result = torch.from_numpy(np.asarray(result, dtype=np.float64)).to(tensors[0].dtype)
+        return result if out is None else out.copy_(result)
+    return reference
 
 
 def _rn_div(a, b, cdt):
@@ -275,7 +300,7 @@ for _name, _ref, _low in [
     # libdevice exp, not tl.exp: for float32 Triton lowers that to 2**(x * log2(e)) on the approximate ex2, up to
     # ~60 ulp off for large |x| (the product's rounding is scaled by |x|); torch.exp is within 1-2
     ("exp", torch.exp, _float_only("exp")),
-    ("exp2", torch.exp2, _f("tl.exp2({0})")),
+    ("exp2", _layout_invariant(torch.exp2, np.exp2), _f("tl.exp2({0})")),
     ("log", torch.log, _f("tl.log({0})")),
     ("log2", torch.log2, _f("tl.log2({0})")),
     # correctly rounded, as the array API asks: tl.sqrt is approximate for float32 (exact for float64,
@@ -298,7 +323,7 @@ for _name, _ref, _low in [
     ("asin", torch.asin, _float_only("asin")),
     ("asinh", torch.asinh, _float_only("asinh")),
     ("atan", torch.atan, _float_only("atan")),
-    ("atanh", torch.atanh, _float_only("atanh")),
+    ("atanh", _layout_invariant(torch.atanh, np.arctanh), _float_only("atanh")),
     ("cosh", _in_float64_on_cpu(torch.cosh, np.cosh), _float_only("cosh")),
     ("sinh", _in_float64_on_cpu(torch.sinh, np.sinh), _float_only("sinh")),
     ("expm1", torch.expm1, _float_only("expm1")),
@@ -371,7 +396,7 @@ _ew("floor_divide", 2, "numeric", "same", _floor_divide_reference,
     lambda a, cdt: f"_ffloordiv({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ifloordiv({a[0]}, {a[1]})")
 _ew("remainder", 2, "numeric", "same", _remainder_reference,
     lambda a, cdt: f"_fremainder({a[0]}, {a[1]})" if cdt.kind == "f" else f"_iremainder({a[0]}, {a[1]})")
-_ew("pow", 2, "numeric", "same", torch.pow,
+_ew("pow", 2, "numeric", "same", _layout_invariant(torch.pow, np.power),
     lambda a, cdt: f"ext.pow({a[0]}, {a[1]})" if cdt.kind == "f" else f"_ipow({a[0]}, {a[1]})")
 def _ordered_zeros(fn, low_wins):
     """torch's maximum/minimum with IEEE 754-2019's order of zeros: -0 < +0 (JAX's answers; torch returns either
@@ -399,13 +424,13 @@ def _extremum(name, low_wins):
 
 _ew("maximum", 2, "numeric", "same", _ordered_zeros(torch.maximum, False), _extremum("maximum", False))
 _ew("minimum", 2, "numeric", "same", _ordered_zeros(torch.minimum, True), _extremum("minimum", True))
-_ew("atan2", 2, "float", "same", torch.atan2, _f("ext.atan2({0}, {1})"))
-_ew("hypot", 2, "float", "same", torch.hypot, _f("ext.hypot({0}, {1})"))
+_ew("atan2", 2, "float", "same", _layout_invariant(torch.atan2, np.arctan2), _f("ext.atan2({0}, {1})"))
+_ew("hypot", 2, "float", "same", _layout_invariant(torch.hypot, np.hypot), _f("ext.hypot({0}, {1})"))
 _ew("copysign", 2, "float", "same", torch.copysign, _f("ext.copysign({0}, {1})"))
 _ew("nextafter", 2, "float", "same", torch.nextafter, _f("ext.nextafter({0}, {1})"),
     lambda a, d: (f"_nextafter16({a[0]}.to(tl.{d.triton}).to(tl.float32), {a[1]}.to(tl.{d.triton}).to(tl.float32), "
                   f"{a[0]}.to(tl.{d.triton}))"))
-_ew("logaddexp", 2, "float", "same", torch.logaddexp, _f("_logaddexp({0}, {1})"))
+_ew("logaddexp", 2, "float", "same", _layout_invariant(torch.logaddexp, np.logaddexp), _f("_logaddexp({0}, {1})"))
 for _name, _ref, _op in [("equal", torch.eq, "=="), ("not_equal", torch.ne, "!="), ("less", torch.lt, "<"),
                          ("less_equal", torch.le, "<="), ("greater", torch.gt, ">"),
                          ("greater_equal", torch.ge, ">=")]:

@@ -991,3 +991,23 @@ def test_at_int_multiply_is_differentiable_in_every_mode(mode):
     dx, dv = fa.grad(lambda x, v: fa.sum(x.at[2].multiply(v, **kw)), argnums=(0, 1))(x, v)
     np.testing.assert_array_equal(np.asarray(dx), [1.0, 1.0, 3.0, 1.0])   # jax.grad's (a fuzz helper's check)
     assert float(dv) == 2.0
+
+
+def test_max_gradient_finds_its_position_when_the_backward_recomputes_a_transcendental():
+    """The reference backend computed atan2 (atanh, exp2, sigmoid, pow, hypot, logaddexp) with torch's CPU kernels,
+    whose vectorized and scalar paths differ by an ulp (4 float64 elements against 8): the backward's recomputed
+    atan2 then equalled the forward's max nowhere and the gradient was all 0 (JAX: 0.3824 at the argmax)."""
+    y = np.array([2.0, 0.0, 0.0, -1.0])
+    g = fa.grad(lambda v: fa.sum(fa.max(fa.atan2(fa.stack([v, v]), 4.3), axis=-1)))(fa.asarray(y))
+    want = 2 * 4.3 / (4.3 ** 2 + 2.0 ** 2)   # both rows pick v[0]: d/dv atan2(v, c) = c / (v^2 + c^2), twice
+    np.testing.assert_allclose(np.asarray(g), [want, 0, 0, 0], rtol=1e-12)
+    rng = np.random.default_rng(0)
+    for name in ("atan2", "pow", "hypot", "logaddexp", "atanh", "exp2", "sigmoid"):
+        for dtype in (np.float32, np.float64):
+            a = rng.uniform(0.1, 0.9, 64).astype(dtype)
+            b = rng.uniform(0.5, 2.0, 64).astype(dtype)
+            fn = getattr(fa, name) if hasattr(fa, name) else getattr(fa.nn, name)
+            args = (a, b) if name in ("atan2", "pow", "hypot", "logaddexp") else (a,)
+            whole = np.asarray(fn(*[fa.asarray(v) for v in args]))
+            pieces = np.concatenate([np.asarray(fn(*[fa.asarray(v[i:i + 3]) for v in args])) for i in range(0, 64, 3)])
+            np.testing.assert_array_equal(whole, pieces, err_msg=f"{name} {np.dtype(dtype).name}")
