@@ -20,6 +20,7 @@ import itertools
 import torch
 
 from . import dtypes as dt
+from . import views
 from .ops.library import Library, call
 
 __all__ = ["psum", "all_gather", "psum_scatter", "ppermute", "all_to_all", "mesh_of", "register_mesh"]
@@ -86,18 +87,11 @@ def _bytes(t):
         return t
     if not t.dim():
         t = t.reshape(1)
-    rowmajor = _row_major_strides(t.shape)
+    rowmajor = views.contiguous_strides(t.shape)
     if t.stride() != rowmajor:
         t = t.as_strided(t.shape, rowmajor, t.storage_offset())
     return t.view(torch.uint8)
 
-
-def _row_major_strides(shape) -> tuple:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _reducible(t, op):
