@@ -93,7 +93,6 @@ def _bytes(t):
     return t.view(torch.uint8)
 
 
-
 def _reducible(t, op):
     """``t`` as a tensor every backend reduces with ``op`` (a new buffer), and the function that brings a
     reduced one back to ``t``'s dtype."""

@@ -170,11 +170,25 @@ def _in_logistic_tail(z):
     return z < _logistic_tail("float64" if z.dtype == torch.float64 else "float32")
 
 
-def _logistic_reference(z):
-    """torch.sigmoid(z) with e^z in the tail, as the kernels compute it (z float32 or float64); on the CPU through
-    numpy (_layout_invariant: torch's CPU sigmoid differs by an ulp between layouts)."""
-    if z.device.type == "cpu":
-        return _layout_invariant(None, _numpy_logistic)(z)
+def _layout_invariant(fn, numpy_fn):
+    """``fn`` of floating CPU tensors through numpy in float64, rounded once to their dtype: torch's vectorized
+    and scalar CPU paths of these functions differ by an ulp (atan2 of 4 float64 elements against 8; also atanh,
+    exp2, sigmoid, pow, hypot, logaddexp, sinh, cosh), so one value computed in two kernels of different layouts
+    was two values -- the gradient of max(atan2(stack([v, v]), c)) compared them and found no position equal to
+    the max: all 0. numpy's are the same in every layout. Other devices and dtypes: ``fn``."""
+    def reference(*args, out=None):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or tensors[0].device.type != "cpu" or not tensors[0].is_floating_point():
+            return fn(*args) if out is None else fn(*args, out=out)
+        with np.errstate(all="ignore"):
+            result = numpy_fn(*[a.detach().to(torch.float64).resolve_neg().numpy() if isinstance(a, torch.Tensor)
+                                else a for a in args])
+        result = torch.from_numpy(np.asarray(result, dtype=np.float64)).to(tensors[0].dtype)
+        return result if out is None else out.copy_(result)
+    return reference
+
+
+def _torch_logistic(z):
     return torch.where(_in_logistic_tail(z), torch.exp(z), torch.sigmoid(z))
 
 
@@ -182,22 +196,8 @@ def _numpy_logistic(z):
     return np.where(z < _LOGISTIC_TAIL["float64"], np.exp(z), 1.0 / (1.0 + np.exp(-z)))
 
 
-def _layout_invariant(fn, numpy_fn):
-    """``fn`` of floating CPU tensors through numpy in float64, rounded once to their dtype: torch's vectorized
-    and scalar CPU paths of these functions differ by an ulp (atan2 of 4 float64 elements against 8; also atanh,
-    exp2, sigmoid, pow, hypot, logaddexp), so one value computed in two kernels of different layouts was two values
-    -- the gradient of max(atan2(stack([v, v]), c)) compared them and found no position equal to the max: all 0.
-    numpy's are the same in every layout. Other devices and dtypes: ``fn`` (None: numpy only, CPU floats only)."""
-    def reference(*args, out=None):
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if fn is not None and (not tensors or tensors[0].device.type != "cpu" or not tensors[0].is_floating_point()):
-            return fn(*args) if out is None else fn(*args, out=out)
-        with np.errstate(all="ignore"):
-            result = numpy_fn(*[a.detach().to(torch.float64).numpy() if isinstance(a, torch.Tensor) else a
-                                for a in args])
-        result = torch.from_numpy(np.asarray(result, dtype=np.float64)).to(tensors[0].dtype)
-        return result if out is None else out.copy_(result)
-    return reference
+# torch.sigmoid(z) with e^z in the tail, as the kernels compute it (z float32 or float64)
+_logistic_reference = _layout_invariant(_torch_logistic, _numpy_logistic)
 
 
 def _rn_div(a, b, cdt):
@@ -217,22 +217,6 @@ def _sqrt_reference(x, out=None):
     if out is not None:
         return out.copy_(result)
     return result if result.dtype == x.dtype else result.to(x.dtype)
-
-
-def _in_float64_on_cpu(fn, numpy_fn):
-    """``fn`` of a CPU float32 (or narrower) tensor computed in float64 and rounded, and of a float64 one by numpy:
-    torch's vectorized CPU sinh/cosh overflow exp(|x|) first, so |x| in (88.7, 89.4] gave inf in arrays of 32+
-    elements (finite in shorter ones, and in the kernels), and float64 |x| in (709.78, 710.47] inf likewise."""
-    def reference(x, out=None):
-        if x.device.type == "cpu" and x.dtype == torch.float64:  # (torch overflows there too, past 709.78)
-            with np.errstate(over="ignore"):   # an infinite sinh/cosh is the answer, as torch's, without a warning
-                result = torch.from_numpy(np.asarray(numpy_fn(x.numpy())))
-            return out.copy_(result) if out is not None else result
-        if x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            return fn(x, out=out)
-        result = fn(x.double()).to(x.dtype)
-        return out.copy_(result) if out is not None else result
-    return reference
 
 
 def _by_nonzero_integer(op, a, b):
@@ -324,8 +308,10 @@ for _name, _ref, _low in [
     ("asinh", torch.asinh, _float_only("asinh")),
     ("atan", torch.atan, _float_only("atan")),
     ("atanh", _layout_invariant(torch.atanh, np.arctanh), _float_only("atanh")),
-    ("cosh", _in_float64_on_cpu(torch.cosh, np.cosh), _float_only("cosh")),
-    ("sinh", _in_float64_on_cpu(torch.sinh, np.sinh), _float_only("sinh")),
+    # (torch's vectorized CPU sinh/cosh also overflow exp(|x|) first: float32 |x| in (88.7, 89.4] gave inf in
+    # arrays of 32+ elements, finite in shorter ones and in the kernels; float64 |x| in (709.78, 710.47] likewise)
+    ("cosh", _layout_invariant(torch.cosh, np.cosh), _float_only("cosh")),
+    ("sinh", _layout_invariant(torch.sinh, np.sinh), _float_only("sinh")),
     ("expm1", torch.expm1, _float_only("expm1")),
     ("log1p", torch.log1p, _float_only("log1p")),
     ("log10", torch.log10, _float_only("log10")),

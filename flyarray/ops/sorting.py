@@ -8,8 +8,8 @@ of neighbours and a scan, then one read of where the groups start.
 """
 from __future__ import annotations
 
-import math
 import importlib
+import math
 from typing import NamedTuple
 
 import numpy as np

@@ -93,8 +93,8 @@ class _Traces(dict):
 
 
 def _remember(cache: _Traces, key, trace, fn):
-    """Keep ``trace`` (under ``cache.lock``); the cache is bounded (a static argument that changes every call, such as a Python
-    float learning rate, would otherwise grow it forever) and says once why it keeps growing."""
+    """Keep ``trace`` (under ``cache.lock``); the cache is bounded (a static argument that changes every call,
+    such as a Python float learning rate, would otherwise grow it forever) and says once why it keeps growing."""
     if len(cache) >= MAX_TRACES:
         del cache[next(iter(cache))]
     cache[key] = trace
