@@ -22,7 +22,8 @@
 # before) and this tree, twice each, then `bench --suite torch`.
 # MODE=mx_probe: the GPU tests named by TESTS (default: core, complex, torch backend), then
 # benchmarks/mx_decode_probe.py (NOSCALE=1: again without the scale loads) and Nsight Compute on the MXFP4 decode.
-# MODE=suite_then_torch: the whole test suite (TESTS= narrows it); BENCH=1: then benchmarks/seed_block_state.py
+# MODE=suite_then_torch: the whole test suite (TESTS= narrows it; BISECT=1: each worker's order kept and
+# every failure bisected over the tests its worker ran before it, benchmarks/bisect_order.py); BENCH=1: then benchmarks/seed_block_state.py
 # and `bench --suite torch` (BENCH_SUITES="attention mx ...": those suites instead). Since the core suite's CPU tests run on the GPU host too (twenty-seventh session), the
 # whole suite no longer fits one 600 s call: run TESTS="tests --ignore=tests/kernels" (~310 s) and TESTS=tests/kernels;
 # since the thirty-first session the core alone ran past 390 s: CORE_HALF=1 and CORE_HALF=2 run half its files each.
@@ -126,6 +127,7 @@ if [ "${MODE:-tests}" = suite_then_torch ]; then
   # `bench --suite torch`: the seed block's forward beside eager and torch.compile, fresh and after the Llama case
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} FLYARRAY_CACHE_DIR=/tmp/flyarray-cache
   mkdir -p "$OUT"
+  if [ -n "${BISECT:-}" ]; then export FLYARRAY_TEST_ORDER_DIR="$OUT/order"; mkdir -p "$FLYARRAY_TEST_ORDER_DIR"; fi
   if [ -n "${CORE_HALF:-}" ]; then   # 1 or 2: half of the core suite's files (the whole ran past 390 s on 16 workers)
     files=(tests/test_*.py); n=${#files[@]}; h=$(( (n + 1) / 2 ))
     if [ "$CORE_HALF" = 1 ]; then TESTS="${files[*]:0:$h}"; else TESTS="${files[*]:$h}"; fi
@@ -136,6 +138,10 @@ if [ "${MODE:-tests}" = suite_then_torch ]; then
   timeout -s INT -k 30 ${TEST_TIMEOUT:-400} python3 -m pytest -v -rfE -n ${WORKERS:-12} -p no:cacheprovider ${TESTS:-tests} \
     > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"; grep -E "FAILED|ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | sort -u | tail -30
+  if [ -n "${BISECT:-}" ]; then   # which earlier test in its worker makes each failure fail (tests/conftest.py)
+    timeout ${BISECT_TIMEOUT:-240} python3 benchmarks/bisect_order.py "$FLYARRAY_TEST_ORDER_DIR" \
+      --budget $(( ${BISECT_TIMEOUT:-240} - 20 )) --jobs 14 2>&1 | tee "$OUT/bisect.log" | tail -40
+  fi
   if [ -n "${BENCH:-}" ]; then
     if [ -n "${BENCH_SUITES:-}" ]; then   # e.g. BENCH_SUITES="attention mx topk gemm": issue 15's table
       timeout ${BENCH_TIMEOUT:-200} python3 -m flyarray bench --json "$OUT/bench.json" \

@@ -191,3 +191,28 @@ def promote(a: str, b: str) -> str:
     if db.kind == "f" and da.kind in "iub":
         return b
     return np.promote_types(da, db).name
+
+
+# Test-order tooling (benchmarks/bisect_order.py): FLYARRAY_TEST_ORDER_DIR records, per process (each
+# pytest-xdist worker), the tests it ran in order with their outcome; FLYARRAY_TEST_SELECT names a file of
+# test ids to run, in that file's order (a worker's sequence replayed in one process). Neither is set in CI.
+_ORDER_DIR = os.environ.get("FLYARRAY_TEST_ORDER_DIR")
+_SELECT = os.environ.get("FLYARRAY_TEST_SELECT")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _SELECT:
+        return
+    wanted = [line.rstrip("\n") for line in open(_SELECT) if line.strip()]
+    by_id = {item.nodeid: item for item in items}
+    missing = [w for w in wanted if w not in by_id]
+    if missing:
+        raise pytest.UsageError(f"FLYARRAY_TEST_SELECT: {len(missing)} ids not collected, e.g. {missing[0]!r}")
+    items[:] = [by_id[w] for w in wanted]
+
+
+def pytest_runtest_logreport(report):
+    if _ORDER_DIR and (report.when == "call" or report.outcome != "passed"):
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(_ORDER_DIR, f"{worker}.txt"), "a") as f:
+            f.write(f"{report.outcome}\t{report.when}\t{report.nodeid}\n")
