@@ -1011,3 +1011,18 @@ def test_max_gradient_finds_its_position_when_the_backward_recomputes_a_transcen
             whole = np.asarray(fn(*[fa.asarray(v) for v in args]))
             pieces = np.concatenate([np.asarray(fn(*[fa.asarray(v[i:i + 3]) for v in args])) for i in range(0, 64, 3)])
             np.testing.assert_array_equal(whole, pieces, err_msg=f"{name} {np.dtype(dtype).name}")
+
+
+def test_vjp_fn_refuses_a_cotangent_of_another_dtype_as_jax_does():
+    """A float32 cotangent of a float64 output used to come back as a float64 result, silently."""
+    x = fa.asarray(np.linspace(0.1, 1.0, 3))
+    _, pull = fa.vjp(fa.sin, x)
+    for wrong in (fa.ones(3, dtype=fa.float32), np.ones(3, dtype=np.float32), torch.ones(3, dtype=torch.float16)):
+        with pytest.raises(TypeError, match="cotangent 0 is .*float.*output 0 is .*float64"):
+            pull(wrong)
+    expected = np.cos(np.linspace(0.1, 1.0, 3))
+    for right in (fa.ones(3, dtype=fa.float64), np.ones(3), torch.ones(3, dtype=torch.float64)):
+        np.testing.assert_allclose(np.asarray(pull(right)[0]), expected, rtol=1e-12)
+    _, pull_sum = fa.vjp(fa.sum, x)   # a Python scalar is weakly typed: it takes the output's dtype
+    (g,) = pull_sum(2.0)
+    assert g.dtype == fa.float64 and np.all(np.asarray(g) == 2.0)

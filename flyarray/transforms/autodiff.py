@@ -421,13 +421,29 @@ def _vjp(fun, primals, has_aux, where):
     def vjp_fn(cotangent):
         cts = tu._flatten_up_to(out_tree, cotangent, 1, "vjp_fn: the cotangent (it must have the output's structure; "
                                                         "the first tree is the output's)")
-        got = pull([None if c is None else _fit(c, o._node, "vjp_fn: the cotangent") for c, o in zip(cts, outs)])
+        got = pull([None if c is None else _fit(_typed_cotangent(c, o, i), o._node, "vjp_fn: the cotangent")
+                    for i, (c, o) in enumerate(zip(cts, outs))])
         got = [g if g is not None or not d else ad_rules.zeros(a.shape, a.dtype, a.device)
                for g, d, a in zip(got, diff, arrays)]
         return tu.tree_unflatten(in_tree, got)
 
     out = tu.tree_unflatten(out_tree, outs)
     return (out, vjp_fn, flat.aux) if has_aux else (out, vjp_fn)
+
+
+def _typed_cotangent(c, out, i):
+    """A cotangent array (an Array, tensor or numpy array) must have its output's dtype, as in JAX: a float32
+    cotangent of a float64 output would silently become a float64 result. Python scalars are weakly typed
+    and take the output's dtype; an integer output's cotangent is ignored (JAX's float0), so it is not checked."""
+    if isinstance(c, (bool, int, float, complex)) or out.dtype.kind not in "fc":
+        return c
+    if not isinstance(c, Array):
+        from ..ops import asarray
+        c = asarray(c, device=out.device)
+    if c.dtype != out.dtype:
+        raise TypeError(f"vjp_fn: cotangent {i} is {c.dtype}, but output {i} is {out.dtype}; a cotangent has its "
+                        f"output's dtype (cast it with astype)")
+    return c
 
 
 def _argnums(argnums, n, where):
