@@ -643,6 +643,23 @@ def test_products_of_real_and_imaginary_factors_are_exactly_real_or_imaginary(ba
                                rtol=1e-6 if dtype == np.complex64 else 1e-14)
 
 
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_cumulative_prod_starts_with_its_first_factor_exactly(backend, dtype):
+    """A prefix of one factor is that factor: the polar form rounded 0.3+0.7j and gave inf+nan j for inf+0j,
+    where numpy gives the element itself (later prefixes of an infinite factor are nan-laden in both)."""
+    rng = np.random.default_rng(7)
+    z = (rng.standard_normal((3, 5)) + 1j * rng.standard_normal((3, 5))).astype(dtype)
+    z[1, 0] = np.inf
+    for axis in (0, 1):
+        got = np.asarray(fa.cumulative_prod(fa.asarray(z), axis=axis))
+        np.testing.assert_array_equal(np.take(got, 0, axis=axis), np.take(z, 0, axis=axis))
+        with_one = np.asarray(fa.cumulative_prod(fa.asarray(z), axis=axis, include_initial=True))
+        np.testing.assert_array_equal(np.take(with_one, 0, axis=axis), np.ones(z.shape[1 - axis], dtype))
+        np.testing.assert_array_equal(np.take(with_one, 1, axis=axis), np.take(z, 0, axis=axis))
+    assert np.asarray(fa.cumulative_prod(fa.asarray(np.array([np.inf + 0j], dtype))))[0] == np.inf + 0j
+    assert np.asarray(fa.cumulative_prod(fa.asarray(np.zeros(0, dtype)), include_initial=True)).tolist() == [1]
+
+
 def test_complex_power_zero_is_one_everywhere():
     z = np.array([0j, 1 + 2j, np.inf + 0j, np.nan + 0j], np.complex64)
     np.testing.assert_array_equal(np.asarray(fa.asarray(z) ** 0), np.ones(4, np.complex64))

@@ -125,8 +125,10 @@ def _complex_scan(op, x, axis, include_initial):
     moved, axis = _last_axis(f"cumulative_{op}", x, axis)
     if op == "prod":  # as complex_lowering.prod_factors: float64, |z| split so that no product overflows early,
         from .core import where  # the angle as whole quarter turns (factors on an axis), an exact sum, a small one
+        from .creation import arange, ones
         from .elementwise import floor, isnan, maximum, minimum, round, sqrt
-        flag, r = bool(include_initial), real(moved).dtype
+        from .manipulation import concat
+        r = real(moved).dtype
         re, im = real(moved).astype(dt.float64), imag(moved).astype(dt.float64)
         a, b = _abs(re), _abs(im)
         big = maximum(a, b)
@@ -137,17 +139,23 @@ def _complex_scan(op, x, axis, include_initial):
         quarters = where(on_axis, round(angle * (2 / math.pi)), 0.0)
         angle = where(on_axis, 0.0, angle)
         hi = round(angle * 2.0 ** 20) * 2.0 ** -20
-        (scale,) = call(SCAN, [big], op="prod", include_initial=flag)
-        (rest,) = call(SCAN, [sqrt(q * q + 1.0)], op="prod", include_initial=flag)
-        (h,) = call(SCAN, [hi], op="sum", include_initial=flag)
-        (lo,) = call(SCAN, [angle - hi], op="sum", include_initial=flag)
-        (turns,) = call(SCAN, [quarters], op="sum", include_initial=flag)
+        (scale,) = call(SCAN, [big], op="prod", include_initial=False)
+        (rest,) = call(SCAN, [sqrt(q * q + 1.0)], op="prod", include_initial=False)
+        (h,) = call(SCAN, [hi], op="sum", include_initial=False)
+        (lo,) = call(SCAN, [angle - hi], op="sum", include_initial=False)
+        (turns,) = call(SCAN, [quarters], op="sum", include_initial=False)
         c, s = cos(h) * cos(lo) - sin(h) * sin(lo), sin(h) * cos(lo) + cos(h) * sin(lo)
         turns = turns - 4.0 * floor(turns * 0.25)   # the exact quarter turns: by 1, i, -1 or -i
         cq = where(turns == 0, 1.0, where(turns == 2, -1.0, 0.0))
         sq = where(turns == 1, 1.0, where(turns == 3, -1.0, 0.0))
         c, s = c * cq - s * sq, s * cq + c * sq
-        return _from_last(complex_from_parts((scale * (rest * c)).astype(r), (scale * (rest * s)).astype(r)), axis)
+        out = complex_from_parts((scale * (rest * c)).astype(r), (scale * (rest * s)).astype(r))
+        # a prefix of one factor is that factor, exactly (numpy's): the polar form rounds it, and turns an
+        # infinite real one into inf+nan j (inf * sin 0)
+        out = where(arange(out.shape[-1], device=out.device) == 0, moved, out)
+        if include_initial:
+            out = concat([ones(out.shape[:-1] + (1,), dtype=out.dtype, device=out.device), out], axis=-1)
+        return _from_last(out, axis)
     (pairs,) = call(AS_REAL, [moved])
     (out,) = call(SCAN, [moveaxis(pairs, -1, -2)], op="sum", include_initial=bool(include_initial))
     (out,) = call(AS_COMPLEX, [moveaxis(out, -2, -1)])
