@@ -45,7 +45,7 @@ def function(fn):
     def wrapped(*args, **kwargs):
         # keywords as fa.jit takes them (tensors traced, other values static); any pytree of arrays comes
         # back with the same structure, each leaf a tensor over its memory
-        return fa.tree_util.tree_map(_to_torch, jitted(*args, **kwargs))
+        return jitted.call_returning_tensors(*args, **kwargs)
 
     wrapped.__wrapped__ = fn
     return wrapped
@@ -115,10 +115,6 @@ def mx_quantize(x, fmt: str, axis: int = -1, block_size: int = 32):
         raise TypeError(f"mx_quantize: fmt must be a str (e4m3, e5m2, e2m1), got {fmt!r}")
     return torch.ops.flyarray.mx_quantize(x, fmt, _int("mx_quantize", "axis", axis),
                                           _int("mx_quantize", "block_size", block_size))
-
-
-def _to_torch(leaf):
-    return to_torch(leaf) if isinstance(leaf, fa.Array) else leaf
 
 
 def _number(op, name, value):

@@ -321,6 +321,29 @@ def test_interop_function_takes_keyword_arguments_as_fa_jit_does():
     assert torch.equal(f(torch.ones(2), bias=torch.arange(2.0), scale=1.0), torch.tensor([1.0, 2.0]))
 
 
+def test_interop_function_replays_straight_to_tensors_as_from_dlpack_would_give_them(backend):
+    """fat.function's later calls hand out the replayed plan's buffers as tensors (no Array, no DLPack round
+    trip): each output a tensor object of its own over the memory torch.from_dlpack of the array would give,
+    for computed outputs, an output returned twice, a passed-through argument, a view and a closed-over array."""
+    import flyarray.interop.torch as fat
+    kept = fa.asarray(torch.arange(3.0)) * 10   # closed over: a constant of the trace
+    f = fat.function(lambda a, b: (a * b + 1, {"same": a, "twice": [a + b, a + b]}, (a * 2).T, kept))
+    for call in range(3):   # the first call records, the later ones replay
+        a, b = torch.randn(3, 3), torch.randn(3, 3)
+        prod, tree, transposed, const = f(a, b)
+        assert all(type(t) is torch.Tensor for t in (prod, tree["same"], transposed, const, *tree["twice"]))
+        torch.testing.assert_close(prod, a * b + 1)
+        torch.testing.assert_close(transposed, (a * 2).T)
+        torch.testing.assert_close(tree["twice"][0], a + b)
+        assert tree["same"] is not a and tree["same"].data_ptr() == a.data_ptr() and torch.equal(tree["same"], a)
+        first, second = tree["twice"]
+        if first.data_ptr() == second.data_ptr():   # one buffer: still two tensor objects
+            assert first is not second
+        assert const.tolist() == [0.0, 10.0, 20.0]
+        const.t_() if const.dim() == 2 else const.unsqueeze_(0)   # a caller's shape change reaches no later call
+    assert f(a, b)[3].shape == (3,)
+
+
 def test_repr_shows_flyarrays_dtype_only_also_when_torch_wraps_the_line():
     text = repr(fa.asarray(np.array([np.inf, 0.5, 1 / 3, np.nan, 2.0, 3.0, 4.0, 5.0])))
     assert text.endswith(", dtype=float64)") and "torch" not in text
