@@ -53,8 +53,8 @@ SCALE_NONE, SCALE_TENSOR, SCALE_VECTOR = 0, 1, 2
 @triton.jit
 def _activate(x, ACTIVATION: tl.constexpr):
     """Activation in fp32; tanh is written with exp so it exists on every backend."""
-    if ACTIVATION == 1:
-        x = tl.maximum(x, 0.0)
+    if ACTIVATION == 1:   # torch.relu's: NaN stays NaN (tl.maximum drops it) and -0.0 stays -0.0
+        x = tl.where(x < 0.0, 0.0, x)
     elif ACTIVATION == 2:
         x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     elif ACTIVATION == 3:

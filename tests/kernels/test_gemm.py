@@ -59,6 +59,17 @@ def test_every_activation_with_bias_and_residual(act):
     check(out, reference_matmul(a, b, bias=bias, activation=act, residual=res), torch.float32)
 
 
+def test_relu_epilogue_keeps_nan_and_negative_zero_as_torch_relu():
+    """The epilogue's tl.maximum(x, 0) turned a NaN row into zeros, where torch.relu (and fa.relu, and the
+    reference backend) keep it: a diverging model's NaNs were hidden behind a Linear+ReLU."""
+    a = torch.tensor([[float("nan"), 1.0], [1.0, 2.0], [-1.0, 0.0]])
+    for bias in (None, torch.tensor([-0.0, 0.5])):
+        out = matmul(a, torch.eye(2), bias=bias, activation="relu")
+        want = torch.relu(a @ torch.eye(2) + (0.0 if bias is None else bias))
+        torch.testing.assert_close(out, want, equal_nan=True)
+        assert torch.isnan(out[0]).all()
+
+
 def test_k_equals_one_and_k_zero():
     a, b = torch.randn(17, 1), torch.randn(1, 9)
     check(matmul(a, b), reference_matmul(a, b), torch.float32)
