@@ -156,6 +156,18 @@ def test_at_on_int_and_bool_arrays():
     assert_matches(fa.asarray(b).at[[2, 2]].add(True), np.array([False, False, True, False]))
 
 
+@pytest.mark.parametrize("key", [[1], np.array([1]), np.array([False, True, False, False])])
+def test_at_with_a_promoting_value_leaves_the_elements_it_does_not_index_exactly_as_they_were(backend, key):
+    """The scatter ran the whole array through the promoted dtype and back: an int64 2**31 - 1 nobody indexed
+    came back as 2**31 (float32), an int16 30001 as 30000 (float16), a uint32 2**31 + 5 as 2**31."""
+    big = np.array([2**31 - 1, 0, 16777217, 2**31 - 1], np.int64)
+    assert_matches(fa.asarray(big).at[key].add(np.float32(1.5)), np.array([2**31 - 1, 1, 16777217, 2**31 - 1]))
+    short = np.array([30001, 5, 30001, -30001], np.int16)
+    assert_matches(fa.asarray(short).at[key].max(np.float16(7)), np.array([30001, 7, 30001, -30001], np.int16))
+    wide = np.array([2**31 + 5, 1, 2**31 + 5, 7], np.uint32)
+    assert_matches(fa.asarray(wide).at[key].multiply(2.5), np.array([2**31 + 5, 2, 2**31 + 5, 7], np.uint32))
+
+
 def test_basic_and_scalar_mask_updates_stay_one_fused_kernel(backend):
     x = fa.asarray(X) * 2.0
     y = x.at[:, 1:3].set(0.0).at[x > 30].multiply(-1.0) + 1.0

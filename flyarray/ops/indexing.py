@@ -800,4 +800,11 @@ def _scatter(x, slots, v, mode, clamp=False) -> Array:
         out = divide(flat, den) if mode == "divide" else pow(flat, den)
     else:
         (out,) = call(SCATTER, [flat, lin, v], mode=mode)
-    return _saturating_cast(reshape(out, x.shape), x.dtype)
+    out = _saturating_cast(reshape(out, x.shape), x.dtype)
+    if work == x.dtype:
+        return out
+    # the elements no index reached keep x's own values: through ``work`` and back, an int64 2**31 - 1 became
+    # 2**31 (float32), an int16 30001 became 30000 (float16)
+    (hit,) = call(SCATTER, [full(flat.shape, False, dtype=dt.bool_, device=x.device), lin,
+                            full(r_shape, True, dtype=dt.bool_, device=x.device)], mode="set")
+    return where(reshape(hit, x.shape), out, x)
