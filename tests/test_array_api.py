@@ -29,7 +29,7 @@ def test_tril_is_one_fused_kernel(backend):
     assert_matches(y, np.tril(X * 2) + 1)
 
 
-@pytest.mark.parametrize("shift,axis", [(2, None), (-1, 0), ((1, -1), (0, 1)), (7, 1), (0, 0)])
+@pytest.mark.parametrize("shift,axis", [(2, None), (-1, 0), ((1, -1), (0, 1)), (7, 1), (0, 0), ((1, 2), None)])
 def test_roll(shift, axis):
     assert_matches(fa.roll(fa.asarray(X), shift, axis=axis), np.roll(X, shift, axis=axis))
 

@@ -342,8 +342,9 @@ def roll(x, /, shift, *, axis=None) -> Array:
     """``x`` with elements shifted by ``shift`` along ``axis`` (flattened when None), wrapping around, as
     numpy. ``shift`` and ``axis`` may be ints or equal-length tuples. Any dtype; two slices joined (concat)."""
     node = node_of(x)
-    if axis is None:
-        return reshape(roll(reshape(x, (-1,)), shift, axis=0), node.shape)
+    if axis is None:   # numpy's and JAX's: a tuple of shifts rolls the flat array by their sum
+        total = sum(views.as_int(s, "roll: shift") for s in views.axis_tuple(shift, "roll: shift"))
+        return reshape(roll(reshape(x, (-1,)), total, axis=0), node.shape)
     shifts, axes = views.axis_tuple(shift, "roll: shift"), views.axis_tuple(axis, "roll: axis", none_ok=True)
     if len(shifts) == 1 and len(axes) > 1:
         shifts = shifts * len(axes)
