@@ -88,6 +88,16 @@ def test_nan_inf_and_signed_zero(path, dtype):
     assert_same(y, 9, top_k(y, 9, config=PATHS[path]), path)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_returns_each_picked_element_bit_for_bit(dtype):
+    """The oracle (the reference backend's top_k) gathered bfloat16 with torch's CPU gather, which rewrote a
+    NaN's bits (0x7FC0 came back 0xFFFF, a negative NaN): the values are the elements themselves."""
+    x = torch.tensor([[float("nan"), 1.0, -0.0, 2.0, -float("nan"), 0.0]], dtype=dtype)
+    values, indices = reference_top_k(x, 6)
+    bits = {4: torch.int32, 2: torch.int16}[x.element_size()]
+    assert torch.equal(values.view(bits), x.view(bits).gather(1, indices.long()))
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
 def test_integers(dtype):
     lo, hi = (0, 255) if dtype == torch.uint8 else (-(2 ** 15), 2 ** 15 - 1)
