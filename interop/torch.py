@@ -36,7 +36,8 @@ def from_torch(t: torch.Tensor):
 def function(fn):
     """Wrap ``fn`` (written with fa ops) so it takes and returns torch tensors; traced once per signature.
 
-    No autograd: use the differentiable ops below, or torch, where gradients are needed.
+    No autograd: use the differentiable ops below, or torch, where gradients are needed. With inputs that require
+    grad (and grad mode on) the float outputs require grad too, and a backward through them raises.
     """
     if not callable(fn):
         raise TypeError(f"function: expected a function, got {type(fn).__name__}")
@@ -45,10 +46,49 @@ def function(fn):
     def wrapped(*args, **kwargs):
         # keywords as fa.jit takes them (tensors traced, other values static); any pytree of arrays comes
         # back with the same structure, each leaf a tensor over its memory
-        return jitted.call_returning_tensors(*args, **kwargs)
+        out = jitted.call_returning_tensors(*args, **kwargs)
+        if torch.is_grad_enabled():
+            wanting = _wanting_grad(args, kwargs)
+            if wanting:
+                return _without_derivative(out, wanting)
+        return out
 
     wrapped.__wrapped__ = fn
     return wrapped
+
+
+def _wanting_grad(args, kwargs) -> list:
+    """The tensor arguments that require grad (plain tensor arguments checked without a tree walk)."""
+    if not kwargs and all(type(a) is torch.Tensor for a in args):
+        return [a for a in args if a.requires_grad]
+    return [t for t in fa.tree_util.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+class _NoDerivative(torch.autograd.Function):
+    """The float outputs of a fat.function call whose inputs require grad, tied to those inputs by a backward
+    that raises (torch's rule for an op without a derivative): cut from the graph instead, the gradient through
+    the function was silently missing."""
+
+    @staticmethod
+    def forward(ctx, n_outputs, *tensors):
+        return tuple(t.view_as(t) for t in tensors[:n_outputs])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("fat.function has no derivative: a gradient was asked through it. Use the differentiable "
+                           "ops of flyarray.interop.torch (rms_norm, matmul, ...) or torch there, or detach the inputs")
+
+
+def _without_derivative(out, wanting: list):
+    leaves, treedef = fa.tree_util.tree_flatten(out)
+    floats = [i for i, t in enumerate(leaves)
+              if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    if not floats:
+        return out
+    tied = _NoDerivative.apply(len(floats), *[leaves[i] for i in floats], *wanting)
+    for i, t in zip(floats, tied):
+        leaves[i] = t
+    return fa.tree_util.tree_unflatten(treedef, leaves)
 
 
 def rms_norm(x: torch.Tensor, weight=None, eps: float = 1e-6, residual=None):

@@ -356,8 +356,9 @@ def _(a, b, bias, residual, activation, out_dtype):
 
 # ---- ragged_dot ----------------------------------------------------------------------------------------
 def _check_ragged_dot(lhs, rhs, group_sizes):
-    from flyarray.ops.library_ops import _ragged_dot_abstract
+    from flyarray.ops.library_ops import _check_host_group_sizes, _ragged_dot_abstract
     ((shape, dtype),) = _ragged_dot_abstract(*_avals("ragged_dot", lhs=lhs, rhs=rhs, group_sizes=group_sizes))
+    _check_host_group_sizes(lhs, group_sizes)   # sizes in CPU memory (no fake): none negative, sum <= m
     return shape, dtype
 
 
@@ -561,6 +562,15 @@ _register_autograd(ragged_dot, "ragged_dot", 3, (), {0, 1})
 _register_autograd(top_k, "top_k", 1, ("k",), {0})
 # a bf16/fp16 lhs (weight-only MX: accelerate(mx=...)) has a gradient; MX storage operands have none
 _register_autograd(scaled_matmul, "scaled_matmul", 4, ("out_dtype",), {0}, check=_no_mx_gradient)
+
+
+def _no_quantize_gradient(inputs):
+    if inputs[0].requires_grad:   # else its data came back requiring grad, and backward failed in torch's words
+        raise RuntimeError("flyarray::mx_quantize: x requires grad, but quantizing has no derivative (its output is "
+                           "MX storage); pass x.detach() or run under torch.no_grad()")
+
+
+_register_autograd(mx_quantize, "mx_quantize", 1, ("fmt", "axis", "block_size"), set(), check=_no_quantize_gradient)
 
 OPS = ("rms_norm", "add_rms_norm", "softmax", "dot_product_attention", "attention_forward", "attention_backward",
        "matmul", "ragged_dot", "top_k", "scaled_matmul", "mx_quantize", "vjp")

@@ -347,3 +347,30 @@ def test_interop_function_replays_straight_to_tensors_as_from_dlpack_would_give_
 def test_repr_shows_flyarrays_dtype_only_also_when_torch_wraps_the_line():
     text = repr(fa.asarray(np.array([np.inf, 0.5, 1 / 3, np.nan, 2.0, 3.0, 4.0, 5.0])))
     assert text.endswith(", dtype=float64)") and "torch" not in text
+
+
+def test_interop_ops_refuse_what_they_cannot_do_at_the_call():
+    """Found by the interop fuzz: CPU group sizes went unchecked (the backends then disagreed), mx_quantize of
+    an input that requires grad failed only at backward in torch's words, and fat.function cut its outputs
+    from the graph so the gradient through it was silently missing."""
+    import flyarray.interop.torch as fat
+    lhs, rhs = torch.randn(6, 4), torch.randn(3, 4, 5)
+    with pytest.raises(ValueError, match="group_sizes must not be negative"):
+        fat.ragged_dot(lhs, rhs, torch.tensor([-2, 4, 4]))
+    with pytest.raises(ValueError, match="group_sizes sum to 12, past lhs's 6 rows"):
+        fat.ragged_dot(lhs, rhs, torch.tensor([4, 4, 4]))
+    torch.testing.assert_close(fat.ragged_dot(lhs, rhs, torch.tensor([2, 0, 3]))[5], torch.zeros(5))
+    x = torch.randn(2, 32, requires_grad=True)
+    with pytest.raises(RuntimeError, match="mx_quantize: x requires grad"):
+        fat.mx_quantize(x, "e4m3")
+    with torch.no_grad():
+        assert not fat.mx_quantize(x, "e4m3")[0].requires_grad
+    f = fat.function(lambda a, b: (fa.exp(a), fa.argmax(a, axis=-1), b * 2))
+    y, i, z = f(x, torch.ones(2))
+    assert y.requires_grad and not i.requires_grad
+    torch.testing.assert_close(y, x.detach().exp())
+    with pytest.raises(RuntimeError, match="fat.function has no derivative"):
+        (y.sum() + x.sum()).backward()
+    with torch.no_grad():
+        assert not f(x, torch.ones(2))[0].requires_grad
+    assert not f(x.detach(), torch.ones(2))[0].requires_grad

@@ -240,8 +240,8 @@ def ragged_dot(lhs, rhs, group_sizes):
     """jax.lax.ragged_dot: rows of group i of lhs ``[m, k]`` times ``rhs[i]`` ``[k, n]`` -> ``[m, n]``, one launch.
 
     group_sizes stays on the device (no host synchronization); empty groups are allowed;
-    rows past sum(group_sizes) are zero. Sizes known on the host (a numpy array) are
-    checked: none negative, their sum at most m. On the device (an fa array or a torch tensor) that is the
+    rows past sum(group_sizes) are zero. Sizes known on the host (a numpy array or a CPU torch tensor) are
+    checked: none negative, their sum at most m. On a GPU (an fa array or a torch tensor there) that is the
     caller's contract: it cannot be checked without reading the device.
     """
     from .core import as_array, operands_device
@@ -253,6 +253,8 @@ def ragged_dot(lhs, rhs, group_sizes):
 
 def _check_host_group_sizes(lhs, group_sizes):
     import numpy as np
+    if type(group_sizes) is torch.Tensor and group_sizes.device.type == "cpu":   # not a fake: its values exist
+        group_sizes = group_sizes.detach().numpy()
     if not isinstance(group_sizes, np.ndarray):
         return
     sizes = group_sizes
