@@ -26,7 +26,8 @@
 # every failure bisected over the tests its worker ran before it, benchmarks/bisect_order.py); BENCH=1: then benchmarks/seed_block_state.py
 # and `bench --suite torch` (BENCH_SUITES="attention mx ...": those suites instead). Since the core suite's CPU tests run on the GPU host too (twenty-seventh session), the
 # whole suite no longer fits one 600 s call: run TESTS="tests --ignore=tests/kernels" (~310 s) and TESTS=tests/kernels;
-# since the thirty-first session the core alone ran past 390 s: CORE_HALF=1 and CORE_HALF=2 run half its files each.
+# since the thirty-first session the core alone ran past 390 s: CORE_HALF=1 and CORE_HALF=2 run half its files each;
+# CORE_PART=i/n runs the i-th of n slices (thirds since the thirty-third session: half 1 ran past 250 s on the H200).
 # Results under $OUT; a short table last.
 set -uo pipefail
 if [ "${MODE:-tests}" = host ]; then exec bash "$(dirname "$0")/host_path.sh"; fi
@@ -128,9 +129,11 @@ if [ "${MODE:-tests}" = suite_then_torch ]; then
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out} FLYARRAY_CACHE_DIR=/tmp/flyarray-cache
   mkdir -p "$OUT"
   if [ -n "${BISECT:-}" ]; then export FLYARRAY_TEST_ORDER_DIR="$OUT/order"; mkdir -p "$FLYARRAY_TEST_ORDER_DIR"; fi
-  if [ -n "${CORE_HALF:-}" ]; then   # 1 or 2: half of the core suite's files (the whole ran past 390 s on 16 workers)
-    files=(tests/test_*.py); n=${#files[@]}; h=$(( (n + 1) / 2 ))
-    if [ "$CORE_HALF" = 1 ]; then TESTS="${files[*]:0:$h}"; else TESTS="${files[*]:$h}"; fi
+  if [ -n "${CORE_HALF:-}" ]; then CORE_PART="$CORE_HALF/2"; fi
+  if [ -n "${CORE_PART:-}" ]; then   # i/n: the i-th of n slices of the core suite's files (the first half ran past
+    # 250 s on the H200 host in the thirty-third session: CORE_PART=1/3, 2/3, 3/3 fit one call each)
+    files=(tests/test_*.py); count=${#files[@]}; i=${CORE_PART%/*}; parts=${CORE_PART#*/}
+    size=$(( (count + parts - 1) / parts )); TESTS="${files[*]:$(( (i - 1) * size )):$size}"
   fi
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
   # -v names each failure as it happens, and SIGINT at the limit still prints pytest's summary (a killed run
