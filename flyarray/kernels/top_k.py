@@ -980,7 +980,8 @@ def reference_top_k(x: torch.Tensor, k: int):
     # gathered as bits: torch's CPU gather of bfloat16 rewrites a NaN's bits (0x7FC0 came back 0xFFFF), and
     # the result is the element itself
     bits = {2: torch.int16, 4: torch.int32}.get(rows.element_size()) if rows.is_floating_point() else None
-    values = torch.gather(rows, 1, indices) if bits is None else torch.gather(rows.view(bits), 1, indices).view(rows.dtype)
+    values = (torch.gather(rows, 1, indices) if bits is None
+              else torch.gather(rows.view(bits), 1, indices).view(rows.dtype))
     shape = tuple(x.shape[:-1]) + (k,)
     return values.reshape(shape), indices.to(torch.int32).reshape(shape)
 
