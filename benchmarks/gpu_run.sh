@@ -144,6 +144,8 @@ if [ "${MODE:-tests}" = suite_then_torch ]; then
   if [ -n "${BISECT:-}" ]; then   # which earlier test in its worker makes each failure fail (tests/conftest.py)
     timeout ${BISECT_TIMEOUT:-240} python3 benchmarks/bisect_order.py "$FLYARRAY_TEST_ORDER_DIR" \
       --budget $(( ${BISECT_TIMEOUT:-240} - 20 )) --jobs 14 2>&1 | tee "$OUT/bisect.log" | tail -40
+    # one file: a call brings back only so many files
+    tar -C "$OUT" -czf "$OUT/order.tgz" order && rm -rf "$FLYARRAY_TEST_ORDER_DIR"
   fi
   if [ -n "${BENCH:-}" ]; then
     if [ -n "${BENCH_SUITES:-}" ]; then   # e.g. BENCH_SUITES="attention mx topk gemm": issue 15's table
