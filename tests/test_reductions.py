@@ -240,6 +240,23 @@ def test_reducing_an_elementwise_value_over_axes_it_was_broadcast_along(backend)
     assert_matches(bias, np.full(3, 1.4))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mean_divides_by_n_as_numpy_does(backend, dtype):
+    """mean multiplied the sum by a rounded 1/n: float32 [636962.0625] * 3 gave 636962.125, var 0.0039 and std
+    0.0625 where numpy gives the constant, 0 and 0; about half of random constants were off. Rows of 2-4 equal
+    values sum in the same order everywhere, so the results must be numpy's to the bit."""
+    rng = np.random.default_rng(3)
+    for c in [636962.0625, 672526.9613902353, *rng.uniform(-1e6, 1e6, 20)]:
+        for n in (2, 3, 4):
+            v = np.full((2, n), c, dtype)
+            x = fa.asarray(v)
+            assert np.asarray(fa.mean(x, axis=1)).tolist() == np.mean(v, axis=1).tolist()
+            assert np.asarray(fa.var(x, axis=1)).tolist() == np.var(v, axis=1).tolist()
+    for c in (636962.0625, 672526.9613902353):   # the fuzz's cases: exactly c, var and std 0
+        x = fa.asarray(np.full(3, c, dtype))
+        assert float(fa.mean(x)) == dtype(c) and float(fa.var(x)) == 0.0 and float(fa.std(x, correction=1)) == 0.0
+
+
 def test_integer_mean_and_var_accumulate_in_float64(backend):
     """numpy's rule: int32 values near the range's ends cancel in a float32 sum (the backends then disagreed by
     their summation order: -4.0 and 0.72 for a mean of -3.125); the result is float32."""

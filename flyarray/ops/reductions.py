@@ -95,7 +95,8 @@ def mean(x, /, *, axis=None, keepdims=False):
     integer/bool inputs give float32 (numpy gives float64). An empty axis gives NaN."""
     xf, out = _float_input("mean", x)
     n = _count(xf, axis)
-    m = sum(xf, axis=axis, keepdims=keepdims) * (1.0 / n if n else float("nan"))
+    # divided, not multiplied by a rounded 1/n: [c, c, c] has mean c exactly (and var 0), as numpy's
+    m = sum(xf, axis=axis, keepdims=keepdims) / (n if n else float("nan"))
     return astype(m, out, copy=False)
 
 
@@ -105,8 +106,7 @@ def _var(xf, axis, correction, keepdims, name="var"):
     n = _count(xf, axis)
     centered = xf - mean(xf, axis=axis, keepdims=True)
     denom = n - correction
-    scale = 1.0 / denom if denom > 0 else float("nan")
-    return sum(centered * centered, axis=axis, keepdims=keepdims) * scale
+    return sum(centered * centered, axis=axis, keepdims=keepdims) / (denom if denom > 0 else float("nan"))
 
 
 def var(x, /, *, axis=None, correction=0.0, keepdims=False):
