@@ -276,3 +276,17 @@ def test_float32_sums_are_pairwise_in_every_backend(backend):
     truth = np.var(x.astype(np.float64))
     assert abs(float(fa.var(fa.asarray(x))) - truth) < 1e-2 * truth
     assert abs(float(fa.sum(fa.asarray(x))) - np.sum(x.astype(np.float64))) < 1e-6 * 4096e6
+
+
+def test_argmax_and_argmin_check_axis_and_keepdims_as_the_other_reductions():
+    """argmax refused a numpy int axis (sum, max and numpy take it) and took keepdims='yes' as true."""
+    x = fa.asarray(np.array([[0.0, 1.0, 5.0], [3.0, 4.0, 9.0]]))
+    for op in (fa.argmax, fa.argmin):
+        want = getattr(np, op.__name__)(np.asarray(x), axis=1).tolist()
+        assert np.asarray(op(x, axis=np.int64(1))).tolist() == want
+        with pytest.raises(TypeError, match=f"{op.__name__}: keepdims must be a bool"):
+            op(x, keepdims="yes")
+        with pytest.raises(TypeError, match=f"{op.__name__}: axis must be an int or None"):
+            op(x, axis=1.0)
+        with pytest.raises(TypeError, match=f"{op.__name__}: axis must be an int or None"):
+            op(x, axis=True)

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 from .. import dtypes as dt
 from .. import views
+from . import checks
 from .core import array_arg, astype, reduce
 
 
@@ -59,8 +61,11 @@ def argmin(x, /, *, axis=None, keepdims=False):
 
 def _arg(name, x, axis, keepdims):
     x = array_arg(x, f"{name}: x")
-    if axis is not None and not isinstance(axis, int):
-        raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
+    keepdims = checks.check_bool(name, "keepdims", keepdims)   # as the other reductions: not any truthy value
+    if axis is not None:   # numpy ints too, as the other reductions take them
+        if isinstance(axis, bool) or not hasattr(axis, "__index__"):
+            raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
+        axis = operator.index(axis)
     if x.ndim == 0:
         if axis not in (None, 0, -1):  # 0 and -1 pass as elsewhere for 0-d arrays (as torch)
             raise ValueError(f"{name}: axis {axis} is out of range for a 0-d array")
