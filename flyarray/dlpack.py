@@ -9,6 +9,8 @@ microseconds on a GPU host), which a user pays on every result they take out.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 _HIP = torch.version.hip is not None
@@ -102,3 +104,52 @@ def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=
     if copy:
         tensor = tensor.clone()
     return buffer_capsule(tensor, stream, max_version)
+
+
+# ---- DLPack in, from producers other than numpy and torch ----------------------------------------------------
+# torch.from_dlpack aborts the whole process (a C++ exception past its binding: "Storage size calculation
+# overflowed") on a capsule with negative strides, which any producer's flip or [::-1] view exports. A CPU producer
+# goes through numpy's consumer instead (it takes them; creation._from_numpy then copies), and a capsule's strides
+# are read before torch sees one (the DLTensor's layout is DLPack's stable C ABI).
+_KDL_CPU = 1
+
+
+def numpy_of_cpu_producer(x):
+    """``np.from_dlpack(x)`` for a producer whose data is in CPU memory, or None: on another device, or in a
+    dtype numpy's consumer does not take (bfloat16, float8), where torch's consumer is the way in."""
+    try:
+        if tuple(x.__dlpack_device__())[0] != _KDL_CPU:
+            return None
+    except (AttributeError, TypeError, ValueError):
+        return None
+    import numpy as np
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, TypeError, ValueError, RuntimeError):
+        return None
+
+
+def has_negative_strides(x) -> bool:
+    """Whether producer ``x`` exports a view with a negative stride (read from a capsule of its own, which its
+    destructor frees unconsumed)."""
+    try:
+        capsule = x.__dlpack__(max_version=(1, 0))
+    except TypeError:   # a producer older than DLPack 1.0's keywords
+        capsule = x.__dlpack__()
+    for name, tensor_offset in ((b"dltensor_versioned", 32), (b"dltensor", 0)):
+        if _capsule_is_valid(capsule, name):
+            tensor = _capsule_pointer(capsule, name) + tensor_offset   # DLManagedTensor(Versioned).dl_tensor
+            ndim = ctypes.c_int32.from_address(tensor + 16).value
+            strides = ctypes.c_void_p.from_address(tensor + 32).value   # NULL: compact row-major
+            return bool(strides) and any(s < 0 for s in (ctypes.c_int64 * ndim).from_address(strides))
+    return False
+
+
+def _capsule_api():
+    is_valid, pointer = ctypes.pythonapi.PyCapsule_IsValid, ctypes.pythonapi.PyCapsule_GetPointer
+    is_valid.restype, is_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return is_valid, pointer
+
+
+_capsule_is_valid, _capsule_pointer = _capsule_api()

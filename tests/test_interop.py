@@ -374,3 +374,34 @@ def test_interop_ops_refuse_what_they_cannot_do_at_the_call():
     with torch.no_grad():
         assert not f(x, torch.ones(2))[0].requires_grad
     assert not f(x.detach(), torch.ones(2))[0].requires_grad
+
+
+class _Producer:
+    """A DLPack producer that is neither numpy nor torch (as JAX, CuPy or array_api_strict are to flyarray)."""
+
+    def __init__(self, arr, device=(1, 0)):
+        self.arr, self.device = arr, device
+
+    def __dlpack__(self, **kwargs):
+        return self.arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def test_from_dlpack_of_another_producers_negative_strides_neither_aborts_nor_misreads():
+    """torch.from_dlpack aborts the whole process on a capsule with negative strides (array_api_strict's flip
+    killed the interpreter through fa.from_dlpack): a CPU producer now goes through numpy's consumer, and a
+    device producer's strides are read from a capsule before torch sees one."""
+    from flyarray import dlpack
+    base = np.arange(12.0).reshape(3, 4)
+    flipped = _Producer(base[::-1, ::2])
+    assert dlpack.has_negative_strides(flipped) and not dlpack.has_negative_strides(_Producer(base))
+    assert np.asarray(fa.from_dlpack(flipped)).tolist() == base[::-1, ::2].tolist()
+    assert np.asarray(fa.asarray(flipped)).tolist() == base[::-1, ::2].tolist()
+    with pytest.raises(BufferError, match="copy=False"):
+        fa.from_dlpack(flipped, copy=False)
+    shared = fa.from_dlpack(_Producer(base))   # contiguous: the producer's memory, no copy
+    assert np.shares_memory(np.asarray(shared), base)
+    with pytest.raises(BufferError, match="negative strides"):   # a device producer: refused before torch reads it
+        fa.from_dlpack(_Producer(base[::-1], device=(2, 0)))

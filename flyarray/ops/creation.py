@@ -7,6 +7,7 @@ import numbers
 import numpy as np
 import torch
 
+from .. import dlpack as _dlpack
 from .. import dtypes as dt
 from .. import ir, views
 from .._array import Array, _numpy_view
@@ -266,8 +267,16 @@ def _from_dlpack(x, device, copy) -> Array:
         resolved = x.is_conj() or x.is_neg()
         t = _plain_tensor(x, copy)
         copy = copy and not resolved  # resolving made the copy already
-    else:
-        t = torch.from_dlpack(x)
+    else:   # another producer (JAX, CuPy, array_api_strict): see dlpack.py for why not always torch's consumer
+        arr = _dlpack.numpy_of_cpu_producer(x)
+        if arr is not None:
+            t = _from_numpy(arr, copy)
+            copy = copy and np.may_share_memory(arr, _numpy_view(t))
+        elif _dlpack.has_negative_strides(x):   # torch's consumer would abort the process
+            raise BufferError(f"from_dlpack: this {type(x).__name__} has negative strides, which torch's DLPack "
+                              "consumer cannot take off the CPU; pass a contiguous copy of it")
+        else:
+            t = torch.from_dlpack(x)
     _check_supported(t.dtype)
     if copy:
         t = t.clone()
