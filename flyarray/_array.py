@@ -186,7 +186,10 @@ class Array:
             if buffer is None or buffer.device.type == "meta":
                 buffer = self._values()
             return _dlpack.buffer_capsule(buffer, stream, max_version)
-        return _dlpack.export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        from .ops.creation import check_copy
+        _dlpack.check_dl_device(dl_device)
+        return _dlpack.export_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device,
+                                     copy=check_copy("__dlpack__", copy))
 
     def __dlpack_device__(self):
         """(DLPack device type, index) of where the array lives: known without evaluating it (the value

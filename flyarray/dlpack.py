@@ -89,6 +89,13 @@ def check_export_args(device: torch.device, stream, max_version):
         raise BufferError(f"__dlpack__: stream={stream!r} for an array on the CPU: a CPU consumer passes None")
 
 
+def check_dl_device(dl_device):
+    """``__dlpack__``'s dl_device: None or a (device type, index) pair of ints (the DLPack protocol's)."""
+    if dl_device is not None and not (isinstance(dl_device, tuple) and len(dl_device) == 2
+                                      and all(isinstance(v, int) for v in dl_device)):
+        raise TypeError(f"__dlpack__: dl_device must be a (device type, index) tuple of ints, got {dl_device!r}")
+
+
 def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=None):
     tensor = array._tensor()
     if copy is False and array._copied_view(tensor):

@@ -682,14 +682,20 @@ def batched_stand_ins(ids):
 
 
 def _user_line() -> str:
-    """The innermost frame outside flyarray: the user's line that asked for a value."""
+    """The innermost frame outside flyarray, torch and Python's own library: the user's line that asked for a
+    value (torch.from_dlpack or copy.deepcopy of an array asks from inside those)."""
     import os
+    import sysconfig
     import traceback
     package = os.path.dirname(os.path.abspath(__file__))
     interop = os.path.join(os.path.dirname(package), "interop")
+    paths = sysconfig.get_paths()
+    skipped = tuple(os.path.abspath(d) + os.sep for d in (package, interop, os.path.dirname(torch.__file__)))
+    stdlib = os.path.abspath(paths["stdlib"]) + os.sep
+    installed = tuple(os.path.abspath(paths[k]) + os.sep for k in ("purelib", "platlib"))  # may lie under stdlib
     for frame in reversed(traceback.extract_stack()):
         path = os.path.abspath(frame.filename)
-        if not path.startswith((package + os.sep, interop + os.sep)):
+        if not path.startswith(skipped) and not (path.startswith(stdlib) and not path.startswith(installed)):
             return f"the line {frame.filename}:{frame.lineno} ({frame.line!r})"
     return "a trigger"
 

@@ -405,3 +405,23 @@ def test_from_dlpack_of_another_producers_negative_strides_neither_aborts_nor_mi
     assert np.shares_memory(np.asarray(shared), base)
     with pytest.raises(BufferError, match="negative strides"):   # a device producer: refused before torch reads it
         fa.from_dlpack(_Producer(base[::-1], device=(2, 0)))
+
+
+def test_copy_and_dl_device_arguments_are_checked_and_sparse_tensors_refused_by_name_everywhere():
+    """copy="no" copied and copy=0.0 shared (taken by truth value); __dlpack__(dl_device=1) failed inside with
+    "'int' object is not iterable"; a sparse tensor given to fa.jit or fat.function failed in torch's words."""
+    import flyarray.interop.torch as fat
+    t = torch.arange(4.0)
+    a = fa.asarray(t)
+    for bad in ("no", 0.0, 1):
+        for call in (lambda: fa.asarray(t, copy=bad), lambda: fa.from_dlpack(t, copy=bad),
+                     lambda: a.__dlpack__(copy=bad)):
+            with pytest.raises(TypeError, match="copy must be True, False or None"):
+                call()
+    assert torch.from_dlpack(fa.asarray(t, copy=np.False_)).data_ptr() == t.data_ptr()
+    with pytest.raises(TypeError, match="dl_device must be a"):
+        a.__dlpack__(dl_device=1)
+    sparse = torch.eye(3).to_sparse()
+    for take in (fa.asarray, fa.jit(lambda x: x * 2), fat.function(lambda x: x * 2)):
+        with pytest.raises(TypeError, match="only dense"):
+            take(sparse)

@@ -972,6 +972,15 @@ def test_jit_refuses_the_value_of_a_traced_argument_itself(backend, body):
         fa.jit(body)(fa.ones(3))
 
 
+def test_concretization_error_names_the_users_line_through_torch_and_the_standard_library():
+    """Asked for through torch.from_dlpack or copy.deepcopy, the error named torch/utils/dlpack.py or copy.py,
+    not the user's line."""
+    import copy
+    for body in (lambda a: torch.from_dlpack(a + 1), lambda a: copy.deepcopy(a + 1)):
+        with pytest.raises(fa.ConcretizationError, match=r"fa.jit: the line .*test_plan\.py:\d+ .*lambda a"):
+            fa.jit(body)(fa.ones(3))
+
+
 def test_a_users_copy_owns_its_memory_while_grads_stand_in_shares(backend):
     """Only autodiff's stand-in copies hand their buffer to the array they copy: an astype or
     asarray(copy=True) the user asked for must not alias the original (writing into it changed x)."""

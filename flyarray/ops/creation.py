@@ -58,7 +58,8 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
     "Aliasing and zero copy"); ``copy=True`` takes a snapshot instead. A (nested) list that holds arrays
     or tensors is their stack (lazy, as numpy's and JAX's ``asarray([a, b])``). With no ``device``, numpy data
     stays on the CPU (zero copy), a tensor where it is, and Python numbers and lists go to the default device."""
-    if type(obj) is torch.Tensor and dtype is None and device is None and not copy and not obj.requires_grad \
+    if type(obj) is torch.Tensor and dtype is None and device is None and (copy is None or copy is False) \
+            and not obj.requires_grad \
             and obj.layout is torch.strided and not obj.is_neg() and not obj.is_conj():
         # (a tensor with the negative or conjugate bit goes the slow way, which resolves it: kernels read raw
         # memory. Not only views carry the bits: t.conj().imag.detach() does; is_neg/is_conj cost ~0.05 us)
@@ -67,6 +68,7 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
             # is a tensor object of our own over the same memory (0.5 us): the caller's t.t_(), resize_()
             # or set_() then changes their tensor's shape, not what this array reads
             return Array(ir.Node(ir.SOURCE, (), ir.version_of(obj), tuple(obj.shape), d, obj.device, obj.detach()))
+    copy = check_copy("asarray", copy)
     target_dtype = dt.dtype(dtype) if dtype is not None else None
     if isinstance(obj, Array):
         out = obj
@@ -192,9 +194,7 @@ def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
     _check_supported(t.dtype)
     if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
         refuse_fake(t)
-    if t.layout is not torch.strided:
-        raise TypeError(f"cannot make an array from a {t.layout} torch tensor: only dense (strided) tensors; "
-                        "use t.to_dense()")
+    refuse_sparse(t)
     t = t.detach()
     if t.is_conj() or t.is_neg():
         if copy is False:
@@ -202,6 +202,12 @@ def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
                              "copied (resolve_conj()/resolve_neg())")
         t = t.resolve_conj().resolve_neg()
     return t
+
+
+def refuse_sparse(t):
+    if t.layout is not torch.strided:
+        raise TypeError(f"cannot make an array from a {t.layout} torch tensor: only dense (strided) tensors; "
+                        "use t.to_dense()")
 
 
 def refuse_fake(t):
@@ -237,6 +243,14 @@ def _from_numpy(arr: np.ndarray, copy) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
+def check_copy(where: str, copy):
+    """``copy`` as the array API has it: True, False or None (numpy's bools too); "no" or 0.0 were taken by their
+    truth value, the opposite of what was asked."""
+    if copy is None or isinstance(copy, (bool, np.bool_)):
+        return None if copy is None else bool(copy)
+    raise TypeError(f"{where}: copy must be True, False or None, got {copy!r} of type {type(copy).__name__}")
+
+
 def _check_supported(t: torch.dtype):
     dt.from_torch(t)  # raises a clear TypeError for dtypes we do not model
 
@@ -249,6 +263,7 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
     """
     if not hasattr(x, "__dlpack__"):
         raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
+    copy = check_copy("from_dlpack", copy)
     try:
         return _from_dlpack(x, device, copy)
     except CopyRefused as exc:   # the array API's from_dlpack: BufferError where copy=False needs a copy

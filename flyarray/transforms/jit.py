@@ -232,6 +232,7 @@ def _leaf_key(t):
 
 
 _PARAMETER = torch.nn.Parameter
+_STRIDED = torch.strided
 
 
 # node kinds that are no array's value to fix: sources read memory as the trace's arguments do, constants and
@@ -259,6 +260,9 @@ def _tensor_leaf(t, tensors):
     if type(t) is not torch.Tensor and type(t) is not _PARAMETER:   # a subclass: a FakeTensor has no memory
         from ..ops.creation import refuse_fake
         refuse_fake(t)
+    if t.layout is not _STRIDED:   # fa.asarray's refusal, not torch's raw one from reading its strides
+        from ..ops.creation import refuse_sparse
+        refuse_sparse(t)
     if t.requires_grad or t.is_neg() or t.is_conj():
         t = _plain(t)
     tensors.append(t)
