@@ -425,3 +425,18 @@ def test_copy_and_dl_device_arguments_are_checked_and_sparse_tensors_refused_by_
     for take in (fa.asarray, fa.jit(lambda x: x * 2), fat.function(lambda x: x * 2)):
         with pytest.raises(TypeError, match="only dense"):
             take(sparse)
+
+
+def test_ragged_dot_checks_its_shapes_first_and_host_group_sizes_in_every_form():
+    """A 3-D lhs with numpy sizes got the group-size error (its first dim taken as rows); a list of sizes
+    raised a TypeError naming neither ragged_dot nor group_sizes; sizes in an evaluated CPU array went
+    unchecked, and the backends then disagreed."""
+    lhs, rhs = fa.asarray(np.ones((6, 4), np.float32)), fa.asarray(np.ones((3, 4, 5), np.float32))
+    with pytest.raises(ValueError, match="expects lhs"):
+        fa.ragged_dot(fa.asarray(np.ones((2, 6, 4), np.float32)), rhs, np.array([1, 1, 1]))
+    assert np.asarray(fa.ragged_dot(lhs, rhs, [2, 0, 3])).tolist() == [[4.0] * 5] * 5 + [[0.0] * 5]
+    for sizes in ([2, -1, 3], fa.asarray(np.array([2, -1, 3]))):
+        with pytest.raises(ValueError, match="group_sizes must not be negative"):
+            fa.ragged_dot(lhs, rhs, sizes)
+    with pytest.raises(ValueError, match="sum to 12, past lhs's 6 rows"):
+        fa.ragged_dot(lhs, rhs, fa.asarray(np.array([4, 4, 4])))

@@ -240,11 +240,14 @@ def ragged_dot(lhs, rhs, group_sizes):
     """jax.lax.ragged_dot: rows of group i of lhs ``[m, k]`` times ``rhs[i]`` ``[k, n]`` -> ``[m, n]``, one launch.
 
     group_sizes stays on the device (no host synchronization); empty groups are allowed;
-    rows past sum(group_sizes) are zero. Sizes known on the host (a numpy array or a CPU torch tensor) are
-    checked: none negative, their sum at most m. On a GPU (an fa array or a torch tensor there) that is the
-    caller's contract: it cannot be checked without reading the device.
+    rows past sum(group_sizes) are zero. Sizes known on the host (a list, a numpy array, a CPU torch tensor or an
+    evaluated CPU array) are checked: none negative, their sum at most m. On a GPU (an fa array or a torch
+    tensor there) that is the caller's contract: it cannot be checked without reading the device.
     """
+    import numpy as np
     from .core import as_array, operands_device
+    if isinstance(group_sizes, (list, tuple)):   # sizes written out: host values, checked as numpy's are
+        group_sizes = np.asarray(group_sizes, dtype=np.int64) if group_sizes else np.zeros(0, np.int64)
     _check_host_group_sizes(lhs, group_sizes)
     operands = [lhs, rhs, group_sizes]
     device = operands_device(operands)   # numpy operands join the others' device
@@ -253,18 +256,22 @@ def ragged_dot(lhs, rhs, group_sizes):
 
 def _check_host_group_sizes(lhs, group_sizes):
     import numpy as np
+    from .._array import Array
     if type(group_sizes) is torch.Tensor and group_sizes.device.type == "cpu":   # not a fake: its values exist
         group_sizes = group_sizes.detach().numpy()
+    elif isinstance(group_sizes, Array):   # evaluated on the CPU: read without evaluating anything
+        buffer = group_sizes._node.buffer
+        group_sizes = buffer.numpy() if buffer is not None and buffer.device.type == "cpu" else None
     if not isinstance(group_sizes, np.ndarray):
         return
     sizes = group_sizes
-    if sizes.dtype.kind not in "iu" or sizes.ndim != 1:
+    shape = tuple(getattr(lhs, "shape", ()))
+    if sizes.dtype.kind not in "iu" or sizes.ndim != 1 or len(shape) != 2:
         return   # the shape rule names the problem
-    shape = getattr(lhs, "shape", ())
-    m = shape[0] if len(shape) else None
+    m = shape[0]
     if (sizes < 0).any():
         raise ValueError(f"ragged_dot: group_sizes must not be negative, got {sizes.tolist()}")
-    if m is not None and int(sizes.sum()) > m:
+    if int(sizes.sum()) > m:
         raise ValueError(f"ragged_dot: group_sizes sum to {int(sizes.sum())}, past lhs's {m} rows")
 
 
