@@ -255,6 +255,13 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     reshaped = reshaped or inner_reshaped
     if mm.dtype.kind != "f" or any(x is not None and x.dtype.kind != "f" for x in (bias, residual)):
         return False
+    if _rounds_as_eager(mm) and (residual is not None or act not in (None, "relu") or out_dtype != mm.dtype
+                                 or bias is not None and not _row_vector(bias, mm.shape[-1])):
+        # eager torch rounds the product (addmm's product + bias) to 16 bits before an activation, a residual
+        # add or a cast reads it; the fused kernel would keep it in fp32 (720 of 4096 fp16 values differed for
+        # relu(a @ b + bias) + r, 1573 for silu(a @ b)). relu commutes with that rounding, so a Linear's
+        # (1-D: addmm's) bias and a relu still fuse; a full-shape add is taken as mm then add, rounded twice.
+        return False
     a, b = mm.inputs[0].inputs
     extras = tuple(x for x in (bias, residual) if x is not None)
     lib = ir.Node(MATMUL_EPILOGUE, (a, b) + extras, None, (), out_dtype, root.device)
@@ -265,6 +272,20 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     lib.params = {"outputs": [root], "kwargs": kwargs}
     root.prim, root.inputs, root.params = ir.OUTPUT, (lib,), 0
     return True
+
+
+def _rounds_as_eager(mm) -> bool:
+    """Whether this evaluation rounds 16-bit intermediates as eager torch does (config.eager_rounding_scope,
+    FLYARRAY_EAGER_ROUNDING, the torch.compile backend's regions) and the product is one."""
+    from .. import config
+    return mm.dtype in (dt.float16, dt.bfloat16) and config.eager_rounding_in_effect()
+
+
+def _row_vector(n, width: int) -> bool:
+    """Whether ``n`` holds ``width`` values under its views (a Linear's bias, as torch.compile broadcasts it)."""
+    while n.kind == "view":
+        n = n.inputs[0]
+    return math.prod(n.shape) == width
 
 
 def _is_reshape(n) -> bool:
