@@ -115,9 +115,10 @@ def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=
 
 # ---- DLPack in, from producers other than numpy and torch ----------------------------------------------------
 # torch.from_dlpack aborts the whole process (a C++ exception past its binding: "Storage size calculation
-# overflowed") on a capsule with negative strides, which any producer's flip or [::-1] view exports. A CPU producer
-# goes through numpy's consumer instead (it takes them; creation._from_numpy then copies), and a capsule's strides
-# are read before torch sees one (the DLTensor's layout is DLPack's stable C ABI).
+# overflowed") on a capsule with negative strides, which any producer's flip or [::-1] view exports. So a capsule's
+# strides are read before torch sees one (the DLTensor's layout is DLPack's stable C ABI), and such a view from a CPU
+# producer goes through numpy's consumer instead (it takes them; creation._from_numpy then copies). Other views
+# keep torch's consumer: zero copy, whatever read-only flag the producer sets (JAX's arrays), as before.
 _KDL_CPU = 1
 
 

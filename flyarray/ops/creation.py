@@ -282,16 +282,15 @@ def _from_dlpack(x, device, copy) -> Array:
         resolved = x.is_conj() or x.is_neg()
         t = _plain_tensor(x, copy)
         copy = copy and not resolved  # resolving made the copy already
-    else:   # another producer (JAX, CuPy, array_api_strict): see dlpack.py for why not always torch's consumer
+    elif not _dlpack.has_negative_strides(x):   # another producer (JAX, CuPy, array_api_strict): torch's consumer
+        t = torch.from_dlpack(x)
+    else:   # which would abort the process on negative strides (dlpack.py): numpy's takes them on the CPU
         arr = _dlpack.numpy_of_cpu_producer(x)
-        if arr is not None:
-            t = _from_numpy(arr, copy)
-            copy = copy and np.may_share_memory(arr, _numpy_view(t))
-        elif _dlpack.has_negative_strides(x):   # torch's consumer would abort the process
+        if arr is None:
             raise BufferError(f"from_dlpack: this {type(x).__name__} has negative strides, which torch's DLPack "
                               "consumer cannot take off the CPU; pass a contiguous copy of it")
-        else:
-            t = torch.from_dlpack(x)
+        t = _from_numpy(arr, copy)   # a copy (torch has no negative strides): copy=False refuses
+        copy = False
     _check_supported(t.dtype)
     if copy:
         t = t.clone()
