@@ -9,13 +9,13 @@ of neighbours and a scan, then one read of where the groups start.
 from __future__ import annotations
 
 import importlib
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import dtypes as dt
 from .. import views
+from .._array import Array
 from ..primitives import check_storage_only, sum_dtype
 from . import checks
 from .core import array_arg, node_of
@@ -117,39 +117,24 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
 
 def _complex_scan(op, x, axis, include_initial):
     """Complex cumulative sums scan the (re, im) pairs (view_as_real) with the real scan kernel; products
-    multiply magnitudes and add angles (real scans of complex_lowering.prod_factors' five parts, in float64)."""
+    multiply magnitudes and add angles: complex prod's rule (complex_lowering.prod_factors: float64, |z| split so
+    that no product overflows early, the angle as whole quarter turns, an exact sum and a small one), its five
+    parts scanned instead of reduced."""
     from ..complex_lowering import AS_COMPLEX, AS_REAL
-    from .elementwise import abs as _abs
-    from .elementwise import atan2, complex_from_parts, cos, imag, real, sin
+    from .elementwise import complex_from_parts, imag, real
     from .manipulation import moveaxis
     moved, axis = _last_axis(f"cumulative_{op}", x, axis)
-    if op == "prod":  # as complex_lowering.prod_factors: float64, |z| split so that no product overflows early,
-        from .core import where  # the angle as whole quarter turns (factors on an axis), an exact sum, a small one
+    if op == "prod":
+        from ..complex_lowering import F, prod_factors, quarter_turned, rotation
+        from .core import where
         from .creation import arange, ones
-        from .elementwise import floor, isnan, maximum, minimum, round, sqrt
         from .manipulation import concat
         r = real(moved).dtype
-        re, im = real(moved).astype(dt.float64), imag(moved).astype(dt.float64)
-        a, b = _abs(re), _abs(im)
-        big = maximum(a, b)
-        finite = (big > 0) & (big < float("inf"))
-        q = where(finite, minimum(a, b) / where(finite, big, 1.0), 0.0)
-        angle = atan2(im, re)
-        on_axis = ((im == 0) | (re == 0)) & ~(isnan(re) | isnan(im))
-        quarters = where(on_axis, round(angle * (2 / math.pi)), 0.0)
-        angle = where(on_axis, 0.0, angle)
-        hi = round(angle * 2.0 ** 20) * 2.0 ** -20
-        (scale,) = call(SCAN, [big], op="prod", include_initial=False)
-        (rest,) = call(SCAN, [sqrt(q * q + 1.0)], op="prod", include_initial=False)
-        (h,) = call(SCAN, [hi], op="sum", include_initial=False)
-        (lo,) = call(SCAN, [angle - hi], op="sum", include_initial=False)
-        (turns,) = call(SCAN, [quarters], op="sum", include_initial=False)
-        c, s = cos(h) * cos(lo) - sin(h) * sin(lo), sin(h) * cos(lo) + cos(h) * sin(lo)
-        turns = turns - 4.0 * floor(turns * 0.25)   # the exact quarter turns: by 1, i, -1 or -i
-        cq = where(turns == 0, 1.0, where(turns == 2, -1.0, 0.0))
-        sq = where(turns == 1, 1.0, where(turns == 3, -1.0, 0.0))
-        c, s = c * cq - s * sq, s * cq + c * sq
-        out = complex_from_parts((scale * (rest * c)).astype(r), (scale * (rest * s)).astype(r))
+        parts = prod_factors(F(node_of(real(moved))), F(node_of(imag(moved))))
+        scale, rest, hi, lo, turns = (F(node_of(call(SCAN, [Array(p.n)], op=kind, include_initial=False)[0]))
+                                      for p, kind in zip(parts, ("prod", "prod", "sum", "sum", "sum")))
+        c, s = quarter_turned(*rotation(hi, lo), turns)
+        out = complex_from_parts(Array((scale * (rest * c)).astype(r).n), Array((scale * (rest * s)).astype(r).n))
         # a prefix of one factor is that factor, exactly (numpy's): the polar form rounds it, and turns an
         # infinite real one into inf+nan j (inf * sin 0)
         out = where(arange(out.shape[-1], device=out.device) == 0, moved, out)
