@@ -131,6 +131,14 @@ class Array:
             inner += f", shape={self.shape}"
         return f"Array({inner}, dtype={self.dtype.name})"
 
+    def __str__(self):
+        """``print(x)`` and ``str(x)`` (evaluates): the values as numpy prints them (``[1.5 2. ]``,
+        ``0.25`` for 0-d), as numpy's and JAX's arrays do; the repr keeps the dtype. A 'meta' array has
+        no values: its repr."""
+        if self.device.type == "meta":
+            return repr(self)
+        return np.array2string(_printable(self._tensor()))
+
     def _repr_mimebundle_(self, include=None, exclude=None):
         """A notebook's display: unevaluated, the array says it is lazy and shows its fa.explain view
         without running anything (repr and print still evaluate, as documented); evaluated, None

@@ -40,7 +40,7 @@ class Buffer:
 @dataclasses.dataclass
 class StepInfo:
     index: int
-    kind: str  # "fused kernel" | "library call" | "allocation"
+    kind: str  # "fused kernel" | "library call" | "view" (a torch view of its input) | "allocation"
     ops: list
     inputs: list  # Buffer
     outputs: list  # Buffer
@@ -49,7 +49,7 @@ class StepInfo:
 
     @property
     def bytes_moved(self) -> int:
-        if self.kind == "allocation":
+        if self.kind in ("allocation", "view"):  # a view reads and writes no memory
             return 0
         return sum(b.nbytes for b in self.inputs) + sum(b.nbytes for b in self.outputs)
 
@@ -118,11 +118,9 @@ def _refuse_traced(roots):
 
 
 def explain(*arrays) -> Explanation:
-    """The pending graph under ``arrays`` and how an evaluation would cut it into kernels, without
-    launching or compiling anything (see the module docstring)."""
-    from ._array import Array
-    from .tree_util import tree_leaves
-    flat = [a for a in tree_leaves(arrays) if isinstance(a, Array)]   # arrays, or pytrees of them
+    """The pending graph under ``arrays`` (each an array or a pytree of them) and how an evaluation would
+    cut it into kernels, without launching or compiling anything (see the module docstring)."""
+    flat = _arrays_of(arrays)
     states = [(tuple(a.shape), a.dtype.name, "pending" if plan._pending(a._node) else "evaluated (no work)")
               for a in flat]
     with plan._lock:  # as plan.realize chooses its roots
@@ -132,14 +130,45 @@ def explain(*arrays) -> Explanation:
         _refuse_traced(roots)
         if plan._companions:
             roots = plan._with_companions(roots)
-        device = roots[0].device
-        # a meta array (the torch backend's dry run) is never evaluated: no backend, no plan to hit
-        backend = "meta" if device.type == "meta" else runtime.backend_for(device)
-        cached = backend != "meta" and plan.Walk(roots, backend).key in plan._plans
-        with rewrites_undone(roots):
-            to_primitives(roots)
-            described = _describe(schedule(roots), backend)
-    return Explanation(states, described, backend, cached)
+        # one plan per device, as an evaluation runs them (plan._evaluate_per_device)
+        devices = list(dict.fromkeys(r.device for r in roots))
+        parts = [_explain_device([r for r in roots if r.device == d], d) for d in devices]
+    steps = []
+    for described, _, _ in parts:
+        for info in described:  # numbered through the whole explanation, as they would run
+            info.index = len(steps)
+            steps.append(info)
+    return Explanation(states, steps, " + ".join(backend for _, backend, _ in parts),
+                       all(cached for _, _, cached in parts))
+
+
+def _arrays_of(arguments) -> list:
+    """The arrays in ``arguments`` (arrays or pytrees of them). A leaf that is no array is refused by
+    name: explain would otherwise say "no work" for a torch tensor, a function or a generator of arrays;
+    numbers, strings and None (a pytree's other leaves, which fa.eval leaves alone) are skipped."""
+    from ._array import Array
+    from .tree_util import tree_leaves
+    if not arguments:
+        raise TypeError("fa.explain: nothing to explain; pass the arrays (or pytrees of arrays) to evaluate")
+    flat = []
+    for leaf in tree_leaves(arguments):
+        if isinstance(leaf, Array):
+            flat.append(leaf)
+        elif leaf is not None and not isinstance(leaf, (bool, int, float, complex, str)):
+            raise TypeError(f"fa.explain: got a {type(leaf).__name__}, which is not an fa.Array; pass arrays or "
+                            "pytrees (tuple, list, dict) of them (a torch tensor: fa.asarray(t) first)")
+    return flat
+
+
+def _explain_device(roots: list, device) -> tuple:
+    """(steps, backend, plan cached) for the pending roots on one device."""
+    # a meta array (the torch backend's dry run) is never evaluated: no backend, no plan to hit
+    backend = "meta" if device.type == "meta" else runtime.backend_for(device)
+    cached = backend != "meta" and plan.Walk(roots, backend).key in plan._plans
+    with rewrites_undone(roots):
+        to_primitives(roots)
+        described = _describe(schedule(roots), backend)
+    return described, backend, cached
 
 
 def notebook_bundle(array):

@@ -36,9 +36,8 @@ MAX_GRAPH_BYTES = 1 << 30  # a graph keeps its intermediates' memory for the tra
 
 def launches(program) -> int:
     """Kernel and library launches of a plan (allocations and view_as_real/view_as_complex are not launches)."""
-    from .primitives import LIBRARY
-    return sum(entry[0] == "kernel" or entry[0] == "library" and not LIBRARY[entry[1]].reinterpret
-               for entry in program.description)
+    from .profiling import is_launch
+    return sum(map(is_launch, program.description))
 
 
 def worth_a_graph(program, arguments, out_slots, forced) -> bool:

@@ -180,7 +180,7 @@ def run_steps(plan, slots: list, scalars: list) -> None:
                            f"({len(plan.steps)} != {len(plan.description)}); profiling.run_steps needs them to be")
     cuda = None
     for step, description in zip(plan.steps, plan.description):
-        if description[0] == "alloc":
+        if not is_launch(description):
             step(slots, scalars)
             continue
         if cuda is None:
@@ -218,6 +218,17 @@ def keep_the_gpu_ahead(steps: int) -> None:
 
 
 # ---- what a step is ---------------------------------------------------------------------------------
+def is_launch(description) -> bool:
+    """Whether a plan step launches work: a fused kernel or a library call, but no allocation and no
+    view_as_real/view_as_complex (a torch view: no launch, nothing read or written)."""
+    if description[0] == "kernel":
+        return True
+    if description[0] != "library":
+        return False
+    from .primitives import LIBRARY
+    return not LIBRARY[description[1]].reinterpret
+
+
 def _row_key(description) -> tuple:
     if description[0] == "kernel":
         return ("kernel", description[1])  # the source key: one row per generated kernel

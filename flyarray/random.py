@@ -60,6 +60,8 @@ def key_data(keys) -> Array:
 
 def wrap_key_data(data, *, device=None) -> Array:
     """A key from raw words, e.g. ``jax.random.key_data(k)`` (uint32) or ``key_data``'s output."""
+    if isinstance(data, torch.Tensor):  # on its own device, its dtype checked before numpy sees it
+        data = creation.asarray(data.detach(), device=device)
     if isinstance(data, Array):
         if data.dtype.kind not in "iu":
             raise TypeError(f"wrap_key_data: key data must be integers, got {data.dtype}")

@@ -1,7 +1,9 @@
 """Pytrees, as ``jax.tree_util``: nested containers whose leaves are arrays (or anything else).
 
-Containers: tuple, list, dict (keys in sorted order, as JAX), None (a container with no children),
-namedtuples, and any class registered with ``register_pytree_node``. Everything else is a leaf.
+Containers: tuple, list, dict and collections.defaultdict (keys in sorted order, as JAX),
+collections.OrderedDict (keys in insertion order, as JAX; a torch ``state_dict()`` is one), None (a
+container with no children), namedtuples, and any class registered with ``register_pytree_node``.
+Everything else is a leaf.
 
     leaves, treedef = fa.tree_util.tree_flatten({"w": w, "b": (b1, b2)})
     params = fa.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
@@ -11,6 +13,7 @@ depth (pytrees are shallow; graphs are not).
 """
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, NamedTuple
 
 __all__ = ["PyTreeDef", "register_pytree_node", "tree_flatten", "tree_unflatten", "tree_map", "tree_leaves",
@@ -51,6 +54,11 @@ register_pytree_node(tuple, lambda t: (list(t), None), lambda _, c: tuple(c))
 register_pytree_node(list, lambda t: (list(t), None), lambda _, c: list(c))
 register_pytree_node(dict, _dict_flatten, _dict_unflatten)
 register_pytree_node(type(None), lambda _: ([], None), lambda _, c: None)
+register_pytree_node(collections.OrderedDict, lambda d: (list(d.values()), tuple(d)),
+                     lambda keys, c: collections.OrderedDict(zip(keys, c)))
+register_pytree_node(collections.defaultdict,
+                     lambda d: ([d[k] for k in sorted(d)], (d.default_factory, tuple(sorted(d)))),
+                     lambda aux, c: collections.defaultdict(aux[0], zip(aux[1], c)))
 
 
 def _is_namedtuple(x) -> bool:

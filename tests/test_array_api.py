@@ -536,6 +536,16 @@ def test_format_of_arrays(backend):
         format(v, ".2f")
 
 
+@pytest.mark.parametrize("values", [np.array([1.5, 2.0], np.float32), np.array(0.25, np.float32), np.zeros((2, 0)),
+                                    np.arange(2000.0).reshape(2, 1000), np.array([1 + 2j, -0.0]), np.array([True]),
+                                    np.array([[-1, 7]], np.int16)])
+def test_str_and_print_show_the_values_as_numpy(backend, values):
+    """str/print/f"{x}" show the values alone, as numpy's and JAX's arrays (the repr adds the dtype)."""
+    x = fa.asarray(values)
+    assert str(x) == f"{x}" == str(values)
+    assert repr(x).startswith("Array(") and str(x) != repr(x)
+
+
 def test_in_compares_every_element(backend):
     # `value in x` on a 2-D array raised (Python iterated the rows and called bool(row == value))
     x = fa.asarray([[1.0, 2.0], [3.0, 4.0]])

@@ -379,6 +379,14 @@ def test_tree_util():
     assert tu.tree_unflatten(treedef, leaves) == tree
     assert tu.tree_map(lambda x, y: x * y, tree, tree)["p"] == P(16, 25)
     assert tu.tree_leaves([None, (None,)]) == []
+    # as JAX: an OrderedDict keeps its insertion order, a defaultdict sorts its keys and keeps its factory
+    ordered = collections.OrderedDict(b=1, a=2)
+    assert tu.tree_leaves(ordered) == [1, 2] and tu.tree_map(lambda x: x * 3, ordered) == {"b": 3, "a": 6}
+    assert list(tu.tree_map(lambda x: x, ordered)) == ["b", "a"]
+    default = collections.defaultdict(list, b=1, a=2)
+    leaves, treedef = tu.tree_flatten(default)
+    back = tu.tree_unflatten(treedef, [10, 20])
+    assert leaves == [2, 1] and back == {"a": 10, "b": 20} and back.default_factory is list
 
     class Box:
         def __init__(self, v):

@@ -562,6 +562,10 @@ def test_clip_names_a_list_bound():
     (lambda: fa.linalg.cross(fa.ones(3, dtype=fa.bool), fa.ones(3, dtype=fa.bool)), TypeError,
      "cross: bool operands are not supported"),
     (lambda: fa.linalg.outer([1.0, 2.0], fa.ones(2)), TypeError, "outer: x1 must be a flyarray Array"),
+    # thirty-fourth session: an internal AttributeError ('NoneType' object has no attribute 'dtype')
+    (lambda: fa.nn.rms_norm(None, fa.ones(4)), TypeError, "rms_norm: x must be a flyarray Array"),
+    (lambda: fa.nn.rms_norm(None, fa.ones(4), residual=fa.ones((2, 4))), TypeError, "rms_norm: x must be"),
+    (lambda: fa.nn.layer_norm(None, fa.ones(4)), TypeError, "layer_norm: x must be a flyarray Array"),
 ])
 def test_linalg_and_fft_errors_name_the_function_and_the_argument(no_evaluation, call, exc, message):
     """Found by a fuzzing helper (thirty-first session): each raised a bare Python error or named another function."""

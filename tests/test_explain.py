@@ -231,3 +231,51 @@ def test_explain_inside_a_jit_trace_says_why_it_cannot():
     out = fa.vmap(lambda a: (seen.append(fa.explain(a * 2)), a * 2)[1])(x)
     np.testing.assert_array_equal(np.asarray(out), np.arange(6).reshape(2, 3) * 2)
     assert "fa.explain" in str(seen[0])
+
+
+def test_a_complex_view_is_no_launch_and_moves_no_bytes(backend):
+    """view_as_complex (the complex lowering's torch view) is neither launched nor timed: fa.profile's calls,
+    fa.explain's kernels and fa.stats' launches agree, and neither counts bytes for it."""
+    x = fa.asarray(_t(4, 8))
+    y = fa.exp(fa.astype(x, fa.complex64) * 1j)
+    e = fa.explain(y)
+    fa.reset_stats()
+    with fa.profile(measure_limit=False) as prof:
+        fa.eval(y)
+    assert prof.calls == e.n_kernels == fa.stats()["kernels_launched"] == 1
+    assert [r.kind for r in prof.rows] == ["fused kernel"]
+    assert "view" in [s.kind for s in e.steps]
+    assert e.bytes_moved == sum(s.bytes_moved for s in e.steps if s.kind == "fused kernel") == prof.rows[0].bytes
+    np.testing.assert_allclose(np.asarray(y), np.exp(1j * _t(4, 8).numpy()), rtol=1e-6)
+
+
+@pytest.mark.parametrize("args, what", [((), "nothing to explain"), ((torch.ones(3),), "got a Tensor"),
+                                        ((lambda x: x,), "got a function"), (({"w": 1}.values(),), "dict_values"),
+                                        (((i for i in range(2)),), "got a generator")])
+def test_explain_refuses_what_is_not_an_array(args, what):
+    with pytest.raises(TypeError, match=f"fa.explain: .*{what}"):
+        fa.explain(*args)
+
+
+def test_explain_takes_pytrees_with_other_leaves_and_an_ordered_dict():
+    import collections
+    a = fa.exp(fa.asarray(_t(3)))
+    state = collections.OrderedDict(w=a, step=3, name="x", none=None)
+    e = fa.explain(state)
+    assert e.n_kernels == 1 and e.arrays == [((3,), "float32", "pending")]
+    assert a._node.buffer is None
+    fa.eval(state)   # a torch state_dict is an OrderedDict: a container, as in JAX
+    assert a._node.buffer is not None
+
+
+def test_explain_plans_each_device_apart_as_an_evaluation_does(backend):
+    cpu = fa.exp(fa.asarray(_t(3, 4))) * 2
+    meta = fa.exp(fa.ones((3, 4), device="meta")) * 2
+    for first, second in ((cpu, meta), (meta, cpu)):
+        e = fa.explain(first, second)
+        kinds = {s.compiled.split(" (")[-1] for s in e.steps}
+        assert e.n_kernels == 2 and len(e.steps) == 2 and [s.index for s in e.steps] == [0, 1]
+        assert e.backend in (f"{fa.runtime.backend_for(torch.device('cpu'))} + meta",
+                             f"meta + {fa.runtime.backend_for(torch.device('cpu'))}")
+        assert any("meta" in k for k in kinds)
+    assert cpu._node.buffer is None

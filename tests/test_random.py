@@ -605,3 +605,9 @@ def test_16_bit_p_and_logits_draw_in_float32(reference, dtype):
     s = np.asarray(R.categorical(R.key(5), fa.asarray(np.tile(np.float32([0, -8]), (rows, 1))).astype(dtype)))
     q = 1 / (1 + np.exp(8.0))
     assert abs(s.mean() - q) < 5 * np.sqrt(q / rows)
+
+
+def test_wrap_key_data_takes_a_torch_tensor_of_words_and_refuses_a_float_one_that_requires_grad():
+    assert _np(R.wrap_key_data(torch.tensor([3, 4], dtype=torch.int32))).tolist() == [3, 4]
+    with pytest.raises(TypeError, match="wrap_key_data: key data must be integers"):
+        R.wrap_key_data(torch.ones(2, requires_grad=True))

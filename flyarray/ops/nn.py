@@ -16,10 +16,11 @@ def _empty_axis(x, axis) -> bool:
     return x.ndim > 0 and x.shape[axis] == 0
 
 
-def _array_args(op, **args) -> list:
-    """The given arrays (None stays None) as Arrays, numpy arrays and torch tensors converted; a TypeError
-    naming the argument for anything else."""
-    return [None if a is None else array_arg(a, f"{op}: {name}") for name, a in args.items()]
+def _array_args(op, x, **optional) -> list:
+    """x and the optional arrays (None stays None: only x is required) as Arrays, numpy arrays and torch
+    tensors converted; a TypeError naming the argument for anything else."""
+    return [array_arg(x, f"{op}: x")] + [None if a is None else array_arg(a, f"{op}: {name}")
+                                         for name, a in optional.items()]
 
 
 def softmax(x, axis=-1):
