@@ -228,6 +228,8 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
                     return n.inputs[i], n.inputs[1 - i], act, reshaped
         return None
 
+    if _relu_into_epilogue(root, private):
+        return True
     node, out_dtype = root, root.dtype
     if node.kind == "elementwise" and node.prim.name == "astype" and node.dtype.kind == "f":
         node = node.inputs[0]
@@ -255,12 +257,12 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     reshaped = reshaped or inner_reshaped
     if mm.dtype.kind != "f" or any(x is not None and x.dtype.kind != "f" for x in (bias, residual)):
         return False
-    if _rounds_as_eager(mm) and (residual is not None or act not in (None, "relu") or out_dtype != mm.dtype
-                                 or bias is not None and not _row_vector(bias, mm.shape[-1])):
-        # eager torch rounds the product (addmm's product + bias) to 16 bits before an activation, a residual
-        # add or a cast reads it; the fused kernel would keep it in fp32 (720 of 4096 fp16 values differed for
-        # relu(a @ b + bias) + r, 1573 for silu(a @ b)). relu commutes with that rounding, so a Linear's
-        # (1-D: addmm's) bias and a relu still fuse; a full-shape add is taken as mm then add, rounded twice.
+    if _rounds_as_eager(mm) and (bias is not None or residual is not None or act not in (None, "relu")
+                                 or out_dtype != mm.dtype):
+        # eager torch rounds a product to 16 bits before an add, an activation or a cast reads it; the fused
+        # kernel would keep it in fp32 (720 of 4096 fp16 values differed for relu(a @ b + bias) + r, 1573 for
+        # silu(a @ b)). relu commutes with that rounding, so it still fuses. torch's addmm (a Linear) rounds
+        # product + bias once: the torch backend records it as addmm_rounded_once, and its relu fuses there.
         return False
     a, b = mm.inputs[0].inputs
     extras = tuple(x for x in (bias, residual) if x is not None)
@@ -274,18 +276,44 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     return True
 
 
+def addmm_rounded_once(bias, x1, x2):
+    """bias + x1 @ x2 (2-D operands; bias broadcasts to the product) as one GEMM that adds the bias in its fp32
+    accumulator and rounds once, as torch's addmm does (cuBLASLt's bias epilogue, CPU BLAS with beta=1), where
+    an mm then an add rounds twice. The torch.compile backend records addmm with it under eager rounding, so an
+    activation or a residual after a Linear reads the value eager torch's reads (a relu still fuses:
+    _relu_into_epilogue)."""
+    return call(MATMUL_EPILOGUE, [x1, x2, bias], activation=None, has_bias=True, has_residual=False,
+                out_dtype=x1.dtype.name)[0]
+
+
+def _relu_into_epilogue(root, private) -> bool:
+    """relu([reshape](fused GEMM without activation or residual)) -> the GEMM with relu (relu commutes with the
+    GEMM's rounding: the same values as relu after it, one launch fewer). The GEMM: addmm_rounded_once's."""
+    if not (root.kind == "elementwise" and root.prim.name == "relu"):
+        return False
+    n, reshaped = root.inputs[0], False
+    if _is_reshape(n) and private(n):
+        n, reshaped = n.inputs[0], True
+    if not (n.kind == "output" and n.inputs[0].prim is MATMUL_EPILOGUE and private(n)):
+        return False
+    lib = n.inputs[0]
+    kwargs = lib.params["kwargs"]
+    if (kwargs["activation"] is not None or kwargs["has_residual"] or kwargs.get("out_shape") is not None
+            or dt.dtype(kwargs["out_dtype"]) != root.dtype):
+        return False
+    from .. import ir
+    fused = ir.Node(MATMUL_EPILOGUE, lib.inputs, None, (), root.dtype, root.device)
+    fused.params = {"outputs": [root], "kwargs": dict(kwargs, activation="relu",
+                                                      **({"out_shape": tuple(root.shape)} if reshaped else {}))}
+    root.prim, root.inputs, root.params = ir.OUTPUT, (fused,), 0
+    return True
+
+
 def _rounds_as_eager(mm) -> bool:
     """Whether this evaluation rounds 16-bit intermediates as eager torch does (config.eager_rounding_scope,
     FLYARRAY_EAGER_ROUNDING, the torch.compile backend's regions) and the product is one."""
     from .. import config
     return mm.dtype in (dt.float16, dt.bfloat16) and config.eager_rounding_in_effect()
-
-
-def _row_vector(n, width: int) -> bool:
-    """Whether ``n`` holds ``width`` values under its views (a Linear's bias, as torch.compile broadcasts it)."""
-    while n.kind == "view":
-        n = n.inputs[0]
-    return math.prod(n.shape) == width
 
 
 def _is_reshape(n) -> bool:
