@@ -215,7 +215,8 @@ def _check_compile_kwargs(compile_kwargs: dict) -> None:
         raise TypeError("accelerate: backend is flyarray's; use torch.compile(model, backend=...) for another")
     tuning = sorted(k for k in ("mode", "options") if k in compile_kwargs)
     if tuning:   # torch would only log that the backend ignores them, at the first call
-        raise TypeError(f"accelerate: {' and '.join(tuning)} configure Inductor; the flyarray backend takes neither")
+        raise TypeError(f"accelerate: {' and '.join(tuning)} {'configure' if len(tuning) > 1 else 'configures'} "
+                        f"Inductor; the flyarray backend takes no mode and no options")
     try:
         inspect.signature(torch.compile).bind(None, **compile_kwargs)
     except TypeError as e:

@@ -835,8 +835,9 @@ def test_accelerate_refuses_options_that_would_do_nothing():
     model = torch.nn.Sequential(torch.nn.Linear(64, 32))
     with pytest.raises(ValueError, match="sample_input .* needs mx="):
         fat.accelerate(model, sample_input=torch.randn(2, 64))
-    for kwargs in ({"mode": "max-autotune"}, {"options": {"trace.enabled": True}}):
-        with pytest.raises(TypeError, match="configure Inductor"):
+    for kwargs, says in (({"mode": "max-autotune"}, "mode configures"), ({"options": {}}, "options configures"),
+                         ({"mode": "default", "options": {}}, "mode and options configure")):
+        with pytest.raises(TypeError, match=f"accelerate: {says} Inductor"):
             fat.accelerate(model, mx="mxfp8", **kwargs)
         assert type(model[0]) is torch.nn.Linear
     with pytest.raises(TypeError, match="sample_input must be a tensor or a tuple"):
