@@ -42,5 +42,19 @@ def main():
                       flush=True)
 
 
+def gelu_accuracy():
+    """gelu alone: ours and torch's against float64's gelu rounded to the dtype (where compile and eager differ
+    after an otherwise exact Linear, which of the two is right)."""
+    import flyarray as fa
+    torch.manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.randn(256, 512, device=device, dtype=dtype) * 3
+        exact = F.gelu(x.double()).to(dtype)
+        ours, theirs = fa.nn.gelu(fa.asarray(x)).torch(), F.gelu(x)
+        print(f"gelu {str(dtype)[6:]:9} not correctly rounded: ours {int((ours != exact).sum())}, torch "
+              f"{int((theirs != exact).sum())} of {x.numel()}", flush=True)
+
+
 if __name__ == "__main__":
     main()
+    gelu_accuracy()
