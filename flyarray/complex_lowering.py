@@ -353,13 +353,59 @@ def clog(z: Parts) -> Parts:
     scaled = big.log() + 0.5 * (ratio * ratio).log1p()
     overflowed = h.isinf() & a.isfinite() & b.isfinite()
     subnormal = h.less(2.0 ** -1022 if a.n.dtype == dt.float64 else 2.0 ** -126) & big.greater(0)
-    return Parts(where(overflowed | subnormal, scaled, h.log()), z.im.atan2(z.re))
+    # near |z| = 1, log(hypot) keeps only hypot's absolute error: log(1.0000158548 + 9.96e-5j) in complex64 was
+    # 2727 ulp off. There log|z| = log1p(|z|^2 - 1) / 2, with |z|^2 - 1 summed without losing what cancels
+    # (z next to the unit circle): _unit_circle_distance
+    unit = h.greater(0.5) & h.less(2.0)
+    near_one = 0.5 * _unit_circle_distance(big, small).log1p()
+    return Parts(where(overflowed | subnormal, scaled, where(unit, near_one, h.log())), z.im.atan2(z.re))
+
+
+def _unit_circle_distance(big: F, small: F) -> F:
+    """big^2 + small^2 - 1 for |z| in (0.5, 2), to the float's precision even where the terms cancel. complex64:
+    in float64, where the squares of float32 values are exact. complex128: each square as its rounded value and
+    its exact error (Dekker), big^2 - 1 exact (Sterbenz), the four terms added with their rounding errors kept
+    (TwoSum)."""
+    if big.n.dtype == dt.float32:
+        wide_big, wide_small = big.astype(dt.float64), small.astype(dt.float64)
+        return ((wide_big * wide_big - 1.0) + wide_small * wide_small).astype(dt.float32)
+    p1, e1 = _exact_product(big, big)
+    p2, e2 = _exact_product(small, small)
+    s1, r1 = _two_sum(p1 - 1.0, p2)
+    s2, r2 = _two_sum(s1, e1)
+    s3, r3 = _two_sum(s2, e2)
+    return s3 + (r1 + r2 + r3)
+
+
+def _two_sum(a: F, b: F):
+    """(s, e) with s = fl(a + b) and s + e = a + b exactly (Knuth)."""
+    s = a + b
+    b_part = s - a
+    return s, (a - (s - b_part)) + (b - b_part)
+
+
+def _exact_product(x: F, y: F):
+    """(p, e) with p = fl(x y) and p + e = x y exactly (Dekker's product over Veltkamp's halves: no FMA needed,
+    and an FMA the compiler forms changes nothing, every partial product being exact). For |x|, |y| well inside
+    the float's range (the halves' constant would overflow near its maximum)."""
+    split = 134217729.0 if x.n.dtype == dt.float64 else 4097.0   # 2^27 + 1, 2^12 + 1
+
+    def halves(v):
+        c = v * split
+        hi = c - (c - v)
+        return hi, v - hi
+    xh, xl = halves(x)
+    yh, yl = halves(y)
+    p = x * y
+    return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
 
 
 def clog1p(z: Parts) -> Parts:
+    """log(1 + z): near 0, log1p of |1 + z|^2 - 1 = a (2 + a) + b^2 (no cancellation); elsewhere clog of 1 + z
+    (which does not overflow: log1p(3.4e38 + 3.4e38j) in complex64 was inf through hypot)."""
     a, b = z.re, z.im
-    small = (a.abs() + b.abs()).less(0.5)  # |1 + z|^2 - 1 = a (2 + a) + b^2 without cancellation
-    re = where(small, 0.5 * (a * (a + 2.0) + b * b).log1p(), (a + 1.0).hypot(b).log())
+    small = (a.abs() + b.abs()).less(0.5)
+    re = where(small, 0.5 * (a * (a + 2.0) + b * b).log1p(), clog(Parts(a + 1.0, b)).re)
     return Parts(re, b.atan2(a + 1.0))
 
 
@@ -445,15 +491,20 @@ def _choose(c: F, a: Parts, b: Parts) -> Parts:
 
 
 def casinh(z: Parts) -> Parts:
-    """log1p(w + w^2 / (1 + sqrt(1 + w^2))) on the right half plane (w = +-z; the same value as log(w +
-    sqrt(w^2 + 1)) without its cancellation near 0), odd symmetry for the left; log(2 w) for large |w| (no
-    overflow in w^2; the infinities come out as C99 gives them)."""
-    s = where(z.re.signbit(), F(z.re._const(-1.0)), 1.0)  # -0.0 too: asinh(-0 + 2j) has a negative real part
-    w = Parts(z.re * s, z.im * s)
+    """log1p(w + w^2 / (1 + sqrt(1 + w^2))) on the first quadrant (w = |re| + i |im|; the same value as log(w +
+    sqrt(w^2 + 1)) without its cancellation near 0), then each part takes its sign from z's (asinh is odd and
+    asinh(conj z) = conj asinh z; -0.0 too: asinh(-0 + 2j) has a negative real part, asinh(1 - 0j) a -0
+    imaginary one); log(2 w) for large |w| (no overflow in w^2; the infinities come out as C99 gives them).
+    1 + w^2 is formed as (1 - y)(1 + y) + x^2 + 2xy i: 1 + x^2 - y^2 cancelled next to +-i (asin next to +-1
+    was 12,593 ulp off in complex128). asinh(NaN +- 0j) is NaN +- 0j (C99)."""
+    x, y = z.re.abs(), z.im.abs()
+    w = Parts(x, y)
     w2 = cmul(w, w)
-    near = clog1p(_add(w, cdiv(w2, _plus(csqrt(_plus(w2, 1.0)), 1.0))))
+    one_plus_w2 = Parts((1.0 - y) * (1.0 + y) + x * x, w2.im)
+    near = clog1p(_add(w, cdiv(w2, _plus(csqrt(one_plus_w2), 1.0))))
     r = _choose(_big(w), _log2z(w), near)
-    return Parts(r.re * s, r.im * s)
+    nan_real = z.re.isnan() & z.im.equal(0)
+    return Parts(where(nan_real, z.re, r.re.copysign(z.re)), where(nan_real, z.im, r.im.copysign(z.im)))
 
 
 def catanh(z: Parts) -> Parts:
@@ -475,7 +526,9 @@ def catanh(z: Parts) -> Parts:
     tiny = where(inf, F(a._const(0.0)).copysign(a), (a / m) / m)  # 1/z = conj(z) / |z|^2
     half_pi = F(b._const(math.pi / 2)).copysign(b)
     far_im = where(b.isnan(), b, where(inf, half_pi, half_pi - (b / m) / m))
-    return _choose(_big(z), Parts(tiny, far_im), Parts(re, im))
+    r = _choose(_big(z), Parts(tiny, far_im), Parts(re, im))
+    zero_nan = a.equal(0) & b.isnan()   # atanh(+-0 + NaN j) = +-0 + NaN j (C99)
+    return Parts(where(zero_nan, a, r.re), where(zero_nan, b, r.im))
 
 
 def cacosh(z: Parts) -> Parts:
@@ -485,7 +538,9 @@ def cacosh(z: Parts) -> Parts:
     below, above = csqrt(_plus(z, -1.0)), csqrt(_plus(z, 1.0))
     re = (below.re * above.re + below.im * above.im).asinh()
     im = 2.0 * below.im.atan2(above.re)
-    return _choose(_big(z), _log2z(z), Parts(re, im))
+    r = _choose(_big(z), _log2z(z), Parts(re, im))
+    zero_nan = z.re.equal(0) & z.im.isnan()   # acosh(+-0 + NaN j) = NaN + pi/2 j (C99)
+    return Parts(where(zero_nan, z.im, r.re), where(zero_nan, math.pi / 2, r.im))
 
 
 def casin(z: Parts) -> Parts:
@@ -526,7 +581,9 @@ def _acos(z: Parts) -> Parts:
     one_minus, one_plus = csqrt(_plus(_neg(z), 1.0)), csqrt(_plus(z, 1.0))
     re = 2.0 * one_minus.re.atan2(one_plus.re)
     im = (one_plus.re * one_minus.im - one_plus.im * one_minus.re).asinh()
-    return _choose(_big(z), far, Parts(re, im))
+    r = _choose(_big(z), far, Parts(re, im))
+    zero_nan = z.re.equal(0) & z.im.isnan()   # acos(+-0 + NaN j) = pi/2 + NaN j (C99)
+    return Parts(where(zero_nan, math.pi / 2, r.re), where(zero_nan, z.im, r.im))
 
 
 def _cexpm1(z: Parts) -> Parts:

@@ -748,3 +748,43 @@ def test_fuzz_found_special_values_match_numpy(backend):
                                        err_msg=f"{name} {part}")
     padded = fa.pad(fa.asarray(np.asarray([1 + 1j, 2 - 1j])), 1, constant_values=3j)
     np.testing.assert_array_equal(np.asarray(padded), [3j, 1 + 1j, 2 - 1j, 3j])
+
+
+def _ulps(got, want):
+    """Distance in units in the last place of ``want``'s dtype, part by part (the larger)."""
+    want = np.asarray(want)
+    spacing = lambda v: np.spacing(np.abs(v).astype(want.real.dtype))   # noqa: E731
+    return max(float(np.max(np.abs(got.real - want.real) / spacing(want.real))),
+               float(np.max(np.abs(got.imag - want.imag) / spacing(want.imag))))
+
+
+def test_thirty_fourth_session_fuzz_log_asin_and_their_special_values(backend):
+    """Found by the elementwise fuzz (thirty-fourth session), each against numpy: log next to |z| = 1 lost the real
+    part (log(hypot) cancels: 2727 ulp in complex64, 56,430 in complex128); log1p of a huge finite z was inf; asin
+    next to +-1 (asinh next to +-i) was 12,593 ulp off (1 + w^2 cancelled; 180 now: the formula still loses digits
+    there); NaN special values lost their exact part (C99); asinh/asin dropped signed zeros."""
+    z64 = np.array([1.0000158548355103 + 9.960435272660106e-05j, 0.9999 + 0.0141j], np.complex64)
+    z128 = np.array([1.0000053866414857 + 7.988412015610762e-06j, 0.6 + 0.8000001j], np.complex128)
+    for z in (z64, z128):
+        assert _ulps(np.asarray(fa.log(fa.asarray(z))), np.log(z.astype(np.complex128)).astype(z.dtype)) <= 2
+    huge = np.array([3.4028235e38 + 3.4028235e38j, 1.9999999e38 + 3e38j], np.complex64)
+    np.testing.assert_allclose(np.asarray(fa.log1p(fa.asarray(huge))), [89.06941 + 0.7853982j, 88.78071 + 0.98279375j],
+                               rtol=1e-6)
+    near = np.array([0.9999993776506559 + 6.5796614709610055e-06j], np.complex128)
+    assert _ulps(np.asarray(fa.asin(fa.asarray(near))), np.arcsin(near)) <= 256
+    nan = float("nan")
+    for name, value, want in [("asinh", complex(nan, 0.0), complex(nan, 0.0)), ("asin", complex(0, nan), complex(0, nan)),
+                              ("acos", complex(0, nan), complex(np.pi / 2, nan)),
+                              ("acosh", complex(0, nan), complex(nan, np.pi / 2)),
+                              ("atanh", complex(0, nan), complex(0, nan)), ("atan", complex(nan, 0), complex(nan, 0))]:
+        for dtype in (np.complex64, np.complex128):
+            got = complex(np.asarray(getattr(fa, name)(fa.asarray(np.array([value], dtype))))[0])
+            assert (np.isnan(got.real) if np.isnan(want.real) else got.real == np.float32(want.real)) and \
+                (np.isnan(got.imag) if np.isnan(want.imag) else got.imag == np.float32(want.imag)), (name, dtype, got)
+    for name, value in [("asinh", 1 - 0j), ("asinh", complex(-0.0, 0.0)), ("asin", 1j), ("asin", 0j),
+                        ("asinh", complex(-2.0, -0.0)), ("asin", complex(-0.5, -0.0))]:
+        z = np.array([complex(value)], np.complex128)
+        got, want = np.asarray(getattr(fa, name)(fa.asarray(z))), getattr(np, "arc" + name[1:])(z)
+        assert np.signbit(got.real) == np.signbit(want.real) and np.signbit(got.imag) == np.signbit(want.imag), \
+            (name, value, got, want)
+        np.testing.assert_allclose(got, want, rtol=1e-15)
