@@ -788,3 +788,24 @@ def test_thirty_fourth_session_fuzz_log_asin_and_their_special_values(backend):
         assert np.signbit(got.real) == np.signbit(want.real) and np.signbit(got.imag) == np.signbit(want.imag), \
             (name, value, got, want)
         np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_log_next_to_the_unit_circle_is_within_an_ulp_or_two(backend, dtype):
+    """log|z| = log1p(|z|^2 - 1) / 2 where the two squares cancel: against the exact value (fractions and
+    80-digit decimals) on random z at distances 1e-2 to 0 from the unit circle."""
+    import decimal
+    from fractions import Fraction
+    decimal.getcontext().prec = 80
+    rng = np.random.default_rng(34)
+    t = rng.uniform(0, 2 * np.pi, 200)
+    r = 1 + rng.normal(0, 1, 200) * rng.choice([1e-2, 1e-4, 1e-7, 1e-12, 0], 200)
+    z = np.concatenate([(r * np.exp(1j * t)).astype(dtype), np.array([0.6 + 0.8j, 0.28 + 0.96j, 1e-3 + 1j], dtype)])
+    got = np.asarray(fa.log(fa.asarray(z))).real
+
+    def exact(v):
+        square = Fraction(float(v.real)) ** 2 + Fraction(float(v.imag)) ** 2
+        return float((decimal.Decimal(square.numerator) / decimal.Decimal(square.denominator)).ln() / 2)
+    want = np.array([exact(v) for v in z]).astype(got.dtype)
+    ulps = np.abs(got.astype(np.float64) - want) / np.spacing(np.abs(want)).astype(np.float64)
+    assert ulps.max() <= 2, (z[ulps.argmax()], got[ulps.argmax()], want[ulps.argmax()])
