@@ -298,8 +298,10 @@ def cexp(z: Parts) -> Parts:
     over = e.isinf() & z.re.isfinite()
     cos_part = where(over, half * z.im.cos() * half, e * z.im.cos())
     sin_part = where(over, half * z.im.sin() * half, e * z.im.sin())
-    re = where(real_axis, e, where(zero | blown, e, cos_part))
-    im = where(real_axis, z.im, where(zero, e, where(blown, _nan(e), sin_part)))
+    # exp(-inf + i y) is +0 cis y: zeros signed as cos y and sin y for a finite y (C99, numpy), +0 + 0j otherwise
+    zero_re, zero_im = e * _finite_or_one(z.im.cos(), z.im), e * _finite_or_one(z.im.sin(), z.im)
+    re = where(real_axis, e, where(zero, zero_re, where(blown, e, cos_part)))
+    im = where(real_axis, z.im, where(zero, zero_im, where(blown, _nan(e), sin_part)))
     return Parts(re, im)
 
 

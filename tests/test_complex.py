@@ -781,6 +781,10 @@ def test_thirty_fourth_session_fuzz_log_asin_and_their_special_values(backend):
             got = complex(np.asarray(getattr(fa, name)(fa.asarray(np.array([value], dtype))))[0])
             assert (np.isnan(got.real) if np.isnan(want.real) else got.real == np.float32(want.real)) and \
                 (np.isnan(got.imag) if np.isnan(want.imag) else got.imag == np.float32(want.imag)), (name, dtype, got)
+    with np.errstate(all="ignore"):   # exp(-inf + i y) = +0 cis y: zeros signed as cos y, sin y (it was +0 + 0j)
+        z = np.array([complex(-np.inf, 2.0), complex(-np.inf, -1.0), complex(-np.inf, 4.0), complex(-800, 3.0)])
+        got, want = np.asarray(fa.exp(fa.asarray(z))), np.exp(z)
+    assert (np.signbit(got.real) == np.signbit(want.real)).all() and (np.signbit(got.imag) == np.signbit(want.imag)).all()
     for name, value in [("asinh", 1 - 0j), ("asinh", complex(-0.0, 0.0)), ("asin", 1j), ("asin", 0j),
                         ("asinh", complex(-2.0, -0.0)), ("asin", complex(-0.5, -0.0))]:
         z = np.array([complex(value)], np.complex128)
