@@ -500,9 +500,9 @@ def casinh(z: Parts) -> Parts:
     asinh(NaN +- 0j) is NaN +- 0j (C99). The log1p(w + w^2 / (1 + sqrt(1 + w^2))) form before lost the small part
     next to the imaginary axis and next to +-i (asin(-0.44 + 6.3e-12j)'s imaginary part was 6e10 ulp off in
     complex128, asin next to 1 12,593 ulp)."""
-    x, y = z.re.abs(), z.im.abs()
-    u, v = _asin_first_quadrant(y, x)
-    r = _choose(_big(Parts(x, y)), _log2z(Parts(x, y)), Parts(v, u))
+    w = Parts(z.re.abs(), z.im.abs())
+    u, v = _asin_first_quadrant(w.im, w.re)
+    r = _choose(_big(w), _log2z(w), Parts(v, u))
     nan_real = z.re.isnan() & z.im.equal(0)
     return Parts(where(nan_real, z.re, r.re.copysign(z.re)), where(nan_real, z.im, r.im.copysign(z.im)))
 
@@ -514,14 +514,15 @@ def _asin_first_quadrant(a: F, b: F):
     r, s = (a + 1.0).hypot(b), (a - 1.0).hypot(b)
     big_a = 0.5 * (r + s)
     b2 = b * b
-    left = b2 / (r + (a + 1.0))
-    a_minus_one = 0.5 * where(a.less(1.0), left + b2 / (s + (1.0 - a)), left + (s + (a - 1.0)))
+    r_sum, s_left, s_right = r + (a + 1.0), s + (1.0 - a), s + (a - 1.0)   # no cancellation on either side of 1
+    left = b2 / r_sum
+    a_minus_one = 0.5 * where(a.less(1.0), left + b2 / s_left, left + s_right)
     im = (a_minus_one + (a_minus_one * (big_a + 1.0)).sqrt()).log1p()
     tiny = 1e-150 if a.n.dtype == dt.float64 else 1e-18   # below it b^2 is no longer a normal float
     im = where(b.less(tiny) & a.less(1.0), b / ((1.0 - a) * (1.0 + a)).sqrt(), im)
     ratio = a / big_a
-    inside = (a / (0.5 * (big_a + a) * (left + (s + (1.0 - a)))).sqrt()).atan()
-    outside = (a / (b * (0.5 * ((big_a + a) / (r + (a + 1.0)) + (big_a + a) / (s + (a - 1.0)))).sqrt())).atan()
+    inside = (a / (0.5 * (big_a + a) * (left + s_left)).sqrt()).atan()
+    outside = (a / (b * (0.5 * ((big_a + a) / r_sum + (big_a + a) / s_right)).sqrt())).atan()
     re = where(ratio.less_equal(0.6417), ratio.asin(), where(a.less_equal(1.0), inside, outside))
     return re, im
 

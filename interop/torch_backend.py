@@ -20,9 +20,9 @@ import torch.fx
 
 import flyarray as fa
 from flyarray import dtypes as dt
-from flyarray.config import eager_rounding_in_effect, eager_rounding_scope
+from flyarray.config import eager_rounding_scope
 from flyarray.ops.checks import ATTENTION_MAX_HEAD_DIM, KERNEL_FLOATS
-from flyarray.ops.linalg import addmm_rounded_once
+from flyarray.ops.linalg import addmm
 
 from . import torch_ops
 
@@ -187,10 +187,8 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
     _same_dtypes("addmm", bias, a, b)
     if bias.dtype.kind in "iub":  # torch converts alpha and beta to an integer result's type (0.5 -> 0)
         beta, alpha = int(beta), int(alpha)
-    if alpha == 1 and beta == 1 and a.dtype in (fa.float16, fa.bfloat16) and eager_rounding_in_effect():
-        # product + bias rounded once, as torch's addmm (mm then add would round twice: an activation or a
-        # residual after a Linear read other values than eager's)
-        return addmm_rounded_once(bias, a, b)
+    if alpha == 1 and beta == 1:   # linalg.addmm: product + bias rounded as torch's addmm rounds them
+        return addmm(bias, a, b)
     if alpha == 0:  # torch does not read the product then: inf and NaN in a or b do not propagate
         y = fa.broadcast_to(fa.zeros_like(a[:, :1]), (a.shape[0], b.shape[1]))
     else:

@@ -197,8 +197,6 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     Every value between the matmul and ``root`` must be used only there (and not held by the
     user): the fused kernel never writes them. Returns whether ``root`` was rewritten.
     """
-    from .. import ir
-
     def private(n):  # a realized node has dropped its inputs: it is a buffer now, never peeled
         return uses.get(n.id, 0) == 1 and n.id not in wanted and not n.realized
 
@@ -257,38 +255,47 @@ def fuse_epilogue(root, uses: dict, wanted: set) -> bool:
     reshaped = reshaped or inner_reshaped
     if mm.dtype.kind != "f" or any(x is not None and x.dtype.kind != "f" for x in (bias, residual)):
         return False
-    if _rounds_as_eager(mm) and (bias is not None or residual is not None or act not in (None, "relu")
+    if _rounds_as_eager(mm.dtype) and (bias is not None or residual is not None or act not in (None, "relu")
                                  or out_dtype != mm.dtype):
         # eager torch rounds a product to 16 bits before an add, an activation or a cast reads it; the fused
         # kernel would keep it in fp32 (720 of 4096 fp16 values differed for relu(a @ b + bias) + r, 1573 for
         # silu(a @ b)). relu commutes with that rounding, so it still fuses. torch's addmm (a Linear) rounds
-        # product + bias once: the torch backend records it as addmm_rounded_once, and its relu fuses there.
+        # product + bias once: the torch backend records it with addmm, and its relu fuses there.
         return False
     a, b = mm.inputs[0].inputs
     extras = tuple(x for x in (bias, residual) if x is not None)
-    lib = ir.Node(MATMUL_EPILOGUE, (a, b) + extras, None, (), out_dtype, root.device)
-    kwargs = dict(activation=act, has_bias=bias is not None, has_residual=residual is not None,
-                  out_dtype=out_dtype.name)
+    _become_fused_gemm(root, (a, b) + extras, reshaped, activation=act, has_bias=bias is not None,
+                       has_residual=residual is not None, out_dtype=out_dtype.name)
+    return True
+
+
+def _become_fused_gemm(root, inputs: tuple, reshaped: bool, **kwargs):
+    """Rewrite ``root`` in place as the output of one fused GEMM call over ``inputs`` (a, b, then bias and
+    residual where the kwargs say so); ``reshaped``: the GEMM's output is viewed as root's shape."""
+    from .. import ir
+    lib = ir.Node(MATMUL_EPILOGUE, inputs, None, (), root.dtype, root.device)
     if reshaped:
         kwargs["out_shape"] = tuple(root.shape)
     lib.params = {"outputs": [root], "kwargs": kwargs}
     root.prim, root.inputs, root.params = ir.OUTPUT, (lib,), 0
-    return True
 
 
-def addmm_rounded_once(bias, x1, x2):
-    """bias + x1 @ x2 (2-D operands; bias broadcasts to the product) as one GEMM that adds the bias in its fp32
-    accumulator and rounds once, as torch's addmm does (cuBLASLt's bias epilogue, CPU BLAS with beta=1), where
-    an mm then an add rounds twice. The torch.compile backend records addmm with it under eager rounding, so an
-    activation or a residual after a Linear reads the value eager torch's reads (a relu still fuses:
-    _relu_into_epilogue)."""
+def addmm(bias, x1, x2):
+    """bias + x1 @ x2 (2-D operands; bias broadcasts to the product) as torch's addmm computes it. Where this
+    evaluation rounds as eager torch does (_rounds_as_eager: the torch.compile backend's regions), one GEMM that
+    adds the bias in its fp32 accumulator and rounds once, as torch's addmm does (cuBLASLt's bias epilogue, CPU
+    BLAS with beta=1), where an mm then an add rounds twice: an activation or a residual after a Linear then
+    reads the value eager torch's reads (a relu still fuses: _relu_into_epilogue). Elsewhere the matmul and the
+    add, which the epilogue fusion joins with whatever follows."""
+    if not _rounds_as_eager(x1.dtype):
+        return matmul(x1, x2) + bias
     return call(MATMUL_EPILOGUE, [x1, x2, bias], activation=None, has_bias=True, has_residual=False,
                 out_dtype=x1.dtype.name)[0]
 
 
 def _relu_into_epilogue(root, private) -> bool:
     """relu([reshape](fused GEMM without activation or residual)) -> the GEMM with relu (relu commutes with the
-    GEMM's rounding: the same values as relu after it, one launch fewer). The GEMM: addmm_rounded_once's."""
+    GEMM's rounding: the same values as relu after it, one launch fewer). The GEMM: addmm's."""
     if not (root.kind == "elementwise" and root.prim.name == "relu"):
         return False
     n, reshaped = root.inputs[0], False
@@ -301,19 +308,15 @@ def _relu_into_epilogue(root, private) -> bool:
     if (kwargs["activation"] is not None or kwargs["has_residual"] or kwargs.get("out_shape") is not None
             or dt.dtype(kwargs["out_dtype"]) != root.dtype):
         return False
-    from .. import ir
-    fused = ir.Node(MATMUL_EPILOGUE, lib.inputs, None, (), root.dtype, root.device)
-    fused.params = {"outputs": [root], "kwargs": dict(kwargs, activation="relu",
-                                                      **({"out_shape": tuple(root.shape)} if reshaped else {}))}
-    root.prim, root.inputs, root.params = ir.OUTPUT, (fused,), 0
+    _become_fused_gemm(root, lib.inputs, reshaped, **dict(kwargs, activation="relu"))
     return True
 
 
-def _rounds_as_eager(mm) -> bool:
+def _rounds_as_eager(dtype) -> bool:
     """Whether this evaluation rounds 16-bit intermediates as eager torch does (config.eager_rounding_scope,
-    FLYARRAY_EAGER_ROUNDING, the torch.compile backend's regions) and the product is one."""
+    FLYARRAY_EAGER_ROUNDING, the torch.compile backend's regions) and a product of ``dtype`` is one."""
     from .. import config
-    return mm.dtype in (dt.float16, dt.bfloat16) and config.eager_rounding_in_effect()
+    return dtype in (dt.float16, dt.bfloat16) and config.eager_rounding_in_effect()
 
 
 def _is_reshape(n) -> bool:
