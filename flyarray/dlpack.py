@@ -98,7 +98,8 @@ def check_dl_device(dl_device):
 
 def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=None):
     tensor = array._tensor()
-    if copy is False and array._copied_view(tensor):
+    copied = array._copied_view(tensor)
+    if copy is False and copied:
         raise BufferError("copy=False, but this view has no memory of its own (DLPack has no strides for it, "
                           "e.g. a flip): exporting it needs a copy")
     if dl_device is not None and tuple(dl_device) != tuple(dlpack_device(tensor)):
@@ -107,10 +108,25 @@ def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=
                               f"{tensor.device}")
         if dl_device[0] != 1:  # kDLCPU = 1
             raise BufferError(f"cannot export to DLPack device {dl_device}")
-        tensor, copy = tensor.cpu(), False
+        tensor, copy, copied = tensor.cpu(), False, True
     if copy:
-        tensor = tensor.clone()
-    return buffer_capsule(tensor, stream, max_version)
+        tensor, copied = tensor.clone(), True
+    capsule = buffer_capsule(tensor, stream, max_version)
+    if copied:
+        _mark_copied(capsule)
+    return capsule
+
+
+_IS_COPIED = 1 << 1   # DLPACK_FLAG_BITMASK_IS_COPIED (DLPack 1.0)
+
+
+def _mark_copied(capsule) -> None:
+    """Set a versioned capsule's IS_COPIED flag: the consumer owns this memory alone and may write it (torch
+    makes its capsules with no flags). An unversioned capsule has no flags to set."""
+    if _capsule_is_valid(capsule, b"dltensor_versioned"):
+        # DLManagedTensorVersioned: version (8 bytes), manager_ctx, deleter, then uint64 flags at byte 24
+        flags = ctypes.c_uint64.from_address(_capsule_pointer(capsule, b"dltensor_versioned") + 24)
+        flags.value |= _IS_COPIED
 
 
 # ---- DLPack in, from producers other than numpy and torch ----------------------------------------------------

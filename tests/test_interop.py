@@ -1,4 +1,6 @@
 """Zero-copy interop: torch and numpy in and out through DLPack keep the same memory."""
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -126,6 +128,31 @@ def test_dlpack_protocol_arguments(backend):
     x.__dlpack__(max_version=(1, 0))
     copied = torch.from_dlpack(x.__dlpack__(copy=True))
     assert copied.data_ptr() != torch.from_dlpack(x).data_ptr()
+
+
+def _capsule_flags(capsule) -> int:
+    from flyarray import dlpack
+    return ctypes.c_uint64.from_address(dlpack._capsule_pointer(capsule, b"dltensor_versioned") + 24).value
+
+
+def test_versioned_capsules_say_whether_they_are_copies(backend):
+    """DLPack 1.0's IS_COPIED flag (bit 1) tells the consumer the memory is its own to write: set on every
+    export that copies (copy=True, a view with no strides of its own, a move to the CPU), never on a shared one."""
+    t = torch.arange(12.0).reshape(3, 4)
+    x = fa.eval(fa.asarray(t) * 2)
+    shared = x.__dlpack__(max_version=(1, 0))
+    assert _capsule_flags(shared) & 2 == 0
+    assert torch.from_dlpack(shared).data_ptr() == x.torch().data_ptr()
+    assert _capsule_flags(x.__dlpack__(max_version=(1, 0), copy=True)) & 2
+    flipped = fa.flip(x, axis=0)
+    capsule = flipped.__dlpack__(max_version=(1, 0))
+    assert _capsule_flags(capsule) & 2
+    assert torch.equal(torch.from_dlpack(capsule), (t * 2).flip(0))
+    assert _capsule_flags(fa.asarray(t).__dlpack__(max_version=(1, 0), dl_device=(1, 0))) & 2 == 0
+    if torch.cuda.is_available():
+        on_gpu = fa.asarray(t.cuda())
+        assert _capsule_flags(on_gpu.__dlpack__(max_version=(1, 0), dl_device=(1, 0))) & 2
+        assert _capsule_flags(on_gpu.__dlpack__(max_version=(1, 0))) & 2 == 0
 
 
 def test_copy_false_refuses_every_export_and_import_that_must_copy(backend):
