@@ -72,6 +72,19 @@ def test_unstack_meshgrid_diff():
     assert_matches(fa.diff(fa.asarray(b)), np.diff(b))
 
 
+def test_diff_spreads_scalar_edges_as_numpy_and_names_a_misfit():
+    """prepend/append may be scalars (Python: weak; numpy or 0-d: their dtype), spread over x's shape with length 1
+    along the axis, as numpy's; an array that does not fit is refused in diff's words, not concat's."""
+    x = np.array([[1, 2, 5], [9, 7, 9]], np.float32)
+    for kw in (dict(prepend=0.0), dict(append=3), dict(prepend=np.float32(-1)), dict(prepend=np.array(2.0, np.float32)),
+               dict(axis=0, prepend=1, append=x[:1]), dict(n=2, prepend=0, append=1)):
+        assert_matches(fa.diff(fa.asarray(x), **kw), np.diff(x, **kw).astype(np.float32))
+    with pytest.raises(ValueError, match="diff: append of shape"):
+        fa.diff(fa.asarray(x), append=np.zeros((3, 3), np.float32))
+    with pytest.raises(TypeError, match="diff: prepend"):
+        fa.diff(fa.asarray(x), prepend="a")
+
+
 @pytest.mark.parametrize("width", [1, (1, 2), ((1, 0), (2, 3))])
 def test_pad(width):
     assert_matches(fa.pad(fa.asarray(X), width, constant_values=7.0), np.pad(X, width, constant_values=7.0))

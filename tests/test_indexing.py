@@ -514,3 +514,15 @@ def test_take_fill_mode_and_nested_list_keys_as_jax(backend):
     assert x.at[[[5], [3]]].add(10.0, mode="drop").tolist() == [0.0, 1.0, 2.0, 13.0, 4.0]
     with pytest.raises(ValueError, match="fill_value is used with mode='fill' only"):
         fa.take(x, [0], fill_value=1.0)
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (3, 0, 2)])
+def test_gradients_of_gathers_from_arrays_with_an_empty_trailing_axis(backend, shape):
+    """The gradient of x[idx] and take scatters rows of zero elements: zeros of x's shape (the scatter's reshape
+    to (-1, 0) was ambiguous to torch)."""
+    x = fa.asarray(np.zeros(shape, np.float32))
+    for f in (lambda x: fa.sum(x[np.array([0, 1])]),
+              lambda x: fa.sum(fa.take(x, fa.asarray(np.array([], np.int64)), axis=0)),
+              lambda x: fa.sum(fa.take(x, fa.asarray(np.array([2, 2])), axis=0))):
+        g = fa.grad(f)(x)
+        assert g.shape == shape and g.dtype == fa.float32

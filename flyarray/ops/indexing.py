@@ -65,7 +65,7 @@ def _scatter_torch(z, idx, v, *, mode):
     out = torch.cat([z, z.new_zeros((1,) + tuple(z.shape[1:]))])
     idx = idx.reshape(-1).long()
     idx = torch.where((idx >= 0) & (idx < n), idx, n)
-    v = v.reshape((-1,) + tuple(z.shape[1:]))
+    v = v.reshape((idx.numel(),) + tuple(z.shape[1:]))   # not -1: a zero-size row leaves -1 undecided
     as_bool = out.dtype == torch.bool and mode != "set"
     if as_bool:  # torch reduces no bools: or/and/min/max through uint8
         out, v = out.to(torch.uint8), v.to(torch.uint8)

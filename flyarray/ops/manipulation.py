@@ -445,9 +445,31 @@ def meshgrid(*arrays, indexing="xy") -> list:
     return out
 
 
+def _diff_edge(p, x, axis, name):
+    """diff's ``prepend``/``append`` as numpy takes them: an array of x's shape but along ``axis``, or a scalar
+    (Python, numpy, 0-d) spread over x's shape with length 1 along ``axis``."""
+    from .. import dtypes as dt
+    from .core import as_array, constant
+    if p is None:
+        return None
+    shape = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+    if isinstance(p, (bool, int, float, complex)):   # weak, as in x - p
+        return Array(constant(p, shape, dt.result_type(x.dtype, p), x.device))
+    p = as_array(p, x.device)
+    if not isinstance(p, Array):
+        raise TypeError(f"diff: {name} must be an array or a scalar, got {type(p).__name__}")
+    if p.ndim == 0:
+        return broadcast_to(p, shape)
+    if p.ndim != x.ndim or p.shape[:axis] + p.shape[axis + 1:] != x.shape[:axis] + x.shape[axis + 1:]:
+        raise ValueError(f"diff: {name} of shape {p.shape} does not fit x of shape {x.shape} along axis {axis} "
+                         "(it must match x's shape on every other axis, or be a scalar)")
+    return p
+
+
 def diff(x, /, *, axis=-1, n=1, prepend=None, append=None) -> Array:
     """The ``n``-th discrete difference ``x[1:] - x[:-1]`` along ``axis``, after joining ``prepend`` and
-    ``append`` (arrays); bool inputs give ``!=`` (numpy's rule). Lazy views and one elementwise op per order."""
+    ``append`` (arrays of x's shape but along ``axis``, or scalars, spread as numpy does); bool inputs give
+    ``!=`` (numpy's rule). Lazy views and one elementwise op per order."""
     from .elementwise import not_equal, subtract
     node = node_of(x)
     if not node.shape:
@@ -456,7 +478,8 @@ def diff(x, /, *, axis=-1, n=1, prepend=None, append=None) -> Array:
     n = views.as_int(n, "diff: n")
     if n < 0:
         raise ValueError(f"diff: n must be non-negative, got {n}")
-    parts = [p for p in (prepend, x, append) if p is not None]
+    edges = [_diff_edge(p, x, axis, name) for p, name in ((prepend, "prepend"), (append, "append"))]
+    parts = [p for p in (edges[0], x, edges[1]) if p is not None]
     out = concat(parts, axis=axis) if len(parts) > 1 else x
     lead = (slice(None),) * axis
     for _ in range(n):
