@@ -291,6 +291,9 @@ class Array:
             value = torch.empty(self.shape, dtype=self.dtype.torch, device="meta")
         else:
             value = self._values().detach().cpu().resolve_conj().resolve_neg().contiguous().clone()
+        carrier = _PICKLED_AS.get(value.dtype)
+        if carrier is not None:   # torch pickles these but cannot unpickle them: their bits travel as ints
+            return (_unpickle, (value.view(carrier), str(self._node.device), str(value.dtype).split(".")[-1]))
         return (_unpickle, (value, str(self._node.device)))
 
     def __delitem__(self, key):
@@ -418,16 +421,25 @@ def _printable(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _unpickle(value: torch.Tensor, device: str) -> "Array":
-    """pickle's rebuild of an Array (``Array.__reduce__``): on ``device`` where this process has it."""
+def _unpickle(value: torch.Tensor, device: str, dtype: str | None = None) -> "Array":
+    """pickle's rebuild of an Array (``Array.__reduce__``): on ``device`` where this process has it; ``dtype``:
+    the torch dtype name whose bits ``value`` carries (see _PICKLED_AS)."""
     from .ops.creation import _available
     from .runtime import default_device
+    if dtype is not None:
+        value = value.view(getattr(torch, dtype))
     try:
         target = _available(torch.device(device), device)
     except ValueError:   # pickled on a GPU this process lacks: the default device, as JAX does
         target = default_device()
     return _ops().asarray(value, device=target)
 
+
+# dtypes torch 2.x pickles but cannot unpickle ("UntypedStorage has no attribute dtype"): the same bits as ints
+_PICKLED_AS = {getattr(torch, name): carrier for name, carrier in (
+    ("uint16", torch.int16), ("uint32", torch.int32), ("uint64", torch.int64), ("float8_e4m3fn", torch.uint8),
+    ("float8_e5m2", torch.uint8), ("float8_e4m3fnuz", torch.uint8), ("float8_e5m2fnuz", torch.uint8),
+    ("float8_e8m0fnu", torch.uint8)) if hasattr(torch, name)}
 
 _OPS = None
 _PLAN = None

@@ -49,6 +49,19 @@ def test_deepcopy_has_memory_of_its_own_pickle_holds_only_the_view(backend):
     assert pickle.loads(pickle.dumps(x[5:6])).tolist() == [5.0]
 
 
+@pytest.mark.parametrize("name", ["uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "uint8", "bfloat16"])
+def test_every_dtype_unpickles_bit_for_bit(backend, name):
+    """torch pickles uint16/32/64 and float8 tensors but cannot load them back ("UntypedStorage has no attribute
+    dtype"): a pickled array of those loaded as an AttributeError. Their bits now travel as ints."""
+    d = getattr(fa, name)
+    x = fa.asarray(np.array([0, 1, 2, 100], np.float32)).astype(d)
+    if name.startswith("uint"):
+        x = fa.concat([x, fa.full((1,), np.iinfo(name).max, dtype=d)])
+    y = pickle.loads(pickle.dumps(x))
+    assert y.dtype is d and y.shape == x.shape
+    assert torch.equal(y.torch().view(torch.uint8), x.torch().view(torch.uint8))
+
+
 def test_pickle_of_a_meta_array_keeps_shape_and_dtype():
     with _meta():
         x = fa.zeros((2, 3), dtype=fa.float16) + 1
