@@ -140,3 +140,16 @@ def test_repr_prints_the_shortest_digits_as_numpy(backend):
     assert repr(fa.asarray(torch.tensor([0.1], dtype=torch.bfloat16))) == "Array([0.100098], dtype=bfloat16)"
     assert repr(fa.asarray(np.array([1 + 2j], dtype=np.complex64))) == "Array([1.+2.j], dtype=complex64)"
     assert repr(fa.asarray(np.uint64([2**64 - 1]))) == "Array([18446744073709551615], dtype=uint64)"
+
+
+def test_asarray_stacks_lists_of_numpy_arrays_as_numpy_does(backend):
+    """torch.tensor cannot read 0-d numpy arrays ("len() of unsized object" leaked) and warns on others: a list
+    holding numpy arrays is numpy's stack, dtype included."""
+    for obj in ([np.array(1.), np.array(2.)], [np.array(1), 2], [[np.array(1)], [np.array(2)]],
+                [np.array([1, 2], np.int16), np.array([3, 4], np.int16)], (np.float32(1), np.array(2, np.float32))):
+        got, want = fa.asarray(obj), np.asarray(obj)
+        assert got.dtype is getattr(fa, want.dtype.name) and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), want)
+    assert fa.asarray([np.array(1.), np.array(2.)], dtype=fa.float16).dtype is fa.float16
+    with pytest.raises(TypeError, match="inhomogeneous|different shapes"):
+        fa.asarray([np.array([1, 2]), np.array([1])])

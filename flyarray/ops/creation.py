@@ -81,9 +81,12 @@ def asarray(obj, dtype=None, device=None, copy=None) -> Array:
                 raise CopyRefused(f"copy=False, but dtype {out.dtype} differs from {target_dtype}")
             return astype(out, target_dtype)
         return astype(out, out.dtype, copy=True) if copy else out
-    if isinstance(obj, (list, tuple)) and _holds_arrays(obj):
+    held = _held_arrays(obj) if isinstance(obj, (list, tuple)) else None
+    if held == "arrays":
         return _stacked(obj, dtype, device, copy)
-    tensor = _to_tensor(obj, target_dtype, copy)
+    # numpy arrays in a list (0-d ones too, which torch.tensor cannot read): numpy stacks them, as its asarray does
+    tensor = _to_tensor(obj, target_dtype, copy) if held is None else \
+        _from_numpy(_copied(obj, copy, lambda: _numpy_stack(obj)), True)
     if device is None and _python_data(obj):
         device = _device(None)  # Python numbers and lists have no device: the default one (the array API's rule)
     if device is not None and tensor.device != _device(device):
@@ -111,10 +114,28 @@ def _python_data(obj) -> bool:
     return isinstance(obj, (bool, numbers.Number, list, tuple)) and not isinstance(obj, np.generic)
 
 
-def _holds_arrays(obj) -> bool:
-    """Whether a (nested) list holds fa arrays or torch tensors, which torch.tensor cannot take."""
-    return any(isinstance(e, (Array, torch.Tensor)) or (isinstance(e, (list, tuple)) and _holds_arrays(e))
-               for e in obj)
+def _held_arrays(obj):
+    """What a (nested) list holds that torch.tensor cannot take: "arrays" (fa arrays or torch tensors: stacked
+    lazily), "numpy" (numpy arrays only: numpy stacks them), or None (numbers). One pass over the elements."""
+    found = None
+    for e in obj:
+        if isinstance(e, (Array, torch.Tensor)):
+            return "arrays"
+        if isinstance(e, np.ndarray):
+            found = "numpy"
+        elif isinstance(e, (list, tuple)):
+            inner = _held_arrays(e)
+            if inner == "arrays":
+                return inner
+            found = found or inner
+    return found
+
+
+def _numpy_stack(obj):
+    arr = np.asarray(obj)
+    if arr.dtype == object:
+        raise TypeError("a list of numpy arrays of different shapes (numpy would make an object array)")
+    return arr
 
 
 def _stacked(obj, dtype, device, copy):
