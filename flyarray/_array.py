@@ -166,7 +166,10 @@ class Array:
         if copy:
             return arr.copy()
         arr = arr.view()  # a read-only window on the buffer: writing would change an immutable array
-        arr.flags.writeable = False
+        link = arr
+        while isinstance(link, np.ndarray):   # the bases too: numpy lets a view be made writable again while
+            link.flags.writeable = False       # its base is (and x.base would be writable itself)
+            link = link.base
         return arr
 
     def _copied_view(self, t: torch.Tensor) -> bool:

@@ -153,3 +153,20 @@ def test_asarray_stacks_lists_of_numpy_arrays_as_numpy_does(backend):
     assert fa.asarray([np.array(1.), np.array(2.)], dtype=fa.float16).dtype is fa.float16
     with pytest.raises(TypeError, match="inhomogeneous|different shapes"):
         fa.asarray([np.array([1, 2]), np.array([1])])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_numpy_views_cannot_be_made_writable_again(backend, dtype):
+    """np.asarray(x) is read-only, and so is every array under it: a view's flag could be set back to writable
+    while its base was, and a write then changed x and every reference to it. The caller's own numpy array,
+    which x shares, stays writable."""
+    src = np.arange(4, dtype=np.float32)
+    x = fa.asarray(src).astype(getattr(fa, dtype))
+    view = np.asarray(x)
+    link = view
+    while isinstance(link, np.ndarray):
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            link.setflags(write=True)
+        link = link.base
+    assert src.flags.writeable
+    np.testing.assert_array_equal(np.asarray(x).astype(np.float32), src)
