@@ -544,6 +544,31 @@ for _dunder, _fn in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"), (
 _POW = Array.__pow__
 
 
+def _in_place(dunder, symbol):
+    """``x op= y``: ``x = x op y`` (arrays are immutable: x is rebound, no other reference changes), refused
+    where the result's dtype or shape differs from x's (the array API: an in-place operation keeps both), before
+    anything is recorded past the checks. numpy refuses these too; without this, int32 ``x += 1.5`` made x float32."""
+    def method(self, other):
+        out = getattr(self, dunder)(other)
+        if out is NotImplemented:
+            return out
+        if out.dtype is not self.dtype:
+            raise TypeError(f"x {symbol}= y: x is {self.dtype} but x {symbol} y is {out.dtype}, and an in-place "
+                            f"operator keeps x's dtype (the array API); write x = x {symbol} y")
+        if out.shape != self.shape:
+            raise ValueError(f"x {symbol}= y: x has shape {self.shape} but x {symbol} y has {out.shape}, and an "
+                             f"in-place operator keeps x's shape (the array API); write x = x {symbol} y")
+        return out
+    method.__name__ = f"__i{dunder[2:]}"
+    return method
+
+
+for _dunder, _symbol in [("add", "+"), ("sub", "-"), ("mul", "*"), ("truediv", "/"), ("floordiv", "//"),
+                         ("mod", "%"), ("pow", "**"), ("and", "&"), ("or", "|"), ("xor", "^"), ("lshift", "<<"),
+                         ("rshift", ">>"), ("matmul", "@")]:
+    setattr(Array, f"__i{_dunder}__", _in_place(f"__{_dunder}__", _symbol))
+
+
 def _pow(self, other, modulo=None):
     if modulo is not None:
         raise TypeError("pow(x, y, modulo): a modulus is not supported; use (x ** y) % modulo")

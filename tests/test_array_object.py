@@ -170,3 +170,29 @@ def test_numpy_views_cannot_be_made_writable_again(backend, dtype):
         link = link.base
     assert src.flags.writeable
     np.testing.assert_array_equal(np.asarray(x).astype(np.float32), src)
+
+
+def test_in_place_operators_rebind_and_keep_dtype_and_shape(backend):
+    """x op= y rebinds x to x op y (other references keep the old value) and, as the array API says, must not
+    change x's dtype or shape: int32 `x += 1.5` made x float32, a (2,) `x += ones((2, 1))` made it (2, 2)."""
+    x = fa.asarray(np.array([5, 6], np.int32))
+    y = x
+    x += 1
+    x *= 2
+    x //= 3
+    x <<= 1
+    assert x.dtype is fa.int32 and np.asarray(x).tolist() == [8, 8] and np.asarray(y).tolist() == [5, 6]
+    with pytest.raises(TypeError, match=r"x \+= y: x is .*int32 but x \+ y is .*float32"):
+        x += 1.5
+    with pytest.raises(TypeError, match="x /= y"):
+        x /= 2
+    z = fa.ones((2,))
+    with pytest.raises(ValueError, match=r"x \+= y: x has shape \(2,\) but x \+ y has \(2, 2\)"):
+        z += fa.ones((2, 1))
+    m = fa.ones((2, 2))
+    m @= fa.eye(2)
+    m **= 2
+    assert m.shape == (2, 2) and np.asarray(m).tolist() == [[1, 1], [1, 1]]
+    with pytest.raises(ValueError, match="x @= y"):
+        m @= fa.ones((2, 3))
+    assert np.asarray(x).tolist() == [8, 8] and z.shape == (2,)
