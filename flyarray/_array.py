@@ -196,6 +196,8 @@ class Array:
             buffer = self._node.buffer
             if buffer is None or buffer.device.type == "meta":
                 buffer = self._values()
+                if max_version is not None and self._copied_view(buffer):   # a flip's values: memory of its own
+                    return _dlpack.mark_copied(_dlpack.buffer_capsule(buffer, stream, max_version))
             return _dlpack.buffer_capsule(buffer, stream, max_version)
         from .ops.creation import check_copy
         _dlpack.check_dl_device(dl_device)

@@ -112,21 +112,20 @@ def export_dlpack(array, *, stream=None, max_version=None, dl_device=None, copy=
     if copy:
         tensor, copied = tensor.clone(), True
     capsule = buffer_capsule(tensor, stream, max_version)
-    if copied:
-        _mark_copied(capsule)
-    return capsule
+    return mark_copied(capsule) if copied else capsule
 
 
 _IS_COPIED = 1 << 1   # DLPACK_FLAG_BITMASK_IS_COPIED (DLPack 1.0)
 
 
-def _mark_copied(capsule) -> None:
-    """Set a versioned capsule's IS_COPIED flag: the consumer owns this memory alone and may write it (torch
-    makes its capsules with no flags). An unversioned capsule has no flags to set."""
+def mark_copied(capsule):
+    """``capsule`` with its IS_COPIED flag set if it is versioned: the consumer owns this memory alone and may
+    write it (torch makes its capsules with no flags). An unversioned capsule has no flags to set."""
     if _capsule_is_valid(capsule, b"dltensor_versioned"):
         # DLManagedTensorVersioned: version (8 bytes), manager_ctx, deleter, then uint64 flags at byte 24
         flags = ctypes.c_uint64.from_address(_capsule_pointer(capsule, b"dltensor_versioned") + 24)
         flags.value |= _IS_COPIED
+    return capsule
 
 
 # ---- DLPack in, from producers other than numpy and torch ----------------------------------------------------

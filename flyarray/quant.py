@@ -14,6 +14,8 @@ from .ops import accepting_arrays
 from .ops.library import Library, call
 from .views import normalize_axis as _normalize_axis
 
+__all__ = ["mx_dequantize", "mx_quantize", "quantize_linear_weights"]
+
 BLOCK_SIZE = 32
 
 

@@ -13,7 +13,7 @@ def _is_dtype(obj):
 
 def _public(namespace):
     """(qualified name, object) for each public function or class that ``namespace`` exposes."""
-    for name in sorted(dir(namespace)):
+    for name in sorted(getattr(namespace, "__all__", None) or dir(namespace)):   # __all__: what it exports
         if name.startswith("_"):
             continue
         obj = getattr(namespace, name)

@@ -155,6 +155,32 @@ def test_versioned_capsules_say_whether_they_are_copies(backend):
         assert _capsule_flags(on_gpu.__dlpack__(max_version=(1, 0))) & 2 == 0
 
 
+class _Producer:
+    """A DLPack producer that is neither numpy nor torch nor fa (as JAX or CuPy would be)."""
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_from_dlpack_hands_copy_to_other_producers(backend):
+    """copy=False reaches a third-party producer, which refuses what it cannot export without copying (a flip):
+    it used to be taken silently as a copy; copy=True gets memory of its own, copied once."""
+    flipped = fa.flip(fa.asarray(torch.arange(4.0)) + 1, axis=0)
+    with pytest.raises(BufferError):
+        fa.from_dlpack(_Producer(flipped), copy=False)
+    base = fa.eval(fa.asarray(torch.arange(4.0)) * 2)
+    shared = fa.from_dlpack(_Producer(base), copy=False)
+    assert shared.torch().data_ptr() == base.torch().data_ptr()
+    own = fa.from_dlpack(_Producer(base), copy=True)
+    assert own.torch().data_ptr() != base.torch().data_ptr() and own.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert fa.from_dlpack(_Producer(flipped)).tolist() == [4.0, 3.0, 2.0, 1.0]
+
+
 def test_copy_false_refuses_every_export_and_import_that_must_copy(backend):
     """copy=False means no copy or an error (DLPack, __dlpack__ and from_dlpack: BufferError, as the array API
     says; numpy: ValueError), never a

@@ -14,7 +14,7 @@ NAMESPACES = [("fa", ""), ("fa.nn", "nn"), ("fa.quant", "quant"), ("fa.random", 
 
 def _public(namespace):
     import flyarray as fa
-    for name in sorted(dir(namespace)):
+    for name in sorted(getattr(namespace, "__all__", None) or dir(namespace)):   # __all__: what it exports
         obj = getattr(namespace, name)
         if name.startswith("_") or isinstance(obj, (types.ModuleType, fa.DType)) or not callable(obj):
             continue

@@ -1,6 +1,7 @@
 """Making arrays: from other libraries (zero copy through DLPack) and from nothing."""
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 
@@ -291,6 +292,10 @@ def from_dlpack(x, /, *, device=None, copy=None) -> Array:
         raise BufferError(f"from_dlpack: {exc}") from None
 
 
+# torch >= 2.8's from_dlpack hands copy= to the producer's __dlpack__
+_TORCH_PASSES_COPY = "copy" in inspect.signature(torch.from_dlpack).parameters
+
+
 def _from_dlpack(x, device, copy) -> Array:
     if isinstance(x, Array):
         return asarray(x, device=device, copy=copy)
@@ -304,7 +309,12 @@ def _from_dlpack(x, device, copy) -> Array:
         t = _plain_tensor(x, copy)
         copy = copy and not resolved  # resolving made the copy already
     elif not _dlpack.has_negative_strides(x):   # another producer (JAX, CuPy, array_api_strict): torch's consumer
-        t = torch.from_dlpack(x)
+        if copy is not None and _TORCH_PASSES_COPY:   # the producer's own copy or refusal (BufferError: a view it
+            t, copy = torch.from_dlpack(x, copy=copy), False   # cannot export without copying)
+        else:
+            if copy is False:   # an older torch cannot pass copy=False on: ask the producer first
+                x.__dlpack__(copy=False)
+            t = torch.from_dlpack(x)
     else:   # which would abort the process on negative strides (dlpack.py): numpy's takes them on the CPU
         arr = _dlpack.numpy_of_cpu_producer(x)
         if arr is None:

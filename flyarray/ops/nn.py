@@ -170,3 +170,7 @@ LAYER_NORM = Composite("layer_norm", expansion(_layer_norm))
 
 
 from .library_ops import dot_product_attention, long_row_softmax, scaled_matmul, softmax_top_k  # noqa: E402,F401
+
+# fa.nn's public names (the API reference and `from flyarray.nn import *`); the rest are this module's helpers
+__all__ = ["dot_product_attention", "gelu", "layer_norm", "log_softmax", "long_row_softmax", "relu", "rms_norm",
+           "scaled_matmul", "silu", "softmax", "softmax_top_k"]
