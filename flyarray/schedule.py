@@ -385,14 +385,14 @@ class _Scheduler:
         return self.memos
 
     def _reachable_reductions(self, root) -> tuple:
-        """Reductions that ``root`` computes through elementwise ops and views, in depth-first order
-        (a root already planned, a concat part, is looked through all the same)."""
+        """Reductions that ``root`` computes through elementwise ops and views, in depth-first order, the first
+        of each kind only (see _kinds_of) (a root already planned, a concat part, is looked through all the same)."""
         if not self.is_available(root):
             return self._reachable(root)
         if root.kind == "reduce":
             return (root,)
         if root.kind in ("elementwise", "view"):
-            return tuple(dict.fromkeys(r for i in root.inputs for r in self._reachable(i)))
+            return _kinds_of(r for i in root.inputs for r in self._reachable(i))
         return ()
 
     def _reachable(self, node) -> tuple:
@@ -412,7 +412,7 @@ class _Scheduler:
                 if pending:
                     stack.extend(pending)
                     continue
-                found = tuple(dict.fromkeys(r for i in n.inputs for r in memo[i.id]))
+                found = _kinds_of(r for i in n.inputs for r in memo[i.id])
             else:
                 found = ()
             stack.pop()
@@ -478,6 +478,16 @@ MAX_PUSHED_CHAIN = 96
 
 def _too_long_to_push(node, chain) -> bool:
     return len(chain) > MAX_PUSHED_CHAIN and views.apply_all(View.contiguous(node.shape), chain) is not None
+
+
+def _kinds_of(reductions) -> tuple:
+    """The first reduction of each kind in ``reductions``, in order. A kind is what domain_of reads of one (the
+    shape it reduces, its axes, its result's shape): a later one of a kind would give the same answer. All of them
+    made the memo quadratic: in a chain y = y - mean(y) node i reaches i reductions, all of one kind."""
+    first = {}
+    for r in reductions:
+        first.setdefault((r.inputs[0].shape, r.params, r.shape), r)
+    return tuple(first.values())
 
 
 def _worth_a_row_kernel(full, keep) -> bool:
