@@ -206,7 +206,17 @@ class Plan:
         return slots
 
     def bind(self, walk: Walk, slots: list):
-        """Hand every computed buffer to its node, then drop the graph above it."""
+        """Hand every computed buffer to its node, then drop the graph above it. All or nothing: a Ctrl-C between
+        two stores finishes them before it propagates (every store is idempotent), since one output of a
+        multi-output op bound while its sibling is not made the next evaluation read the bound one as a buffer
+        its plan did not know (rms_norm's residual sum: KeyError)."""
+        try:
+            self._bind(walk, slots)
+        except BaseException:
+            self._bind(walk, slots)
+            raise
+
+    def _bind(self, walk: Walk, slots: list):
         nodes = walk.nodes
         for bind in self.binds:
             if len(bind) == 2:
