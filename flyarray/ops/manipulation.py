@@ -53,9 +53,14 @@ def _infer_minus_one(old, shape):
     return shape
 
 
+_TRANSPOSE = (('permute', (1, 0)),)
+
+
 def permute_dims(x, axes) -> Array:
     """``x`` with its axes reordered by the permutation ``axes`` (numpy's transpose); a view, any dtype."""
     node = node_of(x)
+    if axes == (1, 0) and len(node.shape) == 2:   # x.T, checked already: the common case, first
+        return movement(x, _TRANSPOSE, node.shape[::-1])
     axes = tuple(views.normalize_axis(a, len(node.shape), "permute_dims: axis")
                  for a in views.axis_tuple(axes, "permute_dims: axes"))
     if sorted(axes) != list(range(len(node.shape))):
