@@ -83,7 +83,8 @@ def eval(*arrays):
 
 def clear_caches():
     """Empty the in-memory caches (plans, generated sources, loaded kernels, the hand-written kernels'
-    launch plans) and re-read the FLYARRAY_* switches that evaluations consult. The disk cache stays."""
+    launch plans, the tuned configs read from disk) and re-read the FLYARRAY_* switches that evaluations
+    consult. The disk cache stays."""
     import sys
     from . import codegen, diskcache, plan, runtime
     plan.clear()
@@ -92,6 +93,9 @@ def clear_caches():
     launching = sys.modules.get(__name__ + ".kernels._triton")
     if launching is not None:  # imported by the first hand-written kernel: nothing to empty before
         launching.clear_launch_caches()
+    tuned = sys.modules.get(__name__ + ".kernels.tuning")
+    if tuned is not None:   # the tuned configs read from disk: read again (the directory may have changed)
+        tuned._memory.clear()
     diskcache.forget_modules("_interpret")  # the interpreter's kernels (the GPU's keep their modules loaded)
     plan.refresh_settings()
     runtime.refresh_settings()

@@ -36,20 +36,36 @@ def cache_dir() -> pathlib.Path:
     return base / f"v{CACHE_VERSION}"
 
 
+_OFF, _ON = ("", "0", "false", "off", "no"), ("1", "true", "on", "yes")
+
+
+def switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: 1/true/on/yes or 0/false/off/no (any case; empty: off), ``default``
+    when unset. Anything else is a ValueError naming it: "false" used to read as on."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _OFF or value in _ON:
+        return value in _ON
+    raise ValueError(f"{name}={raw!r}: expected 1/true/on/yes or 0/false/off/no")
+
+
 def log_level() -> int:
-    try:
-        return int(os.environ.get("FLYARRAY_LOG", "0") or 0)
-    except ValueError:
-        return 0
+    """FLYARRAY_LOG: 0 (default), 1 or 2."""
+    raw = os.environ.get("FLYARRAY_LOG", "").strip()
+    if raw in ("", "0", "1", "2"):
+        return int(raw or 0)
+    raise ValueError(f"FLYARRAY_LOG={raw!r}: expected 0, 1 (each compile and launch) or 2 (also the Triton source)")
 
 
 def check_mode() -> bool:
-    return os.environ.get("FLYARRAY_CHECK", "") not in ("", "0")
+    return switch("FLYARRAY_CHECK", False)
 
 
 def eager_rounding() -> bool:
     """FLYARRAY_EAGER_ROUNDING: the process-wide default (off), which ``eager_rounding_scope`` overrides."""
-    return os.environ.get("FLYARRAY_EAGER_ROUNDING", "") not in ("", "0")
+    return switch("FLYARRAY_EAGER_ROUNDING", False)
 
 
 _forced_eager_rounding = contextvars.ContextVar("flyarray_eager_rounding", default=None)
@@ -90,6 +106,8 @@ def eager_rounding_scope(on: bool = True):
     float32 (not ``on``), whatever FLYARRAY_EAGER_ROUNDING says. The choice is part of every plan's key
     (plan.settings) and of fa.jit's trace key, so plans built inside and outside never mix; a context
     variable, so other threads keep their own."""
+    if not isinstance(on, (bool, int)):   # bool("off") is True
+        raise TypeError(f"eager_rounding_scope: on must be a bool, got {on!r}")
     token = _forced_eager_rounding.set(bool(on))
     try:
         yield
@@ -98,20 +116,20 @@ def eager_rounding_scope(on: bool = True):
 
 
 def plan_check() -> bool:
-    return os.environ.get("FLYARRAY_PLAN_CHECK", "") not in ("", "0")
+    return switch("FLYARRAY_PLAN_CHECK", False)
 
 
 def cuda_graphs() -> bool:
     """FLYARRAY_CUDA_GRAPHS=0 turns fa.jit's graph replay off process-wide (on by default)."""
-    return os.environ.get("FLYARRAY_CUDA_GRAPHS", "1") not in ("", "0")
+    return switch("FLYARRAY_CUDA_GRAPHS", True)
 
 
 def gemm_warp_specialized() -> bool:
     """16-bit square GEMMs on sm_90 take gemm_hopper's warp-specialized kernel (on by default since the
     twenty-first session's H100 run, docs/benchmarks.md); FLYARRAY_GEMM_WS=0 keeps the Triton GEMM."""
-    return os.environ.get("FLYARRAY_GEMM_WS", "1") not in ("", "0")
+    return switch("FLYARRAY_GEMM_WS", True)
 
 
 def precompile() -> bool:
     """FLYARRAY_PRECOMPILE=0 turns the background compiles of a new plan's kernels off (on by default)."""
-    return os.environ.get("FLYARRAY_PRECOMPILE", "1") not in ("", "0")
+    return switch("FLYARRAY_PRECOMPILE", True)

@@ -260,7 +260,8 @@ _EXACT_REMAINDER_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bf
 def _exact_remainder(a, b):
     t = a if isinstance(a, torch.Tensor) else b
     wide = torch.float64 if t.dtype == torch.float64 else torch.float32
-    a, b = torch.broadcast_tensors(torch.as_tensor(a, dtype=wide), torch.as_tensor(b, dtype=wide))
+    a, b = torch.broadcast_tensors(torch.as_tensor(a, dtype=wide, device="cpu"),
+                                   torch.as_tensor(b, dtype=wide, device="cpu"))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         r = torch.from_numpy(np.asarray(np.remainder(a.numpy(), b.numpy())))   # 0-d gives a numpy scalar
     return r.to(t.dtype)
@@ -271,7 +272,8 @@ def _remainder_reference(a, b, out=None):
     dividend's sign for floats)."""
     r = _by_nonzero_integer(_remainder_of(a, b), a, b)
     if r.dtype.is_floating_point:
-        r = torch.where(r == 0, torch.copysign(torch.zeros_like(r), torch.as_tensor(b, dtype=r.dtype)), r)
+        r = torch.where(r == 0, torch.copysign(torch.zeros_like(r), torch.as_tensor(b, dtype=r.dtype, device=r.device)),
+                        r)
     return r if out is None else out.copy_(r)
 
 
@@ -388,9 +390,13 @@ def _ordered_zeros(fn, low_wins):
     """torch's maximum/minimum with IEEE 754-2019's order of zeros: -0 < +0 (JAX's answers; torch returns either
     operand, and its vectorized and scalar CPU paths differ)."""
     def reference(a, b, out=None):
-        r = fn(torch.as_tensor(a), torch.as_tensor(b))
+        # a Python scalar's tensor where the other operand is (not torch's default device: a notebook's
+        # `with torch.device("meta")` would make it a meta tensor)
+        device = (a if isinstance(a, torch.Tensor) else b).device if isinstance(a, torch.Tensor) or \
+            isinstance(b, torch.Tensor) else "cpu"
+        r = fn(torch.as_tensor(a, device=device), torch.as_tensor(b, device=device))
         if r.is_floating_point():
-            a, b = torch.as_tensor(a, dtype=r.dtype), torch.as_tensor(b, dtype=r.dtype)
+            a, b = torch.as_tensor(a, dtype=r.dtype, device=device), torch.as_tensor(b, dtype=r.dtype, device=device)
             first = torch.signbit(a) if low_wins else ~torch.signbit(a)
             r = torch.where(a == b, torch.where(first, a, b), r)
         return r if out is None else out.copy_(r)

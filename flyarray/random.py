@@ -70,7 +70,7 @@ def wrap_key_data(data, *, device=None) -> Array:
         a = np.asarray(data)
         if a.dtype.kind not in "iu":   # astype(int64) would truncate floats silently
             raise TypeError(f"wrap_key_data: key data must be integers, got {a.dtype}")
-        out = creation.asarray(torch.as_tensor(a.astype(np.int64)) & _M32, device=device)
+        out = creation.asarray(torch.as_tensor(a.astype(np.int64), device="cpu") & _M32, device=device)
     _check_keys(out, "wrap_key_data")
     return out
 
@@ -223,7 +223,7 @@ def _real_array(x, k, fn, name) -> Array:
 
 def _round(x: float, d) -> float:
     """``x`` rounded to the nearest value of dtype ``d`` (numpy's astype), as a Python float."""
-    return float(torch.tensor(x, dtype=torch.float64).to(d.torch))
+    return float(torch.tensor(x, dtype=torch.float64, device="cpu").to(d.torch))
 
 
 def uniform(k, shape=(), dtype=dt.float32, minval=0.0, maxval=1.0) -> Array:
@@ -264,7 +264,7 @@ def _op_in(d, op, a, b):
 
 
 def _nextafter(x: float, toward: float, d) -> float:
-    t = torch.nextafter(torch.tensor(x, dtype=d.torch), torch.tensor(toward, dtype=d.torch))
+    t = torch.nextafter(torch.tensor(x, dtype=d.torch, device="cpu"), torch.tensor(toward, dtype=d.torch, device="cpu"))
     return float(t)
 
 

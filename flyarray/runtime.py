@@ -52,8 +52,8 @@ def canonical_device(device: torch.device) -> torch.device:
     on "cuda" and one from a tensor are on one device (torch.device("cuda") != torch.device("cuda:0"))."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
-    if device.type == "meta" and device.index is not None:   # one meta device: torch's meta tensors say 'meta'
-        return torch.device("meta")
+    if device.type in ("meta", "cpu") and device.index is not None:   # one meta device, one CPU: torch's tensors
+        return torch.device(device.type)                                # made on 'cpu:0' or 'meta:1' say 'cpu', 'meta'
     return device
 
 
@@ -83,7 +83,8 @@ _env_backend = None
 
 
 def backend_name() -> str:
-    """fa.set_backend's choice, else FLYARRAY_BACKEND (read once, at the first evaluation), else ''."""
+    """fa.set_backend's choice, else FLYARRAY_BACKEND (read once, when the process first needs a backend: its
+    first array made without a device, or its first evaluation), else ''."""
     global _env_backend
     if _backend_override:
         return _backend_override
@@ -116,15 +117,15 @@ _backend_of: dict = {}  # device -> backend, for the current choice (set_backend
 
 def _choose_backend(device: torch.device) -> str:
     name = backend_name()
+    chosen = f"fa.set_backend({name!r})" if _backend_override else f"FLYARRAY_BACKEND={name}"
     if device.type == "cpu":
         if name == "gpu":
-            raise RuntimeError("FLYARRAY_BACKEND=gpu, but the data lives on the CPU; move it with "
-                               "fa.asarray(x, device='cuda')")
+            raise RuntimeError(f"{chosen}, but the data lives on the CPU; move it with fa.asarray(x, device='cuda')")
         return name or "reference"
     if device.type == "meta":
         no_values_on_meta()
     if name == "interpret":
-        raise RuntimeError(f"FLYARRAY_BACKEND=interpret runs on the CPU, but the data lives on {device}")
+        raise RuntimeError(f"{chosen} runs on the CPU, but the data lives on {device}")
     return name or "gpu"
 
 

@@ -15,7 +15,6 @@ interpreter's timings mean nothing).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from typing import Callable, Iterable, Optional
@@ -25,14 +24,14 @@ import torch
 from flyarray import config, diskcache, progress
 from flyarray.kernels._triton import NotWarmable, is_warming_up
 
-_memory: dict = {}  # kernel -> {key: config}
+_memory: dict = {}  # (cache directory, kernel) -> {key: config}
 
 
 def enabled(tune: Optional[bool] = None) -> bool:
     """An explicit argument wins; otherwise env FLYARRAY_AUTOTUNE=1."""
     if tune is not None:
         return bool(tune)
-    return os.environ.get("FLYARRAY_AUTOTUNE", "") not in ("", "0")
+    return config.switch("FLYARRAY_AUTOTUNE", False)
 
 
 def bucket(n: int) -> int:
@@ -58,9 +57,11 @@ def candidates_for(table: dict, arch: str, shape_class: str, default: dict) -> l
 
 
 def load(kernel: str) -> dict:
-    """The tuned configs of ``kernel`` on disk; a corrupt file warns and counts as empty."""
-    if kernel in _memory:
-        return _memory[kernel]
+    """The tuned configs of ``kernel`` on disk (the cache directory's of now: the memory is kept per
+    directory); a corrupt file warns and counts as empty."""
+    where = (str(config.cache_dir()), kernel)
+    if where in _memory:
+        return _memory[where]
     folder = diskcache.directory("tuning")
     table = {}
     if folder is not None:
@@ -74,7 +75,7 @@ def load(kernel: str) -> dict:
         except (ValueError, OSError, RecursionError) as exc:  # BadEntry is an OSError; deep nesting recurses
             warnings.warn(f"flyarray: ignoring corrupt tuning file {path} ({exc}); it will be rewritten")
             table = {}
-    _memory[kernel] = table
+    _memory[where] = table
     return table
 
 

@@ -86,7 +86,7 @@ def as_float_of(value, d: dt.DType) -> float:
         limit = _FLOAT_MAX[d] = float(torch.finfo(d.torch).max)
     if -limit <= value <= limit or value != value or d is dt.float64:
         return value
-    return float(torch.tensor(value, dtype=torch.float64).to(d.torch))
+    return float(torch.tensor(value, dtype=torch.float64, device="cpu").to(d.torch))
 
 
 def broadcast_node(node: ir.Node, shape: tuple) -> ir.Node:

@@ -36,9 +36,7 @@ def _available(dev: torch.device, asked) -> torch.device:
     """``dev`` if arrays can live there (the CPU, a visible CUDA/ROCm device, and 'meta' for dry runs
     that record without evaluating, as the torch backend's), else a ValueError now: an absent device
     would otherwise fail later, at evaluation, with an unrelated error."""
-    if dev.type == "cpu":
-        return dev
-    if dev.type == "meta":
+    if dev.type in ("cpu", "meta"):
         from ..runtime import canonical_device
         return canonical_device(dev)
     if dev.type == "cuda" and torch.cuda.is_available():
@@ -463,7 +461,7 @@ def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> 
         from .core import where
         last = float(stop)
         if ramp in (dt.float16, dt.bfloat16):  # a float16 ramp holds float16 values (rounded as codegen's)
-            last = torch.tensor(last, dtype=torch.float64).float().to(ramp.torch).item()
+            last = torch.tensor(last, dtype=torch.float64, device="cpu").float().to(ramp.torch).item()
         positions = dt.int32 if num <= 2**31 else dt.int64   # an int32 ramp would not hold num - 1
         values = where(_iota(("ramp", 0, 1), (num,), positions, device) == num - 1, last, values)
     if ramp is d:
