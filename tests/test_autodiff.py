@@ -1034,3 +1034,30 @@ def test_vjp_fn_refuses_a_cotangent_of_another_dtype_as_jax_does():
     _, pull_sum = fa.vjp(fa.sum, x)   # a Python scalar is weakly typed: it takes the output's dtype
     (g,) = pull_sum(2.0)
     assert g.dtype == fa.float64 and np.all(np.asarray(g) == 2.0)
+
+
+@pytest.mark.parametrize("ord", [-2, -1, 0.5, 0.25])
+def test_vector_norm_below_one_has_torchs_zero_slope_at_zero_entries(ord):
+    """|x|^p for p < 1 has an infinite slope at 0, and times abs's 0 there fa.grad gave NaN at a zero entry
+    (for p < 0 the norm is 0 and torch's gradient is 0 everywhere); torch's convention is 0 there."""
+    v = np.array([0.0, 1.0, -2.0])
+    got = np.asarray(fa.grad(lambda x: fa.linalg.vector_norm(x, ord=ord))(fa.asarray(v)))
+    t = torch.tensor(v, requires_grad=True)
+    torch.linalg.vector_norm(t, ord=ord).backward()
+    np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(np.asarray(fa.linalg.vector_norm(fa.asarray(v), ord=ord)),
+                               np.linalg.norm(v, ord=ord), rtol=1e-12)
+
+
+def test_norms_of_large_ints_and_16_bit_spectral_norms():
+    """int64 magnitudes of 9e18: float32 squares overflowed to inf though the norm fits float32 (now float64
+    inside); matrix_norm(ord=2 | -2 | 'nuc') of float16 refused in svdvals' words (now float32 inside)."""
+    big = fa.full((16,), 9 * 10**18, dtype=fa.int64)
+    got = fa.linalg.vector_norm(big)
+    assert got.dtype is fa.float32 and np.isclose(float(got), 3.6e19, rtol=1e-6)
+    assert np.isclose(float(fa.linalg.matrix_norm(big.reshape(4, 4))), 3.6e19, rtol=1e-6)
+    m = np.array([[3.0, 1.0], [0.5, 2.0]], np.float32)
+    for ord in (2, -2, "nuc"):
+        r = fa.linalg.matrix_norm(fa.asarray(m).astype(fa.float16), ord=ord)
+        assert r.dtype is fa.float16
+        np.testing.assert_allclose(float(r), np.linalg.norm(m.astype(np.float16).astype(np.float64), ord=ord), rtol=2e-3)

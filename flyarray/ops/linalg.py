@@ -449,10 +449,12 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         return R.root_with_zero_slope_at_zero(R.sum(re * re + im * im, axis=axis, keepdims=keepdims))
     if x.dtype.kind == "c":  # the norm of the magnitudes, in the parts' dtype
         x = _abs(x)
-    if x.dtype.kind != "f":
-        x = x.astype(dt.default_float())
     if not isinstance(ord, numbers.Real) or isinstance(ord, (bool, np.bool_)):   # numpy's scalars are Real
         raise TypeError(f"vector_norm: ord must be a real number, got {ord!r}")
+    if x.dtype.kind in "iu" and x.dtype.itemsize == 8:   # float32 squares of 9e18 overflow though their norm fits:
+        return vector_norm(x.astype(dt.float64), axis=axis, keepdims=keepdims, ord=ord).astype(dt.default_float())
+    if x.dtype.kind != "f":
+        x = x.astype(dt.default_float())
     ord = float(ord) if isinstance(ord, np.floating) else int(ord) if isinstance(ord, np.integer) else ord
     if x.dtype in (dt.float16, dt.bfloat16):  # squares of 300 overflow float16: float32 inside, as torch
         return vector_norm(x.astype(dt.float32), axis=axis, keepdims=keepdims, ord=ord).astype(x.dtype)
@@ -467,8 +469,19 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         return R.min(a, axis=axis, keepdims=keepdims)
     if ord == 0:
         return R.sum((a != 0).astype(x.dtype), axis=axis, keepdims=keepdims)
-    total = R.sum(_pow(a, float(ord)), axis=axis, keepdims=keepdims)
+    total = R.sum(_magnitudes_to_the(a, float(ord)), axis=axis, keepdims=keepdims)
     return R.root_with_zero_slope_at_zero(total, float(ord)) if ord > 0 else _pow(total, 1.0 / ord)
+
+
+def _magnitudes_to_the(a, p: float):
+    """|x|^p. For p < 1 its slope at 0 is infinite, and times abs's 0 there a gradient was NaN: the zeros take a
+    constant branch (0^p: 0, or inf for p < 0), so their derivative is 0, torch's convention."""
+    from .core import where
+    from .elementwise import pow as _pow
+    if p >= 1:
+        return _pow(a, p)
+    zero = a == 0
+    return where(zero, math.inf if p < 0 else 0.0, _pow(where(zero, 1.0, a), p))
 
 
 def matrix_norm(x, /, *, keepdims=False, ord="fro"):
@@ -480,12 +493,14 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     x = array_arg(x, "matrix_norm: x")
     if x.ndim < 2:
         raise ValueError(f"matrix_norm: x must have at least 2 dimensions, got shape {x.shape}")
+    if ord == "fro":   # vector_norm takes every dtype (64-bit integers through float64)
+        return vector_norm(x, axis=(-2, -1), keepdims=keepdims)
     if x.dtype.kind not in "fc":  # complex: the norms of the magnitudes (svdvals takes the complex matrix)
         x = x.astype(dt.default_float())
-    if ord == "fro":
-        return vector_norm(x, axis=(-2, -1), keepdims=keepdims)
     if ord in ("nuc", 2, -2):
         from .decompositions import svdvals
+        if x.dtype in (dt.float16, dt.bfloat16):   # torch's SVD takes no 16-bit floats: float32 inside, as 'fro'
+            return matrix_norm(x.astype(dt.float32), keepdims=keepdims, ord=ord).astype(x.dtype)
         s = svdvals(x)
         r = R.sum(s, axis=-1) if ord == "nuc" else _max_of_magnitudes(s, -1, False) if ord == 2 else R.min(s, axis=-1)
         return r[..., None, None] if keepdims else r
