@@ -638,12 +638,22 @@ def evaluate_together(*arrays):
 
 
 def _with_companions(roots: list) -> list:
+    """``roots`` and the held companions of every pending node they compute, not only of the roots: a residual sum
+    computed as another evaluation's input (top_k(h) of rms_norm's h) while its normed sibling stayed lazy was a
+    buffer the sibling's later plan read but did not know (a KeyError on a plan hit)."""
     out = list(roots)
-    for root in roots:
-        for ref in _companions.get(root.id, ()):
-            node = ref()
-            if node is not None and node.buffer is None and node not in out:
-                out.append(node)
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node.id in seen or node.buffer is not None:
+            continue
+        seen.add(node.id)
+        for ref in _companions.get(node.id, ()):
+            other = ref()
+            if other is not None and other.buffer is None and other not in out:
+                out.append(other)
+                stack.append(other)
+        stack.extend(node.inputs)
     return out
 
 

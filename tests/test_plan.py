@@ -1249,3 +1249,28 @@ def test_a_ctrl_c_anywhere_in_binding_leaves_both_outputs_of_rms_norm_with_resid
         np.testing.assert_allclose(np.asarray(h), h_want, rtol=1e-6)
         np.testing.assert_allclose(np.asarray(y * 2 + h), 2 * y_want + h_want, rtol=1e-5, atol=1e-5)
     assert interrupted >= 4
+
+
+def test_rms_norm_residual_sum_computed_as_an_input_takes_its_sibling_along(backend):
+    """h of rms_norm(x, w, residual=r) computed as another evaluation's input (top_k(h)) while y stayed lazy: on a
+    plan-cache hit y's later evaluation read h's buffer, which its walk did not have (KeyError in the builder).
+    Companions of anything an evaluation computes now come along, not only those of its roots."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 1, 2), dtype=np.float32), rng.standard_normal(2, dtype=np.float32)
+    outs = []
+    for _ in range(2):   # the second run hits every plan
+        y, h = fa.nn.rms_norm(fa.asarray(x), fa.asarray(w), residual=fa.asarray(x))
+        _, i = fa.top_k(h, 2)
+        np.asarray(fa.permute_dims(i, (2, 0, 1)))
+        outs.append(np.asarray(y))
+    h_want = x + x
+    np.testing.assert_allclose(outs[1], h_want / np.sqrt((h_want ** 2).mean(-1, keepdims=True) + 1e-6) * w, rtol=1e-5)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_relu_of_an_evaluated_product_is_plain_relu(backend):
+    """relu of an already evaluated GEMM output (x @ w, then relu) tried to fold relu into the GEMM's epilogue and
+    read the inputs the evaluation had dropped (IndexError)."""
+    x = fa.asarray(np.array([[1.0, -2.0], [3.0, 0.5]], np.float32))
+    y = fa.eval(x @ x)
+    np.testing.assert_array_equal(np.asarray(fa.relu(y)), np.maximum(np.asarray(y), 0))

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 import flyarray as fa
-from flyarray import diskcache, plan, precompile, runtime
+from flyarray import config, diskcache, plan, precompile, runtime
 
 
 @triton.jit
@@ -289,7 +289,7 @@ def test_a_dry_run_never_times_configs(monkeypatch):
     a stored choice is what the launch will use, so the dry run takes it."""
     from flyarray.kernels import _triton, tuning
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(tuning, "_memory", {"k": {"stored": {"BLOCK": 2}}})
+    monkeypatch.setattr(tuning, "_memory", {(str(config.cache_dir()), "k"): {"stored": {"BLOCK": 2}}})
     timed = []
     with _triton.warming_up():
         with pytest.raises(_triton.NotWarmable):

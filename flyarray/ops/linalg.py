@@ -301,7 +301,7 @@ def _relu_into_epilogue(root, private) -> bool:
     n, reshaped = root.inputs[0], False
     if _is_reshape(n) and private(n):
         n, reshaped = n.inputs[0], True
-    if not (n.kind == "output" and n.inputs[0].prim is MATMUL_EPILOGUE and private(n)):
+    if not (n.kind == "output" and not n.realized and n.inputs[0].prim is MATMUL_EPILOGUE and private(n)):
         return False
     lib = n.inputs[0]
     kwargs = lib.params["kwargs"]
