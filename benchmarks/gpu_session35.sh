@@ -2,7 +2,8 @@
 # The thirty-fifth session's GPU calls. MODE=first: the test files of the complex-math fixes and the review commit
 # that the last session could not run on the GPU, then (on an H200 only, or PROBE=1) the decode GEMM probe.
 # MODE=user (default): the decode GEMM's user path (benchmarks/probe_decode_user.py), then the test files of this
-# session's commits (TESTS= to change them).
+# session's commits (TESTS= to change them). MODE=ab OLD=<dir>: the same probe on OLD (a `git archive <rev> flyarray
+# interop` of the code before, inside the checkout so it travels) and on this tree, twice each, then TESTS.
 export PYTHONUNBUFFERED=1 FLYARRAY_CACHE_DIR=/tmp/flyarray-cache OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); echo "$gpu"
