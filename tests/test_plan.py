@@ -1171,6 +1171,27 @@ def test_jit_traces_again_under_another_default_device(backend):
     assert len(f.cache) == 1 and f(fa.ones(3)).tolist() == [2.0, 2.0, 2.0]
 
 
+def _interrupted_in_bind_at(line: int, evaluate) -> bool:
+    """Run ``evaluate`` with a KeyboardInterrupt raised the first time Plan._bind reaches ``line`` (as a signal
+    handler's exception arrives: between bytecodes); whether it was raised."""
+    fired = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is plan.Plan._bind.__code__ else None)
+    try:
+        evaluate()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return bool(fired)
+
+
 def test_a_ctrl_c_anywhere_in_binding_a_view_leaves_it_readable():
     """A KeyboardInterrupt delivered between any two lines of Plan.bind's branch for a view computed alone
     (as a signal handler's exception arrives: between bytecodes) leaves the view readable, recomputed or
@@ -1184,26 +1205,8 @@ def test_a_ctrl_c_anywhere_in_binding_a_view_leaves_it_readable():
     want = np.exp(base)[1:3, ::2]
     interrupted = 0
     for target in targets:
-        fired = []
-
-        def local(frame, event, arg, target=target, fired=fired):
-            if event == "line" and frame.f_lineno == target and not fired:
-                fired.append(True)
-                raise KeyboardInterrupt
-            return local
-
-        def tracer(frame, event, arg, local=local):
-            return local if frame.f_code is plan.Plan._bind.__code__ else None
-
         v = fa.exp(fa.asarray(base))[1:3, ::2]   # a view of a lazy result: computed alone, bound as a view
-        sys.settrace(tracer)
-        try:
-            np.asarray(v)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
-        interrupted += bool(fired)
+        interrupted += _interrupted_in_bind_at(target, lambda: np.asarray(v))
         np.testing.assert_allclose(np.asarray(v), want, rtol=1e-6)
         np.testing.assert_allclose(np.asarray(v + 1), want + 1, rtol=1e-6)
     assert interrupted == len(targets) >= 4
@@ -1225,26 +1228,8 @@ def test_a_ctrl_c_anywhere_in_binding_leaves_both_outputs_of_rms_norm_with_resid
         np.asarray(fa.nn.rms_norm(fa.asarray(x), fa.ones(5), residual=fa.asarray(r))[0])
     interrupted = 0
     for target in targets:
-        fired = []
-
-        def local(frame, event, arg, target=target, fired=fired):
-            if event == "line" and frame.f_lineno == target and not fired:
-                fired.append(True)
-                raise KeyboardInterrupt
-            return local
-
-        def tracer(frame, event, arg, local=local):
-            return local if frame.f_code is plan.Plan._bind.__code__ else None
-
         y, h = fa.nn.rms_norm(fa.asarray(x), fa.ones(5), residual=fa.asarray(r))
-        sys.settrace(tracer)
-        try:
-            np.asarray(y)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
-        interrupted += bool(fired)
+        interrupted += _interrupted_in_bind_at(target, lambda: np.asarray(y))
         np.testing.assert_allclose(np.asarray(y), y_want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.asarray(h), h_want, rtol=1e-6)
         np.testing.assert_allclose(np.asarray(y * 2 + h), 2 * y_want + h_want, rtol=1e-5, atol=1e-5)
