@@ -46,6 +46,16 @@ def test_repeat(repeats, axis):
     assert_matches(fa.repeat(fa.asarray(X), r, axis=0), np.repeat(X, [1, 0, 2], axis=0))
 
 
+def test_repeat_takes_counts_of_every_integer_dtype():
+    """uint64 counts failed inside numpy ("Cannot cast array data from dtype('uint64') to dtype('int64')")."""
+    x = fa.asarray(np.array([10, 20, 30], np.int32))
+    for d in (np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int64):
+        for counts in (np.array([1, 2, 0], d), fa.asarray(np.array([1, 2, 0], d))):
+            assert np.asarray(fa.repeat(x, counts)).tolist() == [10, 20, 20]
+    with pytest.raises(ValueError, match="above 2\\*\\*63"):
+        fa.repeat(x, np.array([1, 2**63, 0], np.uint64))
+
+
 @pytest.mark.parametrize("repeats,error", [(np.array([1, 2]), ValueError), (np.array([1.0, 2.0, 3.0]), TypeError),
                                            (np.ones((3, 1), np.int64), TypeError)])
 def test_repeat_checks_a_lazy_repeats_before_computing_it(repeats, error):

@@ -411,6 +411,9 @@ def repeat(x, repeats, /, *, axis=None) -> Array:
         _check_repeats(counts.dtype.kind not in "iu", counts.dtype, counts.shape, axis, n)
     if (counts < 0).any():
         raise ValueError("repeat: repeats must be non-negative")
+    if counts.dtype == np.uint64 and (counts > np.iinfo(np.int64).max).any():
+        raise ValueError("repeat: a repeat count above 2**63 - 1")
+    counts = counts.astype(np.int64)   # numpy's repeat refuses uint64 counts ("cannot cast ... 'safe'")
     del node
     return take(x, np.repeat(np.arange(n), np.broadcast_to(counts, (n,))), axis=axis)
 
