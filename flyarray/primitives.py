@@ -392,8 +392,8 @@ def _ordered_zeros(fn, low_wins):
     def reference(a, b, out=None):
         # a Python scalar's tensor where the other operand is (not torch's default device: a notebook's
         # `with torch.device("meta")` would make it a meta tensor)
-        device = (a if isinstance(a, torch.Tensor) else b).device if isinstance(a, torch.Tensor) or \
-            isinstance(b, torch.Tensor) else "cpu"
+        tensor = a if isinstance(a, torch.Tensor) else b
+        device = tensor.device if isinstance(tensor, torch.Tensor) else "cpu"
         r = fn(torch.as_tensor(a, device=device), torch.as_tensor(b, device=device))
         if r.is_floating_point():
             a, b = torch.as_tensor(a, dtype=r.dtype, device=device), torch.as_tensor(b, dtype=r.dtype, device=device)

@@ -14,6 +14,8 @@ import math
 import operator
 from typing import Optional
 
+import numpy as np
+
 # A movement op is a tuple: ("reshape", shape) | ("permute", perm) |
 # ("expand", shape) | ("slice", starts, steps, shape) | ("flip", axes)
 
@@ -317,8 +319,8 @@ def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:
 def axis_tuple(axis, name: str = "axis", none_ok: bool = False) -> tuple:
     """An int or a sequence of ints -> a tuple (not yet normalized); a TypeError names anything else.
     ``none_ok``: the caller takes None itself (before calling), so the message offers it."""
-    if type(axis).__name__ == "ndarray" and axis.ndim == 1 and axis.dtype.kind in "iu":   # numpy's axes as numpy
-        return tuple(int(a) for a in axis)                                                 # takes them
+    if isinstance(axis, np.ndarray) and axis.ndim == 1 and axis.dtype.kind in "iu":   # numpy's axes, as numpy
+        return tuple(int(a) for a in axis)                                             # takes them
     if hasattr(axis, "__index__") and not isinstance(axis, bool):
         return (axis,)
     if isinstance(axis, (tuple, list)):
