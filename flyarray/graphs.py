@@ -18,7 +18,8 @@ them all for one. A graph fixes every address it touches, which decides the rule
   plain launches for good, and ``FLYARRAY_LOG=1`` says why.
 
 ``fa.jit(f, cuda_graph=False)`` opts out, ``cuda_graph=True`` captures whatever the sizes (the
-launch-count rule still decides nothing then), ``FLYARRAY_CUDA_GRAPHS=0`` turns graphs off.
+launch-count rule still decides nothing then), ``FLYARRAY_CUDA_GRAPHS=0`` turns graphs off (read at every
+replay: a captured graph rests while it is off).
 Replays of one graph are serialized (its buffers are shared); ``fa.stats()["graph_replays"]`` counts
 them, and ``kernels_launched`` still counts the kernels each replay runs.
 """

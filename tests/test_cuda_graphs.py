@@ -83,3 +83,57 @@ def test_a_closed_over_buffer_is_read_in_place_and_few_kernels_stay_plain():
         torch.testing.assert_close(got, torch.exp(x) + bias.torch())
     finally:
         fa.set_backend(None)
+
+
+class _FakeGraph:
+    """Stands in for a captured graph on the CPU: runs the plan itself and counts its replays."""
+    def __init__(self, program, scalars):
+        self.program, self.scalars, self.runs = program, scalars, 0
+
+    def run(self, tensors):
+        self.runs += 1
+        return self.program.run(list(tensors), self.scalars)
+
+
+def test_the_switch_is_read_at_every_replay(monkeypatch):
+    captured = []
+
+    def capture(program, leaf_sources, tensors, scalars, out_slots):
+        captured.append(_FakeGraph(program, scalars))
+        return captured[-1], None
+    monkeypatch.setattr(graphs, "worth_a_graph", lambda *args: True)
+    monkeypatch.setattr(graphs.GraphedPlan, "capture", capture)
+    f = fa.jit(lambda a: fa.exp(a) * 2 + 1)
+    x = torch.randn(8)
+    expected = torch.exp(x) * 2 + 1
+    monkeypatch.setenv("FLYARRAY_CUDA_GRAPHS", "0")
+    for _ in range(3):   # the trace, then replays while graphs are off: nothing captured, nothing decided
+        torch.testing.assert_close(f(x).torch(), expected)
+    assert not captured
+    monkeypatch.setenv("FLYARRAY_CUDA_GRAPHS", "1")
+    torch.testing.assert_close(f(x).torch(), expected)   # decided now: captured, and this replay ran it
+    assert len(captured) == 1 and captured[0].runs == 1
+    monkeypatch.setenv("FLYARRAY_CUDA_GRAPHS", "0")
+    torch.testing.assert_close(f(x).torch(), expected)   # off again: the graph rests
+    assert captured[0].runs == 1
+    monkeypatch.delenv("FLYARRAY_CUDA_GRAPHS")
+    torch.testing.assert_close(f(x).torch(), expected)   # back on: the same graph, no second capture
+    assert len(captured) == 1 and captured[0].runs == 2
+
+
+@gpu
+def test_turning_graphs_off_after_the_capture_stops_the_replays(monkeypatch):
+    fa.set_backend("gpu")
+    try:
+        w = torch.randn(64, 64, device="cuda") / 8
+        f = fa.jit(_layers)
+        x = torch.randn(32, 64, device="cuda")
+        for _ in range(3):
+            f(x, w)
+        monkeypatch.setenv("FLYARRAY_CUDA_GRAPHS", "0")
+        fa.reset_stats()
+        got = f(x, w).torch()
+        assert fa.stats().get("graph_replays", 0) == 0
+        torch.testing.assert_close(got, fa.jit(_layers, cuda_graph=False)(x, w).torch(), rtol=1e-5, atol=1e-5)
+    finally:
+        fa.set_backend(None)

@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import torch
 
-from .. import graphs, ir, plan, runtime, tree_util
+from .. import config, graphs, ir, plan, runtime, tree_util
 from .._array import Array
 from . import recording
 from .recording import check_callable
@@ -435,10 +435,10 @@ class _Trace:
     def replay(self, tensors, as_torch=False):
         """The outputs of one call with these argument tensors: Arrays, or (``as_torch``) torch tensors."""
         slots = None
-        if self.graphed is not None:
-            slots = self.graphed.run(tensors)
-        elif not self.graph_decided:
-            slots = self._first_replay(tensors)
+        # FLYARRAY_CUDA_GRAPHS is read at every replay: turned off, a captured graph rests and the trace
+        # launches kernel by kernel; a trace first replayed while it was off decides when it is on again
+        if (self.graphed is not None or not self.graph_decided) and config.cuda_graphs():
+            slots = self.graphed.run(tensors) if self.graphed is not None else self._first_replay(tensors)
         if slots is None and self.plan is not None:
             leaves = [tensors[src] if type(src) is int else src for src in self.leaf_sources]
             slots = self.plan.run(leaves, self.scalars)
