@@ -61,6 +61,7 @@ def mx_quantize(x, fmt, axis=-1, block_size=BLOCK_SIZE):
 
 
 _STORAGE_OF = {"e4m3": dt.float8_e4m3fn, "e5m2": dt.float8_e5m2, "e2m1": dt.uint8}
+_DEQUANTIZED = (dt.float32, dt.float16, dt.bfloat16, dt.float64)   # the kernel's outputs (kernels/mx.py)
 
 
 def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
@@ -72,8 +73,9 @@ def _dequantize_abstract(data, scales, *, fmt, axis, block_size, dtype):
         raise ValueError(f"mx_dequantize: block_size must be {BLOCK_SIZE} (OCP MX), got {block_size}")
     if scales.dtype != dt.uint8:
         raise TypeError(f"mx_dequantize: scales must be E8M0 codes stored as uint8, got {scales.dtype}")
-    if dt.dtype(dtype).kind != "f":
-        raise TypeError(f"mx_dequantize: dtype must be a floating dtype, got {dt.dtype(dtype)}")
+    if dt.dtype(dtype) not in _DEQUANTIZED:
+        raise TypeError(f"mx_dequantize: dtype must be one of {', '.join(d.name for d in _DEQUANTIZED)}, "
+                        f"got {dt.dtype(dtype)}")
     if not data.shape:
         raise ValueError("mx_dequantize: data must have at least one dimension")
     shape = list(data.shape)

@@ -221,6 +221,14 @@ def _apply_e8m0(value, scale):
 
 
 @triton.jit
+def _apply_e8m0_f64(value, scale):
+    """value * 2^(scale - 127) in float64, exact for every code: in float32 the largest elements times scales
+    near 2^127 would overflow (448 * 2^123 is 4.8e39)."""
+    power = ((scale.to(tl.int64) + (1023 - 127)) << 52).to(tl.float64, bitcast=True)
+    return tl.where(scale == 255, float("nan"), value.to(tl.float64) * power)
+
+
+@triton.jit
 def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
                           MANT: tl.constexpr, BIAS: tl.constexpr, SIGN_SHIFT: tl.constexpr,
                           NAN_CODE: tl.constexpr, INF_CODE: tl.constexpr, PACK_FP4: tl.constexpr,
@@ -248,7 +256,10 @@ def _mx_dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
             values = codes.to(tl.float8e5, bitcast=True).to(tl.float32)
         else:
             values = _decode_elements(codes.to(tl.int32), MANT, BIAS, SIGN_SHIFT, NAN_CODE, INF_CODE)
-    out = _apply_e8m0(values, scale)
+    if out_ptr.dtype.element_ty == tl.float64:
+        out = _apply_e8m0_f64(values, scale)
+    else:
+        out = _apply_e8m0(values, scale)
     tl.store(out_ptr + row * 32 + tl.arange(0, 32)[None, :], out.to(out_ptr.dtype.element_ty),
              mask=live[:, None])
 

@@ -585,9 +585,12 @@ def _decode_step(acc, codes, k0, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_wo
             outs = (lo, hi)                                # byte j holds k = 2j (lo), 2j + 1 (hi)
         else:
             outs = (raw.to(compute_ty),)                   # fp8 -> fp16/bf16 is exact
-        if not SCALE_NATIVE:   # fp16 (or the interpreter): the scale on each block's fp32 product
+        if not SCALE_NATIVE:
             xt = _xt(x_ptr, rm, m_ok, stride_xm, k0 + tl.arange(0, BLOCK_K), k_end)
-            return _dot_scaled_blocks(_interleave(outs, 0, UNIT), xt, _e8m0_exp2(codes, 0), acc)
+            w = _interleave(outs, 0, UNIT)
+            if compute_ty != tl.float16:   # bf16 off the native path (the interpreter loads it as fp32)
+                return _dot_prescaled(w, xt, _e8m0_exp2(codes, 0), acc)
+            return _dot_scaled_blocks(w, xt, _e8m0_exp2(codes, 0), acc)   # fp16: the scale after the dot
         code = tl.reshape(tl.broadcast_to(codes[:, :, None], (BLOCK_N, GROUPS, PER_SCALE)), (BLOCK_N, BYTES))
         scale = _e8m0_bf16_bits(code).to(tl.int16).to(compute_ty, bitcast=True)
         if W_FP4:   # bf16 has fp32's exponent range: the products are exact
@@ -596,6 +599,17 @@ def _decode_step(acc, codes, k0, k_end, x_ptr, rm, m_ok, stride_xm, w_ptrs, w_wo
             outs = (outs[0] * scale,)
     acc = _dot_outputs(outs, acc, x_ptr, rm, m_ok, stride_xm, k0, k_end, UNIT, DOTS)
     return acc
+
+
+@triton.jit
+def _dot_prescaled(w, xt, scale, acc):
+    """acc += (w * scale) @ xt in fp32, the scale ([N, K/32]) on each weight before the dot, as the bf16 path
+    applies it: a scaled code is exact in fp32 (bf16's range), and a block's sum of unscaled products, which
+    _dot_scaled_blocks forms, can leave fp32's range where the scaled sum does not (x near 2^112, scale 2^-120)."""
+    N: tl.constexpr = w.shape[0]
+    K: tl.constexpr = w.shape[1]
+    expanded = tl.reshape(tl.broadcast_to(scale[:, :, None], (N, K // 32, 32)), (N, K))
+    return tl.dot(w.to(tl.float32) * expanded, xt.to(tl.float32), acc, input_precision="ieee")
 
 
 @triton.jit
@@ -635,7 +649,8 @@ def _mx_decode_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_per_split,
     inline PTX (FP4: prmt tables; fp8: the fp8x2 conversion); else bit arithmetic (_fp4_bits) or
     Triton's fp8 conversion. The E8M0 scale is applied in the activations' dtype when SCALE_NATIVE
     (bf16 has fp32's exponent range, so the product is exact), else to each 32-element block's fp32
-    product after the dot (_dot_scaled_blocks: fp16's range is too narrow for a scaled weight).
+    product after the dot (_dot_scaled_blocks: fp16's range is too narrow for a scaled weight) for fp16, and
+    to fp32 weights before an fp32 dot for bf16 in the interpreter (_dot_prescaled).
     SPLIT_WORDS (SCALE_NATIVE): how many dots a step's decoded weights feed (_dot_outputs), at most the
     outputs of one decoded unit (ASM: a word's 8 fp4 / 4 fp8 codes; else a byte's 2 fp4 nibbles, fp8 1): 1 is one
     [BLOCK_N, BLOCK_K] dot in k order; more skip interleaving the decoded values back into k order

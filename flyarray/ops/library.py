@@ -17,7 +17,10 @@ def call(prim: Library, inputs: list, **params) -> list:
     """Record library op ``prim`` over Arrays ``inputs``: checks and result types come from ``prim.abstract``;
     returns one lazy Array per output. An internal building block (``fa.quant`` and ``fa.nn`` use it)."""
     device = common_device(inputs)
-    nodes = [node_of(a) for a in inputs]
+    try:
+        nodes = [node_of(a) for a in inputs]
+    except TypeError as e:   # the op's name at least; its callers name the argument where they can
+        raise TypeError(f"{prim.name}: {e}") from None
     avals = prim.abstract(*nodes, **params)
     lib = ir.Node(prim, tuple(nodes), None, (), avals[0][1], device)
     outputs = [ir.Node(ir.OUTPUT, (lib,), i, shape, d, device) for i, (shape, d) in enumerate(avals)]

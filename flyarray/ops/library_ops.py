@@ -15,6 +15,7 @@ import torch
 from .. import dtypes as dt
 from . import checks
 from .library import Library, call
+from .._array import Array
 
 
 def _kernels(name):
@@ -347,6 +348,14 @@ def scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=dt.bf
     MXFP8 x MXFP8, MXFP4 x MXFP4, mixed, and bf16 x MXFP4 weights (``lhs_scales=None``).
     On gfx950 this is the native scaled MFMA; on Hopper, see docs/benchmarks.md.
     """
+    if rhs_scales is None:
+        raise TypeError("scaled_matmul: rhs_scales is required (rhs is an MX operand: its E8M0 scales as uint8); "
+                        "only lhs_scales may be None, for a bf16/fp16 lhs")
+    named = (("lhs", lhs), ("rhs", rhs), ("lhs_scales", lhs_scales), ("rhs_scales", rhs_scales))
+    for name, a in named:
+        if a is not None and not isinstance(a, Array):
+            raise TypeError(f"scaled_matmul: {name} must be a flyarray Array (or a numpy array / torch tensor), "
+                            f"got {type(a).__name__}")
     inputs = [lhs, rhs] + ([lhs_scales] if lhs_scales is not None else []) + [rhs_scales]
     try:
         out_type = dt.dtype(preferred_element_type).name

@@ -169,6 +169,18 @@ def test_dequantize_dtype_and_axis():
     assert fp4.shape == (32, 3) and fp4.dtype == torch.uint8
 
 
+@pytest.mark.parametrize("fmt, code, scale", [("e4m3", 0x7E, 250), ("e5m2", 0x7B, 240), ("e2m1", 0x77, 254)])
+def test_float64_dequantize_holds_values_past_float32s_range(fmt, code, scale):
+    """A large element times a scale near 2^127 leaves float32's range; the float64 output holds it exactly
+    (it came out inf: the scale was applied in float32 before the store)."""
+    data = torch.full((2, 16 if fmt == "e2m1" else 32), code, dtype=torch.uint8)
+    scales = torch.full((2, 1), scale, dtype=torch.uint8)
+    out = mx.mx_dequantize(data, scales, fmt, dtype=torch.float64)
+    ref = mx.reference_mx_dequantize(data, scales, fmt)
+    assert torch.isfinite(ref).all() and (ref.abs() > 3.5e38).all()
+    assert torch.equal(out, ref)
+
+
 def test_bad_inputs_raise_naming_the_argument():
     x = torch.randn(2, 64)
     with pytest.raises(ValueError, match="block_size"):

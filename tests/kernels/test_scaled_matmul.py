@@ -178,6 +178,21 @@ def test_fp16_decode_keeps_weights_outside_fp16s_range(w_fmt, magnitude):
         assert _rel_err(out, ref[:len(rows)]) < 1e-6, len(rows)
 
 
+@pytest.mark.parametrize("w_fmt, code, power", [("e5m2", 0x7B, 112), ("e4m3", 0x7E, 116), ("e2m1", 0x77, 122)])
+def test_bf16_decode_scales_the_weights_before_the_dot(w_fmt, code, power):
+    """bf16 activations of 2^power times the largest codes at a scale of 2^-120: every scaled product and their
+    sum fit float32, but a block's sum of unscaled products does not (the CPU decode gave inf; the GPU's
+    scales the weights in bf16 first)."""
+    x = torch.full((3, 64), 2.0 ** power, dtype=torch.bfloat16)
+    w = torch.full((5, 32 if w_fmt == "e2m1" else 64), code, dtype=torch.uint8)
+    w = w if w_fmt == "e2m1" else w.view(torch.float8_e5m2 if w_fmt == "e5m2" else torch.float8_e4m3fn)
+    sw = torch.full((5, 2), 127 - 120, dtype=torch.uint8)
+    ref = sm.reference_scaled_matmul(x, w, None, sw)
+    out = sm.scaled_matmul(x, w, None, sw, preferred_element_type=torch.float32, method="decode")
+    assert torch.isfinite(ref).all()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=0)
+
+
 def test_bf16_dot_scaled_is_refused_on_the_interpreter():
     a, b, _, sb = _operands(7, 40, 160, "bf16", "e2m1", seed=4)
     with pytest.raises(ValueError, match="'dot_scaled' with a bf16 lhs"):
