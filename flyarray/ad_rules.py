@@ -128,8 +128,9 @@ def _hypot_rule(g, a, b, y):
 
 
 def _copysign_rule(g, a, b, y):
+    """copysign(a, b) is |a| with b's sign: at a = +-0 the derivative is 0, as abs's is (torch and JAX agree)."""
     flip = F.signbit(a) != F.signbit(y)
-    return F.where(flip, -g, g), None
+    return F.where(a == 0, 0.0, F.where(flip, -g, g)), None
 
 
 _BINARY = {

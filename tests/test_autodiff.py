@@ -1061,3 +1061,15 @@ def test_norms_of_large_ints_and_16_bit_spectral_norms():
         r = fa.linalg.matrix_norm(fa.asarray(m).astype(fa.float16), ord=ord)
         assert r.dtype is fa.float16
         np.testing.assert_allclose(float(r), np.linalg.norm(m.astype(np.float16).astype(np.float64), ord=ord), rtol=2e-3)
+
+
+def test_copysign_derivative_is_zero_at_signed_zeros_as_abs_and_torch():
+    """copysign(x, 1) is abs(x): its derivative at +-0 was +-1 (x's sign bit), abs's and torch's are 0."""
+    x = np.array([0.0, -0.0, 2.0, -3.0])
+    for y in (1.0, -1.0):
+        got = np.asarray(fa.grad(lambda a: fa.sum(fa.copysign(a, y)))(fa.asarray(x)))
+        t = torch.tensor(x, requires_grad=True)
+        torch.copysign(t, torch.tensor(y, dtype=torch.float64)).sum().backward()
+        np.testing.assert_array_equal(got, t.grad.numpy())
+        _, tangent = fa.jvp(lambda a: fa.copysign(a, y), (fa.asarray(x),), (fa.ones(4, dtype=fa.float64),))
+        np.testing.assert_array_equal(np.asarray(tangent), t.grad.numpy())
