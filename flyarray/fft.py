@@ -20,6 +20,7 @@ import operator
 import torch
 
 from . import dtypes as dt
+from . import views
 from .ops.library import Library, call
 
 _NORMS = ("backward", "ortho", "forward")
@@ -43,7 +44,8 @@ def _out_dtype(d, fn):
 
 
 def _fft_abstract(x, *, fn, s, axes, norm):
-    return [(_out_shape(x.shape, fn, s, axes), _out_dtype(x.dtype, fn))]
+    shape = views.check_shape(_out_shape(x.shape, fn, s, axes), "fft: the result's shape")   # n=2**62: here
+    return [(shape, _out_dtype(x.dtype, fn))]
 
 
 def _fft_run(x, *, fn, s, axes, norm):
