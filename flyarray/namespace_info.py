@@ -51,14 +51,24 @@ class Info:
 
     def default_dtypes(self, *, device=None) -> dict:
         """The default dtypes: float32 for real floating, complex64 for complex, int64 for integral and indexing."""
+        _check_device(device)
         return {"real floating": dt.float32, "complex floating": dt.complex64, "integral": dt.int64, "indexing": dt.int64}
 
     def dtypes(self, *, device=None, kind=None) -> dict:
         """Name -> dtype for the dtypes of ``kind`` (see fa.isdtype; None: all that compute, not float8)."""
+        _check_device(device)
         names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
                  "float32", "float64", "complex64", "complex128"]
         out = {n: dt.dtype(n) for n in names}
         return out if kind is None else {n: d for n, d in out.items() if isdtype(d, kind)}
+
+
+def _check_device(device) -> None:
+    """A device asked about is one arrays can live on (every such device supports the same dtypes): an unknown
+    one is a ValueError, as fa.zeros(2, device=...) gives."""
+    if device is not None:
+        from .ops.creation import _device
+        _device(device)
 
 
 def __array_namespace_info__() -> Info:

@@ -41,8 +41,17 @@ def register_pytree_node(nodetype, flatten_func, unflatten_func):
     _REGISTRY[nodetype] = _Registry(flatten_func, unflatten_func)
 
 
+def _sorted_keys(d) -> list:
+    """A dict's keys in the order its leaves flatten in (JAX's: sorted), or a TypeError saying why they cannot be."""
+    try:
+        return sorted(d)
+    except TypeError as e:
+        raise TypeError(f"a dict in a pytree flattens in sorted key order, but its keys {list(d)!r} cannot be "
+                        f"sorted ({e}); use keys of one type") from None
+
+
 def _dict_flatten(d):
-    keys = sorted(d)
+    keys = _sorted_keys(d)
     return [d[k] for k in keys], tuple(keys)
 
 
@@ -57,7 +66,7 @@ register_pytree_node(type(None), lambda _: ([], None), lambda _, c: None)
 register_pytree_node(collections.OrderedDict, lambda d: (list(d.values()), tuple(d)),
                      lambda keys, c: collections.OrderedDict(zip(keys, c)))
 register_pytree_node(collections.defaultdict,
-                     lambda d: ([d[k] for k in sorted(d)], (d.default_factory, tuple(sorted(d)))),
+                     lambda d: ([d[k] for k in _sorted_keys(d)], (d.default_factory, tuple(_sorted_keys(d)))),
                      lambda aux, c: collections.defaultdict(aux[0], zip(aux[1], c)))
 
 
@@ -184,6 +193,11 @@ def _check_treedef(treedef, fn):
 
 def all_leaves(iterable) -> bool:
     """Whether every item of ``iterable`` is a leaf, i.e. no registered container (as JAX's all_leaves)."""
+    try:
+        iter(iterable)
+    except TypeError:
+        raise TypeError(f"all_leaves: iterable must be an iterable of candidate leaves, got "
+                        f"{type(iterable).__name__}") from None
     return all(tree_structure(x).kind is None for x in iterable)
 
 

@@ -291,12 +291,23 @@ def test_mx_quantize_torch_fake_follows_format_aliases():
     assert tuple(fake_scales.shape) == tuple(scales.shape) == (2, 2)
 
 
-@pytest.mark.parametrize("dtype", [fa.int32, fa.bool, fa.uint8, fa.complex64])
-def test_mx_dequantize_refuses_a_non_floating_output_dtype_when_recorded(no_evaluation, dtype):
-    """int32 truncated the values and bool booleanized them, silently."""
+@pytest.mark.parametrize("dtype", [fa.int32, fa.bool, fa.uint8, fa.complex64, fa.float8_e4m3fn, fa.float8_e5m2])
+def test_mx_dequantize_refuses_an_output_dtype_the_kernel_does_not_make_when_recorded(no_evaluation, dtype):
+    """int32 truncated the values and bool booleanized them, silently; float8 was recorded and refused only at
+    evaluation, in the kernel's words."""
     data, scales = fa.quant.mx_quantize(fa.ones((2, 64)), "e4m3")
-    with pytest.raises(TypeError, match="mx_dequantize: dtype must be a floating dtype"):
+    with pytest.raises(TypeError, match="mx_dequantize: dtype must be one of float32, float16, bfloat16, float64"):
         fa.quant.mx_dequantize(data, scales, "e4m3", dtype=dtype)
+
+
+def test_scaled_matmul_names_a_missing_or_foreign_operand(no_evaluation):
+    """rhs_scales=None said only "expected a flyarray Array ..., got NoneType"."""
+    data, scales = fa.quant.mx_quantize(fa.ones((8, 64)), "e2m1")
+    x = fa.ones((4, 64), dtype=fa.float16)
+    with pytest.raises(TypeError, match="scaled_matmul: rhs_scales is required"):
+        fa.nn.scaled_matmul(x, data, None, None)
+    with pytest.raises(TypeError, match="scaled_matmul: lhs_scales must be a flyarray Array .* got str"):
+        fa.nn.scaled_matmul(x, data, "codes", scales)
 
 
 @pytest.mark.parametrize("fmt, data", [("e4m3", torch.zeros(2, 48, dtype=torch.float8_e4m3fn)),
@@ -582,9 +593,73 @@ def test_vector_norm_takes_numpy_scalar_orders(order):
 
 @pytest.mark.parametrize("make,words", [
     (lambda: fa.linspace(0, 1j, 3, dtype=fa.float32), "linspace: a complex start or stop"),
-    (lambda: fa.full_like(fa.ones(2), "a"), "full: fill_value must be a Python or numpy scalar, got 'a'"),
+    (lambda: fa.full_like(fa.ones(2), "a"), "full_like: fill_value must be a Python or numpy scalar, got 'a'"),
     (lambda: fa.full((2,), None), "fill_value must be a Python or numpy scalar, got None"),
 ])
 def test_creation_names_a_bad_fill_or_endpoint(make, words):
     with pytest.raises(TypeError, match=words.replace("(", r"\(")):
         make()
+
+
+# thirty-sixth session, a fuzzing helper's bad-input round: each was accepted silently, or raised in the words of an
+# internal function or of Python itself
+@pytest.mark.parametrize("call,exc,message", [
+    (lambda: fa.add(fa.ones(2)), TypeError, r"^add\(\) missing 1 required positional argument: 'x2'"),
+    (lambda: fa.sin(fa.ones(2), out=None), TypeError, r"^sin\(\) got an unexpected keyword argument 'out'"),
+    (lambda: fa.ones(2).at[0].set(1.0, junk=1), TypeError, r"at\[\]\.set\(\) got an unexpected keyword argument 'junk'"),
+    (lambda: fa.ones(2).at[0].set("a"), TypeError, r"at\[\]\.set: values must be an array or a number, got str"),
+    (lambda: fa.ones(2).at[0].add(None), TypeError, r"at\[\]\.add: values must be an array or a number, got NoneType"),
+    (lambda: fa.ones(2).at[0].set(2.0, indices_are_sorted="x"), TypeError, "indices_are_sorted must be a bool"),
+    (lambda: fa.ones(2).at[0].get(unique_indices="x"), TypeError, "unique_indices must be a bool"),
+    (lambda: fa.full_like(fa.ones(2), "a"), TypeError, "^full_like: fill_value must be"),
+    (lambda: fa.asarray(1j, dtype=fa.float32), TypeError, "asarray: a Python complex 1j cannot be fa.float32"),
+    (lambda: fa.astype(fa.ones(2), fa.int32, copy="no"), TypeError, "astype: copy must be True or False"),
+    (lambda: fa.grad(lambda a: (a.sum(), 1), has_aux="False"), TypeError, "grad: has_aux must be True or False"),
+    (lambda: fa.vjp(lambda a: (a, 1), fa.ones(2), has_aux="no"), TypeError, "vjp: has_aux must be True or False"),
+    (lambda: fa.jacrev(lambda a: a, has_aux=1), TypeError, "jacrev: has_aux must be True or False"),
+    (lambda: fa.linalg.matrix_norm(fa.eye(2), ord=True), ValueError, "matrix_norm: ord must be"),
+    (lambda: fa.__array_namespace_info__().dtypes(device="nonsense"), ValueError, "unknown device 'nonsense'"),
+    (lambda: fa.__array_namespace_info__().default_dtypes(device="nonsense"), ValueError, "unknown device"),
+    (lambda: fa.tree_util.tree_flatten({1: fa.ones(2), "a": fa.ones(2)}), TypeError,
+     r"a dict in a pytree flattens in sorted key order, but its keys \[1, 'a'\] cannot be sorted"),
+    (lambda: fa.jit(lambda t: t[1] * 2)({1: fa.ones(2), "a": fa.ones(2)}), TypeError, "cannot be sorted"),
+    (lambda: fa.tree_util.all_leaves(5), TypeError, "all_leaves: iterable must be an iterable"),
+])
+def test_bad_arguments_are_named_in_the_public_functions_words(no_evaluation, call, exc, message):
+    with pytest.raises(exc, match=message):
+        call()
+
+
+@pytest.mark.parametrize("value,dtype,exc,message", [
+    (float("nan"), fa.int32, ValueError, "a Python float NaN has no value in fa.int32"),
+    (float("inf"), fa.int64, OverflowError, "a Python float inf does not fit fa.int64"),
+    (1e30, fa.int32, OverflowError, "1e\\+30 does not fit fa.int32"),
+    (300.0, fa.uint8, OverflowError, "300.0 does not fit fa.uint8 \\(range 0..255\\)"),
+    (-1.5, fa.uint8, OverflowError, "-1.5 does not fit fa.uint8"),
+    (2.0 ** 63, fa.int64, OverflowError, "does not fit fa.int64"),
+])
+def test_a_python_float_with_no_value_in_an_integer_dtype_is_refused_by_asarray_and_full(no_evaluation, value, dtype,
+                                                                                         exc, message):
+    """asarray gave INT_MIN for NaN and inf and wrapped 300.0 into uint8 as 44; full failed only at evaluation
+    (1e30: "int too big to convert") or wrapped -1.5 into 255."""
+    for make in (lambda: fa.asarray(value, dtype=dtype), lambda: fa.asarray([1.0, value], dtype=dtype),
+                 lambda: fa.full((2,), value, dtype=dtype)):
+        with pytest.raises(exc, match=message):
+            make()
+
+
+def test_python_floats_into_an_integer_dtype_truncate_exactly():
+    """Truncated toward zero, as astype; read as float64 (torch's float32 made 16777217.0 into 16777216)."""
+    assert fa.asarray([16777217.0, -2.7, 255.9], dtype=fa.int64).tolist() == [16777217, -2, 255]
+    assert fa.asarray([-0.5, 255.9], dtype=fa.uint8).tolist() == [0, 255]
+    assert fa.asarray(-(2.0 ** 63), dtype=fa.int64).tolist() == -(2 ** 63)
+    assert fa.full((1,), 2.7, dtype=fa.int32).tolist() == [2]
+
+
+def test_an_fft_length_past_any_arrays_size_is_refused_when_recorded(no_evaluation):
+    """fa.fft.fft(x, n=2**62) was recorded and failed inside torch at evaluation ("Storage size calculation
+    overflowed")."""
+    with pytest.raises(ValueError, match="fft: the result's shape .* more elements than any array holds"):
+        fa.fft.fft(fa.ones(4, dtype=fa.complex64), n=2 ** 62)
+    with pytest.raises(ValueError, match="more elements than any array holds"):
+        fa.fft.rfftn(fa.ones((4, 4)), s=(2 ** 40, 2 ** 30))

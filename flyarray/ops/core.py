@@ -55,6 +55,21 @@ def check_scalar_fits(value, d: dt.DType):
         raise OverflowError(f"Python int {value} does not fit {d} (range {info.min}..{info.max})")
 
 
+class NaNToInteger(ValueError):
+    """A NaN asked to become an integer: a ValueError that creation keeps as one (it rewraps torch's as TypeError)."""
+
+
+def integer_of_float(value: float, d: dt.DType) -> int:
+    """A Python float going into integer dtype ``d``: truncated toward zero (astype's rule), and refused where
+    that has no value in ``d`` (NaN, inf, past its range) instead of wrapping or failing at evaluation."""
+    if value != value:
+        raise NaNToInteger(f"a Python float NaN has no value in {d}")
+    info = torch.iinfo(d.torch)
+    if not info.min - 1 < value < info.max + 1:   # Python compares an int with a float exactly
+        raise OverflowError(f"a Python float {value!r} does not fit {d} (range {info.min}..{info.max})")
+    return int(value)
+
+
 def constant(value, shape, d: dt.DType, device) -> ir.Node:
     check_scalar_fits(value, d)
     if d.kind == "c":  # complex(re, im) over two real constants: the plan binds both values, as any scalar's
@@ -284,6 +299,8 @@ def astype(x, dtype, /, *, copy=True, device=None) -> Array:
     ``copy=False`` returns ``x`` itself when the dtype already matches; ``device`` (the array API's) moves
     the result there as ``to_device``."""
     node = node_of(x)  # an Array, or a TypeError before anything moves
+    if not isinstance(copy, (bool, np.bool_)):   # "no" read as True
+        raise TypeError(f"astype: copy must be True or False, got {copy!r}")
     if device is not None:
         from .creation import asarray
         x = asarray(x, device=device)

@@ -13,7 +13,7 @@ from .. import dtypes as dt
 from .. import ir, views
 from .._array import Array, _numpy_view
 from .checks import check_bool
-from .core import astype, constant
+from .core import NaNToInteger, astype, constant, integer_of_float
 
 
 class CopyRefused(ValueError):
@@ -151,6 +151,8 @@ def _copied(obj, copy, make):
         raise CopyRefused("copy=False, but Python scalars and sequences must be copied")
     try:
         return make()
+    except NaNToInteger as exc:
+        raise NaNToInteger(f"cannot make an array from {type(obj).__name__}: {exc}") from None
     except OverflowError as exc:  # numpy: a Python int out of the dtype's range; or ours (_ints_within)
         raise OverflowError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -175,9 +177,10 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
         arr = _copied(obj, copy, lambda: np.array(obj, dtype=target_dtype.name if wide_unsigned else None))
         return _from_numpy(arr, copy)
     if isinstance(obj, (bool, numbers.Number, list, tuple, np.generic)):
+        if isinstance(obj, complex) and target_dtype is not None and target_dtype.kind != "c":
+            raise TypeError(f"asarray: a Python complex {obj!r} cannot be {target_dtype}; use a complex dtype")
         if target_dtype is not None and target_dtype.kind in "iu":
-            t = _copied(obj, copy, lambda: _ints_within(torch.tensor(obj, device="cpu"), target_dtype)
-                        .to(target_dtype.torch))
+            t = _copied(obj, copy, lambda: _ints_within(_python_values(obj), target_dtype).to(target_dtype.torch))
         else:   # on the CPU, not torch's default device (a `with torch.device("meta")` around would make it meta)
             t = _copied(obj, copy, lambda: torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None,
                                                         device="cpu"))
@@ -196,14 +199,29 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
                     "sequence of numbers")
 
 
+def _python_values(obj) -> torch.Tensor:
+    """Python numbers (or nested lists of them) as torch reads them, floats as float64: torch's float32 would
+    round 16777217.0 before it went into an integer dtype."""
+    t = torch.tensor(obj, device="cpu")
+    return torch.tensor(obj, dtype=torch.float64, device="cpu") if t.dtype.is_floating_point else t
+
+
 def _ints_within(t: torch.Tensor, d) -> torch.Tensor:
-    """``t`` (Python values as torch made them), checked to fit integer dtype ``d`` if they are integers:
-    torch would wrap -1 into uint8 as 255 (floats truncate, as astype)."""
-    if t.numel() and not t.dtype.is_floating_point and t.dtype != torch.bool and not t.dtype.is_complex:
-        info, lo, hi = torch.iinfo(d.torch), int(t.min()), int(t.max())
-        if lo < info.min or hi > info.max:
-            raise OverflowError(f"a Python int ({lo if lo < info.min else hi}) does not fit {d} "
-                                f"(range {info.min}..{info.max})")
+    """``t`` (Python values as _python_values made them), checked to go into integer dtype ``d``: torch would
+    wrap -1 into uint8 as 255. Floats truncate toward zero, as astype, and are refused where that has no
+    value in ``d`` (NaN, inf, past its range), as fa.full refuses them."""
+    if not t.numel() or t.dtype == torch.bool or t.dtype.is_complex:
+        return t
+    if t.dtype.is_floating_point:
+        if t.isnan().any():
+            integer_of_float(float("nan"), d)
+        for value in (t.min().item(), t.max().item()):
+            integer_of_float(value, d)
+        return t.trunc()
+    info, lo, hi = torch.iinfo(d.torch), int(t.min()), int(t.max())
+    if lo < info.min or hi > info.max:
+        raise OverflowError(f"a Python int ({lo if lo < info.min else hi}) does not fit {d} "
+                            f"(range {info.min}..{info.max})")
     return t
 
 
@@ -334,14 +352,20 @@ def full(shape, fill_value, *, dtype=None, device=None) -> Array:
     """A lazy constant array of ``shape`` filled with ``fill_value`` (no memory until evaluated).
 
     Default dtype from the scalar: bool -> bool, int -> int64, float -> float32 (numpy gives float64)."""
+    return _full("full", shape, fill_value, dtype, device)
+
+
+def _full(name, shape, fill_value, dtype, device) -> Array:
     shape = _shape(shape)
     if not isinstance(fill_value, (numbers.Number, np.generic)):
-        raise TypeError(f"full: fill_value must be a Python or numpy scalar, got {fill_value!r} of type "
+        raise TypeError(f"{name}: fill_value must be a Python or numpy scalar, got {fill_value!r} of type "
                         f"{type(fill_value).__name__}")
     if isinstance(fill_value, np.generic) and fill_value.dtype.kind in "biufc":   # numpy's np.full: its dtype
         dtype = fill_value.dtype if dtype is None else dtype
         fill_value = fill_value.item()
     d = dt.dtype(dtype) if dtype is not None else dt.result_type(fill_value)
+    if d.kind in "iu" and isinstance(fill_value, float):
+        fill_value = integer_of_float(fill_value, d)   # NaN, inf, 300.0 for uint8: refused as asarray refuses them
     return Array(constant(fill_value, shape, d, _device(device)))
 
 
@@ -366,7 +390,7 @@ def full_like(x, fill_value, *, dtype=None, device=None) -> Array:
     """``full`` with the shape of ``x`` and, unless given, its dtype and device."""
     from .core import array_arg
     x = array_arg(x, "full_like: x")
-    return full(x.shape, fill_value, dtype=dtype or x.dtype, device=device or x.device)
+    return _full("full_like", x.shape, fill_value, dtype or x.dtype, device or x.device)
 
 
 def zeros_like(x, *, dtype=None, device=None) -> Array:

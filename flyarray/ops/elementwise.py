@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -75,7 +76,10 @@ def _make(name, arity):
     else:
         def fn(*args):
             return elementwise(name, *args)
-    fn.__name__ = name
+    fn.__name__ = fn.__qualname__ = name
+    # Python names a call's binding errors ("missing 1 required positional argument") by the code's qualified
+    # name, which would be "_make.<locals>.fn"
+    fn.__code__ = fn.__code__.replace(co_name=name, **({"co_qualname": name} if sys.version_info >= (3, 11) else {}))
     fn.__doc__ = _doc(name, prim)
     if arity == 2:
         fn.primitive = prim  # Array's operators record through core.binary directly (_array._recorder)

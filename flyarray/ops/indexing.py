@@ -494,6 +494,7 @@ class AtIndex:
         its default is NaN for floats, the lowest value of a signed integer type, the highest of an unsigned one,
         True for bool; it is ignored in the other modes, as JAX's). The two hints are accepted and unused."""
         _check_mode(mode, ("clip", "fill", "drop", "promise_in_bounds"))
+        _check_hints("get", indices_are_sorted, unique_indices)
         if mode in ("fill", "drop"):
             fill = _default_fill(self._x.dtype) if fill_value is None else fill_value
             return getitem(self._x, _as_lazy_indices(self._key, self._x), fill=fill)
@@ -531,10 +532,16 @@ class AtIndex:
         rule: x ** (the exponents multiplied into ones))."""
         return self._update(values, "power", **options)
 
-    def _update(self, values, op, *, mode=None, indices_are_sorted=False, unique_indices=False):
+    def _update(self, values, op, mode=None, indices_are_sorted=False, unique_indices=False, **unknown):
         """Out-of-range lazy indices are dropped (``mode`` None, 'drop', 'promise_in_bounds'; 'drop' drops known
         ones too) or clamped into range ('clip', known ones too: a negative one counts from the end first)."""
+        if unknown:
+            raise TypeError(f"at[].{op}() got an unexpected keyword argument {next(iter(unknown))!r} (it takes "
+                            "values, mode, indices_are_sorted, unique_indices)")
         _check_mode(mode, ("drop", "clip", "promise_in_bounds"))
+        _check_hints(op, indices_are_sorted, unique_indices)
+        if values is None or isinstance(values, (str, bytes, dict, set)):
+            raise TypeError(f"at[].{op}: values must be an array or a number, got {type(values).__name__}")
         key = _as_lazy_indices(self._key, self._x) if mode in ("drop", "clip") else self._key
         return update(self._x, key, values, op, clamp=mode == "clip")
 
@@ -556,6 +563,13 @@ def _as_lazy_indices(key, x):
                 return asarray(values, device=x.device)
         return k
     return tuple(lazy(k) for k in key) if isinstance(key, tuple) else lazy(key)
+
+
+def _check_hints(op, indices_are_sorted, unique_indices):
+    """JAX's two hints are accepted and unused; still bools, as JAX's are (a string would read as True)."""
+    for name, hint in (("indices_are_sorted", indices_are_sorted), ("unique_indices", unique_indices)):
+        if not isinstance(hint, (bool, np.bool_)):
+            raise TypeError(f"at[].{op}: {name} must be a bool, got {hint!r}")
 
 
 def _check_mode(mode, supported):

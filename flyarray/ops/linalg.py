@@ -493,6 +493,8 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     x = array_arg(x, "matrix_norm: x")
     if x.ndim < 2:
         raise ValueError(f"matrix_norm: x must have at least 2 dimensions, got shape {x.shape}")
+    if isinstance(ord, (bool, np.bool_)):   # True == 1: it was the 1-norm (vector_norm refuses a bool too)
+        raise ValueError(f"matrix_norm: ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got {ord!r}")
     if ord == "fro":   # vector_norm takes every dtype (64-bit integers through float64)
         return vector_norm(x, axis=(-2, -1), keepdims=keepdims)
     if x.dtype.kind not in "fc":  # complex: the norms of the magnitudes (svdvals takes the complex matrix)

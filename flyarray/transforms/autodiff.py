@@ -21,6 +21,8 @@ import functools
 import threading
 import weakref
 
+import numpy as np
+
 from .. import ad_rules, ir
 from ..expand import expand_composites
 from .. import dtypes as dt
@@ -108,7 +110,7 @@ def _trace(roots, inputs, start):
             of = ", ".join(f"{i.dtype}{list(i.shape)}" for i in (inputs_ if prim.kind == "library" else (node,)))
             what = prim.name
             if prim.name == "astype" and all(i.dtype.kind != "c" for i in inputs_):   # e.g. fa.fft.fft of a real x
-                what = "a real-to-complex cast (fa.fft's functions make one of a real input)"
+                what = "a real-to-complex cast (a real array meeting a complex one, or fa.fft of a real input)"
             raise TypeError(f"cannot differentiate through {what} of {of}: derivatives "
                             "of complex-valued functions are not implemented (complex values are supported "
                             "outside fa.grad/vjp/jvp); differentiate a real function of real parts instead")
@@ -384,6 +386,7 @@ class _Flat:
     """``fun`` on flat array leaves, remembering the output structure and aux."""
 
     def __init__(self, fun, in_tree, has_aux, where):
+        check_has_aux(has_aux, where)
         self.fun, self.in_tree, self.has_aux, self.where = fun, in_tree, has_aux, where
         self.out_tree = self.aux = None
 
@@ -397,6 +400,12 @@ class _Flat:
         out_leaves, self.out_tree = tu.tree_flatten(out)
         _check_outputs(out_leaves, self.where)
         return out_leaves
+
+
+def check_has_aux(has_aux, where):
+    """has_aux is a bool: a string "False" read as True, and the result came back as an (output, aux) pair."""
+    if not isinstance(has_aux, (bool, np.bool_)):
+        raise TypeError(f"{where}: has_aux must be True or False, got {has_aux!r}")
 
 
 def vjp(fun, *primals, has_aux=False):
@@ -496,6 +505,7 @@ def value_and_grad(fun, argnums=0, has_aux=False):
     """``fun``'s value and its gradient w.r.t. the arguments ``argnums`` (an int or a tuple of ints);
     ``fun`` must return a float scalar (shape ()), or (scalar, aux) with ``has_aux``."""
     recording.check_callable(fun, "grad")
+    check_has_aux(has_aux, "grad")
 
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 
 from .. import tree_util as tu
-from .autodiff import _differentiable, _prepare, jvp, vjp
+from .autodiff import _differentiable, _prepare, check_has_aux, jvp, vjp
 from .batching import vmap
 from .recording import check_callable
 
@@ -55,6 +55,7 @@ def jacfwd(fun, argnums=0, has_aux=False):
     jvp per input entry, vectorized with vmap. With ``has_aux``, ``fun`` returns (output, aux) and the
     function (jacobian, aux)."""
     check_callable(fun, "jacfwd")
+    check_has_aux(has_aux, "jacfwd")
 
     @functools.wraps(fun)
     def jacfun(*args, **kwargs):
@@ -83,6 +84,7 @@ def jacrev(fun, argnums=0, has_aux=False):
     vjp per output entry, vectorized with vmap. ``fun``'s outputs must be real-valued. With ``has_aux``,
     ``fun`` returns (output, aux) and the function (jacobian, aux)."""
     check_callable(fun, "jacrev")
+    check_has_aux(has_aux, "jacrev")
 
     @functools.wraps(fun)
     def jacfun(*args, **kwargs):
