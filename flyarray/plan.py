@@ -61,6 +61,19 @@ class _TraceState(threading.local):
 _trace = _TraceState()
 
 
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+@contextlib.contextmanager
+def _autocast_off():
+    """torch.autocast off on every device type it is on: a plan computes in the dtypes it recorded."""
+    with contextlib.ExitStack() as stack:
+        for device_type in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
 class ConcretizationError(RuntimeError):
     """A traced value's data was needed while fa.jit traces (the value does not exist yet)."""
 
@@ -192,6 +205,12 @@ class Plan:
         self.fresh_slots = [None] * (n_slots - n_leaves)  # copied by leaves + fresh_slots, never written
 
     def run(self, leaves: list, scalars: list) -> list:
+        if _any_autocast():   # 0.25 us: an ambient torch.autocast would change the dtypes of the torch ops a plan
+            with _autocast_off():   # calls (a float32 matmul came out bfloat16, labelled float32)
+                return self._run(leaves, scalars)
+        return self._run(leaves, scalars)
+
+    def _run(self, leaves: list, scalars: list) -> list:
         if self.static_scalars:
             scalars = scalars + self.static_scalars
         slots = leaves + self.fresh_slots

@@ -13,6 +13,7 @@ import inspect
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 import flyarray as fa
 
@@ -44,6 +45,8 @@ def function(fn):
     jitted = fa.jit(fn)
 
     def wrapped(*args, **kwargs):
+        if _functorch_level() is not None or _forward_ad._current_level >= 0:   # 0.2 us: only inside a transform
+            _refuse_torch_transforms(args, kwargs)
         # keywords as fa.jit takes them (tensors traced, other values static); any pytree of arrays comes
         # back with the same structure, each leaf a tensor over its memory
         out = jitted.call_returning_tensors(*args, **kwargs)
@@ -55,6 +58,23 @@ def function(fn):
 
     wrapped.__wrapped__ = fn
     return wrapped
+
+
+_functorch_level = torch._C._functorch.maybe_current_level
+
+
+def _refuse_torch_transforms(args, kwargs):
+    """A tensor of torch.func's (vmap, grad, jvp wrap their inputs) or a forward-AD dual: fat.function has no
+    batching or derivative rule for torch's transforms, which failed inside torch ("Cannot access data pointer
+    of Tensor that doesn't have storage") or dropped a dual's tangent without a word."""
+    for t in fa.tree_util.tree_leaves((args, kwargs)):
+        if not isinstance(t, torch.Tensor):
+            continue
+        if torch._C._functorch.is_functorch_wrapped_tensor(t) or (
+                _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(t).tangent is not None):
+            raise RuntimeError("fat.function: torch.func transforms (vmap, grad, jvp) and forward-mode AD cannot "
+                               "see inside a flyarray function; transform the fa function instead (fa.vmap, "
+                               "fa.grad, fa.jvp), or write the differentiable part with torch or fat's ops")
 
 
 def _wanting_grad(args, kwargs) -> list:
@@ -249,7 +269,26 @@ def _families(ops):
 
 
 def _tensors(op, **tensors):
-    """A TypeError naming the argument for anything that is not a tensor (None where optional)."""
+    """A TypeError naming the argument for anything that is not a tensor (None where optional); a tangent for
+    forward-mode AD refused (``_refuse_forward_mode``)."""
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) and not (t is None and name in torch_ops._OPTIONAL):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if _forward_ad._current_level >= 0 or _functorch_level() is not None:   # 0.2 us: only inside a transform
+        _refuse_forward_mode(op, tensors)
+
+
+def _refuse_forward_mode(op, tensors):
+    """torch's custom ops (ours) have no forward-mode rule, and torch gives their outputs a zero tangent under
+    torch.func.jvp and none for a forward_ad dual, without a word: refused here instead. vmap (torch's fallback)
+    and reverse mode (the registered backward) are fine."""
+    in_jvp = _functorch_level() is not None and any(
+        i.key() == torch._C._functorch.TransformType.Jvp for i in torch._C._functorch.get_interpreter_stack() or ())
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        if (in_jvp and torch._C._functorch.is_functorch_wrapped_tensor(t)) or (
+                _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(t).tangent is not None):
+            raise RuntimeError(f"fat.{op}: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) does not "
+                               f"reach flyarray's custom ops (torch would give {name}'s tangent as zero); use "
+                               "reverse mode, or fa.jvp over fa's ops")

@@ -899,9 +899,24 @@ def _example(node, name, index):
     return a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
 
 
+# What Dynamo records where it inlines torch.func.grad / jvp / vmap / jacrev (the transform's levels)
+_FUNCTORCH_LEVELS = frozenset(("_grad_increment_nesting", "_jvp_increment_nesting", "_vmap_increment_nesting",
+                               "_wrap_for_grad", "_unwrap_for_grad", "_enter_dual_level"))
+
+
+def _under_torch_func(gm: torch.fx.GraphModule) -> bool:
+    """Whether a Dynamo graph runs inside a torch.func transform: torch's custom ops (ours) have no functorch
+    rules ("an autograd.Function ... must override setup_context"), so the calls stay torch's there."""
+    return any(n.op == "call_function" and getattr(n.target, "__name__", None) in _FUNCTORCH_LEVELS
+               for n in gm.graph.nodes)
+
+
 def rewrite_library_calls(gm: torch.fx.GraphModule, families) -> int:
-    """Point SDPA (no mask, no dropout, 4-D) and 1-D-shaped rms_norm at our custom ops; returns how many."""
+    """Point SDPA (no mask, no dropout, 4-D) and 1-D-shaped rms_norm at our custom ops; returns how many.
+    None inside a torch.func transform (``_under_torch_func``)."""
     count = 0
+    if _under_torch_func(gm):
+        return count
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -1121,6 +1136,10 @@ def make_backend(ops=None):
         makes a gradient the parameter's layout anyway, so keeping eager's transposed layout of a weight
         gradient our GEMM writes contiguous would cost a copy there and another in AccumulateGrad."""
         from torch._functorch.aot_autograd import make_boxed_func
+        if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in example_inputs):
+            # meta tensors have shapes and no values: nothing to compute, and torch's meta kernels give the
+            # outputs' shapes, dtypes and strides as eager (and Inductor) would
+            return make_boxed_func(gm)
         if "elementwise" in families:
             merge_select_backward_sums(gm)
         return make_boxed_func(CompiledGraph(gm, table, _visible_outputs(user_outputs)))

@@ -521,7 +521,7 @@ class MXLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         out_dtype = _out_dtype(x)
         if trains:   # the layers before it train through it
-            y = _WeightOnlyMXLinear.apply(rows, self, out_dtype)
+            y = _WeightOnlyMXLinear.apply(rows, self.weight_data, self.weight_scales, self, out_dtype)
         else:
             y = self._matmul(rows, out_dtype)
         return self._output(y, x)
@@ -567,9 +567,9 @@ class MXLinear(nn.Module):
         try:
             super()._apply(fn, recurse)
         finally:
-            device = fn(torch.empty(0, device=codes["weight_data"].device)).device
-            for name, t in codes.items():
-                self._buffers[name] = t.to(device)
+            for name, t in codes.items():   # fn itself where it keeps the dtype (to_empty: from meta, no copy)
+                moved = fn(t)
+                self._buffers[name] = moved if moved.dtype == t.dtype else t.to(moved.device)
         return self
 
     def _matmul(self, rows, out_dtype):
@@ -599,15 +599,18 @@ class _WeightOnlyMXLinear(torch.autograd.Function):
     d rows = dy @ dequant(W), in float32, rounded to rows' dtype."""
 
     @staticmethod
-    def forward(ctx, rows, module, out_dtype):
-        ctx.module, ctx.rows_dtype = module, rows.dtype
+    def forward(ctx, rows, weight_data, weight_scales, module, out_dtype):
+        # the codes are saved, not read off the module at backward: an in-place update between the two (an
+        # optimizer step, load_state_dict) is torch's version-counter error, as nn.Linear's weight would be
+        ctx.save_for_backward(weight_data, weight_scales)
+        ctx.weight_format, ctx.rows_dtype = module.weight_format, rows.dtype
         return module._matmul(rows, out_dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        m = ctx.module
-        w = mx_dequantize(m.weight_data, m.weight_scales, m.weight_format, dtype=torch.float32)  # [out, in]
-        return (dy.float() @ w).to(ctx.rows_dtype), None, None
+        data, scales = ctx.saved_tensors
+        w = mx_dequantize(data, scales, ctx.weight_format, dtype=torch.float32)  # [out, in]
+        return (dy.float() @ w).to(ctx.rows_dtype), None, None, None, None
 
 
 def _relative_error(after, before) -> float:
