@@ -151,18 +151,33 @@ def _in_float32_at_least(fn):
 # overflows first past -88.7 in float32 (silu(-89.05) gave -0.0 for -1.9e-37, sigmoid a 0 for a subnormal):
 # sigmoid, silu and gelu_tanh take e^z there (JAX's logistic keeps that tail too).
 _LOGISTIC_TAIL = {"float32": -20.0, "float64": -40.0}
+# Below these e^z nears the subnormals, whose few significant bits x * e^z would scale up (silu(-102.9) was 50 ulps
+# off): x * e^z is taken as (x * e^(z/2)) * e^(z/2) there, z/2 exact and e^(z/2) normal, rounded last where small.
+_DEEP_TAIL = {"float32": -87.0, "float64": -708.0}
 
 
 def _logistic_tail(name) -> float:
     return _LOGISTIC_TAIL["float64" if name == "float64" else "float32"]
 
 
+def _deep_tail(name) -> float:
+    return _DEEP_TAIL["float64" if name == "float64" else "float32"]
+
+
 def _times_logistic(x, z, cdt):
     """x * sigmoid(z) as generated source (x None: sigmoid(z)), with e^z in the tail."""
     if x is None:
         return f"tl.where({z} < {_logistic_tail(cdt.name)!r}, ext.exp({z}), {_rn_div('1.0', f'(1.0 + ext.exp(-{z}))', cdt)})"
-    return (f"tl.where({z} < {_logistic_tail(cdt.name)!r}, {x} * ext.exp({z}), "
-            f"{_rn_div(x, f'(1.0 + ext.exp(-{z}))', cdt)})")
+    x_exp = (f"tl.where({z} < {_deep_tail(cdt.name)!r}, ({x} * ext.exp(0.5 * {z})) * ext.exp(0.5 * {z}), "
+             f"{x} * ext.exp({z}))")
+    return f"tl.where({z} < {_logistic_tail(cdt.name)!r}, {x_exp}, {_rn_div(x, f'(1.0 + ext.exp(-{z}))', cdt)})"
+
+
+def _x_times_exp(x, z):
+    """x * e^z for the reference, as _times_logistic's generated tail computes it."""
+    deep = _deep_tail("float64" if z.dtype == torch.float64 else "float32")
+    half = torch.exp(0.5 * z)
+    return torch.where(z < deep, (x * half) * half, x * torch.exp(z))
 
 
 def _in_logistic_tail(z):
@@ -186,6 +201,10 @@ def _layout_invariant(fn, numpy_fn):
         result = torch.from_numpy(np.asarray(result, dtype=np.float64)).to(tensors[0].dtype)
         return result if out is None else out.copy_(result)
     return reference
+
+
+def _gelu_tanh_reference(x, z):
+    return torch.where(_in_logistic_tail(z), _x_times_exp(x, z), x * _logistic_reference(z))
 
 
 def _torch_logistic(z):
@@ -323,7 +342,7 @@ for _name, _ref, _low in [
 # ---- activations (first-class so the scheduler can move them into a GEMM epilogue) ----------
 _ew("relu", 1, "numeric", "same", torch.relu, _f("tl.where({0} < 0, 0, {0})"))
 _ew("silu", 1, "float", "same",
-    _in_float32_at_least(lambda x: torch.where(_in_logistic_tail(x), x * torch.exp(x), torch.nn.functional.silu(x))),
+    _in_float32_at_least(lambda x: torch.where(_in_logistic_tail(x), _x_times_exp(x, x), torch.nn.functional.silu(x))),
     lambda a, cdt: _times_logistic(a[0], a[0], cdt))
 # Both GELUs in forms without cancellation: 0.5 * x * (1 + erf(x / sqrt 2)) and 0.5 * x * (1 + tanh(u)) lose every
 # digit below x ~ -3 (torch's own kernels do: gelu(-6.8) gave 0 for 2.9e-11, and the two backends disagreed 10x);
@@ -335,7 +354,7 @@ _TWO_SQRT_2_OVER_PI = 1.5957691216057308
 _ew("gelu", 1, "float", "same", _in_float32_at_least(lambda x: 0.5 * x * torch.erfc(x * -_SQRT_HALF)),
     _f(f"(0.5 * {{0}} * ext.erfc({{0}} * {-_SQRT_HALF!r}))"))
 _ew("gelu_tanh", 1, "float", "same",
-    _in_float32_at_least(lambda x: x * _logistic_reference(_TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
+    _in_float32_at_least(lambda x: _gelu_tanh_reference(x, _TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
     lambda a, cdt: _times_logistic(a[0], f"({_TWO_SQRT_2_OVER_PI!r} * ({a[0]} + 0.044715 * {a[0]} * {a[0]} * {a[0]}))", cdt))
 
 # ---- unary, same dtype ----------------------------------------------------------------
