@@ -334,7 +334,8 @@ for _name, _ref, _low in [
     ("cosh", _layout_invariant(torch.cosh, np.cosh), _float_only("cosh")),
     ("sinh", _layout_invariant(torch.sinh, np.sinh), _float_only("sinh")),
     ("expm1", torch.expm1, _float_only("expm1")),
-    ("log1p", torch.log1p, _float_only("log1p")),
+    # (torch's float32 CPU log1p loses subnormals: log1p(2^-149) gave 0, log1p(3 * 2^-149) 4 * 2^-149)
+    ("log1p", _layout_invariant(torch.log1p, np.log1p), _float_only("log1p")),
     ("log10", torch.log10, _float_only("log10")),
 ]:
     _ew(_name, 1, "numeric", "float", _ref, _low)

@@ -50,6 +50,8 @@ def _scan_kernel(x_ptr, out_ptr, N, stride_x, stride_out,
         carry = tl.full([], 0, ACC)
     if INITIAL:  # the identity in front: the row's output is one longer
         tl.store(out_row, carry.to(out_ptr.dtype.element_ty))
+    if not PROD and ACC != tl.int64:   # -0.0 is the float sum's identity: a row of -0.0 sums to -0.0, as numpy's
+        carry = tl.full([], -0.0, ACC)   # cumsum has it (+0.0 + -0.0 is +0.0)
     for start in range(0, N, BLOCK):
         cols = start + lane
         ok = cols < N
@@ -61,7 +63,11 @@ def _scan_kernel(x_ptr, out_ptr, N, stride_x, stride_out,
         else:
             x = tl.load(x_row + cols, mask=ok, other=0).to(ACC)
             inc = tl.associative_scan(x, 0, _ADD) + carry
-            carry = tl.reduce(tl.where(lane == BLOCK - 1, inc, 0), 0, _ADD)
+            if ACC == tl.int64:
+                carry = tl.reduce(tl.where(lane == BLOCK - 1, inc, 0), 0, _ADD)
+            else:   # the last lane's bits, summed as integers: a float sum may drop a -0.0's sign (the interpreter's)
+                BITS: tl.constexpr = tl.int64 if ACC == tl.float64 else tl.int32
+                carry = tl.sum(tl.where(lane == BLOCK - 1, inc.to(BITS, bitcast=True), 0), 0).to(ACC, bitcast=True)
         tl.store(out_row + cols + INITIAL, inc.to(out_ptr.dtype.element_ty), mask=ok)
 
 

@@ -100,3 +100,15 @@ def test_fa_inspect_shows_the_gfx950_builds():
         text = str(fa.inspect(fn, x, target="gfx950"))
         rows = [line for line in text.splitlines() if "_gfx950" in line]
         assert rows and all(kernel in r and r.split("|")[4].strip() == "0" for r in rows), text
+
+
+@pytest.mark.parametrize("n", [3, 20])   # one block, and carries across blocks of 8
+def test_cumsum_of_negative_zeros_keeps_their_sign(n):
+    """The scan started from +0.0, so a run of -0.0 summed to +0.0 (numpy: -0.0; a fuzzing helper, thirty-sixth
+    session); the initial entry stays +0.0."""
+    x = torch.full((2, n), -0.0)
+    x[1, -1] = 1.0
+    got = scan_mod.scan(x, "sum", x.dtype, False, config={"block": 8})
+    assert torch.signbit(got[0]).all() and torch.signbit(got[1, :-1]).all() and got[1, -1] == 1.0
+    with_initial = scan_mod.scan(x, "sum", x.dtype, True, config={"block": 8})
+    assert not torch.signbit(with_initial[:, 0]).any() and torch.signbit(with_initial[0, 1:]).all()
