@@ -41,6 +41,8 @@ _lock = threading.RLock()
 # CPython 3.11's compile() is not safe in two threads at once (SystemError: AST constructor recursion
 # depth mismatch, seen in tests/test_plan.py's thread test): every compile of generated source takes it.
 COMPILE_LOCK = threading.Lock()
+# a forked child has only the forking thread: a lock another thread held at the fork would stay held for good
+os.register_at_fork(after_in_child=lambda: (_lock._at_fork_reinit(), COMPILE_LOCK._at_fork_reinit()))
 _dirs: dict = {}  # (root, name) -> verified directory, or None when it cannot be used
 _warned = False
 _unwritable: set = set()  # directories a write failed in: not retried this process

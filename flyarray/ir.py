@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 import weakref
 from typing import Any, Optional
@@ -146,6 +147,8 @@ def constant(value, shape, dtype: _dt.DType, device) -> Node:
 # (plan.Plan.bind: three fields change). Recording in other threads reads a view's base and ops to
 # compose views over it; they take this lock to see the node wholly before or wholly after.
 REBIND = threading.RLock()
+# a forked child has only the forking thread: a lock another thread held at the fork would stay held for good
+os.register_at_fork(after_in_child=REBIND._at_fork_reinit)
 
 
 def view(base: Node, ops: tuple, shape: tuple) -> Node:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import threading
 import weakref
 
@@ -45,6 +46,8 @@ _plans: collections.OrderedDict = collections.OrderedDict()
 _plan_nodes = 0  # graph nodes in _plans' keys
 _newest = None  # the plan last used or added: already at the LRU end of _plans when it is hit again
 _lock = threading.RLock()  # one evaluation at a time: buffers are bound only when all its launches are issued
+# a process forked while another thread evaluated would wait for it forever: the child has only the forking thread
+os.register_at_fork(after_in_child=_lock._at_fork_reinit)
 _companions: dict = {}  # node id -> weak refs of nodes evaluated together with it (rms_norm's residual sum)
 
 

@@ -40,6 +40,18 @@ _pool = None
 _pool_lock = threading.Lock()
 # (id(kernel), launch key) -> (kernel, Triton's FutureKernel): library compiles a warm-up started
 _ahead: dict = {}
+
+
+def _forget_the_parents_pool():
+    """A forked child has none of the pool's threads: work sent to the parent's pool would never run, a compile it
+    had started would never finish, and a lock another thread held at the fork would stay held."""
+    global _pool
+    _pool = None
+    _ahead.clear()
+    _pool_lock._at_fork_reinit()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_pool)
 # the keys of _ahead that the running warm-up added (each warm-up thread drops its own when done)
 _started_here = contextvars.ContextVar("flyarray_precompile_started", default=None)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
+import os
 import threading
 import time
 
@@ -33,6 +34,8 @@ from . import tables
 
 recording: list = []  # the open profiles; mutated in place, never rebound (plan.py may hold a reference)
 _lock = threading.Lock()
+# a forked child has only the forking thread: a lock another thread held at the fork would stay held for good
+os.register_at_fork(after_in_child=_lock._at_fork_reinit)
 
 
 @dataclasses.dataclass

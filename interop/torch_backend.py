@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import os
 import threading
 
 import torch
@@ -989,6 +990,8 @@ def _mha_forward(*args, **kwargs):
 
 
 _MHA_LOCK = threading.RLock()
+# a forked child has only the forking thread: a lock another thread held at the fork would stay held for good
+os.register_at_fork(after_in_child=_MHA_LOCK._at_fork_reinit)
 
 
 def _rms_ok(node):

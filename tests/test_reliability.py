@@ -2,6 +2,7 @@
 
 Every bad input must raise at record time, before any work, with a message naming the problem.
 """
+import os
 import subprocess
 import sys
 import textwrap
@@ -368,3 +369,44 @@ def test_int64_scalars_between_2_31_and_2_32_keep_their_width(backend):
     assert np.asarray(fa.full((2,), s, dtype=fa.int64) + fa.full((2,), s, dtype=fa.int64)).tolist() == [2 * s] * 2
     assert np.asarray(2147483649 ** x).tolist() == [int(np.int64(2147483649) ** np.int64(k)) for k in (7, 2)]
     assert np.asarray(fa.arange(s, s + 3, dtype=fa.int64) + x[:1]).tolist() == [s + 7, s + 8, s + 9]
+
+
+def _evaluate_in_child(queue):
+    x = fa.asarray(np.arange(8, dtype=np.float32))
+    queue.put(float(np.asarray((fa.sin(x) * 3 + 1.0).sum())))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_process_forked_while_another_thread_evaluates_can_evaluate():
+    """The child inherited flyarray's locks held by a thread it does not have (multiprocessing's default 'fork'
+    on Linux): its first evaluation waited forever (a fuzzing helper, thirty-sixth session)."""
+    import multiprocessing
+    import threading
+    stop = threading.Event()
+
+    def busy():
+        i = 0
+        while not stop.is_set():
+            float(np.asarray((fa.sin(fa.asarray(np.arange(8, dtype=np.float32))) * i).sum()))
+            i += 1
+    _evaluate_in_child(type("Sink", (), {"put": staticmethod(lambda value: None)}))
+    # (evaluated once first: a thread importing a module at the fork leaves the child Python's own import lock,
+    # which no library can release; torch imports torch._refs on the first broadcast_shapes)
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+    try:
+        ctx = multiprocessing.get_context("fork")
+        for _ in range(3):
+            queue = ctx.Queue()
+            child = ctx.Process(target=_evaluate_in_child, args=(queue,))
+            child.start()
+            child.join(60)
+            hung = child.is_alive()
+            if hung:
+                child.kill()
+                child.join()
+            assert not hung, "the forked child's evaluation never finished"
+            assert queue.get(timeout=5) == pytest.approx(float((np.sin(np.arange(8)) * 3 + 1).sum()), rel=1e-5)
+    finally:
+        stop.set()
+        thread.join()

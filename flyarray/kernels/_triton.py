@@ -13,6 +13,7 @@ import contextvars
 import ctypes
 import functools
 import inspect
+import os
 import threading
 import types
 
@@ -36,6 +37,8 @@ _INTERPRETED_MARK = "_flyarray_real_tl"
 # snapshot/restore below is process-wide: two threads interleaving would restore each other's patches
 # away mid-launch. One interpreted launch at a time (it runs on the CPU anyway).
 _INTERPRETER_LOCK = threading.RLock()
+# a forked child has only the forking thread: a lock another thread held at the fork would stay held for good
+os.register_at_fork(after_in_child=_INTERPRETER_LOCK._at_fork_reinit)
 
 
 def _interpreted(kernel) -> "_InterpretedLaunch":
