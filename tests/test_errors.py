@@ -648,6 +648,17 @@ def test_a_python_float_with_no_value_in_an_integer_dtype_is_refused_by_asarray_
             make()
 
 
+def test_lists_mixing_ints_and_floats_keep_every_int_exactly():
+    """A list holding a float was read as float64 as a whole: 2**62 + 1 lost its low bit and 2**63 - 1 was refused
+    as a float (numpy keeps both); a complex in the list lost its imaginary part silently."""
+    assert fa.asarray([2 ** 62 + 1, 0.5], dtype=fa.int64).tolist() == [2 ** 62 + 1, 0]
+    assert fa.asarray([[2 ** 63 - 1], [-1.5]], dtype=fa.int64).tolist() == [[2 ** 63 - 1], [-1]]
+    with pytest.raises(TypeError, match="a complex value 2j cannot be fa.int32"):
+        fa.asarray([1, 2j], dtype=fa.int32)
+    with pytest.raises(OverflowError, match="does not fit fa.int8"):
+        fa.asarray([200, 0.5], dtype=fa.int8)
+
+
 def test_python_floats_into_an_integer_dtype_truncate_exactly():
     """Truncated toward zero, as astype; read as float64 (torch's float32 made 16777217.0 into 16777216)."""
     assert fa.asarray([16777217.0, -2.7, 255.9], dtype=fa.int64).tolist() == [16777217, -2, 255]

@@ -153,7 +153,7 @@ def _copied(obj, copy, make):
         return make()
     except NaNToInteger as exc:
         raise NaNToInteger(f"cannot make an array from {type(obj).__name__}: {exc}") from None
-    except OverflowError as exc:  # numpy: a Python int out of the dtype's range; or ours (_ints_within)
+    except OverflowError as exc:  # numpy: a Python int out of the dtype's range; or ours (_integer_values)
         raise OverflowError(f"cannot make an array from {type(obj).__name__}: {exc}") from exc
     except (TypeError, ValueError, RuntimeError) as exc:
         if "unpacking long long" in str(exc):  # torch: a Python int past int64 (no dtype given)
@@ -180,7 +180,7 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
         if isinstance(obj, complex) and target_dtype is not None and target_dtype.kind != "c":
             raise TypeError(f"asarray: a Python complex {obj!r} cannot be {target_dtype}; use a complex dtype")
         if target_dtype is not None and target_dtype.kind in "iu":
-            t = _copied(obj, copy, lambda: _ints_within(_python_values(obj), target_dtype).to(target_dtype.torch))
+            t = _copied(obj, copy, lambda: _integer_values(obj, target_dtype).to(target_dtype.torch))
         else:   # on the CPU, not torch's default device (a `with torch.device("meta")` around would make it meta)
             t = _copied(obj, copy, lambda: torch.tensor(obj, dtype=target_dtype.torch if target_dtype else None,
                                                         device="cpu"))
@@ -199,30 +199,32 @@ def _to_tensor(obj, target_dtype, copy) -> torch.Tensor:
                     "sequence of numbers")
 
 
-def _python_values(obj) -> torch.Tensor:
-    """Python numbers (or nested lists of them) as torch reads them, floats as float64: torch's float32 would
-    round 16777217.0 before it went into an integer dtype."""
+def _integer_values(obj, d) -> torch.Tensor:
+    """Python numbers (or nested lists of them) going into integer dtype ``d``, checked: torch would wrap -1 into
+    uint8 as 255, and read a list holding a float as float32 (16777217.0 rounded) or float64 (a large int beside
+    a float lost its low bits)."""
     t = torch.tensor(obj, device="cpu")
-    return torch.tensor(obj, dtype=torch.float64, device="cpu") if t.dtype.is_floating_point else t
-
-
-def _ints_within(t: torch.Tensor, d) -> torch.Tensor:
-    """``t`` (Python values as _python_values made them), checked to go into integer dtype ``d``: torch would
-    wrap -1 into uint8 as 255. Floats truncate toward zero, as astype, and are refused where that has no
-    value in ``d`` (NaN, inf, past its range), as fa.full refuses them."""
-    if not t.numel() or t.dtype == torch.bool or t.dtype.is_complex:
+    if t.is_floating_point() or t.is_complex():   # element by element: ints exact, floats truncated, complex refused
+        t = torch.tensor(_leaves_as_ints(obj, d), dtype=torch.int64, device="cpu")
+    if not t.numel() or t.dtype == torch.bool:
         return t
-    if t.dtype.is_floating_point:
-        if t.isnan().any():
-            integer_of_float(float("nan"), d)
-        for value in (t.min().item(), t.max().item()):
-            integer_of_float(value, d)
-        return t.trunc()
     info, lo, hi = torch.iinfo(d.torch), int(t.min()), int(t.max())
     if lo < info.min or hi > info.max:
         raise OverflowError(f"a Python int ({lo if lo < info.min else hi}) does not fit {d} "
                             f"(range {info.min}..{info.max})")
     return t
+
+
+def _leaves_as_ints(obj, d):
+    """``obj``'s numbers as Python ints for integer dtype ``d``: floats truncate toward zero, as astype, and are
+    refused where that has no value in ``d`` (NaN, inf, past its range), as fa.full refuses them."""
+    if isinstance(obj, (list, tuple)):
+        return [_leaves_as_ints(v, d) for v in obj]
+    if isinstance(obj, complex) or (isinstance(obj, np.generic) and obj.dtype.kind == "c"):
+        raise TypeError(f"asarray: a complex value {obj!r} cannot be {d}; use a complex dtype")
+    if isinstance(obj, (float, np.floating)):
+        return integer_of_float(float(obj), d)
+    return int(obj)
 
 
 def _plain_tensor(t: torch.Tensor, copy) -> torch.Tensor:
