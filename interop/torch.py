@@ -77,6 +77,16 @@ def _refuse_torch_transforms(args, kwargs):
                                "fa.grad, fa.jvp), or write the differentiable part with torch or fat's ops")
 
 
+def _carries_a_tangent(t) -> bool:
+    """Whether ``t`` has a forward-mode tangent: a constant computed inside torch.func.jvp is wrapped too, and has
+    none. Under a vmap inside the jvp torch cannot unpack a dual ("Batching rule not implemented"): any wrapped
+    tensor counts then."""
+    try:
+        return _forward_ad.unpack_dual(t).tangent is not None
+    except RuntimeError:
+        return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
 def _wanting_grad(args, kwargs) -> list:
     """The tensor arguments that require grad (plain tensor arguments checked without a tree walk)."""
     if not kwargs and all(type(a) is torch.Tensor for a in args):
@@ -282,13 +292,10 @@ def _refuse_forward_mode(op, tensors):
     """torch's custom ops (ours) have no forward-mode rule, and torch gives their outputs a zero tangent under
     torch.func.jvp and none for a forward_ad dual, without a word: refused here instead. vmap (torch's fallback)
     and reverse mode (the registered backward) are fine."""
-    in_jvp = _functorch_level() is not None and any(
-        i.key() == torch._C._functorch.TransformType.Jvp for i in torch._C._functorch.get_interpreter_stack() or ())
+    if _forward_ad._current_level < 0:   # (torch.func.jvp opens a forward-AD level too)
+        return
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            continue
-        if (in_jvp and torch._C._functorch.is_functorch_wrapped_tensor(t)) or (
-                _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(t).tangent is not None):
+        if isinstance(t, torch.Tensor) and _carries_a_tangent(t):
             raise RuntimeError(f"fat.{op}: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) does not "
                                f"reach flyarray's custom ops (torch would give {name}'s tangent as zero); use "
                                "reverse mode, or fa.jvp over fa's ops")

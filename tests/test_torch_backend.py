@@ -1798,6 +1798,9 @@ def test_forward_mode_ad_through_the_custom_ops_is_refused_not_zero():
         torch.func.jvp(lambda x: fat.rms_norm(x, w), (x,), (t,))
     with fw.dual_level(), pytest.raises(RuntimeError, match="fat.softmax: forward-mode AD"):
         fat.softmax(fw.make_dual(x, t))
+    # a constant computed inside the jvp is wrapped by torch.func but has no tangent: it goes through
+    _, tangent = torch.func.jvp(lambda a: a * fat.softmax(w * 2), (x,), (t,))
+    torch.testing.assert_close(tangent, t * torch.softmax(w * 2, -1))
     batched = torch.func.vmap(lambda r: fat.rms_norm(r, w))(x)   # vmap (torch's fallback) still runs
     torch.testing.assert_close(batched, fat.rms_norm(x, w))
 
