@@ -112,13 +112,17 @@ def reference_scan(x: torch.Tensor, op: str, out_dtype: torch.dtype, include_ini
     ``acc=torch.float64``: the tests' higher-precision oracle."""
     acc = acc or acc_dtype(out_dtype)
     xa = x.detach().to(acc)
-    if include_initial:
-        ident = torch.ones if op == "prod" else torch.zeros
-        xa = torch.cat([ident(tuple(x.shape[:-1]) + (1,), dtype=acc, device=x.device), xa], dim=-1)
     if acc == torch.float32 and xa.device.type == "cpu":
         out = _float32_scan_on_cpu(xa, op)
     else:   # (on a GPU torch's float32 scans accumulate in float32)
         out = torch.cumprod(xa, dim=-1) if op == "prod" else torch.cumsum(xa, dim=-1)
+    if op == "sum" and out.is_floating_point() and out.numel():
+        # a prefix of -0.0 only sums to -0.0 (numpy's cumsum, the kernel's); torch's cumsum starts from +0.0
+        negative_zeros = torch.cummin(((xa == 0) & torch.signbit(xa)).to(torch.int8), dim=-1).values.bool()
+        out = torch.where(negative_zeros, torch.full_like(out, -0.0), out)
+    if include_initial:
+        ident = torch.ones if op == "prod" else torch.zeros
+        out = torch.cat([ident(tuple(x.shape[:-1]) + (1,), dtype=out.dtype, device=x.device), out], dim=-1)
     return out.to(out_dtype)
 
 

@@ -112,3 +112,15 @@ def test_cumsum_of_negative_zeros_keeps_their_sign(n):
     assert torch.signbit(got[0]).all() and torch.signbit(got[1, :-1]).all() and got[1, -1] == 1.0
     with_initial = scan_mod.scan(x, "sum", x.dtype, True, config={"block": 8})
     assert not torch.signbit(with_initial[:, 0]).any() and torch.signbit(with_initial[0, 1:]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_reference_cumsum_of_negative_zeros_keeps_their_sign(dtype):
+    """torch's cumsum starts from +0.0 (and the initial entry was prepended before the scan), so the reference
+    backend gave +0.0 where numpy and the kernel give -0.0."""
+    x = torch.tensor([[-0.0, -0.0, 1.0]], dtype=dtype)
+    for initial in (False, True):
+        got = scan_mod.reference_scan(x, "sum", dtype, initial)
+        body = got[0, 1:] if initial else got[0]
+        assert torch.signbit(body[:2]).all() and body[2] == 1.0
+        assert not initial or not torch.signbit(got[0, 0])
