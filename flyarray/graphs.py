@@ -63,6 +63,7 @@ class GraphedPlan:
         self.out_tensors = out_tensors  # slot -> the graph's buffer for an output
         self.n_launches = n_launches
         self.lock = threading.Lock()
+        runtime.free_after_fork(self)
 
     @classmethod
     def capture(cls, program, leaf_sources, tensors, scalars, out_slots):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import weakref
 
 import numpy as np
 import torch
@@ -26,6 +27,20 @@ BACKENDS = ("gpu", "interpret", "reference")
 _stats = collections.Counter()
 _memory = {}  # (key, backend) -> launchable kernel
 _backend_override = None
+
+# Objects whose ``.lock`` a forked child must find free (a jit function's traces, a trace, a CUDA graph): the child
+# has only the forking thread, so a lock another thread held at the fork would stay held for good.
+_FORK_LOCKED = weakref.WeakValueDictionary()   # id -> owner (a jit function's traces are a dict: unhashable)
+
+
+def free_after_fork(owner):
+    """Reinitialize ``owner.lock`` in a forked child (module-level locks register themselves with
+    ``os.register_at_fork``); returns ``owner``."""
+    _FORK_LOCKED[id(owner)] = owner
+    return owner
+
+
+os.register_at_fork(after_in_child=lambda: [owner.lock._at_fork_reinit() for owner in list(_FORK_LOCKED.values())])
 
 
 # ---- settings ------------------------------------------------------------------------------------

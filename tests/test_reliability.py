@@ -410,3 +410,42 @@ def test_a_process_forked_while_another_thread_evaluates_can_evaluate():
     finally:
         stop.set()
         thread.join()
+
+
+def _slow_double(x):
+    import time
+    time.sleep(1.0)   # the parent's thread is tracing, holding the function's trace lock, during the fork
+    return x * 2
+
+
+_slow_jit = fa.jit(_slow_double)
+
+
+def _call_slow_jit_in_child(queue):
+    queue.put(np.asarray(_slow_jit(fa.ones(5))).tolist())   # a new signature: takes the trace lock
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_process_forked_while_another_thread_traces_can_trace():
+    """The per-function trace lock of fa.jit stayed held in the child (found by the re-fuzz of the fork fix)."""
+    import multiprocessing
+    import threading
+    _slow_jit(fa.ones(3))
+    tracer = threading.Thread(target=lambda: _slow_jit(fa.ones(4)))
+    tracer.start()
+    try:
+        import time
+        time.sleep(0.3)
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_call_slow_jit_in_child, args=(queue,))
+        child.start()
+        child.join(60)
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+            child.join()
+        assert not hung, "the forked child's trace never finished"
+        assert queue.get(timeout=5) == [2.0] * 5
+    finally:
+        tracer.join()

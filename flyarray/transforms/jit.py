@@ -95,12 +95,13 @@ _WARN_AFTER = 16  # traces of one function before saying why it keeps tracing
 class _Traces(dict):
     """A jitted function's traces by signature, how many it has recorded in all, and the lock its tracing
     threads take (reentrant: a trace may call the function again, which then traces through)."""
-    __slots__ = ("recorded", "lock")
+    __slots__ = ("recorded", "lock", "__weakref__")
 
     def __init__(self):
         super().__init__()
         self.recorded = 0
         self.lock = threading.RLock()
+        runtime.free_after_fork(self)
 
 
 def _remember(cache: _Traces, key, trace, fn):
@@ -391,6 +392,7 @@ class _Trace:
         self.graphed = None  # a graphs.GraphedPlan once captured
         self.graph_decided = False  # whether the first replay chose graph or plain launches
         self.lock = threading.Lock()
+        runtime.free_after_fork(self)
 
     @classmethod
     def record(cls, fn, args, kwargs, tensors, static_argnums, static_argnames):
