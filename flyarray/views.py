@@ -279,7 +279,7 @@ def broadcast_batch(op: str, shapes: tuple, names: tuple = ("x1", "x2")) -> tupl
 
 
 INT64_MAX = 2**63 - 1
-MAX_ELEMENTS = 2**59   # times 16 bytes (complex128) still fits int64: torch's storage size would overflow past it
+MAX_ELEMENTS = 2**59 - 1   # times 16 bytes (complex128) still fits int64: torch's storage size overflows past it
 
 
 def as_int(value, name: str) -> int:
@@ -304,8 +304,8 @@ def check_shape(shape, name: str = "shape") -> tuple:
     if any(s < 0 for s in sizes):
         raise ValueError(f"{name} {sizes}: sizes must be non-negative")
     if math.prod(sizes) > MAX_ELEMENTS or any(s > MAX_ELEMENTS for s in sizes):
-        raise ValueError(f"{name} {sizes}: more elements than any array holds (at most 2**59, whose bytes in the "
-                         "widest dtype int64 can still count)")
+        raise ValueError(f"{name} {sizes}: more elements than any array holds (at most 2**59 - 1: an int64 "
+                         "still counts their bytes in the widest dtype, complex128)")
     return sizes
 
 

@@ -674,3 +674,12 @@ def test_an_fft_length_past_any_arrays_size_is_refused_when_recorded(no_evaluati
         fa.fft.fft(fa.ones(4, dtype=fa.complex64), n=2 ** 62)
     with pytest.raises(ValueError, match="more elements than any array holds"):
         fa.fft.rfftn(fa.ones((4, 4)), s=(2 ** 40, 2 ** 30))
+
+
+def test_the_element_cap_leaves_complex128_bytes_countable(no_evaluation):
+    """2**59 complex128 elements are 2**63 bytes, past int64: fft(n=2**59) passed the cap and failed inside torch."""
+    with pytest.raises(ValueError, match=r"at most 2\*\*59 - 1"):
+        fa.fft.fft(fa.ones(4, dtype=fa.complex128), n=2 ** 59)
+    with pytest.raises(ValueError, match=r"at most 2\*\*59 - 1"):
+        fa.zeros(2 ** 59, dtype=fa.complex128)
+    assert fa.zeros(2 ** 59 - 1, dtype=fa.complex128).shape == (2 ** 59 - 1,)
