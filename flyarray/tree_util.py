@@ -180,9 +180,10 @@ def tree_structure(tree, is_leaf=None) -> PyTreeDef:
 
 
 def treedef_is_leaf(treedef: PyTreeDef) -> bool:
-    """Whether ``treedef`` is the structure of a single leaf (as jax.tree_util.treedef_is_leaf)."""
+    """Whether ``treedef`` is a single node (as jax.tree_util.treedef_is_leaf, which asks for one node): a leaf,
+    and also None or an empty container, which have no children."""
     _check_treedef(treedef, "treedef_is_leaf")
-    return treedef.kind is None
+    return treedef.num_nodes == 1
 
 
 def _check_treedef(treedef, fn):

@@ -786,6 +786,15 @@ def test_pad_and_repeat_edge_forms_as_numpy():
         fa.repeat(fa.asarray(np.zeros((0, 2), np.int32)), np.zeros(0), axis=0)
 
 
+@pytest.mark.parametrize("pad_width, constant_values", [
+    (1, ((1.0, 2.0), (3.0, 4.0))), (((1, 2),), 0), (((1, 2),), (5, 6)), ((1, 2), ((1,), (2,))), ([[1], [2]], 9)])
+def test_pad_takes_numpys_broadcast_forms_of_widths_and_values(pad_width, constant_values):
+    """Per-axis constant_values and ((before, after),) widths were refused (a helper's comparison with JAX)."""
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(fa.pad(fa.asarray(x), pad_width, constant_values=constant_values)),
+                                  np.pad(x, pad_width, constant_values=constant_values))
+
+
 def test_logical_ops_with_a_python_float_on_every_backend(backend):
     """logical_and/or/xor of a float array with a float scalar (the interpreter took no bitwise op of a
     block of truth values with a scalar one)."""

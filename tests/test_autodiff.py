@@ -371,6 +371,13 @@ def test_pytrees_has_aux_argnums():
     np.testing.assert_allclose(np.asarray(g_t["w"]), tp["w"].grad.numpy(), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("tree, single", [(None, True), ((), True), ([], True), ({}, True), (1.0, True),
+                                          ((1.0,), False), ([None], False), ({"a": None}, False)])
+def test_treedef_is_leaf_asks_for_one_node_as_jax(tree, single):
+    """tree_structure(None) was not a leaf; JAX's treedef_is_leaf is num_nodes == 1 (checked against jax 0.10.2)."""
+    assert tu.treedef_is_leaf(tu.tree_structure(tree)) is single
+
+
 def test_tree_util():
     P = collections.namedtuple("P", "a b")
     tree = {"z": 1, "a": (2, [3, None]), "p": P(4, 5)}

@@ -201,6 +201,16 @@ def stack(arrays, axis=0) -> Array:
 CONCAT = ir.Tagged("concat", "concat")
 
 
+def _as_pairs(value, ndim, what):
+    """numpy's forms of a pad argument (a scalar, (before, after), one pair per axis, or anything that broadcasts
+    to (ndim, 2), as ((before, after),)) -> one (before, after) per axis, entries unchecked."""
+    w = np.asarray(value, dtype=object)
+    try:
+        return [tuple(pair) for pair in np.broadcast_to(w, (ndim, 2))] if w.ndim <= 2 else None
+    except ValueError:
+        return None
+
+
 def _pad_widths(pad_width, ndim):
     """numpy's forms (an int, (before, after), or one pair per axis) -> one (before, after) per axis."""
     w = np.asarray(pad_width, dtype=object)
@@ -208,18 +218,23 @@ def _pad_widths(pad_width, ndim):
         for v in w.reshape(-1):
             views.as_int(v, "pad: pad_width entries")
         return []
-    if w.ndim == 0:
-        w = np.array([[pad_width, pad_width]] * ndim, dtype=object)
-    elif w.ndim == 1 and w.size == 1:
-        w = np.array([[w[0], w[0]]] * ndim, dtype=object)
-    elif w.ndim == 1 and w.size == 2:
-        w = np.array([list(w)] * ndim, dtype=object)
-    if w.shape != (ndim, 2):
+    pairs = _as_pairs(pad_width, ndim, "pad_width")
+    if pairs is None:
         raise ValueError(f"pad: pad_width {pad_width!r} must be an int, a (before, after) pair or {ndim} pairs")
-    out = [tuple(views.as_int(v, "pad: pad_width entries") for v in pair) for pair in w]
+    out = [tuple(views.as_int(v, "pad: pad_width entries") for v in pair) for pair in pairs]
     if any(v < 0 for pair in out for v in pair):
         raise ValueError(f"pad: pad_width {pad_width!r} has a negative width")
     return out
+
+
+def _pad_value(v):
+    """A constant_values entry as a Python scalar (a numpy scalar's value: x's dtype decides the result's)."""
+    if isinstance(v, np.generic) and v.dtype.kind in "biufc":
+        v = v.item()
+    if not isinstance(v, (bool, int, float, complex)):
+        raise TypeError(f"pad: constant_values must be Python or numpy scalars (one, a (before, after) pair, or "
+                        f"a pair per axis), got {type(v).__name__}")
+    return v
 
 
 _PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
@@ -227,7 +242,8 @@ _PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
 
 def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
     """``x`` padded as numpy's ``pad``: ``pad_width`` is an int, a (before, after) pair, or one pair per
-    axis; ``mode`` is 'constant' (``constant_values``, cast to ``x``'s dtype), 'edge', 'reflect',
+    axis (or any form that broadcasts to those, as numpy's); ``mode`` is 'constant' (``constant_values``, cast to
+    ``x``'s dtype: one scalar, a (before, after) pair or a pair per axis), 'edge', 'reflect',
     'symmetric' or 'wrap' (any widths, as numpy: the latter three repeat with periods 2(n-1), 2n, n).
     Any dtype. Lazy: the padding is a constant or views of ``x``, joined by concat (a copy per piece)."""
     from .creation import full
@@ -236,17 +252,22 @@ def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
         raise ValueError(f"pad: mode must be one of {', '.join(_PAD_MODES)}, got {mode!r}")
     if mode != "constant":
         return _pad_from_x(x, _pad_widths(pad_width, len(node.shape)), mode)
-    if isinstance(constant_values, np.generic) and constant_values.dtype.kind in "biufc":
-        constant_values = constant_values.item()   # a numpy scalar's value (x's dtype decides the result's)
-    if not isinstance(constant_values, (bool, int, float, complex)):
-        raise TypeError(f"pad: constant_values must be a Python or numpy scalar, got {type(constant_values).__name__}")
+    widths = _pad_widths(pad_width, len(node.shape))
+    if not widths:   # a 0-d x (numpy pads it by nothing): the values are only checked
+        values = [tuple(np.asarray(constant_values, dtype=object).reshape(-1))]
+    else:
+        values = _as_pairs(constant_values, len(node.shape), "constant_values")
+        if values is None:
+            raise ValueError(f"pad: constant_values {constant_values!r} must be a scalar, a (before, after) pair or "
+                             f"{len(node.shape)} pairs")
+    values = [tuple(_pad_value(v) for v in pair) for pair in values]
     out = x
-    for axis, (before, after) in enumerate(_pad_widths(pad_width, len(node.shape))):
+    for axis, (before, after) in enumerate(widths):
         parts = []
-        for width in (before, after):
+        for width, value in zip((before, after), values[axis]):
             shape = list(out.shape)
             shape[axis] = width
-            parts.append(full(tuple(shape), constant_values, dtype=node.dtype, device=node.device) if width else None)
+            parts.append(full(tuple(shape), value, dtype=node.dtype, device=node.device) if width else None)
         if parts[0] is not None or parts[1] is not None:
             out = concat([p for p in (parts[0], out, parts[1]) if p is not None], axis=axis)
     return out
