@@ -49,6 +49,24 @@ def _check_output_path(path, flag: str) -> None:
         raise SystemExit(f"{flag}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise SystemExit(f"{flag}: cannot write in {folder}")
+    if os.path.exists(path) and not os.access(path, os.W_OK):   # (an existing file of its own mode)
+        raise SystemExit(f"{flag}: cannot write {path}")
+
+
+def _check_plot_format(path) -> None:
+    """matplotlib is there and draws ``path``'s format (its suffix): before the run, not after the timing."""
+    import os
+    from flyarray.bench.plot import require
+    try:
+        matplotlib = require()
+    except ImportError as exc:
+        raise SystemExit(f"--plot: {exc}") from None
+    import matplotlib.figure
+    formats = matplotlib.figure.Figure().canvas.get_supported_filetypes()
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    if suffix not in formats:
+        raise SystemExit(f"--plot: matplotlib cannot write {suffix or 'a file without a suffix'!r}; use one of "
+                         f"{', '.join(sorted(formats))}")
 
 
 def _suite_names() -> list:
@@ -71,7 +89,11 @@ def main(argv=None):
     sub.add_parser("info", help="versions, backend, device, targets, cache dir")
     args = parser.parse_args(argv)
     if args.command == "info":
-        for k, v in _info().items():
+        try:
+            info = _info()
+        except ValueError as exc:   # a setting it reads (FLYARRAY_BACKEND=cuda): the reason, not a traceback
+            raise SystemExit(f"python -m flyarray info: {exc}") from None
+        for k, v in info.items():
             print(f"{k:22} {v}")
         return 0
     _check_output_path(args.json, "--json")
@@ -80,8 +102,7 @@ def main(argv=None):
         return _bench_distributed(args)
     from flyarray.bench.harness import run
     if args.plot:
-        from flyarray.bench.plot import require
-        require()  # before the run: a missing matplotlib fails now, not after minutes of timing
+        _check_plot_format(args.plot)  # before the run: a missing matplotlib fails now, not after minutes of timing
     rows = run(args.suite, small=True if args.small else None, json_path=args.json)
     if args.json:
         print(f"\nwrote {args.json}")

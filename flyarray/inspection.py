@@ -87,8 +87,9 @@ def inspect(fn, *args, target: str = "gfx950", **kwargs) -> Inspection:
                 if isinstance(step, KernelStep):
                     planned.append((fused_spec(step), "fused kernel"))
                 elif isinstance(step, LibraryCall):
-                    specs, of_its_dtype = matching_specs(step.node, target)
-                    kind = "representative spec" if of_its_dtype else "representative spec, none of the call's dtype"
+                    specs, match = matching_specs(step.node, target)
+                    kind = {"exact": "representative spec", "dtype": "representative spec, not the call's features",
+                            "none": "representative spec, none of the call's dtype"}[match]
                     planned += [(spec, f"{step.node.prim.name} ({kind})") for spec in specs]
     reports = [compile_for(spec, target) for spec, _ in planned]   # outside the lock: compiles take seconds
     return Inspection(target, reports, [kind for _, kind in planned])
@@ -180,14 +181,15 @@ KERNEL_MODULES = tuple(sorted(set(_LIBRARY_MODULES.values())))
 
 
 def matching_specs(node, target: str | None = None) -> tuple:
-    """(specs, whether they have the call's dtype): the specs of a library node's op that match the call:
+    """(specs, how they match: "exact", "dtype" or "none"): the specs of a library node's op that match the call:
     its first input's dtype, then (where some spec has them) the features its kwargs ask for (an epilogue
-    activation, a causal mask). All specs where none matches the dtype: the op is shown, not hidden."""
+    activation, bias or residual, a causal mask). All specs where none matches the dtype: the op is shown, not
+    hidden; "dtype" where some feature the call asks for (or does not) no spec of its dtype has."""
     specs = library_specs(node.prim.name, target)
     pointer = _POINTER.get(node.inputs[0].dtype.name) if node.inputs else None
     same = [s for s in specs if _first_pointer(s) == pointer]
     if not same:
-        return specs, False
+        return specs, "none"
     kwargs = node.params.get("kwargs", {}) if isinstance(node.params, dict) else {}
     tests = [lambda name: "bwd" not in name]  # the call is a forward op; backward kernels are their own ops
     if node.prim.name == "scaled_matmul":  # the MX formats of both operands, as the spec names spell them
@@ -195,11 +197,16 @@ def matching_specs(node, target: str | None = None) -> tuple:
         tests.append(lambda name, fmts=fmts: f"_{fmts}" in name)
     if node.prim.name == "attention":
         tests.append(lambda name, d=node.inputs[0].shape[-1]: f"_d{d}" in name)  # the head dim
+    if node.prim.name in ("matmul", "matmul_epilogue"):   # a plain matmul asks for no epilogue: none shown
+        kwargs = {"activation": None, "has_bias": False, "has_residual": False, **kwargs}
+    match = "exact"
     for wanted in tests + _features(kwargs):
         narrowed = [s for s in same if wanted(s.name)]
         if narrowed:
             same = narrowed
-    return same, True
+        else:
+            match = "dtype"
+    return same, match
 
 
 def _first_pointer(spec) -> str | None:
@@ -211,6 +218,10 @@ def _features(kwargs: dict) -> list:
     out = []
     if kwargs.get("activation"):
         out.append(lambda name, act=str(kwargs["activation"]): act in name)
+    elif "activation" in kwargs:   # asked for none
+        out.append(lambda name: not any(act in name for act in ("relu", "silu", "gelu")))
+    if "has_bias" in kwargs:
+        out.append(lambda name, bias=bool(kwargs["has_bias"]): ("_bias" in name) == bias)
     if "has_residual" in kwargs:
         out.append(lambda name, res=bool(kwargs["has_residual"]): ("residual" in name) == res)
     if "is_causal" in kwargs:

@@ -62,3 +62,49 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(ImportError, match="pip install matplotlib"):
         plot.require()
+
+
+def test_cli_refuses_what_it_cannot_write_before_the_run(tmp_path, monkeypatch):
+    """An existing read-only --json file, a --plot suffix matplotlib cannot draw, and a missing matplotlib were
+    found only after the timing (tracebacks; a helper's round of the tooling, thirty-sixth session)."""
+    import os
+    from flyarray.__main__ import main
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("ran before checking the outputs"))
+    locked = tmp_path / "locked.json"
+    locked.write_text("{}")
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(locked))
+    with pytest.raises(SystemExit, match="--json: cannot write"):
+        main(["bench", "--json", str(locked)])
+    monkeypatch.undo()
+    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("ran before checking the outputs"))
+    with pytest.raises(SystemExit, match="--plot: matplotlib cannot write 'table'"):
+        main(["bench", "--plot", str(tmp_path / "out.table")])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit, match="--plot: .*pip install matplotlib"):
+        main(["bench", "--plot", str(tmp_path / "out.png")])
+
+
+def test_info_names_a_bad_setting_without_a_traceback(monkeypatch, capsys):
+    from flyarray import runtime
+    from flyarray.__main__ import main
+    monkeypatch.setenv("FLYARRAY_BACKEND", "cuda")
+    monkeypatch.setattr(runtime, "_backend_override", None)
+    monkeypatch.setattr(runtime, "_env_backend", None)   # read once a process: read again here
+    with pytest.raises(SystemExit, match="info: FLYARRAY_BACKEND='cuda'; choose one of"):
+        main(["info"])
+
+
+def test_the_report_reader_refuses_what_is_not_a_report(tmp_path, capsys):
+    """python -m flyarray.bench.harness took --help as a file and ended in tracebacks on bad files."""
+    bad = {"list.json": "[]", "foreign.json": '{"foo": 1}', "corrupt.json": "{", "rowless.json": '{"rows": [{}]}'}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SystemExit) as exit_:
+            harness._main([str(tmp_path / name)])
+        assert exit_.value.code == 2
+        assert name in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        harness._main([])
+    with pytest.raises(SystemExit) as help_:
+        harness._main(["--help"])
+    assert help_.value.code == 0 and "REPORT.json" in capsys.readouterr().out

@@ -421,7 +421,24 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m flyarray.bench.harness REPORT.json: the short table of a saved run
-    for path in sys.argv[1:]:
-        with open(path) as f:
-            print(summary(json.load(f)))
+def _main(argv=None) -> int:
+    """python -m flyarray.bench.harness REPORT.json ...: the short table of each saved run."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m flyarray.bench.harness",
+                                     description="the short table of saved bench runs (python -m flyarray bench --json)")
+    parser.add_argument("reports", nargs="+", metavar="REPORT.json")
+    for path in parser.parse_args(argv).reports:
+        try:
+            with open(path) as f:
+                report = json.load(f)
+        except (OSError, ValueError) as exc:
+            parser.error(f"{path}: {exc}")
+        if not isinstance(report, dict) or not isinstance(report.get("rows"), list) or not all(
+                isinstance(r, dict) and "name" in r and "status" in r for r in report["rows"]):
+            parser.error(f"{path}: not a bench report (a JSON object whose 'rows' each have a name and a status)")
+        print(summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
