@@ -12,8 +12,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 TESTS=${TESTS:-"tests/test_settings.py tests/test_plan.py tests/test_autodiff.py tests/test_precompile.py tests/test_cuda_graphs.py
  tests/test_gpu_core.py tests/test_cache_trust.py tests/test_errors.py tests/test_creation.py tests/test_indexing.py
  tests/test_array_api.py tests/test_views.py tests/test_interop.py tests/test_array_object.py tests/test_torch_backend.py
- tests/kernels/test_mx.py tests/kernels/test_scaled_matmul.py"}
-PYTHONPATH=$PWD timeout -s INT -k 20 ${T:-280} python3 -m pytest -rfE -n 16 -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1
+ tests/kernels/test_mx.py tests/kernels/test_scaled_matmul.py tests/kernels/test_scan_sort.py tests/test_elementwise.py
+ tests/test_reliability.py tests/test_fft.py"}
+PYTHONPATH=$PWD timeout -s INT -k 20 ${T:-300} python3 -m pytest -rfE -n 16 -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1
 echo "tests rc=$?"; grep -E "^FAILED|^ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -20
 if [ -n "${OLD:-}" ]; then
   for round in 1 2; do for tree in "$OLD" "$PWD"; do
