@@ -371,6 +371,22 @@ def test_int64_scalars_between_2_31_and_2_32_keep_their_width(backend):
     assert np.asarray(fa.arange(s, s + 3, dtype=fa.int64) + x[:1]).tolist() == [s + 7, s + 8, s + 9]
 
 
+def _in_a_forked_child(target):
+    """What ``target(queue)`` puts in the queue, run in a forked child: an assertion error if it never finishes."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=target, args=(queue,))
+    child.start()
+    child.join(60)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+        child.join()
+    assert not hung, f"the forked child's {target.__name__} never finished"
+    return queue.get(timeout=5)
+
+
 def _evaluate_in_child(queue):
     x = fa.asarray(np.arange(8, dtype=np.float32))
     queue.put(float(np.asarray((fa.sin(x) * 3 + 1.0).sum())))
@@ -380,7 +396,6 @@ def _evaluate_in_child(queue):
 def test_a_process_forked_while_another_thread_evaluates_can_evaluate():
     """The child inherited flyarray's locks held by a thread it does not have (multiprocessing's default 'fork'
     on Linux): its first evaluation waited forever (a fuzzing helper, thirty-sixth session)."""
-    import multiprocessing
     import threading
     stop = threading.Event()
 
@@ -395,18 +410,9 @@ def test_a_process_forked_while_another_thread_evaluates_can_evaluate():
     thread = threading.Thread(target=busy, daemon=True)
     thread.start()
     try:
-        ctx = multiprocessing.get_context("fork")
         for _ in range(3):
-            queue = ctx.Queue()
-            child = ctx.Process(target=_evaluate_in_child, args=(queue,))
-            child.start()
-            child.join(60)
-            hung = child.is_alive()
-            if hung:
-                child.kill()
-                child.join()
-            assert not hung, "the forked child's evaluation never finished"
-            assert queue.get(timeout=5) == pytest.approx(float((np.sin(np.arange(8)) * 3 + 1).sum()), rel=1e-5)
+            assert _in_a_forked_child(_evaluate_in_child) == pytest.approx(
+                float((np.sin(np.arange(8)) * 3 + 1).sum()), rel=1e-5)
     finally:
         stop.set()
         thread.join()
@@ -428,7 +434,6 @@ def _call_slow_jit_in_child(queue):
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_process_forked_while_another_thread_traces_can_trace():
     """The per-function trace lock of fa.jit stayed held in the child (found by the re-fuzz of the fork fix)."""
-    import multiprocessing
     import threading
     _slow_jit(fa.ones(3))
     tracer = threading.Thread(target=lambda: _slow_jit(fa.ones(4)))
@@ -436,16 +441,6 @@ def test_a_process_forked_while_another_thread_traces_can_trace():
     try:
         import time
         time.sleep(0.3)
-        ctx = multiprocessing.get_context("fork")
-        queue = ctx.Queue()
-        child = ctx.Process(target=_call_slow_jit_in_child, args=(queue,))
-        child.start()
-        child.join(60)
-        hung = child.is_alive()
-        if hung:
-            child.kill()
-            child.join()
-        assert not hung, "the forked child's trace never finished"
-        assert queue.get(timeout=5) == [2.0] * 5
+        assert _in_a_forked_child(_call_slow_jit_in_child) == [2.0] * 5
     finally:
         tracer.join()
