@@ -33,11 +33,10 @@ _backend_override = None
 _FORK_LOCKED = weakref.WeakValueDictionary()   # id -> owner (a jit function's traces are a dict: unhashable)
 
 
-def free_after_fork(owner):
+def free_after_fork(owner) -> None:
     """Reinitialize ``owner.lock`` in a forked child (module-level locks register themselves with
-    ``os.register_at_fork``); returns ``owner``."""
+    ``os.register_at_fork``)."""
     _FORK_LOCKED[id(owner)] = owner
-    return owner
 
 
 os.register_at_fork(after_in_child=lambda: [owner.lock._at_fork_reinit() for owner in list(_FORK_LOCKED.values())])

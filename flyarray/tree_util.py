@@ -65,8 +65,12 @@ register_pytree_node(dict, _dict_flatten, _dict_unflatten)
 register_pytree_node(type(None), lambda _: ([], None), lambda _, c: None)
 register_pytree_node(collections.OrderedDict, lambda d: (list(d.values()), tuple(d)),
                      lambda keys, c: collections.OrderedDict(zip(keys, c)))
-register_pytree_node(collections.defaultdict,
-                     lambda d: ([d[k] for k in _sorted_keys(d)], (d.default_factory, tuple(_sorted_keys(d)))),
+def _defaultdict_flatten(d):
+    children, keys = _dict_flatten(d)
+    return children, (d.default_factory, keys)
+
+
+register_pytree_node(collections.defaultdict, _defaultdict_flatten,
                      lambda aux, c: collections.defaultdict(aux[0], zip(aux[1], c)))
 
 

@@ -71,7 +71,7 @@ def _refuse_torch_transforms(args, kwargs):
         if not isinstance(t, torch.Tensor):
             continue
         if torch._C._functorch.is_functorch_wrapped_tensor(t) or (
-                _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(t).tangent is not None):
+                _forward_ad._current_level >= 0 and _carries_a_tangent(t)):
             raise RuntimeError("fat.function: torch.func transforms (vmap, grad, jvp) and forward-mode AD cannot "
                                "see inside a flyarray function; transform the fa function instead (fa.vmap, "
                                "fa.grad, fa.jvp), or write the differentiable part with torch or fat's ops")
@@ -284,7 +284,7 @@ def _tensors(op, **tensors):
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) and not (t is None and name in torch_ops._OPTIONAL):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if _forward_ad._current_level >= 0 or _functorch_level() is not None:   # 0.2 us: only inside a transform
+    if _forward_ad._current_level >= 0:   # a forward-AD level is open (torch.func.jvp opens one too)
         _refuse_forward_mode(op, tensors)
 
 
@@ -292,8 +292,6 @@ def _refuse_forward_mode(op, tensors):
     """torch's custom ops (ours) have no forward-mode rule, and torch gives their outputs a zero tangent under
     torch.func.jvp and none for a forward_ad dual, without a word: refused here instead. vmap (torch's fallback)
     and reverse mode (the registered backward) are fine."""
-    if _forward_ad._current_level < 0:   # (torch.func.jvp opens a forward-AD level too)
-        return
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and _carries_a_tangent(t):
             raise RuntimeError(f"fat.{op}: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) does not "

@@ -27,6 +27,7 @@ import torch
 from .. import dtypes as dt
 from .. import unsigned, views
 from .._array import Array
+from .checks import check_bool
 from .core import movement, node_of
 from .library import Library, call
 
@@ -567,9 +568,8 @@ def _as_lazy_indices(key, x):
 
 def _check_hints(op, indices_are_sorted, unique_indices):
     """JAX's two hints are accepted and unused; still bools, as JAX's are (a string would read as True)."""
-    for name, hint in (("indices_are_sorted", indices_are_sorted), ("unique_indices", unique_indices)):
-        if not isinstance(hint, (bool, np.bool_)):
-            raise TypeError(f"at[].{op}: {name} must be a bool, got {hint!r}")
+    check_bool(f"at[].{op}", "indices_are_sorted", indices_are_sorted)
+    check_bool(f"at[].{op}", "unique_indices", unique_indices)
 
 
 def _check_mode(mode, supported):

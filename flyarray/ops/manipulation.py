@@ -201,7 +201,7 @@ def stack(arrays, axis=0) -> Array:
 CONCAT = ir.Tagged("concat", "concat")
 
 
-def _as_pairs(value, ndim, what):
+def _as_pairs(value, ndim):
     """numpy's forms of a pad argument (a scalar, (before, after), one pair per axis, or anything that broadcasts
     to (ndim, 2), as ((before, after),)) -> one (before, after) per axis, entries unchecked."""
     w = np.asarray(value, dtype=object)
@@ -218,7 +218,7 @@ def _pad_widths(pad_width, ndim):
         for v in w.reshape(-1):
             views.as_int(v, "pad: pad_width entries")
         return []
-    pairs = _as_pairs(pad_width, ndim, "pad_width")
+    pairs = _as_pairs(pad_width, ndim)
     if pairs is None:
         raise ValueError(f"pad: pad_width {pad_width!r} must be an int, a (before, after) pair or {ndim} pairs")
     out = [tuple(views.as_int(v, "pad: pad_width entries") for v in pair) for pair in pairs]
@@ -256,7 +256,7 @@ def pad(x, pad_width, mode="constant", *, constant_values=0) -> Array:
     if not widths:   # a 0-d x (numpy pads it by nothing): the values are only checked
         values = [tuple(np.asarray(constant_values, dtype=object).reshape(-1))]
     else:
-        values = _as_pairs(constant_values, len(node.shape), "constant_values")
+        values = _as_pairs(constant_values, len(node.shape))
         if values is None:
             raise ValueError(f"pad: constant_values {constant_values!r} must be a scalar, a (before, after) pair or "
                              f"{len(node.shape)} pairs")
