@@ -116,7 +116,8 @@ class _Scheduler:
         self.building = set()  # ids of the roots of kernels being built (see build_kernel)
         self.into = {}  # library output id -> (concat node, View): written in place by its call
         self.library_inputs = set()  # ids of values a library call reads: materialized whatever we fuse
-        for node in ir.toposort(self.roots):
+        order = ir.toposort(self.roots)
+        for node in order:
             for i in node.inputs:
                 self.uses[i.id] = self.uses.get(i.id, 0) + 1
                 self.users.setdefault(i.id, []).append(node)
@@ -127,12 +128,13 @@ class _Scheduler:
                 # buffer goes to the primal too (plan.Plan.bind), so a training loop that reads only the loss
                 # does not carry every parameter's update history into the next step's graph
                 self.library_inputs.add(node.id)
+        self.deep_shared = _deep_shared_values(order, self.uses)
 
     def must_store(self, node) -> bool:
         """Whether ``node`` gets a buffer whatever kernel computes it: the user holds it, or a library
         call reads it. A kernel that meets such a value on its own domain stores it as it goes (one
         pass) instead of recomputing it, and a second kernel then reads that buffer."""
-        return node.id in self.wanted or node.id in self.library_inputs
+        return node.id in self.wanted or node.id in self.library_inputs or node.id in self.deep_shared
 
     def reads_part(self, view, whole) -> bool:
         """Whether a requested view gets a kernel over its own shape instead of its base computed
@@ -474,6 +476,28 @@ class _Scheduler:
 # depth (37 s at 1000 steps). Past this many ops, a node the chain can read as a strided view of its contiguous
 # buffer is stored and read so: one more kernel per this many views, and linear time. Real chains are a few ops.
 MAX_PUSHED_CHAIN = 96
+
+
+# A value read twice is recomputed by each kernel that reads it (cheap, when it is a few elementwise ops). A
+# recorded loop makes that quadratic: a scan's carry feeds the next step and that step's output, so the kernel
+# writing output i would recompute all i steps before it (a 1000-step scan: 1000 distinct kernels, 500,000 ops).
+# A value read twice that lies deeper than this many fused ops below the last stored one is stored instead.
+MAX_RECOMPUTED_DEPTH = 64
+
+
+def _deep_shared_values(order, uses) -> set:
+    """Ids of the pending elementwise values read more than once that lie more than MAX_RECOMPUTED_DEPTH
+    fused ops (elementwise and views) above anything stored, counting from the last such value stored."""
+    depth, deep = {}, set()
+    for node in order:   # inputs first
+        if node.realized or node.kind not in ("elementwise", "view"):
+            continue
+        d = 1 + max((depth.get(i.id, 0) for i in node.inputs), default=0)
+        if d > MAX_RECOMPUTED_DEPTH and node.kind == "elementwise" and uses.get(node.id, 0) > 1:
+            deep.add(node.id)
+            d = 0
+        depth[node.id] = d
+    return deep
 
 
 def _too_long_to_push(node, chain) -> bool:

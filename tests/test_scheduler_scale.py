@@ -11,7 +11,7 @@ import torch
 
 import flyarray as fa
 from flyarray import plan, runtime
-from flyarray.schedule import Allocate, KernelStep, LibraryCall, schedule
+from flyarray.schedule import MAX_RECOMPUTED_DEPTH, Allocate, KernelStep, LibraryCall, schedule
 
 
 @contextlib.contextmanager
@@ -280,7 +280,6 @@ def test_a_chain_through_a_row_reduction_at_every_step_schedules_in_linear_work(
     """y = y - mean(y) * 0.5, n times: node i reaches i reductions through elementwise ops, and the scheduler kept
     every one per node (quadratic: 44 s at 16,000 steps, 171 s at 32,000). It keeps the first of each kind now
     (schedule._kinds_of): the reductions it walks grow linearly with the depth."""
-    from flyarray import schedule as sched
     walked = []
     original = sched._kinds_of
     monkeypatch.setattr(sched, "_kinds_of", lambda rs: original(walked.append(1) or r for r in rs))
@@ -297,3 +296,23 @@ def test_a_chain_through_a_row_reduction_at_every_step_schedules_in_linear_work(
         assert len(steps) == 1
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-9, atol=1e-12)
     assert counts[400] < 2.5 * counts[200], counts
+
+
+def test_a_value_read_twice_deep_in_a_chain_is_stored_not_recomputed():
+    """A loop that keeps each step's value (``outs.append(c); c = c * 0.5 + 1``) reads every c twice: the next
+    step and the stack. Each stacked part's kernel recomputed the whole chain below it (quadratic: 400 steps,
+    241,401 ops, the longest kernel 1,202), until values read twice deeper than schedule.MAX_RECOMPUTED_DEPTH
+    fused ops were stored instead."""
+    total = {}
+    for n in (100, 400):
+        c, outs = fa.zeros(4), []
+        for _ in range(n):
+            outs.append(c)
+            c = c * 0.5 + 1.0
+        stacked = fa.stack(outs)
+        steps = schedule(plan.unrealized_bases([c, stacked]))
+        kernels = [s.kernel for s in steps if isinstance(s, KernelStep)]
+        total[n] = sum(len(k.ops) for k in kernels)
+        assert max(len(k.ops) for k in kernels) <= 3 * MAX_RECOMPUTED_DEPTH
+    assert total[400] < 4.5 * total[100], total
+    np.testing.assert_allclose(np.asarray(stacked)[-1], 2.0 - 2.0 ** -398)
