@@ -1,14 +1,17 @@
-"""fa.lax: collectives over named mesh axes, for use inside fa.shard_map (JAX's jax.lax names).
+"""fa.lax: structured control flow (cond, switch, fori_loop, while_loop, scan, map: flyarray/control_flow.py)
+and collectives over named mesh axes, for use inside fa.shard_map (JAX's jax.lax names).
 
-Each records one lazy collective node (flyarray/collectives.py) over the mesh of the enclosing
+Each collective records one lazy collective node (flyarray/collectives.py) over the mesh of the enclosing
 shard_map; ``axis_name`` is one mesh axis name or a tuple of them.
 """
 from __future__ import annotations
 
 from . import collectives as C
+from .control_flow import cond, fori_loop, map, scan, switch, while_loop  # noqa: F401
 from .shard_map import current_mesh
 
-__all__ = ["psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all", "axis_index"]
+__all__ = ["cond", "switch", "fori_loop", "while_loop", "scan", "map",
+           "psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all", "axis_index"]
 
 
 def psum(x, axis_name):

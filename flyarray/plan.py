@@ -699,6 +699,15 @@ def _refuse_traced(roots):
                 "choice, or compute the Python value outside the vmapped function.")
 
 
+def depends_on_traced(roots) -> bool:
+    """Whether anything ``roots`` depend on is one of fa.jit's traced or fa.vmap's batched arguments: a value
+    with none while the transform records (structured control flow then records every branch)."""
+    traced, batched = _trace.sources or (), _trace.batched or ()
+    if not traced and not batched:
+        return False
+    return any(node.id in traced or node.id in batched for node in upstream(roots))
+
+
 def upstream(roots):
     """Every node ``roots`` depend on (themselves included), each once."""
     seen, stack = set(), list(roots)

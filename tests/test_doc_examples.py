@@ -42,3 +42,22 @@ def test_transforms_composition_example_agrees():
     exec(compile(code, "docs/transforms.md", "exec"), scope)
     np.testing.assert_allclose(np.asarray(scope["per_row_grads"]), np.asarray(scope["same"]), rtol=1e-6)
     assert scope["per_row"].shape == (5,) and scope["hess"].shape == (4, 4)
+
+
+def test_control_flow_example_computes_what_it_says():
+    import numpy as np
+    code = _python_block("transforms.md", "## Control flow")
+    scope = {}
+    exec(compile(code, "docs/transforms.md", "exec"), scope)
+    xs = np.arange(12.0).reshape(4, 3)
+    ema, trail = np.zeros(3), []
+    for x in xs:
+        trail.append(ema)
+        ema = 0.9 * ema + 0.1 * x
+    np.testing.assert_allclose(np.asarray(scope["ema"]), ema, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(scope["trail"]), np.stack(trail), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(scope["power"]), np.prod(xs[[0, 1, 2, 3, 0]], axis=0), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(scope["halved"]), xs[3] / 16)
+    fa = scope["fa"]
+    np.testing.assert_allclose(np.asarray(scope["sign"](fa.asarray(-1.0), fa.asarray(xs[1].astype(np.float32)))), -xs[1])
+    np.testing.assert_allclose(np.asarray(scope["grads"]), [20.0, 15.0, 12.0], rtol=1e-6)

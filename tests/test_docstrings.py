@@ -1,4 +1,4 @@
-"""Every public callable of fa, fa.linalg, fa.fft, fa.nn, fa.quant, fa.random, fa.tree_util and fa.Array has a docstring."""
+"""Every public callable of fa, fa.linalg, fa.fft, fa.nn, fa.quant, fa.random, fa.tree_util, fa.lax and fa.Array has a docstring."""
 import inspect
 import types
 
@@ -39,7 +39,7 @@ def _array_members():
 def _missing():
     found = []
     for prefix, namespace in [("fa", fa), ("fa.linalg", fa.linalg), ("fa.fft", fa.fft), ("fa.nn", fa.nn), ("fa.quant", fa.quant),
-                              ("fa.random", fa.random), ("fa.tree_util", fa.tree_util)]:
+                              ("fa.random", fa.random), ("fa.tree_util", fa.tree_util), ("fa.lax", fa.lax)]:
         for name, obj in _public(namespace):
             found.append((f"{prefix}.{name}", obj))
     found += [(f"fa.Array.{name}", obj) for name, obj in _array_members()]
