@@ -80,7 +80,7 @@ _UNARY = {
     "tanh": lambda g, x, y: g * (1.0 - y * y),
     "erf": lambda g, x, y: g * (_TWO_OVER_SQRT_PI * F.exp(-(x * x))),
     "erfc": lambda g, x, y: g * (-_TWO_OVER_SQRT_PI * F.exp(-(x * x))),
-    "sigmoid": lambda g, x, y: g * (y * (1.0 - y)),
+    "sigmoid": lambda g, x, y: g * (y * F.sigmoid(-x)),   # 1 - y is 0 once y rounds to 1 (x > 17 in fp32)
     "acos": lambda g, x, y: -(g * F.rsqrt(1.0 - x * x)),
     "acosh": lambda g, x, y: g * F.rsqrt((x - 1.0) * (x + 1.0)),
     "asin": lambda g, x, y: g * F.rsqrt(1.0 - x * x),
@@ -89,7 +89,7 @@ _UNARY = {
     "atanh": lambda g, x, y: g / (1.0 - x * x),
     "cosh": lambda g, x, y: g * F.sinh(x),
     "sinh": lambda g, x, y: g * F.cosh(x),
-    "expm1": lambda g, x, y: g * (y + 1.0),
+    "expm1": lambda g, x, y: g * F.exp(x),   # y + 1 cancels to 0 where e^x < eps (x < -17 in fp32)
     "log1p": lambda g, x, y: g / (1.0 + x),
     "relu": lambda g, x, y: F.where(x > 0, g, 0.0),  # 0 at 0, as JAX and torch
     "silu": lambda g, x, y: g * _silu_grad(x),

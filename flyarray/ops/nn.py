@@ -170,7 +170,10 @@ LAYER_NORM = Composite("layer_norm", expansion(_layer_norm))
 
 
 from .library_ops import dot_product_attention, long_row_softmax, scaled_matmul, softmax_top_k  # noqa: E402,F401
+from .activations import (celu, elu, glu, hard_sigmoid, hard_silu, hard_swish, hard_tanh, leaky_relu,  # noqa: E402,F401
+                          log_sigmoid, logsumexp, mish, one_hot, relu6, selu, sigmoid, softplus, standardize, swish)
+from . import activations as _activations  # noqa: E402
 
 # fa.nn's public names (the API reference and `from flyarray.nn import *`); the rest are this module's helpers
-__all__ = ["dot_product_attention", "gelu", "layer_norm", "log_softmax", "long_row_softmax", "relu", "rms_norm",
-           "scaled_matmul", "silu", "softmax", "softmax_top_k"]
+__all__ = sorted(["dot_product_attention", "gelu", "layer_norm", "log_softmax", "long_row_softmax", "relu", "rms_norm",
+                  "scaled_matmul", "silu", "softmax", "softmax_top_k"] + _activations.__all__)
