@@ -13,7 +13,7 @@ TESTS=${TESTS:-"tests/test_settings.py tests/test_plan.py tests/test_autodiff.py
  tests/test_gpu_core.py tests/test_cache_trust.py tests/test_errors.py tests/test_creation.py tests/test_indexing.py
  tests/test_array_api.py tests/test_views.py tests/test_interop.py tests/test_array_object.py tests/test_torch_backend.py
  tests/kernels/test_mx.py tests/kernels/test_scaled_matmul.py tests/kernels/test_scan_sort.py tests/test_elementwise.py
- tests/test_reliability.py tests/test_fft.py tests/test_control_flow.py tests/test_scheduler_scale.py tests/test_doc_examples.py"}
+ tests/test_reliability.py tests/test_fft.py tests/test_control_flow.py tests/test_scheduler_scale.py tests/test_doc_examples.py tests/test_activations.py"}
 PYTHONPATH=$PWD timeout -s INT -k 20 ${T:-300} python3 -m pytest -rfE -n 16 -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1
 echo "tests rc=$?"; grep -E "^FAILED|^ERROR|[0-9]+ passed|[0-9]+ failed" "$OUT/tests.log" | tail -20
 if [ -n "${OLD:-}" ]; then

@@ -1,4 +1,5 @@
-"""fa.lax: structured control flow (cond, switch, fori_loop, while_loop, scan, map: flyarray/control_flow.py)
+"""fa.lax: structured control flow (cond, switch, fori_loop, while_loop, scan, map: flyarray/control_flow.py),
+dynamic slicing (dynamic_slice, dynamic_update_slice and their _in_dim forms: flyarray/dynamic_slicing.py)
 and collectives over named mesh axes, for use inside fa.shard_map (JAX's jax.lax names).
 
 Each collective records one lazy collective node (flyarray/collectives.py) over the mesh of the enclosing
@@ -8,9 +9,13 @@ from __future__ import annotations
 
 from . import collectives as C
 from .control_flow import cond, fori_loop, map, scan, switch, while_loop  # noqa: F401
+from .dynamic_slicing import (dynamic_index_in_dim, dynamic_slice, dynamic_slice_in_dim,  # noqa: F401
+                              dynamic_update_index_in_dim, dynamic_update_slice, dynamic_update_slice_in_dim)
 from .shard_map import current_mesh
 
 __all__ = ["cond", "switch", "fori_loop", "while_loop", "scan", "map",
+           "dynamic_slice", "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
+           "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim",
            "psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all", "axis_index"]
 
 

@@ -275,3 +275,61 @@ def test_a_recorded_loop_schedules_in_linear_work():
         _close(carry, np.full(4, 2.0))
     finally:
         fa.set_backend(None)
+
+
+# --- dynamic slicing ---
+
+def _clamped(starts, shape, sizes):
+    return [min(max(s, 0), n - k) for s, n, k in zip(starts, shape, sizes)]
+
+
+@settings(max_examples=scaled(15))
+@given(starts=st.tuples(st.integers(-7, 9), st.integers(-7, 9)), sizes=st.tuples(st.integers(0, 5), st.integers(0, 6)),
+       arrays=st.sampled_from(["ints", "arrays", "mixed"]))
+def test_dynamic_slice_and_update_clamp_their_starts_as_jax(starts, sizes, arrays):
+    a = np.arange(30.0).reshape(5, 6)
+    given_starts = [fa.asarray(s) if arrays == "arrays" or (arrays == "mixed" and i == 0) else s
+                    for i, s in enumerate(starts)]
+    at = _clamped(starts, a.shape, sizes)
+    window = tuple(slice(s, s + k) for s, k in zip(at, sizes))
+    got = L.dynamic_slice(fa.asarray(a), given_starts, sizes)
+    np.testing.assert_array_equal(np.asarray(got), a[window])
+    update = -1.0 - np.arange(np.prod(sizes)).reshape(sizes)
+    want = a.copy()
+    want[window] = update
+    np.testing.assert_array_equal(np.asarray(L.dynamic_update_slice(fa.asarray(a), fa.asarray(update), given_starts)),
+                                  want)
+
+
+def test_dynamic_slices_under_jit_vmap_and_grad():
+    a = np.arange(30.0).reshape(5, 6)
+    x = fa.asarray(a)
+    f = fa.jit(lambda i, v: L.dynamic_slice(v, (i, 1), (2, 3)))
+    for i in (0, 2, 7, -1):                   # one trace, every start (clamped) at replay
+        np.testing.assert_array_equal(np.asarray(f(fa.asarray(i), x)), a[min(max(i, 0), 3):][:2, 1:4])
+    rows = fa.vmap(lambda i: L.dynamic_index_in_dim(x, i, keepdims=False))(fa.asarray([4, 0, 9]))
+    np.testing.assert_array_equal(np.asarray(rows), a[[4, 0, 4]])
+    g = fa.grad(lambda v: (L.dynamic_slice(v, (fa.asarray(1), 2), (2, 2)) ** 2).sum())(x)
+    want = np.zeros_like(a)
+    want[1:3, 2:4] = 2 * a[1:3, 2:4]
+    np.testing.assert_array_equal(np.asarray(g), want)
+    np.testing.assert_array_equal(np.asarray(L.dynamic_update_index_in_dim(x, fa.zeros(6), 7, 0))[4], np.zeros(6))
+    np.testing.assert_array_equal(np.asarray(L.dynamic_slice_in_dim(x, fa.asarray(5), 2, axis=1)), a[:, 4:6])
+    # a window moved along a fori_loop: its sum over every start
+    total = L.fori_loop(0, 4, lambda i, c: c + L.dynamic_slice_in_dim(x, i, 2).sum(), fa.asarray(0.0, dtype=fa.float64))
+    assert float(total) == sum(a[i:i + 2].sum() for i in range(4))
+
+
+def test_dynamic_slicing_checks_its_arguments():
+    x = fa.ones((5, 6))
+    with pytest.raises(ValueError, match="dynamic_slice: start_indices has 1 entries; operand has rank 2"):
+        L.dynamic_slice(x, (0,), (2, 3))
+    with pytest.raises(ValueError, match="slice_sizes\\[0\\] = 6 is outside \\[0, 5\\]"):
+        L.dynamic_slice(x, (0, 0), (6, 3))
+    with pytest.raises(TypeError, match="start_indices\\[0\\] must be an int or an integer scalar array, got "
+                                        "fa.float32 of shape \\(\\)"):
+        L.dynamic_slice(x, (fa.asarray(0.5), 0), (2, 3))
+    with pytest.raises(ValueError, match="update of shape \\(6, 1\\) does not fit in operand of shape \\(5, 6\\)"):
+        L.dynamic_update_slice(x, fa.zeros((6, 1)), (0, 0))
+    with pytest.raises(TypeError, match="slice_sizes\\[1\\] must be an int, got float"):
+        L.dynamic_slice(x, (0, 0), (2, 3.0))
