@@ -15,6 +15,7 @@ Those raise ConcretizationError naming the argument; JAX would compile them to o
 from __future__ import annotations
 
 import builtins
+import operator
 
 from . import plan
 from ._array import Array
@@ -37,7 +38,7 @@ def cond(pred, true_fun, false_fun, *operands):
     outs = [_call(f, operands, "cond", name) for f, name in ((true_fun, "true_fun"), (false_fun, "false_fun"))]
     _check_same_types(outs[0], outs[1], "cond", "true_fun's output", "false_fun's output")
     if not _traced(pred):
-        return outs[0] if bool(pred) else outs[1]
+        return outs[0] if _value(pred, operands) else outs[1]
     return _select(pred, outs[0], outs[1])
 
 
@@ -49,12 +50,12 @@ def switch(index, branches, *operands):
         raise TypeError(f"fa.lax.switch: branches must be a non-empty list or tuple of functions, got {branches!r:.60}")
     for i, f in enumerate(branches):
         _check_function(f, "switch", f"branches[{i}]")
-    index = _scalar(index, "switch", "index", integer=True)
+    index = _scalar(index, "switch", "index", integer=True, bool_ok=False)
     outs = [_call(f, operands, "switch", f"branches[{i}]") for i, f in enumerate(branches)]
     for i, out in enumerate(outs[1:], 1):
         _check_same_types(outs[0], out, "switch", "branches[0]'s output", f"branches[{i}]'s output")
     if not _traced(index):
-        return outs[builtins.min(builtins.max(int(index), 0), len(outs) - 1)]
+        return outs[builtins.min(builtins.max(int(_value(index, operands)), 0), len(outs) - 1)]
     result = outs[-1]
     for i in reversed(range(len(outs) - 1)):   # the first i with index <= i wins: index < 0 picks branch 0
         result = _select(index <= i, outs[i], result)
@@ -71,6 +72,8 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     _check_unroll(unroll, "fori_loop", allow_none=True)
     lower, upper = (_static_int(b, "fori_loop", name) for b, name in ((lower, "lower"), (upper, "upper")))
     val = _as_carry(init_val, "fori_loop", "init_val")
+    if lower >= upper:   # recorded once all the same (never computed), so a bad body fails as in JAX
+        _next_carry(body_fun(lower, val), val, "fori_loop", "body_fun")
     for i in range(lower, upper):
         val = _next_carry(body_fun(i, val), val, "fori_loop", "body_fun")
     return val
@@ -80,14 +83,18 @@ def while_loop(cond_fun, body_fun, init_val):
     """``val = body_fun(val)`` while ``cond_fun(val)``, from ``init_val``; returns ``val``.
 
     ``cond_fun`` returns a bool or a scalar bool array, whose value decides each iteration (one wait for the
-    device an iteration), so the predicate cannot depend on fa.jit's traced or fa.vmap's batched arguments
-    (ConcretizationError): use fori_loop with bounds known while tracing, or run the loop outside."""
+    device an iteration; the carry is computed with it, so the next iteration starts from its values), so the
+    predicate cannot depend on fa.jit's traced or fa.vmap's batched arguments (ConcretizationError): use
+    fori_loop with bounds known while tracing, or run the loop outside. Each iteration's body is recorded (and
+    checked) before its predicate is evaluated, so a bad body fails before anything runs."""
     _check_function(cond_fun, "while_loop", "cond_fun")
     _check_function(body_fun, "while_loop", "body_fun")
     val = _as_carry(init_val, "while_loop", "init_val")
-    while _loop_predicate(cond_fun(val)):
-        val = _next_carry(body_fun(val), val, "while_loop", "body_fun")
-    return val
+    while True:
+        following = _next_carry(body_fun(val), val, "while_loop", "body_fun")
+        if not _loop_predicate(cond_fun(val), val):
+            return val
+        val = following
 
 
 def scan(f, init, xs=None, length=None, reverse=False, unroll=1):
@@ -118,6 +125,8 @@ def map(f, xs):
     """``f`` over the leading axis of the pytree ``xs``, the results stacked (JAX's lax.map: a scan with no
     carry)."""
     _check_function(f, "map", "f")
+    if not tree_flatten(xs)[0]:
+        raise ValueError("fa.lax.map: xs holds no arrays to map over")
     return scan(lambda carry, x: (carry, f(x)), (), xs)[1]
 
 
@@ -143,18 +152,34 @@ def _array(x, who, name):
     return x
 
 
-def _scalar(x, who, name, integer):
-    """``x``, a Python number (an int when ``integer``) or a 0-d array of a bool or (integer) numeric dtype,
-    else a TypeError naming ``name``."""
-    if isinstance(x, int if integer else (int, float)):   # bool is an int
-        return x
-    x = _array(x, who, name)
+def _scalar(x, who, name, integer, bool_ok=True):
+    """``x``, a Python number (an int when ``integer``) or a 0-d array of a bool (if ``bool_ok``) or (integer)
+    numeric dtype, else a TypeError naming ``name``."""
     from .namespace_info import isdtype
-    kinds = ("bool", "integral") if integer else ("bool", "integral", "real floating")
-    if x.shape != () or not isdtype(x.dtype, kinds):
-        raise TypeError(f"fa.lax.{who}: {name} must be {'an integer' if integer else 'a bool or real'} scalar "
-                        f"(shape ()), got {x.dtype} of shape {x.shape}")
+    wanted = ("an integer" if integer else "a bool or real") + " scalar (a Python number or an array of shape ())"
+    if isinstance(x, bool) and not bool_ok:
+        raise TypeError(f"fa.lax.{who}: {name} must be {wanted.replace('a bool or ', '')}, got a bool")
+    if isinstance(x, int if integer else (int, float)):
+        return x
+    if not isinstance(x, Array):
+        from .ops.core import as_array
+        x = as_array(x)
+        if not isinstance(x, Array):
+            raise TypeError(f"fa.lax.{who}: {name} must be {wanted}, got {type(x).__name__} {x!r:.40}")
+    kinds = ("integral",) if integer else ("integral", "real floating")
+    if x.shape != () or not (isdtype(x.dtype, kinds) or (bool_ok and isdtype(x.dtype, "bool"))):
+        raise TypeError(f"fa.lax.{who}: {name} must be {wanted}, got {x.dtype} of shape {x.shape}")
     return x
+
+
+def _value(x, operands):
+    """``x``'s value, computed with the arrays among ``operands`` that have values: a loop's next step then starts
+    from them instead of recomputing their history with every predicate (quadratic in the steps)."""
+    if not isinstance(x, Array):
+        return x
+    from . import eval as evaluate
+    evaluate(x, *[a for a in tree_flatten(operands)[0] if isinstance(a, Array) and not _traced(a)])
+    return x.item()
 
 
 def _traced(x) -> bool:
@@ -213,18 +238,21 @@ def _next_carry(out, carry, who, name):
     carry_leaves, carry_tree = tree_flatten(carry)
     if treedef != carry_tree:
         raise TypeError(f"fa.lax.{who}: {name} returned the structure {treedef}; the carry is {carry_tree}")
-    leaves = [asarray(x, dtype=c.dtype, device=c.device) if _python_number_fits(x, c) else x
-              for x, c in zip(leaves, carry_leaves)]
+    try:
+        leaves = [asarray(x, dtype=c.dtype, device=c.device) if _python_number_fits(x, c) else x
+                  for x, c in zip(leaves, carry_leaves)]
+    except (OverflowError, ValueError) as e:
+        raise type(e)(f"fa.lax.{who}: {name}'s output does not fit the carry: {e}") from None
     out = _as_arrays(tree_unflatten(treedef, leaves), who, f"{name}'s output")
     _check_same_types(carry, out, who, "the carry", f"{name}'s output")
     return out
 
 
 def _python_number_fits(x, carry_leaf) -> bool:
-    """A Python number the carry leaf's dtype kind holds (bool anywhere, int in int/float/complex, float in
+    """A Python number the carry leaf's dtype kind holds (bool in bool, int in int/float/complex, float in
     float/complex, complex in complex), as a weakly typed JAX scalar would."""
     from .namespace_info import isdtype
-    kinds = {bool: ("bool", "numeric"), int: ("integral", "real floating", "complex floating"),
+    kinds = {bool: ("bool",), int: ("integral", "real floating", "complex floating"),
              float: ("real floating", "complex floating"), complex: ("complex floating",)}
     return type(x) in kinds and isdtype(carry_leaf.dtype, kinds[type(x)])
 
@@ -232,7 +260,7 @@ def _python_number_fits(x, carry_leaf) -> bool:
 def _static_int(x, who, name) -> int:
     if isinstance(x, int) and not isinstance(x, bool):
         return x
-    x = _scalar(x, who, name, integer=True)
+    x = _scalar(x, who, name, integer=True, bool_ok=False)
     if isinstance(x, Array) and _traced(x):
         raise plan.ConcretizationError(
             f"fa.lax.{who}: {name} depends on fa.jit's traced or fa.vmap's batched arguments. flyarray records a "
@@ -241,20 +269,30 @@ def _static_int(x, who, name) -> int:
     return int(x)
 
 
-def _loop_predicate(pred) -> bool:
-    pred = _scalar(pred, "while_loop", "cond_fun's output", integer=False)
+def _loop_predicate(pred, carry) -> bool:
+    from .namespace_info import isdtype
+    if not isinstance(pred, (bool, Array)) or (isinstance(pred, Array) and (pred.shape != () or
+                                                                            not isdtype(pred.dtype, "bool"))):
+        got = f"{pred.dtype} of shape {pred.shape}" if isinstance(pred, Array) else type(pred).__name__
+        raise TypeError(f"fa.lax.while_loop: cond_fun must return a bool or a bool array of shape (), got {got}")
     if _traced(pred):
         raise plan.ConcretizationError(
             "fa.lax.while_loop: cond_fun's result depends on fa.jit's traced or fa.vmap's batched arguments. "
             "flyarray records a loop by unrolling it, so each iteration's predicate needs a value while "
             "recording: use fa.lax.fori_loop with bounds known while tracing, or run the loop outside "
             "fa.jit/fa.vmap.")
-    return bool(pred)
+    return bool(_value(pred, carry))
 
 
 def _scan_length(x_leaves, length) -> int:
-    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 0):
-        raise TypeError(f"fa.lax.scan: length must be a non-negative int or None, got {length!r:.60}")
+    if length is not None:
+        try:
+            n = -1 if isinstance(length, bool) else operator.index(length)   # numpy ints too
+        except TypeError:
+            n = -1
+        if n < 0:
+            raise TypeError(f"fa.lax.scan: length must be a non-negative int or None, got {length!r:.60}")
+        length = n
     for i, x in enumerate(x_leaves):
         if x.ndim == 0:
             raise ValueError(f"fa.lax.scan: xs leaf {i} is a scalar; each xs leaf needs a leading axis to scan")
@@ -272,7 +310,7 @@ def _scan_length(x_leaves, length) -> int:
 
 def _scan_step(f, carry, x):
     out = f(carry, x)
-    if not isinstance(out, tuple) or len(out) != 2:
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"fa.lax.scan: f must return a pair (carry, y), got {type(out).__name__}")
     return _next_carry(out[0], carry, "scan", "f"), _as_arrays(out[1], "scan", "f's y")
 

@@ -87,8 +87,8 @@ def test_branches_must_return_the_same_types():
         L.cond(True, lambda a: (a, a), lambda a: a, x)
     with pytest.raises(TypeError, match="branches\\[1\\]'s output, leaf 0, is fa.float32\\[3\\]"):
         L.switch(0, [lambda a: a, lambda a: a[:3]], x)
-    with pytest.raises(TypeError, match="pred must be a bool or real scalar \\(shape \\(\\)\\), got fa.float32 of "
-                                        "shape \\(6,\\)"):
+    with pytest.raises(TypeError, match="pred must be a bool or real scalar \\(a Python number or an array of shape "
+                                        "\\(\\)\\), got fa.float32 of shape \\(6,\\)"):
         L.cond(x, lambda: 1, lambda: 2)
     with pytest.raises(TypeError, match="index must be an integer scalar"):
         L.switch(fa.asarray(1.0), [lambda: 1], )
@@ -161,7 +161,8 @@ def test_the_carry_keeps_its_types():
         L.fori_loop(0, 2, lambda i, v: v * 0.5, 1)
     # Python numbers take the carry's dtype (JAX's weak types)
     assert L.fori_loop(0, 2, lambda i, v: 0.0, fa.asarray(1.0)).dtype == fa.float32
-    with pytest.raises(TypeError, match="cond_fun's output must be a bool or real scalar"):
+    with pytest.raises(TypeError, match="cond_fun must return a bool or a bool array of shape \\(\\), got fa.bool of "
+                                        "shape \\(6,\\)"):
         L.while_loop(lambda v: v > 0, lambda v: v - 1, x)
     with pytest.raises(ValueError, match="unroll must be a positive int"):
         L.fori_loop(0, 2, lambda i, v: v, x, unroll=0)
@@ -333,3 +334,73 @@ def test_dynamic_slicing_checks_its_arguments():
         L.dynamic_update_slice(x, fa.zeros((6, 1)), (0, 0))
     with pytest.raises(TypeError, match="slice_sizes\\[1\\] must be an int, got float"):
         L.dynamic_slice(x, (0, 0), (2, 3.0))
+
+
+# --- found by fuzzing against jax.lax (each test names what was wrong) ---
+
+def test_loops_that_read_a_value_each_step_start_from_the_last_step(monkeypatch):
+    """while_loop's predicate, and a valued cond's inside a scan, were evaluated alone: each step recomputed the
+    carry's whole history (600 steps: 8.3 s, 4x per doubling). The carry is now computed with the predicate, so
+    each step runs the same small plan (the scan's reads another slice of xs a step: a plan of its own, as small)."""
+    from flyarray import plan as plan_module
+    sizes = []
+    original = plan_module.schedule
+    monkeypatch.setattr(plan_module, "schedule", lambda roots: sizes.append(len(list(plan_module.upstream(roots))))
+                        or original(roots))
+    fa.set_backend("reference")
+    try:
+        for n in (40, 80):
+            fa.reset_stats()
+            k, v = L.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 0.5 + 1.0), (fa.asarray(0), fa.ones(4)))
+            assert int(k) == n
+            assert fa.stats()["plan_misses"] <= 3, fa.stats()
+            fa.reset_stats()
+            c, _ = L.scan(lambda c, x: (L.cond(c.sum() > 0, lambda u: u * 0.5 + x, lambda u: u + 1.0, c), None),
+                          fa.ones(4), fa.ones((n, 4)))
+            _close(c, np.full(4, 2.0 - 0.5 ** n))
+            assert max(sizes) < 20, max(sizes)   # the nodes one evaluation walks: not the history
+            sizes.clear()
+    finally:
+        fa.set_backend(None)
+
+
+def test_a_loop_body_is_checked_even_when_no_iteration_runs():
+    x = fa.asarray(X[:3])
+    with pytest.raises(TypeError, match="body_fun returned the structure"):
+        L.while_loop(lambda c: False, lambda c: {"b": c["a"]}, {"a": x})
+    with pytest.raises(TypeError, match="body_fun's output, leaf 0, is fa.float32\\[2\\]"):
+        L.fori_loop(0, 0, lambda i, c: c[:2], x)
+    with pytest.raises(TypeError, match="is fa.float64\\[3\\] where the carry has fa.float32\\[3\\]"):
+        L.fori_loop(3, 1, lambda i, c: c.astype(fa.float64), x)
+    fa.set_backend("reference")
+    try:   # and before the first predicate is evaluated
+        fa.reset_stats()
+        with pytest.raises(TypeError, match="body_fun returned the structure"):
+            L.while_loop(lambda c: c["a"].sum() > 0, lambda c: {"b": c["a"]}, {"a": x})
+        assert fa.stats()["kernels_launched"] == 0
+    finally:
+        fa.set_backend(None)
+
+
+def test_predicates_indices_and_carries_take_jax_types():
+    with pytest.raises(TypeError, match="cond_fun must return a bool or a bool array of shape \\(\\), got fa.int64"):
+        L.while_loop(lambda c: c, lambda c: c - 1, 3)
+    with pytest.raises(TypeError, match="cond_fun must return a bool or a bool array of shape \\(\\), got float"):
+        L.while_loop(lambda c: 0.5, lambda c: c, 3)
+    with pytest.raises(TypeError, match="switch: index must be an integer scalar .*, got fa.bool"):
+        L.switch(fa.asarray(True), [lambda: 10, lambda: 20])
+    with pytest.raises(TypeError, match="switch: index must be an integer scalar .*, got a bool"):
+        L.switch(True, [lambda: 10, lambda: 20])
+    with pytest.raises(TypeError, match="lower must be an integer scalar .*, got float 0.0"):
+        L.fori_loop(0.0, 3, lambda i, c: c, 1)
+    with pytest.raises(TypeError, match="cond: pred must be a bool or real scalar .*, got NoneType"):
+        L.cond(None, lambda: 1, lambda: 2)
+    with pytest.raises(TypeError, match="f's output, leaf 0, is fa.bool\\[\\] where the carry has fa.float32\\[\\]"):
+        L.scan(lambda c, x: (True, None), fa.asarray(1.0), None, length=2)
+    with pytest.raises(OverflowError, match="fa.lax.fori_loop: body_fun's output does not fit the carry"):
+        L.fori_loop(0, 1, lambda i, c: -1, fa.asarray(3, dtype=fa.uint8))
+    with pytest.raises(ValueError, match="fa.lax.map: xs holds no arrays"):
+        L.map(lambda x: x, None)
+    carry, ys = L.scan(lambda c, x: [c + x, c], fa.asarray(0.0), fa.ones(3), length=np.int64(3))
+    _close(carry, 3.0)
+    _close(ys, [0.0, 1.0, 2.0])
