@@ -4,6 +4,7 @@
 #  2. with OLD=<dir> (a `git archive 481649d flyarray interop`, inside the checkout so it travels): the decode GEMM's
 #     user path (benchmarks/probe_decode_user.py) on OLD and on this tree, twice each: the `.T` fast path's A/B;
 #  3. benchmarks/tune_attention_decode.py: the attention decode's K split against SDPA (issue 15).
+#  4. benchmarks/control_flow.py: fa.lax loops beside torch eager and torch.compile.
 #     bash benchmarks/gpu_session36.sh         (from the repository root; writes under $OUT)
 export PYTHONUNBUFFERED=1 FLYARRAY_CACHE_DIR=/tmp/flyarray-cache OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -25,3 +26,5 @@ if [ -n "${OLD:-}" ]; then
 fi
 PYTHONPATH=$PWD timeout 150 python3 benchmarks/tune_attention_decode.py "$OUT/attn_decode.json" > "$OUT/attn_decode.log" 2>&1
 echo "decode sweep rc=$?"; cut -c1-200 "$OUT/attn_decode.log" | tail -60
+PYTHONPATH=$PWD timeout 120 python3 benchmarks/control_flow.py "$OUT/control_flow.json" > "$OUT/control_flow.log" 2>&1
+echo "control flow rc=$?"; tail -5 "$OUT/control_flow.log"
