@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import flyarray as fa
 
-from .conftest import BACKENDS, _skip_a_broken_interpreter, scaled
+from .conftest import scaled
 
 nn = fa.nn
 
@@ -31,13 +31,6 @@ TORCH = {
 EDGES = [-1e4, -100.0, -30.0, -3.0, -1.0, -1e-30, -0.0, 0.0, 1e-30, 1.0, 3.0, 6.0, 30.0, 100.0, 1e4,
          float("inf"), float("-inf"), float("nan")]
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    _skip_a_broken_interpreter(request.param)
-    fa.set_backend(request.param)
-    yield request.param
-    fa.set_backend(None)
 
 
 def _check(name, values, dtype, rtol):

@@ -7,19 +7,12 @@ from hypothesis import given, settings, strategies as st
 import flyarray as fa
 from flyarray import plan, schedule
 
-from .conftest import BACKENDS, _skip_a_broken_interpreter, scaled
+from .conftest import scaled
 
 L = fa.lax
 rng = np.random.default_rng(7)
 X = rng.uniform(-1, 1, (6,)).astype(np.float32)
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    _skip_a_broken_interpreter(request.param)
-    fa.set_backend(request.param)
-    yield request.param
-    fa.set_backend(None)
 
 
 def _close(got, want, rtol=1e-5, atol=1e-6):
