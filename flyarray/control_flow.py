@@ -21,7 +21,7 @@ from . import plan
 from ._array import Array
 from .tree_util import tree_flatten, tree_unflatten
 
-__all__ = ["cond", "switch", "fori_loop", "while_loop", "scan", "map"]
+__all__ = ["cond", "switch", "select", "fori_loop", "while_loop", "scan", "map"]
 
 
 def cond(pred, true_fun, false_fun, *operands):
@@ -60,6 +60,22 @@ def switch(index, branches, *operands):
     for i in reversed(range(len(outs) - 1)):   # the first i with index <= i wins: index < 0 picks branch 0
         result = _select(index <= i, outs[i], result)
     return result
+
+
+def select(pred, on_true, on_false):
+    """``on_true`` where ``pred`` is true, else ``on_false``, elementwise (jax.lax.select): unlike ``fa.where``
+    nothing broadcasts or promotes: ``pred`` is a bool array of the operands' shape (or a scalar), and the
+    operands have one shape and dtype."""
+    from .namespace_info import isdtype
+    pred = _array(pred, "select", "pred")
+    on_true, on_false = _array(on_true, "select", "on_true"), _array(on_false, "select", "on_false")
+    if (on_true.shape, on_true.dtype) != (on_false.shape, on_false.dtype):
+        raise TypeError(f"fa.lax.select: on_true is {_type_name((on_true.shape, on_true.dtype))} and on_false "
+                        f"{_type_name((on_false.shape, on_false.dtype))}; they must match")
+    if not isdtype(pred.dtype, "bool") or pred.shape not in ((), on_true.shape):
+        raise TypeError(f"fa.lax.select: pred must be a bool array of shape () or {on_true.shape}, got "
+                        f"{_type_name((pred.shape, pred.dtype))}")
+    return _select(pred, on_true, on_false)
 
 
 def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):

@@ -8,12 +8,13 @@ shard_map; ``axis_name`` is one mesh axis name or a tuple of them.
 from __future__ import annotations
 
 from . import collectives as C
-from .control_flow import cond, fori_loop, map, scan, switch, while_loop  # noqa: F401
+from .control_flow import cond, fori_loop, map, scan, select, switch, while_loop  # noqa: F401
+from .transforms.autodiff import stop_gradient  # noqa: F401
 from .dynamic_slicing import (dynamic_index_in_dim, dynamic_slice, dynamic_slice_in_dim,  # noqa: F401
                               dynamic_update_index_in_dim, dynamic_update_slice, dynamic_update_slice_in_dim)
 from .shard_map import current_mesh
 
-__all__ = ["cond", "switch", "fori_loop", "while_loop", "scan", "map",
+__all__ = ["cond", "switch", "select", "fori_loop", "while_loop", "scan", "map", "stop_gradient",
            "dynamic_slice", "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
            "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim",
            "psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all", "axis_index"]

@@ -397,3 +397,16 @@ def test_predicates_indices_and_carries_take_jax_types():
     carry, ys = L.scan(lambda c, x: [c + x, c], fa.asarray(0.0), fa.ones(3), length=np.int64(3))
     _close(carry, 3.0)
     _close(ys, [0.0, 1.0, 2.0])
+
+
+def test_select_neither_broadcasts_nor_promotes():
+    a, b = fa.asarray(X), fa.asarray(-X)
+    mask = fa.asarray(X > 0)
+    _close(L.select(mask, a, b), np.abs(X))
+    _close(L.select(fa.asarray(False), a, b), -X)
+    with pytest.raises(TypeError, match="on_true is fa.float32\\[6\\] and on_false fa.float64\\[6\\]"):
+        L.select(mask, a, b.astype(fa.float64))
+    with pytest.raises(TypeError, match="pred must be a bool array of shape \\(\\) or \\(6,\\), got fa.float32\\[6\\]"):
+        L.select(a, a, b)
+    g = fa.grad(lambda v: (L.select(mask, v, L.stop_gradient(v)) * v).sum())(a)
+    _close(g, np.where(X > 0, 2 * X, X))
