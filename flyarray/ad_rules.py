@@ -63,7 +63,8 @@ def _logaddexp_share(x, other, out):
     """d logaddexp / dx = exp(x - out), except where x is the infinite answer (inf - inf is NaN): there
     maximum's tie rule, 1 alone or 0.5 tied (JAX's); a NaN answer stays NaN."""
     infinite = F.isinf(out) & (x == out)
-    return F.where(infinite, _balanced_eq(x, other, out), F.exp(x - out))
+    # the exponent is 0 where it is not taken: inf - inf there made the second derivative NaN (where's trap)
+    return F.where(infinite, _balanced_eq(x, other, out), F.exp(F.where(infinite, 0.0, x - out)))
 
 
 _UNARY = {

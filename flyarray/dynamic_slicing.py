@@ -1,8 +1,9 @@
 """fa.lax.dynamic_slice and dynamic_update_slice (JAX's): static sizes at start indices that may be arrays
 (traced under fa.jit, batched under fa.vmap), the building blocks of loops over windows of an array.
 
-JAX's rule for the starts: each is clamped so that the window lies inside the operand (a start past the end
-moves back, a negative one moves to 0), never wrapped as numpy's negative indices are. A window is a gather of
+JAX's rule for the starts (``allow_negative_indices=True``, its default): a negative start counts from the end
+(``start + dim``), as Python's indices do, and then each start is clamped so that the window lies inside the
+operand (a start past the end moves back, one still negative moves to 0). A window is a gather of
 ``start + arange(size)`` along each axis, and an update a scatter at the same indices (``.at[...].set``): ordinary
 ops, so grad, vmap and jit apply unchanged.
 """
@@ -18,7 +19,8 @@ __all__ = ["dynamic_slice", "dynamic_update_slice", "dynamic_slice_in_dim", "dyn
 
 def dynamic_slice(operand, start_indices, slice_sizes):
     """``operand[s0:s0 + n0, s1:s1 + n1, ...]`` for starts ``start_indices`` (ints or integer scalar arrays, one
-    per axis) and static ``slice_sizes``, each start clamped into [0, shape - size] (JAX's rule)."""
+    per axis) and static ``slice_sizes``; a negative start counts from the end, then each is clamped into
+    [0, shape - size] (JAX's rule)."""
     operand = _operand(operand, "dynamic_slice")
     sizes = _sizes(slice_sizes, operand, "dynamic_slice")
     starts = _starts(start_indices, operand, sizes, "dynamic_slice")
@@ -30,12 +32,15 @@ def dynamic_slice(operand, start_indices, slice_sizes):
 
 
 def dynamic_update_slice(operand, update, start_indices):
-    """``operand`` with ``update`` written at ``start_indices`` (ints or integer scalar arrays, one per axis),
-    each start clamped so that ``update`` fits (JAX's rule); ``update`` takes ``operand``'s dtype and must not
-    be larger than it on any axis."""
+    """``operand`` with ``update`` written at ``start_indices`` (ints or integer scalar arrays, one per axis; a
+    negative start counts from the end), each start clamped so that ``update`` fits (JAX's rule); ``update`` has
+    ``operand``'s dtype and rank and is not larger on any axis."""
     from .ops import asarray
     operand = _operand(operand, "dynamic_update_slice")
     update = asarray(update) if not isinstance(update, Array) else update
+    if update.dtype != operand.dtype:   # JAX refuses it too: a cast here would truncate 2.7 into an int quietly
+        raise TypeError(f"fa.lax.dynamic_update_slice: update is {update.dtype} and operand {operand.dtype}; cast "
+                        f"the update first")
     if update.ndim != operand.ndim or any(u > o for u, o in zip(update.shape, operand.shape)):
         raise ValueError(f"fa.lax.dynamic_update_slice: update of shape {update.shape} does not fit in operand "
                          f"of shape {operand.shape} (same rank, no axis longer)")
@@ -44,7 +49,7 @@ def dynamic_update_slice(operand, update, start_indices):
     dynamic = any(isinstance(start, Array) for start in starts)
     index = tuple(_axis_index(start, size, axis, operand.ndim, operand.device, dynamic)
                   for axis, (start, size) in enumerate(zip(starts, update.shape)))
-    return operand.at[index].set(update.astype(operand.dtype, copy=False))
+    return operand.at[index].set(update)
 
 
 def dynamic_slice_in_dim(operand, start_index, slice_size, axis=0):
@@ -114,6 +119,8 @@ def _sizes(slice_sizes, operand, who) -> tuple:
 
 
 def _sequence(values, operand, who, name) -> list:
+    from .ops.core import as_array
+    values = as_array(values) if not isinstance(values, (list, tuple)) else values   # numpy / torch vectors
     if isinstance(values, Array) and values.ndim == 1:
         values = [values[i] for i in range(values.shape[0])]
     if not isinstance(values, (list, tuple)):
@@ -124,20 +131,26 @@ def _sequence(values, operand, who, name) -> list:
 
 
 def _starts(start_indices, operand, sizes, who) -> list:
-    """Each start clamped into [0, shape - size]: a Python int here, an array start with ``clip`` (recorded)."""
+    """Each start wrapped (negative: + dim) and clamped into [0, shape - size]: a Python int here, an array start
+    with ``where`` and ``clip`` (recorded)."""
     from .namespace_info import isdtype
-    from .ops import asarray, clip
+    from .ops import asarray, clip, where
     out = []
     for axis, start in enumerate(_sequence(start_indices, operand, who, "start_indices")):
         top = operand.shape[axis] - sizes[axis]
+        dim = operand.shape[axis]
         if isinstance(start, int) and not isinstance(start, bool):
-            out.append(min(max(start, 0), top))
+            out.append(min(max(start + dim if start < 0 else start, 0), top))
             continue
         start = asarray(start) if not isinstance(start, Array) else start
         if start.ndim != 0 or not isdtype(start.dtype, "integral"):
             raise TypeError(f"fa.lax.{who}: start_indices[{axis}] must be an int or an integer scalar array, got "
                             f"{start.dtype} of shape {start.shape}")
-        out.append(clip(start.astype(_index_dtype(), copy=False), 0, top))
+        if isdtype(start.dtype, "unsigned integer"):   # never negative; a uint64 past 2^63 must not wrap to one
+            out.append(clip(start, 0, top).astype(_index_dtype(), copy=False))
+            continue
+        start = start.astype(_index_dtype(), copy=False)
+        out.append(clip(where(start < 0, start + dim, start), 0, top))
     return out
 
 

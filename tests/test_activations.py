@@ -24,7 +24,7 @@ TORCH = {
     "relu6": F.relu6,
     "hard_tanh": F.hardtanh,
     "hard_sigmoid": F.hardsigmoid,
-    "hard_silu": F.hardswish,
+    "hard_silu": lambda t: torch.where(t <= -3, 0.0, F.hardswish(t)),   # torch (and JAX): -inf * 0, NaN, at -inf
     "mish": lambda t: t * torch.tanh(torch.log1p(torch.exp(-t.abs())) + t.clamp(min=0)),
     "swish": F.silu,
 }
@@ -79,6 +79,28 @@ def test_derivatives_keep_their_tails(dtype):
     np.testing.assert_allclose(np.asarray(tangent)[:2], tail[:2], rtol=rtol)
 
 
+@pytest.mark.parametrize("name, at, want", [
+    ("relu6", [0.0, 6.0], [0.0, 0.0]),
+    ("hard_sigmoid", [-3.0, 3.0], [0.0, 0.0]),
+    ("hard_silu", [-3.0, 3.0, -np.inf, np.inf], [0.0, 1.0, 0.0, 1.0]),
+    ("hard_tanh", [-1.0, 1.0], [1.0, 1.0]),
+])
+def test_derivatives_at_the_kinks_are_jaxs(name, at, want):
+    """Found by fuzzing against jax.nn: minimum/maximum's tie rule gave 0.5 at relu6's kinks (JAX: 0), 1/12 at
+    hard_sigmoid's, and hard_silu's derivative at +-inf was inf * 0, NaN."""
+    got = fa.grad(lambda v: getattr(nn, name)(v).sum())(fa.asarray(at))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_second_derivatives_at_infinity():
+    """logaddexp's derivative exp(x - out) computed inf - inf where it was not taken: softplus'' at inf and
+    log_sigmoid'' at -inf were NaN (JAX: 0)."""
+    for f, at in ((nn.softplus, np.inf), (nn.log_sigmoid, -np.inf), (lambda v: fa.logaddexp(v, 0.0), np.inf)):
+        x = fa.asarray(np.float32([at, 1.0]))
+        got = np.asarray(fa.grad(lambda w: fa.grad(lambda u: f(u).sum())(w).sum())(x))
+        assert got[0] == 0.0 and np.isclose(abs(got[1]), 0.19661193, rtol=1e-6), got
+
+
 def test_integers_compute_in_the_default_float_and_complex_is_refused():
     assert nn.elu(fa.asarray([1, -2])).dtype == fa.float32
     with pytest.raises(TypeError, match="mish: x must be real, got fa.complex64"):
@@ -129,6 +151,11 @@ def test_one_hot_matches_torch_and_zeroes_out_of_range_indices():
                                   [[0, 0, 0], [0, 0, 0], [0, 1, 0]])
     moved = nn.one_hot(fa.asarray(labels), 4, axis=0)
     np.testing.assert_array_equal(np.asarray(moved), np.moveaxis(F.one_hot(torch.tensor(labels), 4).numpy(), -1, 0))
+    wide = nn.one_hot(fa.asarray(np.array([0, 5, 127], dtype=np.int8)), 200)   # more classes than int8 holds
+    np.testing.assert_array_equal(np.asarray(wide).argmax(-1), [0, 5, 127])
+    np.testing.assert_array_equal(np.asarray(nn.one_hot(2, 3)), [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(np.asarray(nn.one_hot(fa.asarray(np.array([2**63 + 1], dtype=np.uint64)), 3)),
+                                  [[0.0, 0.0, 0.0]])
     with pytest.raises(TypeError, match="one_hot: x must hold integer class indices, got fa.float32"):
         nn.one_hot(fa.ones(3), 3)
     with pytest.raises(ValueError, match="num_classes must be a non-negative int"):

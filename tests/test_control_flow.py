@@ -274,7 +274,8 @@ def test_a_recorded_loop_schedules_in_linear_work():
 # --- dynamic slicing ---
 
 def _clamped(starts, shape, sizes):
-    return [min(max(s, 0), n - k) for s, n, k in zip(starts, shape, sizes)]
+    """JAX's rule (allow_negative_indices=True): a negative start counts from the end, then clamps."""
+    return [min(max(s + n if s < 0 else s, 0), n - k) for s, n, k in zip(starts, shape, sizes)]
 
 
 @settings(max_examples=scaled(15))
@@ -299,15 +300,17 @@ def test_dynamic_slices_under_jit_vmap_and_grad():
     a = np.arange(30.0).reshape(5, 6)
     x = fa.asarray(a)
     f = fa.jit(lambda i, v: L.dynamic_slice(v, (i, 1), (2, 3)))
-    for i in (0, 2, 7, -1):                   # one trace, every start (clamped) at replay
-        np.testing.assert_array_equal(np.asarray(f(fa.asarray(i), x)), a[min(max(i, 0), 3):][:2, 1:4])
+    for i in (0, 2, 7, -1, -2, -9):           # one trace, every start (wrapped, clamped) at replay
+        at = _clamped([i], (5,), (2,))[0]
+        np.testing.assert_array_equal(np.asarray(f(fa.asarray(i), x)), a[at:at + 2, 1:4])
     rows = fa.vmap(lambda i: L.dynamic_index_in_dim(x, i, keepdims=False))(fa.asarray([4, 0, 9]))
     np.testing.assert_array_equal(np.asarray(rows), a[[4, 0, 4]])
     g = fa.grad(lambda v: (L.dynamic_slice(v, (fa.asarray(1), 2), (2, 2)) ** 2).sum())(x)
     want = np.zeros_like(a)
     want[1:3, 2:4] = 2 * a[1:3, 2:4]
     np.testing.assert_array_equal(np.asarray(g), want)
-    np.testing.assert_array_equal(np.asarray(L.dynamic_update_index_in_dim(x, fa.zeros(6), 7, 0))[4], np.zeros(6))
+    np.testing.assert_array_equal(np.asarray(L.dynamic_update_index_in_dim(x, fa.zeros(6, dtype=fa.float64), 7, 0))[4],
+                                  np.zeros(6))
     np.testing.assert_array_equal(np.asarray(L.dynamic_slice_in_dim(x, fa.asarray(5), 2, axis=1)), a[:, 4:6])
     # a window moved along a fori_loop: its sum over every start
     total = L.fori_loop(0, 4, lambda i, c: c + L.dynamic_slice_in_dim(x, i, 2).sum(), fa.asarray(0.0, dtype=fa.float64))
@@ -327,6 +330,21 @@ def test_dynamic_slicing_checks_its_arguments():
         L.dynamic_update_slice(x, fa.zeros((6, 1)), (0, 0))
     with pytest.raises(TypeError, match="slice_sizes\\[1\\] must be an int, got float"):
         L.dynamic_slice(x, (0, 0), (2, 3.0))
+    with pytest.raises(TypeError, match="update is fa.float32 and operand fa.int64; cast the update first"):
+        L.dynamic_update_slice(fa.zeros((3,), dtype=fa.int64), fa.asarray([2.7]), (0,))
+
+
+def test_dynamic_starts_of_every_integer_kind():
+    """Found by fuzzing against jax.lax: negative starts clamped to 0 where JAX (allow_negative_indices) counts
+    them from the end, and a uint64 start past 2^63 wrapped to a negative int64 (so to 0)."""
+    x = fa.asarray(np.arange(4.0, dtype=np.float32))
+    np.testing.assert_array_equal(np.asarray(L.dynamic_slice(x, [-1], [2])), [2.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(L.dynamic_slice(x, [fa.asarray(-3, dtype=fa.int32)], [2])), [1.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(L.dynamic_index_in_dim(x, -1)), [3.0])
+    np.testing.assert_array_equal(np.asarray(L.dynamic_update_slice(x, fa.asarray([9.0]), [-1])), [0, 1, 2, 9])
+    np.testing.assert_array_equal(np.asarray(L.dynamic_slice(x, [fa.asarray(2**63 + 5, dtype=fa.uint64)], [2])),
+                                  [2.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(L.dynamic_slice(x, np.array([1]), [2])), [1.0, 2.0])
 
 
 # --- found by fuzzing against jax.lax (each test names what was wrong) ---

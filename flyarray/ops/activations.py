@@ -75,24 +75,29 @@ def selu(x, /):
 
 
 def relu6(x, /):
-    """min(max(x, 0), 6) (jax.nn.relu6)."""
-    return ew.minimum(ew.maximum(_real_float(x, "relu6"), 0.0), 6.0)
+    """min(max(x, 0), 6) (jax.nn.relu6); its derivative is 0 at both kinks, as JAX's (and relu's at 0)."""
+    x = _real_float(x, "relu6")
+    return where(x >= 6.0, 6.0, ew.relu(x))
 
 
 def hard_tanh(x, /):
-    """x clipped to [-1, 1] (jax.nn.hard_tanh)."""
-    return ew.minimum(ew.maximum(_real_float(x, "hard_tanh"), -1.0), 1.0)
+    """x clipped to [-1, 1] (jax.nn.hard_tanh); its derivative is 1 at the kinks, as JAX's."""
+    x = _real_float(x, "hard_tanh")
+    return where(x > 1.0, 1.0, where(x < -1.0, -1.0, x))
 
 
 def hard_sigmoid(x, /):
-    """relu6(x + 3) / 6 (jax.nn.hard_sigmoid, torch's hardsigmoid)."""
+    """relu6(x + 3) / 6 (jax.nn.hard_sigmoid, torch's hardsigmoid); derivative 0 at -3 and 3, as JAX's."""
     return relu6(_real_float(x, "hard_sigmoid") + 3.0) / 6.0
 
 
 def hard_silu(x, /):
-    """x * hard_sigmoid(x) (jax.nn.hard_silu; torch's hardswish)."""
+    """x * hard_sigmoid(x) (jax.nn.hard_silu; torch's hardswish): 0 below -3, x above 3, x (x + 3) / 6 between
+    (computed on x clipped to [-3, 3], so the derivative is 0 and 1 out there, not inf * 0, NaN, at +-inf; and
+    the value at -inf is 0, where torch's and JAX's product is NaN)."""
     x = _real_float(x, "hard_silu")
-    return x * hard_sigmoid(x)
+    inner = ew.clip(x, -3.0, 3.0)
+    return where(x <= -3.0, 0.0, where(x >= 3.0, x, inner * (inner + 3.0) / 6.0))
 
 
 def mish(x, /):
@@ -146,6 +151,9 @@ def one_hot(x, num_classes, *, dtype=None, axis=-1):
     the default float."""
     from .creation import arange
     from .manipulation import expand_dims
+    if isinstance(x, int) and not isinstance(x, bool):
+        from .creation import asarray
+        x = asarray(x)
     x = array_arg(x, "one_hot: x")
     if x.dtype.is_floating or x.dtype.is_complex or x.dtype == dtypes.bool_:
         raise TypeError(f"one_hot: x must hold integer class indices, got {x.dtype}")
@@ -153,7 +161,10 @@ def one_hot(x, num_classes, *, dtype=None, axis=-1):
         raise ValueError(f"one_hot: num_classes must be a non-negative int, got {num_classes!r:.40}")
     dtype = dtypes.default_float() if dtype is None else dtypes.dtype(dtype)
     axis = views.normalize_axis(axis, x.ndim + 1, "one_hot: axis")
-    classes = arange(num_classes, dtype=x.dtype, device=x.device)
+    # compared in int64: x's own dtype may not hold num_classes (int8, 200); a uint64 past 2^63 turns negative,
+    # which matches no class, as it matches none in its own dtype
+    x = x.astype(dtypes.int64, copy=False)
+    classes = arange(num_classes, dtype=dtypes.int64, device=x.device)
     shape = tuple(num_classes if a == axis else 1 for a in range(x.ndim + 1))
     from .manipulation import reshape
     return (expand_dims(x, axis=axis) == reshape(classes, shape)).astype(dtype)
