@@ -29,7 +29,8 @@ def cond(pred, true_fun, false_fun, *operands):
     of the same shapes and dtypes (checked).
 
     ``pred`` is a bool or a scalar array. With a value, only the chosen branch is computed (both are
-    recorded, which costs no device time). Without one (it depends on fa.jit's traced or fa.vmap's batched
+    recorded, which costs no device time); the predicate is computed together with the operands, so a loop
+    around the cond starts its next step from their values instead of recomputing their history. Without one (it depends on fa.jit's traced or fa.vmap's batched
     arguments), both are computed and a ``where`` picks, so a gradient through the branch not taken is 0
     times its derivative: a NaN there (log at 0) still reaches the result, as with JAX's select."""
     _check_function(true_fun, "cond", "true_fun")
