@@ -128,12 +128,13 @@ class _Scheduler:
                 # buffer goes to the primal too (plan.Plan.bind), so a training loop that reads only the loss
                 # does not carry every parameter's update history into the next step's graph
                 self.library_inputs.add(node.id)
-        self.deep_shared = _deep_shared_values(order, self.uses)
+        self.deep_shared = _deep_shared_values(order, self.users)
 
     def must_store(self, node) -> bool:
         """Whether ``node`` gets a buffer whatever kernel computes it: the user holds it, or a library
         call reads it. A kernel that meets such a value on its own domain stores it as it goes (one
-        pass) instead of recomputing it, and a second kernel then reads that buffer."""
+        pass) instead of recomputing it, and a second kernel then reads that buffer. (A deep shared value is
+        stored by a kernel of its own: lower_elementwise.)"""
         return node.id in self.wanted or node.id in self.library_inputs or node.id in self.deep_shared
 
     def reads_part(self, view, whole) -> bool:
@@ -481,21 +482,30 @@ MAX_PUSHED_CHAIN = 96
 # A value read twice is recomputed by each kernel that reads it (cheap, when it is a few elementwise ops). A
 # recorded loop makes that quadratic: a scan's carry feeds the next step and that step's output, so the kernel
 # writing output i would recompute all i steps before it (a 1000-step scan: 1000 distinct kernels, 500,000 ops).
-# A value read twice that lies deeper than this many fused ops below the last stored one is stored instead.
+# A value read twice that lies deeper than this many fused ops below the last stored one is a boundary instead:
+# stored by a kernel of its own and read as a buffer, as a library input is. Read through a view as well, a value is
+# recomputed once per distinct view even inside one kernel (y = f(y, a row of y broadcast), a row a step: 200 steps,
+# one kernel of 81,402 ops), so it is a boundary from a smaller depth. Reductions do not count as readers: a row
+# kernel reads a value directly and through its row reduction at once (y = y - mean(y) * 0.5, n times: one kernel).
 MAX_RECOMPUTED_DEPTH = 64
+MAX_RECOMPUTED_VIEW_DEPTH = 16
 
 
-def _deep_shared_values(order, uses) -> set:
-    """Ids of the pending elementwise values read more than once that lie more than MAX_RECOMPUTED_DEPTH
-    fused ops (elementwise and views) above anything stored, counting from the last such value stored."""
+def _deep_shared_values(order, users) -> set:
+    """Ids of the pending elementwise values read more than once (reductions aside) that lie more than
+    MAX_RECOMPUTED_DEPTH (MAX_RECOMPUTED_VIEW_DEPTH if a view reads them) fused ops (elementwise and views)
+    above anything stored, counting from the last such value."""
     depth, deep = {}, set()
     for node in order:   # inputs first
         if node.realized or node.kind not in ("elementwise", "view"):
             continue
         d = 1 + max((depth.get(i.id, 0) for i in node.inputs), default=0)
-        if d > MAX_RECOMPUTED_DEPTH and node.kind == "elementwise" and uses.get(node.id, 0) > 1:
-            deep.add(node.id)
-            d = 0
+        readers = {user.id: user for user in users.get(node.id, ()) if user.kind != "reduce"}.values()   # v * v: one
+        if node.kind == "elementwise" and len(readers) > 1:
+            viewed = any(user.kind == "view" for user in readers)
+            if d > (MAX_RECOMPUTED_VIEW_DEPTH if viewed else MAX_RECOMPUTED_DEPTH):
+                deep.add(node.id)
+                d = 0
         depth[node.id] = d
     return deep
 
@@ -640,6 +650,10 @@ class _KernelBuilder:
         return (yield self.load(node, chain, domain))
 
     def lower_elementwise(self, node, chain, domain):
+        if node.id in self.sched.deep_shared and node.id not in self.stored:
+            # a boundary: stored by a kernel of its own, then read as a buffer (through any view)
+            yield self.sched.ensure(node)
+            return (yield self.load(node, chain, domain))
         wanted = self.sched.must_store(node) and node.id not in self.stored
         if wanted and not (domain == "full" and self.is_identity(node.shape, chain, self.full)):
             yield self.sched.ensure(node)  # the user holds it and this kernel cannot store it as-is

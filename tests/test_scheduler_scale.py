@@ -280,6 +280,7 @@ def test_a_chain_through_a_row_reduction_at_every_step_schedules_in_linear_work(
     """y = y - mean(y) * 0.5, n times: node i reaches i reductions through elementwise ops, and the scheduler kept
     every one per node (quadratic: 44 s at 16,000 steps, 171 s at 32,000). It keeps the first of each kind now
     (schedule._kinds_of): the reductions it walks grow linearly with the depth."""
+    from flyarray import schedule as sched
     walked = []
     original = sched._kinds_of
     monkeypatch.setattr(sched, "_kinds_of", lambda rs: original(walked.append(1) or r for r in rs))
@@ -316,3 +317,24 @@ def test_a_value_read_twice_deep_in_a_chain_is_stored_not_recomputed():
         assert max(len(k.ops) for k in kernels) <= 3 * MAX_RECOMPUTED_DEPTH
     assert total[400] < 4.5 * total[100], total
     np.testing.assert_allclose(np.asarray(stacked)[-1], 2.0 - 2.0 ** -398)
+
+
+def test_a_value_read_through_a_view_deep_in_a_chain_is_a_boundary():
+    """Found by fuzzing the rule above: y = where(y > r, y * 0.5, r * 0.3) + 0.05 with r a row of y broadcast, a row
+    a step, was one kernel whose ops grew as steps x rows (200 steps: 81,402 ops, 27 s to schedule): the kernel
+    storing y recomputed its whole history once per view. A value read twice and through a view is now a boundary
+    (its own kernel) past schedule.MAX_RECOMPUTED_VIEW_DEPTH fused ops."""
+    total = {}
+    for n in (50, 100):
+        x = np.random.default_rng(0).uniform(-1, 1, (n, 4))
+        y, want = fa.asarray(x), x
+        for i in range(n):
+            r, rw = y[i:i + 1], want[i:i + 1]
+            y = fa.where(y > r, y * 0.5, fa.broadcast_to(r, x.shape) * 0.3) + 0.05
+            want = np.where(want > rw, want * 0.5, np.broadcast_to(rw, x.shape) * 0.3) + 0.05
+        steps = schedule(plan.unrealized_bases([y]))
+        kernels = [s.kernel for s in steps if isinstance(s, KernelStep)]
+        total[n] = sum(len(k.ops) for k in kernels)
+        assert max(len(k.ops) for k in kernels) <= 8 * MAX_RECOMPUTED_DEPTH
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-12)
+    assert total[100] < 2.5 * total[50], total
