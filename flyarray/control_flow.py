@@ -88,7 +88,7 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     _check_function(body_fun, "fori_loop", "body_fun")
     _check_unroll(unroll, "fori_loop", allow_none=True)
     lower, upper = (_static_int(b, "fori_loop", name) for b, name in ((lower, "lower"), (upper, "upper")))
-    val = _as_carry(init_val, "fori_loop", "init_val")
+    val = _as_arrays(init_val, "fori_loop", "init_val")
     if lower >= upper:   # recorded once all the same (never computed), so a bad body fails as in JAX
         _next_carry(body_fun(lower, val), val, "fori_loop", "body_fun")
     for i in range(lower, upper):
@@ -106,7 +106,7 @@ def while_loop(cond_fun, body_fun, init_val):
     checked) before its predicate is evaluated, so a bad body fails before anything runs."""
     _check_function(cond_fun, "while_loop", "cond_fun")
     _check_function(body_fun, "while_loop", "body_fun")
-    val = _as_carry(init_val, "while_loop", "init_val")
+    val = _as_arrays(init_val, "while_loop", "init_val")
     while True:
         following = _next_carry(body_fun(val), val, "while_loop", "body_fun")
         if not _loop_predicate(cond_fun(val), val):
@@ -127,7 +127,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1):
     x_leaves, x_tree = tree_flatten(xs)
     x_leaves = [_array(x, "scan", f"xs leaf {i}") for i, x in enumerate(x_leaves)]
     n = _scan_length(x_leaves, length)
-    carry = _as_carry(init, "scan", "init")
+    carry = _as_arrays(init, "scan", "init")
     ys = [None] * n
     for i in (reversed(range(n)) if reverse else range(n)):
         carry, ys[i] = _scan_step(f, carry, tree_unflatten(x_tree, [x[i] for x in x_leaves]))
@@ -221,10 +221,6 @@ def _as_arrays(tree, who, what):
                                 f"{type(leaf).__name__} ({e})") from None
         out.append(leaf)
     return tree_unflatten(treedef, out)
-
-
-def _as_carry(init, who, name):
-    return _as_arrays(init, who, name)
 
 
 def _types(tree):

@@ -9,9 +9,9 @@ ops, so grad, vmap and jit apply unchanged.
 """
 from __future__ import annotations
 
-import operator
-
+from . import views
 from ._array import Array
+from .dtypes import int64
 
 __all__ = ["dynamic_slice", "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
            "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim"]
@@ -99,7 +99,6 @@ def _operand(x, who) -> Array:
 
 
 def _axis(axis, operand, who) -> int:
-    from . import views
     return views.normalize_axis(axis, operand.ndim, f"fa.lax.{who}: axis")
 
 
@@ -107,10 +106,7 @@ def _sizes(slice_sizes, operand, who) -> tuple:
     sizes = _sequence(slice_sizes, operand, who, "slice_sizes")
     out = []
     for axis, size in enumerate(sizes):
-        try:
-            size = operator.index(size)
-        except TypeError:
-            raise TypeError(f"fa.lax.{who}: slice_sizes[{axis}] must be an int, got {type(size).__name__}") from None
+        size = views.as_int(size, f"fa.lax.{who}: slice_sizes[{axis}]")
         if not 0 <= size <= operand.shape[axis]:
             raise ValueError(f"fa.lax.{who}: slice_sizes[{axis}] = {size} is outside [0, {operand.shape[axis]}] "
                              f"(operand shape {operand.shape})")
@@ -147,16 +143,11 @@ def _starts(start_indices, operand, sizes, who) -> list:
             raise TypeError(f"fa.lax.{who}: start_indices[{axis}] must be an int or an integer scalar array, got "
                             f"{start.dtype} of shape {start.shape}")
         if isdtype(start.dtype, "unsigned integer"):   # never negative; a uint64 past 2^63 must not wrap to one
-            out.append(clip(start, 0, top).astype(_index_dtype(), copy=False))
+            out.append(clip(start, 0, top).astype(int64, copy=False))
             continue
-        start = start.astype(_index_dtype(), copy=False)
+        start = start.astype(int64, copy=False)
         out.append(clip(where(start < 0, start + dim, start), 0, top))
     return out
-
-
-def _index_dtype():
-    from . import int64
-    return int64
 
 
 def _window(x, axis, start, size):
@@ -166,7 +157,7 @@ def _window(x, axis, start, size):
         index = [slice(None)] * x.ndim
         index[axis] = slice(start, start + size)
         return x[tuple(index)]
-    return take(x, start + arange(size, dtype=_index_dtype(), device=x.device), axis=axis)
+    return take(x, start + arange(size, dtype=int64, device=x.device), axis=axis)
 
 
 def _axis_index(start, size, axis, ndim, device, dynamic):
@@ -175,5 +166,5 @@ def _axis_index(start, size, axis, ndim, device, dynamic):
     from .ops import arange, reshape
     if not dynamic:
         return slice(start, start + size)
-    positions = start + arange(size, dtype=_index_dtype(), device=device)
+    positions = start + arange(size, dtype=int64, device=device)
     return reshape(positions, tuple(size if a == axis else 1 for a in range(ndim)))

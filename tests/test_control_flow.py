@@ -328,7 +328,7 @@ def test_dynamic_slicing_checks_its_arguments():
         L.dynamic_slice(x, (fa.asarray(0.5), 0), (2, 3))
     with pytest.raises(ValueError, match="update of shape \\(6, 1\\) does not fit in operand of shape \\(5, 6\\)"):
         L.dynamic_update_slice(x, fa.zeros((6, 1)), (0, 0))
-    with pytest.raises(TypeError, match="slice_sizes\\[1\\] must be an int, got float"):
+    with pytest.raises(TypeError, match="slice_sizes\\[1\\] must be an int, got 3.0 of type float"):
         L.dynamic_slice(x, (0, 0), (2, 3.0))
     with pytest.raises(TypeError, match="update is fa.float32 and operand fa.int64; cast the update first"):
         L.dynamic_update_slice(fa.zeros((3,), dtype=fa.int64), fa.asarray([2.7]), (0,))

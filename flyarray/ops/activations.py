@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .. import dtypes, views
 from .._array import Array
-from . import elementwise as ew
+from . import checks, elementwise as ew
 from .core import array_arg, where
 
 # selu's constants (Klambauer et al. 2017), as jax.nn.selu and torch's
@@ -27,8 +27,7 @@ def _real_float(x, op) -> Array:
 
 
 def _real_number(value, op, name) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{op}: {name} must be a real number, got {type(value).__name__} {value!r:.40}")
+    checks.check_number(op, name, value)
     return float(value)
 
 
@@ -124,12 +123,10 @@ def logsumexp(x, /, axis=None, keepdims=False):
     an element is +inf, NaN where one is NaN (jax.nn.logsumexp). Float x (integers raise, as softmax's).
     Its derivative is the softmax over ``axis``."""
     from ..transforms.autodiff import stop_gradient
-    from . import checks
     from .reductions import max, sum
     x = array_arg(x, "logsumexp: x")
     checks.check_float("logsumexp", "x", x)
-    if not isinstance(keepdims, bool):
-        raise TypeError(f"logsumexp: keepdims must be True or False, got {keepdims!r:.40}")
+    keepdims = checks.check_bool("logsumexp", "keepdims", keepdims)
     axes = views.normalize_axes(axis, x.ndim, "logsumexp: axis")
     if any(x.shape[a] == 0 for a in axes):   # no maximum to shift by; the empty sum's log is -inf
         from .creation import full
